@@ -1,0 +1,312 @@
+//! The crate's error type.
+//!
+//! cuDNN statuses are kept as a [`Status`] newtype over the raw integer: a code that a newer cuDNN
+//! returns and this crate does not list still maps to a name and a [`StatusFamily`] (cuDNN 9
+//! groups codes by thousands), never to undefined behaviour.
+use std::fmt;
+
+pub use cudnn_safe_sys::LoadError;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A cuDNN status code (`cudnnStatus_t`), kept as its integer value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Status(pub u32);
+
+/// The family of a cuDNN 9 status code: its thousands digit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StatusFamily {
+    /// `0`: success.
+    Success,
+    /// `1xxx`: the library is not in a usable state (not initialized, sub-library missing, ...).
+    LibraryState,
+    /// `2xxx`: a parameter was wrong.
+    BadParam,
+    /// `3xxx`: the request is valid but not supported (shape, dtype, layout, architecture).
+    NotSupported,
+    /// `4xxx`: an internal error (including allocation failures inside cuDNN).
+    Internal,
+    /// `5xxx`: a kernel or a dependent library failed while executing.
+    ExecutionFailed,
+    /// Any other value.
+    Unknown,
+}
+
+/// Every status name cuDNN 9.14 defines, by code. Aliases (`CUDNN_STATUS_ALLOC_FAILED` = 4003,
+/// ...) are listed under their primary name only.
+const STATUS_NAMES: &[(u32, &str)] = &[
+    (0, "CUDNN_STATUS_SUCCESS"),
+    (1001, "CUDNN_STATUS_NOT_INITIALIZED"),
+    (1002, "CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH"),
+    (1003, "CUDNN_STATUS_SERIALIZATION_VERSION_MISMATCH"),
+    (1004, "CUDNN_STATUS_DEPRECATED"),
+    (1005, "CUDNN_STATUS_LICENSE_ERROR"),
+    (1006, "CUDNN_STATUS_RUNTIME_IN_PROGRESS"),
+    (1007, "CUDNN_STATUS_RUNTIME_FP_OVERFLOW"),
+    (1008, "CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED"),
+    (2000, "CUDNN_STATUS_BAD_PARAM"),
+    (2001, "CUDNN_STATUS_INVALID_VALUE"),
+    (2002, "CUDNN_STATUS_BAD_PARAM_NULL_POINTER"),
+    (2003, "CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER"),
+    (2004, "CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED"),
+    (2005, "CUDNN_STATUS_BAD_PARAM_OUT_OF_BOUND"),
+    (2006, "CUDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT"),
+    (2007, "CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH"),
+    (2008, "CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH"),
+    (2009, "CUDNN_STATUS_BAD_PARAM_DUPLICATED_ENTRIES"),
+    (2010, "CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE"),
+    (2011, "CUDNN_STATUS_BAD_PARAM_CUDA_GRAPH_MISMATCH"),
+    (2012, "CUDNN_STATUS_BAD_PARAM_DESCRIPTOR_TYPE"),
+    (3000, "CUDNN_STATUS_NOT_SUPPORTED"),
+    (3001, "CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN"),
+    (3002, "CUDNN_STATUS_NOT_SUPPORTED_SHAPE"),
+    (3003, "CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE"),
+    (3004, "CUDNN_STATUS_NOT_SUPPORTED_LAYOUT"),
+    (3005, "CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER"),
+    (3006, "CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDART"),
+    (3007, "CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH"),
+    (3008, "CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING"),
+    (3009, "CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE"),
+    (3010, "CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT"),
+    (3011, "CUDNN_STATUS_NOT_SUPPORTED_PADDING"),
+    (3012, "CUDNN_STATUS_NOT_SUPPORTED_BAD_LAUNCH_PARAM"),
+    (3013, "CUDNN_STATUS_NOT_SUPPORTED_CUDA_GRAPH_NATIVE_API"),
+    (4000, "CUDNN_STATUS_INTERNAL_ERROR"),
+    (4001, "CUDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED"),
+    (4002, "CUDNN_STATUS_INTERNAL_ERROR_UNEXPECTED_VALUE"),
+    (4003, "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED"),
+    (4004, "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"),
+    (4005, "CUDNN_STATUS_INTERNAL_ERROR_BAD_LAUNCH_PARAM"),
+    (4006, "CUDNN_STATUS_INTERNAL_ERROR_TEXTURE_CREATION_FAILED"),
+    (5000, "CUDNN_STATUS_EXECUTION_FAILED"),
+    (5001, "CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER"),
+    (5002, "CUDNN_STATUS_EXECUTION_FAILED_CUBLAS"),
+    (5003, "CUDNN_STATUS_EXECUTION_FAILED_CUDART"),
+    (5004, "CUDNN_STATUS_EXECUTION_FAILED_CURAND"),
+];
+
+impl Status {
+    /// `CUDNN_STATUS_SUCCESS`.
+    pub const SUCCESS: Status = Status(0);
+    /// `CUDNN_STATUS_NOT_INITIALIZED`: what `cudnnCreate` returns on a machine without a GPU.
+    pub const NOT_INITIALIZED: Status = Status(1001);
+    /// `CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED`.
+    pub const SUBLIBRARY_LOADING_FAILED: Status = Status(1008);
+    /// `CUDNN_STATUS_BAD_PARAM`.
+    pub const BAD_PARAM: Status = Status(2000);
+    /// `CUDNN_STATUS_NOT_SUPPORTED`.
+    pub const NOT_SUPPORTED: Status = Status(3000);
+
+    /// Whether this is `CUDNN_STATUS_SUCCESS`.
+    pub fn is_success(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The family the code belongs to (its thousands digit).
+    pub fn family(self) -> StatusFamily {
+        match self.0 {
+            0 => StatusFamily::Success,
+            1000..=1999 => StatusFamily::LibraryState,
+            2000..=2999 => StatusFamily::BadParam,
+            3000..=3999 => StatusFamily::NotSupported,
+            4000..=4999 => StatusFamily::Internal,
+            5000..=5999 => StatusFamily::ExecutionFailed,
+            _ => StatusFamily::Unknown,
+        }
+    }
+
+    /// The C name of a known code, or `None` for a code this crate does not list.
+    pub fn known_name(self) -> Option<&'static str> {
+        STATUS_NAMES
+            .iter()
+            .find(|(code, _)| *code == self.0)
+            .map(|(_, n)| *n)
+    }
+
+    /// The C name of the code; unknown codes are named by family
+    /// (`CUDNN_STATUS_NOT_SUPPORTED (unknown code 3999)`).
+    pub fn name(self) -> String {
+        match self.known_name() {
+            Some(n) => n.to_string(),
+            None => {
+                let fam = match self.family() {
+                    StatusFamily::Success => "CUDNN_STATUS_SUCCESS",
+                    StatusFamily::LibraryState => "CUDNN_STATUS_LIBRARY_STATE",
+                    StatusFamily::BadParam => "CUDNN_STATUS_BAD_PARAM",
+                    StatusFamily::NotSupported => "CUDNN_STATUS_NOT_SUPPORTED",
+                    StatusFamily::Internal => "CUDNN_STATUS_INTERNAL_ERROR",
+                    StatusFamily::ExecutionFailed => "CUDNN_STATUS_EXECUTION_FAILED",
+                    StatusFamily::Unknown => "CUDNN_STATUS_UNKNOWN",
+                };
+                format!("{fam} (unknown code {})", self.0)
+            }
+        }
+    }
+
+    /// Every code this crate knows by name.
+    pub fn all_known() -> impl Iterator<Item = Status> {
+        STATUS_NAMES.iter().map(|(c, _)| Status(*c))
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.name(), self.0)
+    }
+}
+
+/// Everything that can go wrong in this crate.
+///
+/// Argument errors are returned before anything is enqueued on the GPU: when a function returns
+/// one of them, no output buffer has been touched.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A cuDNN call returned a status other than success.
+    #[error("{function} failed with {status}{}", fmt_message(.message))]
+    Cudnn {
+        /// The status returned.
+        status: Status,
+        /// The C function that returned it.
+        function: &'static str,
+        /// `cudnnGetLastErrorString()` right after the call (may be empty).
+        message: String,
+    },
+    /// cuDNN could not be loaded, or lacks a function.
+    #[error("{0}")]
+    Load(#[from] LoadError),
+    /// The CUDA driver library (`libcuda.so`) is not present: there is no NVIDIA driver here.
+    #[error("the CUDA driver library (libcuda.so) was not found: no NVIDIA driver is installed or it is not on the loader path")]
+    NoDriver,
+    /// A CUDA driver call (through cudarc) failed.
+    #[error("CUDA driver error in {context}: {source}")]
+    Driver {
+        /// What was being done.
+        context: &'static str,
+        /// The driver's error.
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+    /// A buffer holds fewer elements than its descriptor addresses.
+    #[error("buffer `{name}` holds {len} elements, its descriptor needs {required}")]
+    BufferTooSmall {
+        /// Which argument.
+        name: &'static str,
+        /// Elements the buffer holds.
+        len: usize,
+        /// Elements the descriptor addresses (its span).
+        required: usize,
+    },
+    /// A buffer belongs to another CUDA context (device) than the handle.
+    #[error("buffer `{name}` lives on CUDA context of device {found}, the handle's is device {expected}")]
+    ForeignContext {
+        /// Which argument.
+        name: &'static str,
+        /// Device ordinal of the handle's context.
+        expected: usize,
+        /// Device ordinal of the buffer's context.
+        found: usize,
+    },
+    /// An output layout addresses some element twice.
+    #[error("output `{name}` has a self-overlapping layout (dims {dims:?}, strides {strides:?})")]
+    OverlappingOutput {
+        /// Which argument.
+        name: &'static str,
+        /// Its dimensions.
+        dims: Vec<i64>,
+        /// Its strides.
+        strides: Vec<i64>,
+    },
+    /// A layout, shape or parameter is invalid.
+    #[error("invalid {what}: expected {expected}, got {got}")]
+    InvalidArgument {
+        /// What was checked.
+        what: &'static str,
+        /// What would be valid.
+        expected: String,
+        /// What was given.
+        got: String,
+    },
+    /// Two tensors that must agree do not.
+    #[error("shape mismatch between `{a}` {a_dims:?} and `{b}` {b_dims:?}: {rule}")]
+    ShapeMismatch {
+        /// First argument.
+        a: &'static str,
+        /// Its dimensions.
+        a_dims: Vec<i64>,
+        /// Second argument.
+        b: &'static str,
+        /// Its dimensions.
+        b_dims: Vec<i64>,
+        /// The rule that was broken.
+        rule: &'static str,
+    },
+    /// An integer computation on sizes overflowed, or a value does not fit cuDNN's `int`.
+    #[error("{what} overflows: {detail}")]
+    Overflow {
+        /// What was being computed.
+        what: &'static str,
+        /// The values involved.
+        detail: String,
+    },
+    /// A data type (or combination) this operation does not support.
+    #[error("unsupported data type for {op}: {detail}")]
+    UnsupportedDataType {
+        /// The operation.
+        op: &'static str,
+        /// Which types were given.
+        detail: String,
+    },
+    /// A workspace is smaller than the size an algorithm asked for.
+    #[error("workspace holds {available} bytes, {required} are required")]
+    WorkspaceTooSmall {
+        /// Bytes available.
+        available: usize,
+        /// Bytes required.
+        required: usize,
+    },
+    /// A workspace request exceeds the configured limit.
+    #[error("workspace request of {requested} bytes exceeds the limit of {limit} bytes")]
+    WorkspaceLimit {
+        /// Bytes requested.
+        requested: usize,
+        /// The limit in force.
+        limit: usize,
+    },
+}
+
+fn fmt_message(m: &str) -> String {
+    if m.is_empty() {
+        String::new()
+    } else {
+        format!(": {m}")
+    }
+}
+
+impl Error {
+    /// The cuDNN status, for errors that come from a cuDNN call.
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            Error::Cudnn { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn driver(context: &'static str, source: cudarc::driver::DriverError) -> Error {
+        Error::Driver { context, source }
+    }
+
+    pub(crate) fn invalid(
+        what: &'static str,
+        expected: impl Into<String>,
+        got: impl fmt::Display,
+    ) -> Error {
+        Error::InvalidArgument {
+            what,
+            expected: expected.into(),
+            got: got.to_string(),
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! The cuDNN handle, bound to a cudarc stream, and the checks every launch runs.
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaStream, DeviceSlice};
+use cudnn_safe_sys as sys;
+use cudnn_safe_sys::Library;
+
+use crate::error::{Error, Result};
+use crate::raw;
+use crate::tensor::Layout;
+
+/// Opens CUDA device `ordinal` (its primary context), or returns an error when there is no
+/// NVIDIA driver or no such device.
+///
+/// cudarc's `CudaContext::new` panics when `libcuda.so` is missing; this checks for the driver
+/// library first and returns [`Error::NoDriver`] instead.
+pub fn cuda_context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    // SAFETY: `is_culib_present` only tries to dlopen the driver library by its usual names and
+    // closes it again; the NVIDIA driver library's initialisers are sound to run.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(Error::NoDriver);
+    }
+    CudaContext::new(ordinal).map_err(|e| Error::driver("opening the CUDA device", e))
+}
+
+/// A cuDNN library handle (`cudnnHandle_t`) bound to one CUDA stream.
+///
+/// Every operation is enqueued on that stream. cuDNN forbids using one handle from two threads
+/// at once, so `Cudnn` is `Send` (move it to another thread) but not `Sync`; changing its stream
+/// takes `&mut self`.
+///
+/// ```no_run
+/// # fn main() -> cudnn_safe::Result<()> {
+/// let ctx = cudnn_safe::cuda_context(0)?;
+/// let cudnn = cudnn_safe::Cudnn::new(ctx.default_stream())?;
+/// println!("cuDNN {}", cudnn_safe::format_version(cudnn.version()));
+/// # Ok(()) }
+/// ```
+pub struct Cudnn {
+    raw: NonNull<sys::cudnnContext>,
+    stream: Arc<CudaStream>,
+    lib: &'static Library,
+}
+
+// SAFETY: a cuDNN handle may be used from any thread as long as no two threads use it at the
+// same time (NVIDIA's rule); `Cudnn` is not `Sync`, so moving it is the only way to share it,
+// and every call binds the handle's CUDA context to the calling thread first.
+unsafe impl Send for Cudnn {}
+
+impl fmt::Debug for Cudnn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cudnn")
+            .field("device", &self.stream.context().ordinal())
+            .field("library", &self.lib.origin())
+            .finish()
+    }
+}
+
+impl Cudnn {
+    /// Loads cuDNN (if not yet loaded), creates a handle on the stream's context and binds it to
+    /// the stream.
+    ///
+    /// Without a GPU this returns the `CUDNN_STATUS_NOT_INITIALIZED` error from `cudnnCreate`;
+    /// without cuDNN, [`Error::Load`] listing what was searched.
+    #[doc(alias = "cudnnCreate")]
+    #[doc(alias = "cudnnSetStream")]
+    pub fn new(stream: Arc<CudaStream>) -> Result<Self> {
+        let lib = raw::lib()?;
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| Error::driver("binding the CUDA context", e))?;
+        let mut h: sys::cudnnHandle_t = std::ptr::null_mut();
+        // SAFETY: `h` is a valid out-pointer; the stream's context is current on this thread.
+        unsafe { raw::cudnnCreate(lib, &mut h) }?;
+        let raw = NonNull::new(h).ok_or(Error::Cudnn {
+            status: crate::Status::NOT_INITIALIZED,
+            function: "cudnnCreate",
+            message: "returned a null handle".into(),
+        })?;
+        let handle = Cudnn { raw, stream, lib };
+        // SAFETY: live handle; the stream belongs to the context the handle was created on and
+        // outlives the handle's use of it (we hold an Arc to it).
+        unsafe { raw::cudnnSetStream(lib, handle.as_raw(), handle.cu_stream()) }?;
+        Ok(handle)
+    }
+
+    fn cu_stream(&self) -> sys::cudaStream_t {
+        self.stream.cu_stream().cast()
+    }
+
+    /// Moves the handle to another stream of the same CUDA context.
+    #[doc(alias = "cudnnSetStream")]
+    pub fn set_stream(&mut self, stream: Arc<CudaStream>) -> Result<()> {
+        if **stream.context() != **self.stream.context() {
+            return Err(Error::ForeignContext {
+                name: "stream",
+                expected: self.stream.context().ordinal(),
+                found: stream.context().ordinal(),
+            });
+        }
+        self.bind()?;
+        // SAFETY: live handle; same context, checked above; we keep the Arc to the stream.
+        unsafe { raw::cudnnSetStream(self.lib, self.as_raw(), stream.cu_stream().cast()) }?;
+        self.stream = stream;
+        Ok(())
+    }
+
+    /// The stream operations are enqueued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    /// The CUDA context the handle was created on.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        self.stream.context()
+    }
+    /// `cudnnGetVersion()` of the loaded library (e.g. `91400`).
+    pub fn version(&self) -> usize {
+        self.lib.version()
+    }
+    /// Where the library was loaded from.
+    pub fn library_origin(&self) -> &str {
+        self.lib.origin()
+    }
+    /// The raw handle, for cuDNN functions this crate does not wrap. It stays owned by `self`.
+    pub fn as_raw(&self) -> sys::cudnnHandle_t {
+        self.raw.as_ptr()
+    }
+
+    pub(crate) fn lib(&self) -> &'static Library {
+        self.lib
+    }
+
+    /// Makes the handle's context current on this thread (the handle may have moved threads).
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.context()
+            .bind_to_thread()
+            .map_err(|e| Error::driver("binding the CUDA context", e))
+    }
+
+    /// Checks that `buf` lives on this handle's context and holds at least `required` elements.
+    pub(crate) fn check_buffer<T>(
+        &self,
+        name: &'static str,
+        buf: &impl DeviceSlice<T>,
+        required: usize,
+    ) -> Result<()> {
+        let ctx = buf.stream().context();
+        if **ctx != **self.context() {
+            return Err(Error::ForeignContext {
+                name,
+                expected: self.context().ordinal(),
+                found: ctx.ordinal(),
+            });
+        }
+        if buf.len() < required {
+            return Err(Error::BufferTooSmall {
+                name,
+                len: buf.len(),
+                required,
+            });
+        }
+        Ok(())
+    }
+
+    /// [`Self::check_buffer`] against a layout's span, plus the no-overlap rule for outputs.
+    pub(crate) fn check_tensor<T>(
+        &self,
+        name: &'static str,
+        layout: &Layout,
+        buf: &impl DeviceSlice<T>,
+        output: bool,
+    ) -> Result<()> {
+        if output {
+            layout.check_output(name)?;
+        }
+        self.check_buffer(name, buf, layout.span())
+    }
+}
+
+impl Drop for Cudnn {
+    fn drop(&mut self) {
+        if let Err(e) = self.bind() {
+            log::warn!("dropping a cuDNN handle: {e}");
+        }
+        // SAFETY: the handle was created by cudnnCreate and is destroyed exactly once; work
+        // already enqueued keeps running (cudnnDestroy synchronizes as needed).
+        if let Err(e) = unsafe { raw::cudnnDestroy(self.lib, self.raw.as_ptr()) } {
+            log::warn!("cudnnDestroy: {e}");
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! One function per cuDNN C call, turning the status into a [`Result`]. Almost all FFI `unsafe`
+//! in the crate lives here; callers state why their arguments satisfy each call's contract.
+#![allow(non_snake_case)]
+
+use std::ffi::{c_char, c_int, c_void};
+
+use cudnn_safe_sys as sys;
+use cudnn_safe_sys::{sym, Library};
+
+use crate::error::{Error, Result, Status};
+
+/// The process-wide cuDNN library.
+pub(crate) fn lib() -> Result<&'static Library> {
+    Ok(cudnn_safe_sys::library()?)
+}
+
+/// Turns a status into a `Result`, capturing `cudnnGetLastErrorString` on failure.
+pub(crate) fn check(lib: &Library, status: sys::cudnnStatus_t, function: &'static str) -> Result<()> {
+    if status.0 == 0 {
+        return Ok(());
+    }
+    Err(Error::Cudnn {
+        status: Status(status.0),
+        function,
+        message: last_error_string(lib),
+    })
+}
+
+/// `cudnnGetLastErrorString`: the last error message recorded on this thread (may be empty).
+pub(crate) fn last_error_string(lib: &Library) -> String {
+    let Ok(f) = sym!(lib, cudnnGetLastErrorString) else {
+        return String::new();
+    };
+    let mut buf = [0u8; 1024];
+    // SAFETY: cudnnGetLastErrorString writes at most `max_size` bytes, NUL included, into the
+    // buffer we own for the duration of the call.
+    unsafe { f(buf.as_mut_ptr().cast::<c_char>(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).trim().to_string()
+}
+
+macro_rules! raw_fns {
+    ($( fn $name:ident ( $($a:ident : $t:ty),* $(,)? ); )*) => { $(
+        #[doc = concat!("`", stringify!($name), "`, status checked.")]
+        ///
+        /// # Safety
+        /// The arguments satisfy the C function's contract: handles and descriptors are live,
+        /// pointers are valid for the reads and writes the descriptors imply, host pointers to
+        /// scalars point to the type cuDNN reads for these tensors.
+        pub(crate) unsafe fn $name(lib: &Library, $($a: $t),*) -> Result<()> {
+            let f = sym!(lib, $name)?;
+            // SAFETY: forwarded to the caller, see `# Safety` above.
+            let status = unsafe { f($($a),*) };
+            check(lib, status, stringify!($name))
+        }
+    )* };
+}
+
+raw_fns! {
+    fn cudnnCreate(handle: *mut sys::cudnnHandle_t);
+    fn cudnnDestroy(handle: sys::cudnnHandle_t);
+    fn cudnnSetStream(handle: sys::cudnnHandle_t, stream: sys::cudaStream_t);
+    fn cudnnCreateTensorDescriptor(desc: *mut sys::cudnnTensorDescriptor_t);
+    fn cudnnDestroyTensorDescriptor(desc: sys::cudnnTensorDescriptor_t);
+    fn cudnnSetTensorNdDescriptor(
+        desc: sys::cudnnTensorDescriptor_t,
+        data_type: sys::cudnnDataType_t,
+        nb_dims: c_int,
+        dims: *const c_int,
+        strides: *const c_int,
+    );
+    fn cudnnSetTensorNdDescriptorEx(
+        desc: sys::cudnnTensorDescriptor_t,
+        format: sys::cudnnTensorFormat_t,
+        data_type: sys::cudnnDataType_t,
+        nb_dims: c_int,
+        dims: *const c_int,
+    );
+    fn cudnnGetTensorSizeInBytes(desc: sys::cudnnTensorDescriptor_t, size: *mut usize);
+    fn cudnnCreateFilterDescriptor(desc: *mut sys::cudnnFilterDescriptor_t);
+    fn cudnnDestroyFilterDescriptor(desc: sys::cudnnFilterDescriptor_t);
+    fn cudnnSetFilterNdDescriptor(
+        desc: sys::cudnnFilterDescriptor_t,
+        data_type: sys::cudnnDataType_t,
+        format: sys::cudnnTensorFormat_t,
+        nb_dims: c_int,
+        dims: *const c_int,
+    );
+    fn cudnnGetFilterSizeInBytes(desc: sys::cudnnFilterDescriptor_t, size: *mut usize);
+    fn cudnnAddTensor(
+        handle: sys::cudnnHandle_t,
+        alpha: *const c_void,
+        a_desc: sys::cudnnTensorDescriptor_t,
+        a: *const c_void,
+        beta: *const c_void,
+        c_desc: sys::cudnnTensorDescriptor_t,
+        c: *mut c_void,
+    );
+    fn cudnnScaleTensor(
+        handle: sys::cudnnHandle_t,
+        y_desc: sys::cudnnTensorDescriptor_t,
+        y: *mut c_void,
+        alpha: *const c_void,
+    );
+    fn cudnnSetTensor(
+        handle: sys::cudnnHandle_t,
+        y_desc: sys::cudnnTensorDescriptor_t,
+        y: *mut c_void,
+        value: *const c_void,
+    );
+    fn cudnnTransformTensor(
+        handle: sys::cudnnHandle_t,
+        alpha: *const c_void,
+        x_desc: sys::cudnnTensorDescriptor_t,
+        x: *const c_void,
+        beta: *const c_void,
+        y_desc: sys::cudnnTensorDescriptor_t,
+        y: *mut c_void,
+    );
+}
+
+/// The sub-library version checks, each loading its sub-library (`libcudnn_graph`, `_ops`,
+/// `_cnn`, `_adv`) and comparing its version with the shim's.
+pub(crate) fn sublibrary_checks(lib: &Library) -> Vec<(&'static str, Result<()>)> {
+    fn run(
+        lib: &Library,
+        f: std::result::Result<unsafe extern "C" fn() -> sys::cudnnStatus_t, sys::LoadError>,
+        name: &'static str,
+    ) -> Result<()> {
+        let f = f?;
+        // SAFETY: the version checks take no arguments and only load and query sub-libraries.
+        let status = unsafe { f() };
+        check(lib, status, name)
+    }
+    vec![
+        ("graph", run(lib, sym!(lib, cudnnGraphVersionCheck), "cudnnGraphVersionCheck")),
+        ("ops", run(lib, sym!(lib, cudnnOpsVersionCheck), "cudnnOpsVersionCheck")),
+        ("cnn", run(lib, sym!(lib, cudnnCnnVersionCheck), "cudnnCnnVersionCheck")),
+        ("adv", run(lib, sym!(lib, cudnnAdvVersionCheck), "cudnnAdvVersionCheck")),
+    ]
+}

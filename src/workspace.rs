@@ -1,0 +1,115 @@
+//! Scratch device memory for cuDNN calls, grown on demand, reused, and capped.
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
+
+use crate::error::{Error, Result};
+
+/// Largest workspace ever allocated, whatever the limit: a request above it (1 TiB, PyTorch's
+/// cap too) is treated as a failure of the query, not as an allocation to attempt.
+pub const MAX_WORKSPACE_BYTES: usize = 1 << 40;
+
+/// A growable device buffer used as cuDNN workspace.
+///
+/// It grows to the largest size asked of it (within its limit) and is reused afterwards; each
+/// launch compares the size the algorithm asked for with what the workspace holds.
+///
+/// ```no_run
+/// # fn main() -> cudnn_safe::Result<()> {
+/// let ctx = cudnn_safe::cuda_context(0)?;
+/// let mut ws = cudnn_safe::Workspace::new(ctx.default_stream()).with_limit(256 << 20);
+/// ws.reserve(1 << 20)?;          // grows to 1 MiB
+/// assert!(ws.reserve(512 << 20).is_err()); // over the 256 MiB limit
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Workspace {
+    buf: Option<CudaSlice<u8>>,
+    stream: Arc<CudaStream>,
+    limit: usize,
+}
+
+impl Workspace {
+    /// An empty workspace allocating on `stream`, limited to [`MAX_WORKSPACE_BYTES`].
+    pub fn new(stream: Arc<CudaStream>) -> Self {
+        Workspace {
+            buf: None,
+            stream,
+            limit: MAX_WORKSPACE_BYTES,
+        }
+    }
+
+    /// Sets the most bytes this workspace may hold (PyTorch's workspace limit knob).
+    #[must_use]
+    pub fn with_limit(mut self, bytes: usize) -> Self {
+        self.limit = bytes.min(MAX_WORKSPACE_BYTES);
+        self
+    }
+
+    /// The limit in bytes.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Bytes currently allocated.
+    pub fn capacity(&self) -> usize {
+        self.buf.as_ref().map_or(0, |b| b.len())
+    }
+
+    /// The stream the memory is allocated on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Whether `bytes` could be granted under the limit.
+    pub fn allows(&self, bytes: usize) -> bool {
+        bytes <= self.limit
+    }
+
+    /// Ensures at least `bytes` are allocated: grows (dropping the old buffer) when needed,
+    /// fails with [`Error::WorkspaceLimit`] above the limit.
+    pub fn reserve(&mut self, bytes: usize) -> Result<()> {
+        if bytes > self.limit {
+            return Err(Error::WorkspaceLimit {
+                requested: bytes,
+                limit: self.limit,
+            });
+        }
+        if bytes <= self.capacity() {
+            return Ok(());
+        }
+        // Free the old buffer first so peak memory is the new size, not old + new.
+        self.buf = None;
+        let buf = self
+            .stream
+            .alloc_zeros::<u8>(bytes)
+            .map_err(|e| Error::driver("allocating the workspace", e))?;
+        log::debug!("workspace grown to {bytes} bytes");
+        self.buf = Some(buf);
+        Ok(())
+    }
+
+    /// Releases the memory (the next `reserve` allocates again).
+    pub fn release(&mut self) {
+        self.buf = None;
+    }
+
+    /// Checks that the workspace holds `required` bytes (no growth): what every launch does
+    /// with the size its algorithm or plan asked for, before anything is enqueued.
+    pub fn check(&self, required: usize) -> Result<()> {
+        let available = self.capacity();
+        if available < required {
+            return Err(Error::WorkspaceTooSmall {
+                available,
+                required,
+            });
+        }
+        Ok(())
+    }
+
+    /// Grows to `required` bytes if the limit allows, then [`check`](Self::check)s.
+    pub fn prepare(&mut self, required: usize) -> Result<()> {
+        self.reserve(required)?;
+        self.check(required)
+    }
+}
