@@ -114,7 +114,14 @@ impl Scalar for f64 {
 /// The type parameter of a descriptor and the element type of the buffer passed with it are the
 /// same `T`, so a dtype mismatch between them does not compile.
 pub trait DataType:
-    sealed::Sealed + cudarc::driver::DeviceRepr + Copy + Default + Send + Sync + 'static + std::fmt::Debug
+    sealed::Sealed
+    + cudarc::driver::DeviceRepr
+    + Copy
+    + Default
+    + Send
+    + Sync
+    + 'static
+    + std::fmt::Debug
 {
     /// The cuDNN data type.
     const DTYPE: DType;
@@ -145,9 +152,12 @@ float_dtype!(f32, DType::F32, f32, |v: f64| v as f32, |x: f32| x as f64);
 float_dtype!(f64, DType::F64, f64, |v: f64| v, |x: f64| x);
 float_dtype!(f16, DType::F16, f32, f16::from_f64, f16::to_f64);
 float_dtype!(bf16, DType::BF16, f32, bf16::from_f64, bf16::to_f64);
-float_dtype!(i8, DType::I8, f32, |v: f64| v.round() as i8, |x: i8| x as f64);
-float_dtype!(u8, DType::U8, f32, |v: f64| v.round() as u8, |x: u8| x as f64);
-float_dtype!(i32, DType::I32, f32, |v: f64| v.round() as i32, |x: i32| x as f64);
+float_dtype!(i8, DType::I8, f32, |v: f64| v.round() as i8, |x: i8| x
+    as f64);
+float_dtype!(u8, DType::U8, f32, |v: f64| v.round() as u8, |x: u8| x
+    as f64);
+float_dtype!(i32, DType::I32, f32, |v: f64| v.round() as i32, |x: i32| x
+    as f64);
 
 #[cfg(test)]
 mod tests {
@@ -161,7 +171,15 @@ mod tests {
         assert!(is_f64::<f64>());
         assert!(!is_f64::<f32>() && !is_f64::<f16>() && !is_f64::<bf16>());
         assert!(!is_f64::<i8>() && !is_f64::<u8>() && !is_f64::<i32>());
-        for d in [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32] {
+        for d in [
+            DType::F32,
+            DType::F64,
+            DType::F16,
+            DType::BF16,
+            DType::I8,
+            DType::U8,
+            DType::I32,
+        ] {
             assert_eq!(d.scalar_is_f64(), d == DType::F64);
         }
     }

@@ -67,9 +67,15 @@ const STATUS_NAMES: &[(u32, &str)] = &[
     (3005, "CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER"),
     (3006, "CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDART"),
     (3007, "CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH"),
-    (3008, "CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING"),
+    (
+        3008,
+        "CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING",
+    ),
     (3009, "CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE"),
-    (3010, "CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT"),
+    (
+        3010,
+        "CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT",
+    ),
     (3011, "CUDNN_STATUS_NOT_SUPPORTED_PADDING"),
     (3012, "CUDNN_STATUS_NOT_SUPPORTED_BAD_LAUNCH_PARAM"),
     (3013, "CUDNN_STATUS_NOT_SUPPORTED_CUDA_GRAPH_NATIVE_API"),
@@ -308,5 +314,73 @@ impl Error {
             expected: expected.into(),
             got: got.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_known_code_has_its_family() {
+        let mut seen = std::collections::HashSet::new();
+        for s in Status::all_known() {
+            assert!(seen.insert(s.0), "duplicate code {}", s.0);
+            let name = s.known_name().unwrap();
+            assert_eq!(s.name(), name);
+            let fam = s.family();
+            let expect = match s.0 / 1000 {
+                0 => StatusFamily::Success,
+                1 => StatusFamily::LibraryState,
+                2 => StatusFamily::BadParam,
+                3 => StatusFamily::NotSupported,
+                4 => StatusFamily::Internal,
+                5 => StatusFamily::ExecutionFailed,
+                _ => unreachable!(),
+            };
+            assert_eq!(fam, expect, "{name}");
+        }
+        assert_eq!(seen.len(), 48);
+    }
+
+    #[test]
+    fn unknown_codes_map_by_family() {
+        assert_eq!(Status(2999).family(), StatusFamily::BadParam);
+        assert_eq!(
+            Status(2999).name(),
+            "CUDNN_STATUS_BAD_PARAM (unknown code 2999)"
+        );
+        assert_eq!(Status(3100).family(), StatusFamily::NotSupported);
+        assert_eq!(Status(5999).family(), StatusFamily::ExecutionFailed);
+        assert_eq!(Status(1999).family(), StatusFamily::LibraryState);
+        assert_eq!(Status(4999).family(), StatusFamily::Internal);
+        assert_eq!(Status(7).family(), StatusFamily::Unknown);
+        assert_eq!(Status(u32::MAX).family(), StatusFamily::Unknown);
+        assert!(Status(u32::MAX).name().contains("unknown code"));
+        // Old numbering (cuDNN 8 used small codes) is not mistaken for a known status.
+        assert_eq!(Status(3).known_name(), None);
+    }
+
+    #[test]
+    fn error_messages_say_what_and_how_much() {
+        let e = Error::BufferTooSmall {
+            name: "y",
+            len: 1024,
+            required: 2048,
+        };
+        assert_eq!(
+            e.to_string(),
+            "buffer `y` holds 1024 elements, its descriptor needs 2048"
+        );
+        let e = Error::Cudnn {
+            status: Status(2000),
+            function: "cudnnAddTensor",
+            message: "bad dims".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "cudnnAddTensor failed with CUDNN_STATUS_BAD_PARAM (2000): bad dims"
+        );
+        assert_eq!(e.status(), Some(Status::BAD_PARAM));
     }
 }

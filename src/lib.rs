@@ -52,6 +52,11 @@ pub use workspace::{Workspace, MAX_WORKSPACE_BYTES};
 
 /// Re-exports of the crates whose types appear in this API.
 pub use cudarc;
-pub use half;
 /// The raw bindings and loader (for calling what this crate does not wrap yet).
 pub use cudnn_safe_sys as sys;
+pub use half;
+
+/// The README's example compiles as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme {}

@@ -15,7 +15,11 @@ pub(crate) fn lib() -> Result<&'static Library> {
 }
 
 /// Turns a status into a `Result`, capturing `cudnnGetLastErrorString` on failure.
-pub(crate) fn check(lib: &Library, status: sys::cudnnStatus_t, function: &'static str) -> Result<()> {
+pub(crate) fn check(
+    lib: &Library,
+    status: sys::cudnnStatus_t,
+    function: &'static str,
+) -> Result<()> {
     if status.0 == 0 {
         return Ok(());
     }
@@ -47,6 +51,7 @@ macro_rules! raw_fns {
         /// The arguments satisfy the C function's contract: handles and descriptors are live,
         /// pointers are valid for the reads and writes the descriptors imply, host pointers to
         /// scalars point to the type cuDNN reads for these tensors.
+        #[allow(clippy::too_many_arguments)] // mirrors the C signature
         pub(crate) unsafe fn $name(lib: &Library, $($a: $t),*) -> Result<()> {
             let f = sym!(lib, $name)?;
             // SAFETY: forwarded to the caller, see `# Safety` above.
@@ -133,9 +138,25 @@ pub(crate) fn sublibrary_checks(lib: &Library) -> Vec<(&'static str, Result<()>)
         check(lib, status, name)
     }
     vec![
-        ("graph", run(lib, sym!(lib, cudnnGraphVersionCheck), "cudnnGraphVersionCheck")),
-        ("ops", run(lib, sym!(lib, cudnnOpsVersionCheck), "cudnnOpsVersionCheck")),
-        ("cnn", run(lib, sym!(lib, cudnnCnnVersionCheck), "cudnnCnnVersionCheck")),
-        ("adv", run(lib, sym!(lib, cudnnAdvVersionCheck), "cudnnAdvVersionCheck")),
+        (
+            "graph",
+            run(
+                lib,
+                sym!(lib, cudnnGraphVersionCheck),
+                "cudnnGraphVersionCheck",
+            ),
+        ),
+        (
+            "ops",
+            run(lib, sym!(lib, cudnnOpsVersionCheck), "cudnnOpsVersionCheck"),
+        ),
+        (
+            "cnn",
+            run(lib, sym!(lib, cudnnCnnVersionCheck), "cudnnCnnVersionCheck"),
+        ),
+        (
+            "adv",
+            run(lib, sym!(lib, cudnnAdvVersionCheck), "cudnnAdvVersionCheck"),
+        ),
     ]
 }

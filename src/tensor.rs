@@ -50,7 +50,9 @@ impl TensorFormat {
         match self {
             TensorFormat::Nhwc => sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC,
             TensorFormat::NchwVectC { .. } => sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW_VECT_C,
-            TensorFormat::Nchw | TensorFormat::Strided => sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+            TensorFormat::Nchw | TensorFormat::Strided => {
+                sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW
+            }
         }
     }
 }
@@ -325,7 +327,8 @@ impl Layout {
         if let TensorFormat::NchwVectC { width } = self.format {
             let v = i64::from(width);
             let (n, c, h, w) = (idx[0], idx[1], idx[2], idx[3]);
-            return n * self.strides[0] + (c / v) * (self.dims[2] * self.dims[3] * v)
+            return n * self.strides[0]
+                + (c / v) * (self.dims[2] * self.dims[3] * v)
                 + h * self.strides[2]
                 + w * self.strides[3]
                 + c % v;
@@ -354,15 +357,25 @@ impl Layout {
             d.push(1);
             s.push(1);
         }
-        let d = d.into_iter().map(|v| to_c_int("dimension", v)).collect::<Result<_>>()?;
-        let s = s.into_iter().map(|v| to_c_int("stride", v)).collect::<Result<_>>()?;
+        let d = d
+            .into_iter()
+            .map(|v| to_c_int("dimension", v))
+            .collect::<Result<_>>()?;
+        let s = s
+            .into_iter()
+            .map(|v| to_c_int("stride", v))
+            .collect::<Result<_>>()?;
         Ok((d, s))
     }
 }
 
 impl fmt::Display for Layout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?} dims {:?} strides {:?}", self.format, self.dims, self.strides)
+        write!(
+            f,
+            "{:?} dims {:?} strides {:?}",
+            self.format, self.dims, self.strides
+        )
     }
 }
 

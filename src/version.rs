@@ -50,7 +50,12 @@ pub fn versions() -> Result<Versions> {
 
 impl fmt::Display for Versions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "cuDNN {} from {}", format_version(self.cudnn), self.library)?;
+        writeln!(
+            f,
+            "cuDNN {} from {}",
+            format_version(self.cudnn),
+            self.library
+        )?;
         writeln!(
             f,
             "  built against CUDA runtime {}.{}; bindings generated from cuDNN {}",

@@ -34,12 +34,12 @@ macro_rules! sym {
     ($lib:expr, $name:ident) => {
         match &$lib.api().$name {
             ::core::result::Result::Ok(f) => ::core::result::Result::Ok(*f),
-            ::core::result::Result::Err(_) => ::core::result::Result::Err(
-                $crate::loader::LoadError::MissingSymbol {
+            ::core::result::Result::Err(_) => {
+                ::core::result::Result::Err($crate::loader::LoadError::MissingSymbol {
                     symbol: ::core::stringify!($name),
                     library: $lib.origin().to_string(),
-                },
-            ),
+                })
+            }
         }
     };
 }

@@ -281,21 +281,20 @@ mod linked {
     }
 }
 
+#[cfg(feature = "link")]
 fn load_process_library() -> Result<Library, LoadError> {
-    #[cfg(feature = "link")]
-    {
-        // SAFETY: reading the address of an extern function does not call it.
-        let _keep = unsafe { linked::cudnnGetVersion as usize };
-        let this: libloading::Library = libloading::os::unix::Library::this().into();
-        return Library::from_libloading(this, "libcudnn (linked into the executable)".into());
-    }
-    #[cfg(not(feature = "link"))]
-    {
-        let cands = candidates(std::env::var_os(LIBRARY_ENV).as_ref());
-        // SAFETY: the candidates are cuDNN's sonames or the path the user put in LIBRARY_ENV for
-        // the purpose of naming cuDNN; the process environment is trusted, as for LD_LIBRARY_PATH.
-        unsafe { load_from_candidates(&cands) }
-    }
+    // Taking the address (not calling) keeps the reference to libcudnn in the binary.
+    let _keep = std::hint::black_box(linked::cudnnGetVersion as *const ());
+    let this: libloading::Library = libloading::os::unix::Library::this().into();
+    Library::from_libloading(this, "libcudnn (linked into the executable)".into())
+}
+
+#[cfg(not(feature = "link"))]
+fn load_process_library() -> Result<Library, LoadError> {
+    let cands = candidates(std::env::var_os(LIBRARY_ENV).as_ref());
+    // SAFETY: the candidates are cuDNN's sonames or the path the user put in LIBRARY_ENV for
+    // the purpose of naming cuDNN; the process environment is trusted, as for LD_LIBRARY_PATH.
+    unsafe { load_from_candidates(&cands) }
 }
 
 static LIBRARY: OnceLock<Result<Library, LoadError>> = OnceLock::new();
