@@ -205,8 +205,9 @@ pub enum Error {
         /// Elements the descriptor addresses (its span).
         required: usize,
     },
-    /// A buffer belongs to another CUDA context (device) than the handle.
-    #[error("buffer `{name}` lives on CUDA context of device {found}, the handle's is device {expected}")]
+    /// A buffer (or stream) belongs to another CUDA context than the handle: another device, or
+    /// another context on the same device.
+    #[error("`{name}` belongs to a CUDA context (on device {found}) other than the handle's (on device {expected})")]
     ForeignContext {
         /// Which argument.
         name: &'static str,

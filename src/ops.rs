@@ -55,9 +55,9 @@ impl Cudnn {
         self.check_tensor("a", a_desc.layout(), a, false)?;
         self.check_tensor("c", c_desc.layout(), c, true)?;
         self.bind()?;
-        let stream = self.stream().clone();
-        let (ap, _ga) = a.device_ptr(&stream);
-        let (cp, _gc) = c.device_ptr_mut(&stream);
+        let stream: &cudarc::driver::CudaStream = self.stream();
+        let (ap, _ga) = a.device_ptr(stream);
+        let (cp, _gc) = c.device_ptr_mut(stream);
         // SAFETY: live handle and descriptors; `a` and `c` hold at least their descriptors' spans
         // on the handle's context (checked above); alpha/beta are `T::Scalar`, the type cuDNN
         // reads for `T`; the guards keep the buffers alive and ordered until enqueued.
@@ -85,8 +85,8 @@ impl Cudnn {
     ) -> Result<()> {
         self.check_tensor("y", y_desc.layout(), y, true)?;
         self.bind()?;
-        let stream = self.stream().clone();
-        let (yp, _gy) = y.device_ptr_mut(&stream);
+        let stream: &cudarc::driver::CudaStream = self.stream();
+        let (yp, _gy) = y.device_ptr_mut(stream);
         // SAFETY: live handle and descriptor; `y` holds its span on this context and is not
         // self-overlapping (checked); alpha is `T::Scalar`.
         unsafe {
@@ -110,8 +110,8 @@ impl Cudnn {
     ) -> Result<()> {
         self.check_tensor("y", y_desc.layout(), y, true)?;
         self.bind()?;
-        let stream = self.stream().clone();
-        let (yp, _gy) = y.device_ptr_mut(&stream);
+        let stream: &cudarc::driver::CudaStream = self.stream();
+        let (yp, _gy) = y.device_ptr_mut(stream);
         // SAFETY: live handle and descriptor; `y` holds its span on this context (checked);
         // cudnnSetTensor reads one value of the tensor's own data type, which `value: T` is.
         unsafe {
@@ -152,9 +152,9 @@ impl Cudnn {
         self.check_tensor("x", x_desc.layout(), x, false)?;
         self.check_tensor("y", y_desc.layout(), y, true)?;
         self.bind()?;
-        let stream = self.stream().clone();
-        let (xp, _gx) = x.device_ptr(&stream);
-        let (yp, _gy) = y.device_ptr_mut(&stream);
+        let stream: &cudarc::driver::CudaStream = self.stream();
+        let (xp, _gx) = x.device_ptr(stream);
+        let (yp, _gy) = y.device_ptr_mut(stream);
         // SAFETY: live handle and descriptors; both buffers hold their spans on this context;
         // `y` does not overlap itself and cannot alias `x` (`&` vs `&mut`); alpha/beta are the
         // scalar type both dtypes share.
