@@ -7,7 +7,7 @@ use std::ffi::c_void;
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use crate::dtype::DataType;
+use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
 use crate::raw;
@@ -101,6 +101,12 @@ impl Cudnn {
     }
 
     /// Sets every element `y` addresses to `value`.
+    ///
+    /// cuDNN's documentation says the value is read as the tensor's own type, but cuDNN 9 reads
+    /// it as `f32` for f16, bf16 and 8-bit tensors (measured on the H200: passing a 2-byte half
+    /// made it read past the value). This crate hands cuDNN the value in the representation it
+    /// reads (`f64` for f64, `i32` for i32, `f32` otherwise) from an 8-byte buffer, so no
+    /// interpretation can read beyond it.
     #[doc(alias = "cudnnSetTensor")]
     pub fn set_tensor<T: DataType>(
         &self,
@@ -109,18 +115,20 @@ impl Cudnn {
         value: T,
     ) -> Result<()> {
         self.check_tensor("y", y_desc.layout(), y, true)?;
+        let value = set_value_repr(value);
         self.bind()?;
         let stream: &cudarc::driver::CudaStream = self.stream();
         let (yp, _gy) = y.device_ptr_mut(stream);
-        // SAFETY: live handle and descriptor; `y` holds its span on this context (checked);
-        // cudnnSetTensor reads one value of the tensor's own data type, which `value: T` is.
+        // SAFETY: live handle and descriptor; `y` holds its span on this context and does not
+        // overlap itself (checked); the value is an 8-byte, 8-aligned host word holding the
+        // representation cuDNN reads for `T` (at most 8 bytes are ever read).
         unsafe {
             raw::cudnnSetTensor(
                 self.lib(),
                 self.as_raw(),
                 y_desc.as_raw(),
                 yp as *mut c_void,
-                (&value as *const T).cast::<c_void>(),
+                (&value as *const u64).cast::<c_void>(),
             )
         }
     }
@@ -170,5 +178,40 @@ impl Cudnn {
                 yp as *mut c_void,
             )
         }
+    }
+}
+
+/// The host word `cudnnSetTensor` reads for a `T` value: `f64` for f64, `i32` for i32, `f32` for
+/// every other type (half, bfloat16, 8-bit), in the low bytes of an aligned 8-byte word.
+fn set_value_repr<T: DataType>(value: T) -> u64 {
+    let mut bytes = [0u8; 8];
+    match T::DTYPE {
+        DType::F64 => bytes.copy_from_slice(&value.to_f64().to_ne_bytes()),
+        DType::I32 => bytes[..4].copy_from_slice(&(value.to_f64() as i32).to_ne_bytes()),
+        _ => bytes[..4].copy_from_slice(&(value.to_f64() as f32).to_ne_bytes()),
+    }
+    u64::from_ne_bytes(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_values_use_the_representation_cudnn_reads() {
+        let word = |v: u64| v.to_ne_bytes();
+        assert_eq!(word(set_value_repr(1.5f64)), 1.5f64.to_ne_bytes());
+        assert_eq!(word(set_value_repr(-7i32))[..4], (-7i32).to_ne_bytes());
+        assert_eq!(
+            word(set_value_repr(half::f16::from_f32(0.5)))[..4],
+            0.5f32.to_ne_bytes()
+        );
+        assert_eq!(
+            word(set_value_repr(half::bf16::from_f32(-2.0)))[..4],
+            (-2.0f32).to_ne_bytes()
+        );
+        assert_eq!(word(set_value_repr(-5i8))[..4], (-5.0f32).to_ne_bytes());
+        assert_eq!(word(set_value_repr(200u8))[..4], 200.0f32.to_ne_bytes());
+        assert_eq!(word(set_value_repr(0.25f32))[..4], 0.25f32.to_ne_bytes());
     }
 }
