@@ -47,7 +47,7 @@ pub use dtype::{DType, DataType, Scalar};
 pub use error::{Error, LoadError, Result, Status, StatusFamily};
 pub use handle::{cuda_context, Cudnn};
 pub use tensor::{FilterDesc, Layout, TensorBuilder, TensorDesc, TensorFormat};
-pub use version::{format_version, library_error, versions, Versions};
+pub use version::{format_version, versions, Versions};
 pub use workspace::{Workspace, MAX_WORKSPACE_BYTES};
 
 /// Re-exports of the crates whose types appear in this API.

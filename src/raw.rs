@@ -160,3 +160,73 @@ pub(crate) fn sublibrary_checks(lib: &Library) -> Vec<(&'static str, Result<()>)
         ),
     ]
 }
+
+/// Declares an owning wrapper for one kind of legacy cuDNN descriptor: created by `$create`,
+/// destroyed exactly once by `$destroy` in `Drop` (which logs and never panics), `Send`.
+/// Descriptor types of the public API hold one of these and add their own validation.
+macro_rules! owned_descriptor {
+    ($(#[$m:meta])* $name:ident, $ptr:ty, $create:ident, $destroy:ident) => {
+        $(#[$m])*
+        pub(crate) struct $name {
+            ptr: std::ptr::NonNull<<$ptr as crate::raw::Pointee>::Target>,
+            lib: &'static Library,
+        }
+
+        impl $name {
+            pub(crate) fn new(lib: &'static Library) -> Result<Self> {
+                let mut p: $ptr = std::ptr::null_mut();
+                // SAFETY: `p` is a valid out-pointer for the new descriptor.
+                unsafe { $create(lib, &mut p) }?;
+                let ptr = std::ptr::NonNull::new(p).ok_or(Error::Cudnn {
+                    status: Status::BAD_PARAM,
+                    function: stringify!($create),
+                    message: "returned a null descriptor".into(),
+                })?;
+                Ok($name { ptr, lib })
+            }
+            pub(crate) fn as_ptr(&self) -> $ptr {
+                self.ptr.as_ptr()
+            }
+            pub(crate) fn lib(&self) -> &'static Library {
+                self.lib
+            }
+        }
+
+        // SAFETY: a descriptor is host memory that cuDNN reads during calls and writes only in
+        // set calls made while the owner holds it exclusively, and in `Drop`; moving it to
+        // another thread is sound.
+        unsafe impl Send for $name {}
+
+        impl Drop for $name {
+            fn drop(&mut self) {
+                // SAFETY: created by the matching create call, destroyed exactly once here.
+                if let Err(e) = unsafe { $destroy(self.lib, self.ptr.as_ptr()) } {
+                    log::warn!(concat!(stringify!($destroy), ": {}"), e);
+                }
+            }
+        }
+    };
+}
+
+/// Maps a raw descriptor pointer type to the struct it points to.
+pub(crate) trait Pointee {
+    type Target;
+}
+impl<T> Pointee for *mut T {
+    type Target = T;
+}
+
+owned_descriptor!(
+    /// An owned `cudnnTensorDescriptor_t`.
+    OwnedTensor,
+    sys::cudnnTensorDescriptor_t,
+    cudnnCreateTensorDescriptor,
+    cudnnDestroyTensorDescriptor
+);
+owned_descriptor!(
+    /// An owned `cudnnFilterDescriptor_t`.
+    OwnedFilter,
+    sys::cudnnFilterDescriptor_t,
+    cudnnCreateFilterDescriptor,
+    cudnnDestroyFilterDescriptor
+);

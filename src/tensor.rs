@@ -10,10 +10,8 @@
 use std::ffi::c_int;
 use std::fmt;
 use std::marker::PhantomData;
-use std::ptr::NonNull;
 
 use cudnn_safe_sys as sys;
-use cudnn_safe_sys::Library;
 
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
@@ -472,15 +470,10 @@ fn descriptor_dtype(dtype: DType, format: TensorFormat) -> Result<sys::cudnnData
 ///
 /// `Send` (it is plain host memory that cuDNN only reads), not `Sync`.
 pub struct TensorDesc<T: DataType> {
-    raw: NonNull<sys::cudnnTensorStruct>,
+    raw: raw::OwnedTensor,
     layout: Layout,
-    lib: &'static Library,
-    _t: PhantomData<*const T>,
+    _t: PhantomData<fn() -> T>,
 }
-
-// SAFETY: a tensor descriptor is host memory that cuDNN reads during calls and writes only in
-// the set/destroy calls made through `&mut self`/`Drop`; moving it to another thread is sound.
-unsafe impl<T: DataType> Send for TensorDesc<T> {}
 
 impl<T: DataType> fmt::Debug for TensorDesc<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -496,19 +489,10 @@ impl<T: DataType> TensorDesc<T> {
     pub fn new(layout: Layout) -> Result<Self> {
         let lib = raw::lib()?;
         let dtype = descriptor_dtype(T::DTYPE, layout.format)?;
-        let mut ptr: sys::cudnnTensorDescriptor_t = std::ptr::null_mut();
-        // SAFETY: `ptr` is a valid out-pointer for the new descriptor.
-        unsafe { raw::cudnnCreateTensorDescriptor(lib, &mut ptr) }?;
-        let raw = NonNull::new(ptr).ok_or(Error::Cudnn {
-            status: crate::Status::BAD_PARAM,
-            function: "cudnnCreateTensorDescriptor",
-            message: "returned a null descriptor".into(),
-        })?;
-        // Owned from here: Drop destroys it if a set call fails.
+        // Owned from here: dropping it destroys the descriptor if a set call fails.
         let desc = TensorDesc {
-            raw,
+            raw: raw::OwnedTensor::new(lib)?,
             layout,
-            lib,
             _t: PhantomData,
         };
         let l = &desc.layout;
@@ -573,7 +557,7 @@ impl<T: DataType> TensorDesc<T> {
     pub fn size_in_bytes(&self) -> Result<usize> {
         let mut n = 0usize;
         // SAFETY: live descriptor and a valid out-pointer.
-        unsafe { raw::cudnnGetTensorSizeInBytes(self.lib, self.raw.as_ptr(), &mut n) }?;
+        unsafe { raw::cudnnGetTensorSizeInBytes(self.raw.lib(), self.raw.as_ptr(), &mut n) }?;
         Ok(n)
     }
 
@@ -584,28 +568,14 @@ impl<T: DataType> TensorDesc<T> {
     }
 }
 
-impl<T: DataType> Drop for TensorDesc<T> {
-    fn drop(&mut self) {
-        // SAFETY: the descriptor was created by cudnnCreateTensorDescriptor and is destroyed once.
-        let r = unsafe { raw::cudnnDestroyTensorDescriptor(self.lib, self.raw.as_ptr()) };
-        if let Err(e) = r {
-            log::warn!("destroying a tensor descriptor: {e}");
-        }
-    }
-}
-
 /// An owned cuDNN filter descriptor (`cudnnFilterDescriptor_t`): convolution weights
 /// `[K, C/groups, spatial...]`, packed, in channels-first (`KCRS`) or channels-last (`KRSC`)
 /// order.
 pub struct FilterDesc<T: DataType> {
-    raw: NonNull<sys::cudnnFilterStruct>,
+    raw: raw::OwnedFilter,
     layout: Layout,
-    lib: &'static Library,
-    _t: PhantomData<*const T>,
+    _t: PhantomData<fn() -> T>,
 }
-
-// SAFETY: as for `TensorDesc`: host memory cuDNN only reads outside create/set/destroy.
-unsafe impl<T: DataType> Send for FilterDesc<T> {}
 
 impl<T: DataType> fmt::Debug for FilterDesc<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -649,18 +619,9 @@ impl<T: DataType> FilterDesc<T> {
         };
         let lib = raw::lib()?;
         let dtype = descriptor_dtype(T::DTYPE, format)?;
-        let mut ptr: sys::cudnnFilterDescriptor_t = std::ptr::null_mut();
-        // SAFETY: valid out-pointer.
-        unsafe { raw::cudnnCreateFilterDescriptor(lib, &mut ptr) }?;
-        let raw = NonNull::new(ptr).ok_or(Error::Cudnn {
-            status: crate::Status::BAD_PARAM,
-            function: "cudnnCreateFilterDescriptor",
-            message: "returned a null descriptor".into(),
-        })?;
         let desc = FilterDesc {
-            raw,
+            raw: raw::OwnedFilter::new(lib)?,
             layout,
-            lib,
             _t: PhantomData,
         };
         let cdims: Vec<c_int> = dims.iter().map(|&d| d as c_int).collect();
@@ -695,21 +656,11 @@ impl<T: DataType> FilterDesc<T> {
     pub fn size_in_bytes(&self) -> Result<usize> {
         let mut n = 0usize;
         // SAFETY: live descriptor and a valid out-pointer.
-        unsafe { raw::cudnnGetFilterSizeInBytes(self.lib, self.raw.as_ptr(), &mut n) }?;
+        unsafe { raw::cudnnGetFilterSizeInBytes(self.raw.lib(), self.raw.as_ptr(), &mut n) }?;
         Ok(n)
     }
     /// The raw descriptor (still owned by `self`).
     pub fn as_raw(&self) -> sys::cudnnFilterDescriptor_t {
         self.raw.as_ptr()
-    }
-}
-
-impl<T: DataType> Drop for FilterDesc<T> {
-    fn drop(&mut self) {
-        // SAFETY: created by cudnnCreateFilterDescriptor, destroyed once.
-        let r = unsafe { raw::cudnnDestroyFilterDescriptor(self.lib, self.raw.as_ptr()) };
-        if let Err(e) = r {
-            log::warn!("destroying a filter descriptor: {e}");
-        }
     }
 }

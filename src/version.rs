@@ -3,7 +3,7 @@ use std::fmt;
 
 use cudnn_safe_sys::loader::REQUIRED_VERSION;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::raw;
 
 pub use cudnn_safe_sys::loader::format_version;
@@ -71,9 +71,4 @@ impl fmt::Display for Versions {
         }
         Ok(())
     }
-}
-
-/// Convenience for `Err` checks in examples and tests: the loader error, if cuDNN is missing.
-pub fn library_error() -> Option<Error> {
-    raw::lib().err()
 }

@@ -233,3 +233,25 @@ fn no_gpu_gives_typed_errors() {
         }
     }
 }
+
+#[test]
+fn descriptors_are_destroyed_once_and_may_move_threads() {
+    let Some(_) = lib() else { return };
+    // Many create/destroy cycles: a double destroy or a leak of cuDNN's descriptor pool shows
+    // up as a failure or a crash long before this ends.
+    for i in 0..5_000i64 {
+        let t = TensorDesc::<f32>::nchw(1 + i % 7, 3, 4, 5).unwrap();
+        let f = FilterDesc::<f16>::new(&[8, 3, 3, 3], TensorFormat::Nhwc).unwrap();
+        assert_eq!(t.span() as i64, (1 + i % 7) * 60);
+        drop((t, f));
+    }
+    // A failed set call (cuDNN rejects int32 filters) must still destroy the created descriptor.
+    for _ in 0..1_000 {
+        assert!(FilterDesc::<i32>::new(&[8, 3, 3, 3], TensorFormat::Nchw).is_err());
+    }
+    let d = TensorDesc::<bf16>::nhwc(2, 3, 4, 5).unwrap();
+    let dims = std::thread::spawn(move || d.dims().to_vec())
+        .join()
+        .unwrap();
+    assert_eq!(dims, [2, 3, 4, 5]);
+}
