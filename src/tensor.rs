@@ -67,6 +67,8 @@ pub struct Layout {
     format: TensorFormat,
     span: i64,
     count: i64,
+    /// Derived from dims and strides once, at construction: launches only read it.
+    non_overlapping: bool,
 }
 
 fn to_c_int(what: &'static str, v: i64) -> Result<c_int> {
@@ -97,6 +99,26 @@ fn packed_strides(dims: &[i64], order: &[usize]) -> Result<Vec<i64>> {
         })?;
     }
     Ok(strides)
+}
+
+/// The no-overlap rule of [`Layout::is_non_overlapping`], on validated dims and strides.
+fn strides_non_overlapping(dims: &[i64], strides: &[i64]) -> bool {
+    let mut axes: Vec<(i64, i64)> = dims
+        .iter()
+        .zip(strides)
+        .filter(|(&d, _)| d > 1)
+        .map(|(&d, &s)| (s, d))
+        .collect();
+    axes.sort_unstable();
+    let mut extent = 1i64; // span of the dimensions seen so far
+    for (s, d) in axes {
+        if s < extent {
+            return false;
+        }
+        // Cannot overflow: bounded by the validated span.
+        extent += (d - 1) * s;
+    }
+    true
 }
 
 impl Layout {
@@ -178,6 +200,7 @@ impl Layout {
             format: TensorFormat::NchwVectC { width },
             span: physical.span,
             count: physical.count,
+            non_overlapping: physical.non_overlapping,
         })
     }
 
@@ -234,12 +257,14 @@ impl Layout {
         }
         to_c_int("tensor span (elements addressed)", span)?;
         to_c_int("tensor element count", count)?;
+        let non_overlapping = strides_non_overlapping(&dims, &strides);
         Ok(Layout {
             dims,
             strides,
             format,
             span,
             count,
+            non_overlapping,
         })
     }
 
@@ -279,23 +304,7 @@ impl Layout {
     /// built from packed layouts by permutation, padding or slicing; an exotic interleaved
     /// layout that happens to be injective may be rejected, never the other way round.
     pub fn is_non_overlapping(&self) -> bool {
-        let mut axes: Vec<(i64, i64)> = self
-            .dims
-            .iter()
-            .zip(&self.strides)
-            .filter(|(&d, _)| d > 1)
-            .map(|(&d, &s)| (s, d))
-            .collect();
-        axes.sort_unstable();
-        let mut extent = 1i64; // span of the dimensions seen so far
-        for (s, d) in axes {
-            if s < extent {
-                return false;
-            }
-            // Cannot overflow: bounded by the validated span.
-            extent += (d - 1) * s;
-        }
-        true
+        self.non_overlapping
     }
 
     /// Offsets (in elements) of every logical element, in row-major logical order. For tests and
