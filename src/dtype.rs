@@ -116,6 +116,7 @@ impl Scalar for f64 {
 pub trait DataType:
     sealed::Sealed
     + cudarc::driver::DeviceRepr
+    + cudarc::driver::ValidAsZeroBits
     + Copy
     + Default
     + Send

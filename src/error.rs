@@ -274,6 +274,14 @@ pub enum Error {
         /// Bytes required.
         required: usize,
     },
+    /// No algorithm could run the operation under the current policy and workspace limit.
+    #[error("no {op} algorithm could run this case: {detail}")]
+    NoAlgorithm {
+        /// The operation (e.g. `convolution forward`).
+        op: &'static str,
+        /// What was tried and why each was refused.
+        detail: String,
+    },
     /// A workspace request exceeds the configured limit.
     #[error("workspace request of {requested} bytes exceeds the limit of {limit} bytes")]
     WorkspaceLimit {

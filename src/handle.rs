@@ -42,6 +42,30 @@ pub struct Cudnn {
     raw: NonNull<sys::cudnnContext>,
     stream: Arc<CudaStream>,
     lib: &'static Library,
+    /// Recent workspace-size answers keyed by (direction, algorithm, descriptor ids), so a launch
+    /// can check its workspace without asking cuDNN again. Ids are never reused and descriptors
+    /// are immutable, so an entry can never describe another problem. `Cudnn` is not `Sync`,
+    /// hence a plain `RefCell`.
+    ws_memo: std::cell::RefCell<WorkspaceMemo>,
+}
+
+/// A small most-recently-used list of workspace sizes.
+#[derive(Default)]
+pub(crate) struct WorkspaceMemo {
+    entries: std::collections::VecDeque<([u64; 5], usize)>,
+}
+
+impl WorkspaceMemo {
+    const CAPACITY: usize = 32;
+    pub(crate) fn get(&self, key: &[u64; 5]) -> Option<usize> {
+        self.entries.iter().find(|(k, _)| k == key).map(|&(_, v)| v)
+    }
+    pub(crate) fn put(&mut self, key: [u64; 5], bytes: usize) {
+        if self.entries.len() == Self::CAPACITY {
+            self.entries.pop_back();
+        }
+        self.entries.push_front((key, bytes));
+    }
 }
 
 // SAFETY: a cuDNN handle may be used from any thread as long as no two threads use it at the
@@ -80,7 +104,12 @@ impl Cudnn {
             function: "cudnnCreate",
             message: "returned a null handle".into(),
         })?;
-        let handle = Cudnn { raw, stream, lib };
+        let handle = Cudnn {
+            raw,
+            stream,
+            lib,
+            ws_memo: Default::default(),
+        };
         // SAFETY: live handle; the stream belongs to the context the handle was created on and
         // outlives the handle's use of it (we hold an Arc to it).
         unsafe { raw::cudnnSetStream(lib, handle.as_raw(), handle.cu_stream()) }?;
@@ -131,6 +160,10 @@ impl Cudnn {
 
     pub(crate) fn lib(&self) -> &'static Library {
         self.lib
+    }
+
+    pub(crate) fn ws_memo(&self) -> &std::cell::RefCell<WorkspaceMemo> {
+        &self.ws_memo
     }
 
     /// Makes the handle's context current on this thread (the handle may have moved threads).

@@ -34,6 +34,8 @@
 #![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 #![warn(missing_docs)]
 
+mod autotune;
+pub mod conv;
 pub mod dtype;
 pub mod error;
 mod handle;
@@ -43,6 +45,9 @@ pub mod tensor;
 mod version;
 mod workspace;
 
+pub use autotune::{
+    Autotuner, Candidate, Choice, FixedAlgos, Policy, Source, TunerStats, CACHE_ENV,
+};
 pub use dtype::{DType, DataType, Scalar};
 pub use error::{Error, LoadError, Result, Status, StatusFamily};
 pub use handle::{cuda_context, Cudnn};

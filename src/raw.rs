@@ -122,6 +122,224 @@ raw_fns! {
         y_desc: sys::cudnnTensorDescriptor_t,
         y: *mut c_void,
     );
+
+    // Convolution (libcudnn_cnn) and the activation descriptor its fused form takes.
+    fn cudnnCreateConvolutionDescriptor(desc: *mut sys::cudnnConvolutionDescriptor_t);
+    fn cudnnDestroyConvolutionDescriptor(desc: sys::cudnnConvolutionDescriptor_t);
+    fn cudnnSetConvolutionNdDescriptor(
+        desc: sys::cudnnConvolutionDescriptor_t,
+        array_length: c_int,
+        pads: *const c_int,
+        strides: *const c_int,
+        dilations: *const c_int,
+        mode: sys::cudnnConvolutionMode_t,
+        compute_type: sys::cudnnDataType_t,
+    );
+    fn cudnnSetConvolutionMathType(
+        desc: sys::cudnnConvolutionDescriptor_t,
+        math: sys::cudnnMathType_t,
+    );
+    fn cudnnSetConvolutionGroupCount(desc: sys::cudnnConvolutionDescriptor_t, groups: c_int);
+    fn cudnnGetConvolutionNdForwardOutputDim(
+        desc: sys::cudnnConvolutionDescriptor_t,
+        x_desc: sys::cudnnTensorDescriptor_t,
+        w_desc: sys::cudnnFilterDescriptor_t,
+        nb_dims: c_int,
+        out: *mut c_int,
+    );
+    fn cudnnCreateActivationDescriptor(desc: *mut sys::cudnnActivationDescriptor_t);
+    fn cudnnDestroyActivationDescriptor(desc: sys::cudnnActivationDescriptor_t);
+    fn cudnnSetActivationDescriptor(
+        desc: sys::cudnnActivationDescriptor_t,
+        mode: sys::cudnnActivationMode_t,
+        nan: sys::cudnnNanPropagation_t,
+        coef: f64,
+    );
+    fn cudnnGetConvolutionForwardAlgorithmMaxCount(handle: sys::cudnnHandle_t, count: *mut c_int);
+    fn cudnnGetConvolutionBackwardDataAlgorithmMaxCount(
+        handle: sys::cudnnHandle_t,
+        count: *mut c_int,
+    );
+    fn cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(
+        handle: sys::cudnnHandle_t,
+        count: *mut c_int,
+    );
+    fn cudnnGetConvolutionForwardAlgorithm_v7(
+        handle: sys::cudnnHandle_t,
+        x_desc: sys::cudnnTensorDescriptor_t,
+        w_desc: sys::cudnnFilterDescriptor_t,
+        conv: sys::cudnnConvolutionDescriptor_t,
+        y_desc: sys::cudnnTensorDescriptor_t,
+        requested: c_int,
+        returned: *mut c_int,
+        perf: *mut sys::cudnnConvolutionFwdAlgoPerf_t,
+    );
+    fn cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        handle: sys::cudnnHandle_t,
+        w_desc: sys::cudnnFilterDescriptor_t,
+        dy_desc: sys::cudnnTensorDescriptor_t,
+        conv: sys::cudnnConvolutionDescriptor_t,
+        dx_desc: sys::cudnnTensorDescriptor_t,
+        requested: c_int,
+        returned: *mut c_int,
+        perf: *mut sys::cudnnConvolutionBwdDataAlgoPerf_t,
+    );
+    fn cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        handle: sys::cudnnHandle_t,
+        x_desc: sys::cudnnTensorDescriptor_t,
+        dy_desc: sys::cudnnTensorDescriptor_t,
+        conv: sys::cudnnConvolutionDescriptor_t,
+        dw_desc: sys::cudnnFilterDescriptor_t,
+        requested: c_int,
+        returned: *mut c_int,
+        perf: *mut sys::cudnnConvolutionBwdFilterAlgoPerf_t,
+    );
+    fn cudnnFindConvolutionForwardAlgorithmEx(
+        handle: sys::cudnnHandle_t,
+        x_desc: sys::cudnnTensorDescriptor_t,
+        x: *const c_void,
+        w_desc: sys::cudnnFilterDescriptor_t,
+        w: *const c_void,
+        conv: sys::cudnnConvolutionDescriptor_t,
+        y_desc: sys::cudnnTensorDescriptor_t,
+        y: *mut c_void,
+        requested: c_int,
+        returned: *mut c_int,
+        perf: *mut sys::cudnnConvolutionFwdAlgoPerf_t,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+    );
+    fn cudnnFindConvolutionBackwardDataAlgorithmEx(
+        handle: sys::cudnnHandle_t,
+        w_desc: sys::cudnnFilterDescriptor_t,
+        w: *const c_void,
+        dy_desc: sys::cudnnTensorDescriptor_t,
+        dy: *const c_void,
+        conv: sys::cudnnConvolutionDescriptor_t,
+        dx_desc: sys::cudnnTensorDescriptor_t,
+        dx: *mut c_void,
+        requested: c_int,
+        returned: *mut c_int,
+        perf: *mut sys::cudnnConvolutionBwdDataAlgoPerf_t,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+    );
+    fn cudnnFindConvolutionBackwardFilterAlgorithmEx(
+        handle: sys::cudnnHandle_t,
+        x_desc: sys::cudnnTensorDescriptor_t,
+        x: *const c_void,
+        dy_desc: sys::cudnnTensorDescriptor_t,
+        dy: *const c_void,
+        conv: sys::cudnnConvolutionDescriptor_t,
+        dw_desc: sys::cudnnFilterDescriptor_t,
+        dw: *mut c_void,
+        requested: c_int,
+        returned: *mut c_int,
+        perf: *mut sys::cudnnConvolutionBwdFilterAlgoPerf_t,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+    );
+    fn cudnnGetConvolutionForwardWorkspaceSize(
+        handle: sys::cudnnHandle_t,
+        x_desc: sys::cudnnTensorDescriptor_t,
+        w_desc: sys::cudnnFilterDescriptor_t,
+        conv: sys::cudnnConvolutionDescriptor_t,
+        y_desc: sys::cudnnTensorDescriptor_t,
+        algo: sys::cudnnConvolutionFwdAlgo_t,
+        bytes: *mut usize,
+    );
+    fn cudnnGetConvolutionBackwardDataWorkspaceSize(
+        handle: sys::cudnnHandle_t,
+        w_desc: sys::cudnnFilterDescriptor_t,
+        dy_desc: sys::cudnnTensorDescriptor_t,
+        conv: sys::cudnnConvolutionDescriptor_t,
+        dx_desc: sys::cudnnTensorDescriptor_t,
+        algo: sys::cudnnConvolutionBwdDataAlgo_t,
+        bytes: *mut usize,
+    );
+    fn cudnnGetConvolutionBackwardFilterWorkspaceSize(
+        handle: sys::cudnnHandle_t,
+        x_desc: sys::cudnnTensorDescriptor_t,
+        dy_desc: sys::cudnnTensorDescriptor_t,
+        conv: sys::cudnnConvolutionDescriptor_t,
+        dw_desc: sys::cudnnFilterDescriptor_t,
+        algo: sys::cudnnConvolutionBwdFilterAlgo_t,
+        bytes: *mut usize,
+    );
+    fn cudnnConvolutionForward(
+        handle: sys::cudnnHandle_t,
+        alpha: *const c_void,
+        x_desc: sys::cudnnTensorDescriptor_t,
+        x: *const c_void,
+        w_desc: sys::cudnnFilterDescriptor_t,
+        w: *const c_void,
+        conv: sys::cudnnConvolutionDescriptor_t,
+        algo: sys::cudnnConvolutionFwdAlgo_t,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+        beta: *const c_void,
+        y_desc: sys::cudnnTensorDescriptor_t,
+        y: *mut c_void,
+    );
+    fn cudnnConvolutionBiasActivationForward(
+        handle: sys::cudnnHandle_t,
+        alpha1: *const c_void,
+        x_desc: sys::cudnnTensorDescriptor_t,
+        x: *const c_void,
+        w_desc: sys::cudnnFilterDescriptor_t,
+        w: *const c_void,
+        conv: sys::cudnnConvolutionDescriptor_t,
+        algo: sys::cudnnConvolutionFwdAlgo_t,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+        alpha2: *const c_void,
+        z_desc: sys::cudnnTensorDescriptor_t,
+        z: *const c_void,
+        bias_desc: sys::cudnnTensorDescriptor_t,
+        bias: *const c_void,
+        act: sys::cudnnActivationDescriptor_t,
+        y_desc: sys::cudnnTensorDescriptor_t,
+        y: *mut c_void,
+    );
+    fn cudnnConvolutionBackwardData(
+        handle: sys::cudnnHandle_t,
+        alpha: *const c_void,
+        w_desc: sys::cudnnFilterDescriptor_t,
+        w: *const c_void,
+        dy_desc: sys::cudnnTensorDescriptor_t,
+        dy: *const c_void,
+        conv: sys::cudnnConvolutionDescriptor_t,
+        algo: sys::cudnnConvolutionBwdDataAlgo_t,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+        beta: *const c_void,
+        dx_desc: sys::cudnnTensorDescriptor_t,
+        dx: *mut c_void,
+    );
+    fn cudnnConvolutionBackwardFilter(
+        handle: sys::cudnnHandle_t,
+        alpha: *const c_void,
+        x_desc: sys::cudnnTensorDescriptor_t,
+        x: *const c_void,
+        dy_desc: sys::cudnnTensorDescriptor_t,
+        dy: *const c_void,
+        conv: sys::cudnnConvolutionDescriptor_t,
+        algo: sys::cudnnConvolutionBwdFilterAlgo_t,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+        beta: *const c_void,
+        dw_desc: sys::cudnnFilterDescriptor_t,
+        dw: *mut c_void,
+    );
+    fn cudnnConvolutionBackwardBias(
+        handle: sys::cudnnHandle_t,
+        alpha: *const c_void,
+        dy_desc: sys::cudnnTensorDescriptor_t,
+        dy: *const c_void,
+        beta: *const c_void,
+        db_desc: sys::cudnnTensorDescriptor_t,
+        db: *mut c_void,
+    );
 }
 
 /// The sub-library version checks, each loading its sub-library (`libcudnn_graph`, `_ops`,
@@ -170,6 +388,7 @@ macro_rules! owned_descriptor {
         pub(crate) struct $name {
             ptr: std::ptr::NonNull<<$ptr as crate::raw::Pointee>::Target>,
             lib: &'static Library,
+            id: u64,
         }
 
         impl $name {
@@ -182,11 +401,17 @@ macro_rules! owned_descriptor {
                     function: stringify!($create),
                     message: "returned a null descriptor".into(),
                 })?;
-                Ok($name { ptr, lib })
+                Ok($name { ptr, lib, id: crate::raw::next_descriptor_id() })
+            }
+            /// A process-unique id (never reused), for memoising per-descriptor queries.
+            #[allow(dead_code)] // not every descriptor kind is memoised
+            pub(crate) fn id(&self) -> u64 {
+                self.id
             }
             pub(crate) fn as_ptr(&self) -> $ptr {
                 self.ptr.as_ptr()
             }
+            #[allow(dead_code)] // not every descriptor kind needs it
             pub(crate) fn lib(&self) -> &'static Library {
                 self.lib
             }
@@ -206,6 +431,14 @@ macro_rules! owned_descriptor {
             }
         }
     };
+}
+
+/// A fresh id for a descriptor. Ids are never reused (unlike addresses), so a memo keyed by ids
+/// can never confuse a dropped descriptor with a new one.
+pub(crate) fn next_descriptor_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Maps a raw descriptor pointer type to the struct it points to.
@@ -229,4 +462,18 @@ owned_descriptor!(
     sys::cudnnFilterDescriptor_t,
     cudnnCreateFilterDescriptor,
     cudnnDestroyFilterDescriptor
+);
+owned_descriptor!(
+    /// An owned `cudnnConvolutionDescriptor_t`.
+    OwnedConv,
+    sys::cudnnConvolutionDescriptor_t,
+    cudnnCreateConvolutionDescriptor,
+    cudnnDestroyConvolutionDescriptor
+);
+owned_descriptor!(
+    /// An owned `cudnnActivationDescriptor_t`.
+    OwnedActivation,
+    sys::cudnnActivationDescriptor_t,
+    cudnnCreateActivationDescriptor,
+    cudnnDestroyActivationDescriptor
 );

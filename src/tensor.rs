@@ -543,6 +543,14 @@ impl<T: DataType> TensorDesc<T> {
     pub fn nhwc(n: i64, c: i64, h: i64, w: i64) -> Result<Self> {
         Self::new(Layout::nhwc(n, c, h, w)?)
     }
+    /// Packed channels-first descriptor of any rank 3–8 (`[N, C, spatial...]`).
+    pub fn nchw_nd(dims: &[i64]) -> Result<Self> {
+        Self::new(Layout::nchw_nd(dims)?)
+    }
+    /// Packed channels-last descriptor of any rank 3–8 (logical dims `[N, C, spatial...]`).
+    pub fn nhwc_nd(dims: &[i64]) -> Result<Self> {
+        Self::new(Layout::nhwc_nd(dims)?)
+    }
     /// Descriptor with explicit strides.
     pub fn strided(dims: &[i64], strides: &[i64]) -> Result<Self> {
         Self::new(Layout::strided(dims, strides)?)
@@ -574,6 +582,11 @@ impl<T: DataType> TensorDesc<T> {
     /// by `self` and must not be destroyed or modified.
     pub fn as_raw(&self) -> sys::cudnnTensorDescriptor_t {
         self.raw.as_ptr()
+    }
+
+    /// Process-unique id of this descriptor.
+    pub(crate) fn id(&self) -> u64 {
+        self.raw.id()
     }
 }
 
@@ -671,5 +684,15 @@ impl<T: DataType> FilterDesc<T> {
     /// The raw descriptor (still owned by `self`).
     pub fn as_raw(&self) -> sys::cudnnFilterDescriptor_t {
         self.raw.as_ptr()
+    }
+
+    /// Process-unique id of this descriptor.
+    pub(crate) fn id(&self) -> u64 {
+        self.raw.id()
+    }
+
+    /// The memory format the filter was declared with.
+    pub fn format(&self) -> TensorFormat {
+        self.layout.format
     }
 }

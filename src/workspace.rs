@@ -107,6 +107,24 @@ impl Workspace {
         Ok(())
     }
 
+    /// The device address of the buffer (null when nothing is allocated) and the cudarc guard
+    /// that orders the buffer's later reuse or free after work enqueued on `stream`.
+    pub(crate) fn device_ptr_mut<'a>(
+        &'a mut self,
+        stream: &'a CudaStream,
+    ) -> (
+        *mut std::ffi::c_void,
+        Option<cudarc::driver::SyncOnDrop<'a>>,
+    ) {
+        match self.buf.as_mut() {
+            Some(b) => {
+                let (p, g) = cudarc::driver::DevicePtrMut::device_ptr_mut(b, stream);
+                (p as *mut std::ffi::c_void, Some(g))
+            }
+            None => (std::ptr::null_mut(), None),
+        }
+    }
+
     /// Grows to `required` bytes if the limit allows, then [`check`](Self::check)s.
     pub fn prepare(&mut self, required: usize) -> Result<()> {
         self.reserve(required)?;

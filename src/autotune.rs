@@ -1,0 +1,909 @@
+//! Algorithm policies for convolutions and an autotune cache that can persist to a file.
+//!
+//! [`Autotuner`] is this crate's counterpart of PyTorch's `torch.backends.cudnn` knobs:
+//!
+//! | PyTorch                                  | cudnn-safe                                      |
+//! |------------------------------------------|-------------------------------------------------|
+//! | `benchmark = False` (default)            | [`Policy::Heuristic`]                           |
+//! | `benchmark = True`                       | [`Policy::Benchmark`]                           |
+//! | `deterministic = True`                   | [`Policy::Deterministic`]                       |
+//! | (none)                                   | [`Policy::Fixed`]: named algorithms             |
+//! | `allow_tf32`                             | [`MathType`](crate::conv::MathType) of the conv |
+//! | `CUDNN_CONV_WSCAP_DBG` (workspace cap)   | [`Autotuner::workspace_limit`]                  |
+//! | in-memory benchmark cache (per process)  | cache keyed by problem, GPU and cuDNN version, persisted with [`Autotuner::cache_file`] or `CUDNN_SAFE_AUTOTUNE_CACHE` |
+//!
+//! A decision is made once per problem (direction, dims, strides, data types, convolution
+//! parameters, math type, policy, workspace limit, GPU model and cuDNN version) and logged with
+//! the `log` crate at `info` level. When the chosen algorithm cannot run (its workspace cannot
+//! be allocated, or cuDNN refuses it), the next candidate is tried.
+//!
+//! ```no_run
+//! use cudnn_safe::{conv::ConvDesc, cuda_context, Autotuner, Cudnn, FilterDesc, Policy,
+//!                  TensorDesc, TensorFormat};
+//! # fn main() -> cudnn_safe::Result<()> {
+//! let ctx = cuda_context(0)?;
+//! let stream = ctx.default_stream();
+//! let cudnn = Cudnn::new(stream.clone())?;
+//! let mut tuner = Autotuner::new(Policy::Benchmark)
+//!     .workspace_limit(256 << 20)
+//!     .cache_file("conv-autotune.txt");
+//! let x_d = TensorDesc::<f32>::nchw(32, 64, 56, 56)?;
+//! let w_d = FilterDesc::<f32>::new(&[128, 64, 3, 3], TensorFormat::Nchw)?;
+//! let conv = ConvDesc::builder(2).pads(&[1, 1]).build::<f32>()?;
+//! let y_d = TensorDesc::<f32>::nchw_nd(&conv.output_dims(x_d.dims(), w_d.dims())?)?;
+//! let x = stream.clone_htod(&vec![0.5f32; x_d.span()]).unwrap();
+//! let w = stream.clone_htod(&vec![0.1f32; w_d.span()]).unwrap();
+//! let mut y = stream.alloc_zeros::<f32>(y_d.span()).unwrap();
+//! let choice = tuner.forward(&cudnn, 1.0, &x_d, &x, &w_d, &w, &conv, 0.0, &y_d, &mut y)?;
+//! println!("ran {} ({:?})", choice.algo, choice.source);
+//! # Ok(()) }
+//! ```
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+
+use crate::conv::{
+    AlgoPerf, ConvAlgorithm, ConvBwdDataAlgo, ConvBwdFilterAlgo, ConvDesc, ConvDirection,
+    ConvFwdAlgo,
+};
+use crate::dtype::{DType, DataType, Scalar};
+use crate::error::{Error, Result};
+use crate::handle::Cudnn;
+use crate::tensor::{FilterDesc, Layout, TensorDesc, TensorFormat};
+use crate::workspace::{Workspace, MAX_WORKSPACE_BYTES};
+
+/// Environment variable naming the autotune cache file used by [`Autotuner::new`].
+pub const CACHE_ENV: &str = "CUDNN_SAFE_AUTOTUNE_CACHE";
+
+const FILE_HEADER: &str =
+    "# cudnn-safe autotune cache v1: device<TAB>problem key<TAB>algo:workspace_bytes:ms,...";
+
+/// How an [`Autotuner`] picks a convolution algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Policy {
+    /// cuDNN's heuristic ranking (`cudnnGetConvolution*Algorithm_v7`): nothing is timed, the
+    /// first call is cheap, the pick can be far from the fastest.
+    #[default]
+    Heuristic,
+    /// Run and time every algorithm once per problem (`cudnnFindConvolution*AlgorithmEx`) and
+    /// use the fastest that fits the workspace limit.
+    Benchmark,
+    /// As `Benchmark`, among the algorithms cuDNN flags deterministic (bitwise reproducible).
+    Deterministic,
+    /// Always the named algorithms; an error when cuDNN cannot run one for a case.
+    Fixed(FixedAlgos),
+}
+
+impl Policy {
+    fn code(self) -> i64 {
+        match self {
+            Policy::Heuristic => 0,
+            Policy::Benchmark => 1,
+            Policy::Deterministic => 2,
+            Policy::Fixed(_) => 3,
+        }
+    }
+    /// Short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Heuristic => "heuristic",
+            Policy::Benchmark => "benchmark",
+            Policy::Deterministic => "deterministic",
+            Policy::Fixed(_) => "fixed",
+        }
+    }
+}
+
+/// The algorithms [`Policy::Fixed`] uses, one per direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FixedAlgos {
+    /// Forward algorithm.
+    pub forward: ConvFwdAlgo,
+    /// Backward-data algorithm.
+    pub backward_data: ConvBwdDataAlgo,
+    /// Backward-filter algorithm.
+    pub backward_filter: ConvBwdFilterAlgo,
+}
+
+impl Default for FixedAlgos {
+    /// Algorithms that support nearly every case and are deterministic.
+    fn default() -> Self {
+        FixedAlgos {
+            forward: ConvFwdAlgo::ImplicitGemm,
+            backward_data: ConvBwdDataAlgo::Algo1,
+            backward_filter: ConvBwdFilterAlgo::Algo1,
+        }
+    }
+}
+
+/// One ranked candidate of a decision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate<A> {
+    /// The algorithm.
+    pub algo: A,
+    /// Workspace it asked for, in bytes.
+    pub workspace: usize,
+    /// Measured time in ms (benchmark policies), cuDNN's estimate or −1 otherwise.
+    pub time_ms: f32,
+}
+
+/// Where a decision came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// This tuner's cache (made earlier in the process, or read from the cache file).
+    Cache,
+    /// cuDNN's heuristics, just now.
+    Heuristic,
+    /// A benchmark, just now.
+    Benchmark,
+    /// The policy's fixed algorithm.
+    Fixed,
+}
+
+/// What an [`Autotuner`] call ran.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Choice<A> {
+    /// The algorithm that ran.
+    pub algo: A,
+    /// Where the ranking came from.
+    pub source: Source,
+    /// Its position in the ranking (0 unless earlier candidates could not run).
+    pub rank: usize,
+    /// Workspace bytes it used.
+    pub workspace: usize,
+}
+
+/// Counters of an [`Autotuner`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TunerStats {
+    /// Decisions served from the cache.
+    pub hits: u64,
+    /// Decisions made (heuristic or benchmark).
+    pub misses: u64,
+    /// Benchmarks run.
+    pub benchmarks: u64,
+    /// Times a later candidate ran because an earlier one could not.
+    pub fallbacks: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    device: Arc<str>,
+    problem: Vec<i64>,
+}
+
+type Ranking = Vec<(u32, usize, f32)>;
+
+/// Chooses convolution algorithms under a [`Policy`], remembers each decision, and runs the
+/// convolution with fallback to the next candidate. Owns the workspace it launches with.
+///
+/// Not `Sync` (it mutates its cache on every miss); one per thread or behind a lock.
+#[derive(Debug)]
+pub struct Autotuner {
+    policy: Policy,
+    limit: usize,
+    workspace: Option<Workspace>,
+    cache: HashMap<Key, Ranking>,
+    path: Option<PathBuf>,
+    devices: Vec<(usize, usize, Arc<str>)>,
+    stats: TunerStats,
+}
+
+impl Autotuner {
+    /// A tuner with `policy`, no workspace limit beyond [`MAX_WORKSPACE_BYTES`], and the cache
+    /// file named by `CUDNN_SAFE_AUTOTUNE_CACHE` when that is set (loaded now).
+    pub fn new(policy: Policy) -> Self {
+        let tuner = Autotuner {
+            policy,
+            limit: MAX_WORKSPACE_BYTES,
+            workspace: None,
+            cache: HashMap::new(),
+            path: None,
+            devices: Vec::new(),
+            stats: TunerStats::default(),
+        };
+        match std::env::var_os(CACHE_ENV) {
+            Some(p) if !p.is_empty() => tuner.cache_file(PathBuf::from(p)),
+            _ => tuner,
+        }
+    }
+
+    /// Persists decisions to `path` (read now if it exists; rewritten after each new decision).
+    /// Unreadable lines are skipped with a warning; entries for other GPUs or cuDNN versions are
+    /// kept in the file but never used here.
+    #[must_use]
+    pub fn cache_file(mut self, path: impl Into<PathBuf>) -> Self {
+        let path = path.into();
+        let loaded = load_file(&path);
+        log::info!(
+            "autotune cache {}: {} entries loaded",
+            path.display(),
+            loaded.len()
+        );
+        self.cache.extend(loaded);
+        self.path = Some(path);
+        self
+    }
+
+    /// Keeps decisions in memory only.
+    #[must_use]
+    pub fn without_cache_file(mut self) -> Self {
+        self.path = None;
+        self
+    }
+
+    /// Limits the workspace any chosen algorithm may use (PyTorch's workspace cap). Part of the
+    /// cache key: a different limit can change the answer.
+    #[must_use]
+    pub fn workspace_limit(mut self, bytes: usize) -> Self {
+        self.limit = bytes.min(MAX_WORKSPACE_BYTES);
+        self.workspace = None;
+        self
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+    /// Changes the policy (decisions made under other policies stay cached under their key).
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
+    }
+    /// The workspace limit in bytes.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+    /// The cache file, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+    /// Number of cached decisions (all devices).
+    pub fn cached_decisions(&self) -> usize {
+        self.cache.len()
+    }
+    /// Hit/miss/benchmark/fallback counters.
+    pub fn stats(&self) -> TunerStats {
+        self.stats
+    }
+    /// Forgets every decision in memory (the file is left as it is).
+    pub fn clear(&mut self) {
+        self.cache.clear();
+    }
+    /// Bytes of workspace currently held.
+    pub fn workspace_bytes(&self) -> usize {
+        self.workspace.as_ref().map_or(0, Workspace::capacity)
+    }
+
+    /// Writes every decision to the cache file (merging with entries another process wrote
+    /// meanwhile). Called automatically after each new decision when a file is set.
+    pub fn save(&self) -> Result<()> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let mut all = load_file(path);
+        for (k, v) in &self.cache {
+            all.insert(k.clone(), v.clone());
+        }
+        let mut text = String::from(FILE_HEADER);
+        text.push('\n');
+        let mut lines: Vec<String> = all
+            .iter()
+            .map(|(k, v)| {
+                let problem: Vec<String> = k.problem.iter().map(i64::to_string).collect();
+                let ranking: Vec<String> = v
+                    .iter()
+                    .map(|(a, ws, ms)| format!("{a}:{ws}:{ms}"))
+                    .collect();
+                format!("{}\t{}\t{}", k.device, problem.join(","), ranking.join(","))
+            })
+            .collect();
+        lines.sort();
+        for l in lines {
+            let _ = writeln!(text, "{l}");
+        }
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let io = |e: std::io::Error| {
+            Error::invalid(
+                "autotune cache file",
+                "a writable path",
+                format!("{}: {e}", path.display()),
+            )
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        std::fs::write(&tmp, text).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+
+    fn device(&mut self, cudnn: &Cudnn) -> Arc<str> {
+        let (ordinal, version) = (cudnn.context().ordinal(), cudnn.version());
+        if let Some((_, _, d)) = self
+            .devices
+            .iter()
+            .find(|(o, v, _)| *o == ordinal && *v == version)
+        {
+            return d.clone();
+        }
+        let ctx = cudnn.context();
+        let name = ctx.name().unwrap_or_else(|_| format!("device{ordinal}"));
+        let (major, minor) = ctx.compute_capability().unwrap_or((0, 0));
+        let fp: Arc<str> = format!("{name}|sm{major}{minor}|cudnn{version}")
+            .replace(['\t', '\n'], " ")
+            .into();
+        self.devices.push((ordinal, version, fp.clone()));
+        fp
+    }
+
+    fn workspace(&mut self, cudnn: &Cudnn) -> &mut Workspace {
+        let stale = self
+            .workspace
+            .as_ref()
+            .map_or(true, |w| **w.stream().context() != **cudnn.context());
+        if stale {
+            self.workspace = Some(Workspace::new(cudnn.stream().clone()).with_limit(self.limit));
+        }
+        self.workspace.as_mut().expect("set above")
+    }
+
+    fn key(&mut self, cudnn: &Cudnn, problem: Vec<i64>) -> Key {
+        Key {
+            device: self.device(cudnn),
+            problem,
+        }
+    }
+
+    /// The cached ranking for a forward problem under the current policy, if decided already.
+    pub fn cached_forward<X: DataType, Y: DataType>(
+        &mut self,
+        cudnn: &Cudnn,
+        x_desc: &TensorDesc<X>,
+        w_desc: &FilterDesc<X>,
+        conv: &ConvDesc,
+        y_desc: &TensorDesc<Y>,
+    ) -> Option<Vec<Candidate<ConvFwdAlgo>>> {
+        let problem = problem_key(
+            ConvDirection::Forward,
+            (x_desc.layout(), X::DTYPE),
+            w_desc,
+            (y_desc.layout(), Y::DTYPE),
+            conv,
+            self.policy,
+            self.limit,
+        );
+        let key = self.key(cudnn, problem);
+        self.cache.get(&key).map(decode)
+    }
+
+    /// Decides (or recalls) the ranking for a problem. `heuristics` and `find` are only called
+    /// on a miss; `find` receives the tuner's workspace.
+    fn decide<A: ConvAlgorithm>(
+        &mut self,
+        cudnn: &Cudnn,
+        key: Key,
+        heuristics: impl FnOnce() -> Result<Vec<AlgoPerf<A>>>,
+        find: impl FnOnce(&mut Workspace) -> Result<Vec<AlgoPerf<A>>>,
+        fixed: A,
+    ) -> Result<(Vec<Candidate<A>>, Source)> {
+        if let Policy::Fixed(_) = self.policy {
+            return Ok((
+                vec![Candidate {
+                    algo: fixed,
+                    workspace: 0,
+                    time_ms: -1.0,
+                }],
+                Source::Fixed,
+            ));
+        }
+        if let Some(r) = self.cache.get(&key) {
+            self.stats.hits += 1;
+            return Ok((decode(r), Source::Cache));
+        }
+        self.stats.misses += 1;
+        let started = Instant::now();
+        let limit = self.limit;
+        let (perf, source) = match self.policy {
+            Policy::Heuristic => (heuristics()?, Source::Heuristic),
+            _ => {
+                self.stats.benchmarks += 1;
+                let ws = self.workspace(cudnn);
+                (find(ws)?, Source::Benchmark)
+            }
+        };
+        let deterministic_only = self.policy == Policy::Deterministic;
+        let mut refused = Vec::new();
+        let ranking: Vec<Candidate<A>> = perf
+            .iter()
+            .filter(|p| {
+                let ok = p.is_supported()
+                    && p.workspace <= limit
+                    && (!deterministic_only || p.deterministic);
+                if !ok {
+                    refused.push(format!(
+                        "{} ({})",
+                        p.algo,
+                        if !p.is_supported() {
+                            p.status.name().to_string()
+                        } else if p.workspace > limit {
+                            format!("needs {} bytes > limit {limit}", p.workspace)
+                        } else {
+                            "non-deterministic".to_string()
+                        }
+                    ));
+                }
+                ok
+            })
+            .map(|p| Candidate {
+                algo: p.algo,
+                workspace: p.workspace,
+                time_ms: p.time_ms,
+            })
+            .collect();
+        if ranking.is_empty() {
+            return Err(Error::NoAlgorithm {
+                op: direction_op(A::DIRECTION),
+                detail: format!(
+                    "policy {} with a workspace limit of {limit} bytes; refused: {}",
+                    self.policy.name(),
+                    refused.join(", ")
+                ),
+            });
+        }
+        log::info!(
+            "conv {} autotune ({}, {:.1} ms): {} — {} ms, {} bytes of workspace; {} candidates{}",
+            A::DIRECTION.name(),
+            self.policy.name(),
+            started.elapsed().as_secs_f64() * 1e3,
+            ranking[0].algo,
+            ranking[0].time_ms,
+            ranking[0].workspace,
+            ranking.len(),
+            if refused.is_empty() {
+                String::new()
+            } else {
+                format!("; refused {}", refused.join(", "))
+            }
+        );
+        self.cache.insert(key, encode(&ranking));
+        if self.path.is_some() {
+            if let Err(e) = self.save() {
+                log::warn!("autotune cache not saved: {e}");
+            }
+        }
+        Ok((ranking, source))
+    }
+
+    /// Runs the candidates in order until one succeeds. Errors from this crate's argument
+    /// checks end the attempt at once (no algorithm can fix them); cuDNN refusals and workspace
+    /// failures move on to the next candidate, and refused candidates leave the cached ranking.
+    fn run<A: ConvAlgorithm>(
+        &mut self,
+        cudnn: &Cudnn,
+        key: Option<Key>,
+        ranking: Vec<Candidate<A>>,
+        source: Source,
+        mut launch: impl FnMut(A, &mut Workspace) -> Result<()>,
+    ) -> Result<Choice<A>> {
+        let mut failures = Vec::new();
+        let mut refused = Vec::new();
+        for (rank, c) in ranking.iter().enumerate() {
+            let ws = self.workspace(cudnn);
+            match launch(c.algo, ws) {
+                Ok(()) => {
+                    if rank > 0 {
+                        self.stats.fallbacks += 1;
+                        log::warn!(
+                            "conv {}: fell back to {} (rank {rank}) after {}",
+                            A::DIRECTION.name(),
+                            c.algo,
+                            failures.join("; ")
+                        );
+                    }
+                    if let (Some(key), false) = (key, refused.is_empty()) {
+                        if let Some(r) = self.cache.get_mut(&key) {
+                            r.retain(|(a, _, _)| !refused.contains(a));
+                        }
+                    }
+                    let workspace = self.workspace_bytes();
+                    return Ok(Choice {
+                        algo: c.algo,
+                        source,
+                        rank,
+                        workspace,
+                    });
+                }
+                Err(e) if falls_back(&e) => {
+                    if matches!(e, Error::Cudnn { .. }) {
+                        refused.push(c.algo.raw_value());
+                    }
+                    failures.push(format!("{}: {e}", c.algo));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::NoAlgorithm {
+            op: direction_op(A::DIRECTION),
+            detail: failures.join("; "),
+        })
+    }
+
+    /// `y = alpha·conv(x, w) + beta·y` with the algorithm the policy picks (see
+    /// [`Cudnn::conv_forward`] for the types and checks). With `beta ≠ 0` a benchmark runs on
+    /// scratch memory, so `y`'s contents are preserved for the accumulation.
+    #[allow(clippy::too_many_arguments)] // mirrors the C call
+    pub fn forward<X: DataType, Y: DataType<Scalar = X::Scalar>>(
+        &mut self,
+        cudnn: &Cudnn,
+        alpha: X::Scalar,
+        x_desc: &TensorDesc<X>,
+        x: &impl DevicePtr<X>,
+        w_desc: &FilterDesc<X>,
+        w: &impl DevicePtr<X>,
+        conv: &ConvDesc,
+        beta: X::Scalar,
+        y_desc: &TensorDesc<Y>,
+        y: &mut impl DevicePtrMut<Y>,
+    ) -> Result<Choice<ConvFwdAlgo>> {
+        let fixed = match self.policy {
+            Policy::Fixed(f) => f.forward,
+            _ => ConvFwdAlgo::ImplicitGemm,
+        };
+        let problem = problem_key(
+            ConvDirection::Forward,
+            (x_desc.layout(), X::DTYPE),
+            w_desc,
+            (y_desc.layout(), Y::DTYPE),
+            conv,
+            self.policy,
+            self.limit,
+        );
+        let key = self.key(cudnn, problem);
+        let accumulate = beta.to_f64() != 0.0;
+        let (ranking, source) = self.decide(
+            cudnn,
+            key.clone(),
+            || cudnn.conv_forward_heuristics(x_desc, w_desc, conv, y_desc),
+            |ws| {
+                if accumulate {
+                    let mut scratch = alloc::<Y>(cudnn, y_desc.span())?;
+                    cudnn.conv_forward_find(x_desc, x, w_desc, w, conv, y_desc, &mut scratch, ws)
+                } else {
+                    cudnn.conv_forward_find(x_desc, x, w_desc, w, conv, y_desc, y, ws)
+                }
+            },
+            fixed,
+        )?;
+        self.run(cudnn, Some(key), ranking, source, |algo, ws| {
+            cudnn.conv_forward(alpha, x_desc, x, w_desc, w, conv, algo, ws, beta, y_desc, y)
+        })
+    }
+
+    /// `dx = alpha·backward_data(dy, w) + beta·dx` with the algorithm the policy picks (see
+    /// [`Cudnn::conv_backward_data`]).
+    #[allow(clippy::too_many_arguments)] // mirrors the C call
+    pub fn backward_data<T: DataType>(
+        &mut self,
+        cudnn: &Cudnn,
+        alpha: T::Scalar,
+        w_desc: &FilterDesc<T>,
+        w: &impl DevicePtr<T>,
+        dy_desc: &TensorDesc<T>,
+        dy: &impl DevicePtr<T>,
+        conv: &ConvDesc,
+        beta: T::Scalar,
+        dx_desc: &TensorDesc<T>,
+        dx: &mut impl DevicePtrMut<T>,
+    ) -> Result<Choice<ConvBwdDataAlgo>> {
+        let fixed = match self.policy {
+            Policy::Fixed(f) => f.backward_data,
+            _ => ConvBwdDataAlgo::Algo1,
+        };
+        let problem = problem_key(
+            ConvDirection::BackwardData,
+            (dx_desc.layout(), T::DTYPE),
+            w_desc,
+            (dy_desc.layout(), T::DTYPE),
+            conv,
+            self.policy,
+            self.limit,
+        );
+        let key = self.key(cudnn, problem);
+        let accumulate = beta.to_f64() != 0.0;
+        let (ranking, source) = self.decide(
+            cudnn,
+            key.clone(),
+            || cudnn.conv_backward_data_heuristics(w_desc, dy_desc, conv, dx_desc),
+            |ws| {
+                if accumulate {
+                    let mut scratch = alloc::<T>(cudnn, dx_desc.span())?;
+                    cudnn.conv_backward_data_find(
+                        w_desc,
+                        w,
+                        dy_desc,
+                        dy,
+                        conv,
+                        dx_desc,
+                        &mut scratch,
+                        ws,
+                    )
+                } else {
+                    cudnn.conv_backward_data_find(w_desc, w, dy_desc, dy, conv, dx_desc, dx, ws)
+                }
+            },
+            fixed,
+        )?;
+        self.run(cudnn, Some(key), ranking, source, |algo, ws| {
+            cudnn.conv_backward_data(
+                alpha, w_desc, w, dy_desc, dy, conv, algo, ws, beta, dx_desc, dx,
+            )
+        })
+    }
+
+    /// `dw = alpha·backward_filter(x, dy) + beta·dw` with the algorithm the policy picks (see
+    /// [`Cudnn::conv_backward_filter`]). With `beta ≠ 0` (gradient accumulation) a benchmark
+    /// runs on scratch memory, so the accumulated gradient is preserved.
+    #[allow(clippy::too_many_arguments)] // mirrors the C call
+    pub fn backward_filter<T: DataType>(
+        &mut self,
+        cudnn: &Cudnn,
+        alpha: T::Scalar,
+        x_desc: &TensorDesc<T>,
+        x: &impl DevicePtr<T>,
+        dy_desc: &TensorDesc<T>,
+        dy: &impl DevicePtr<T>,
+        conv: &ConvDesc,
+        beta: T::Scalar,
+        dw_desc: &FilterDesc<T>,
+        dw: &mut impl DevicePtrMut<T>,
+    ) -> Result<Choice<ConvBwdFilterAlgo>> {
+        let fixed = match self.policy {
+            Policy::Fixed(f) => f.backward_filter,
+            _ => ConvBwdFilterAlgo::Algo1,
+        };
+        let problem = problem_key(
+            ConvDirection::BackwardFilter,
+            (x_desc.layout(), T::DTYPE),
+            dw_desc,
+            (dy_desc.layout(), T::DTYPE),
+            conv,
+            self.policy,
+            self.limit,
+        );
+        let key = self.key(cudnn, problem);
+        let accumulate = beta.to_f64() != 0.0;
+        let (ranking, source) = self.decide(
+            cudnn,
+            key.clone(),
+            || cudnn.conv_backward_filter_heuristics(x_desc, dy_desc, conv, dw_desc),
+            |ws| {
+                if accumulate {
+                    let mut scratch = alloc::<T>(cudnn, dw_desc.span())?;
+                    cudnn.conv_backward_filter_find(
+                        x_desc,
+                        x,
+                        dy_desc,
+                        dy,
+                        conv,
+                        dw_desc,
+                        &mut scratch,
+                        ws,
+                    )
+                } else {
+                    cudnn.conv_backward_filter_find(x_desc, x, dy_desc, dy, conv, dw_desc, dw, ws)
+                }
+            },
+            fixed,
+        )?;
+        self.run(cudnn, Some(key), ranking, source, |algo, ws| {
+            cudnn.conv_backward_filter(
+                alpha, x_desc, x, dy_desc, dy, conv, algo, ws, beta, dw_desc, dw,
+            )
+        })
+    }
+}
+
+impl Drop for Autotuner {
+    fn drop(&mut self) {
+        // Decisions are saved as they are made; nothing can fail here.
+        self.workspace = None;
+    }
+}
+
+fn alloc<T: DataType>(cudnn: &Cudnn, len: usize) -> Result<cudarc::driver::CudaSlice<T>> {
+    cudnn
+        .stream()
+        .alloc_zeros::<T>(len)
+        .map_err(|e| Error::driver("allocating benchmark scratch memory", e))
+}
+
+/// Errors after which another algorithm may still succeed.
+fn falls_back(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Cudnn { .. }
+            | Error::WorkspaceLimit { .. }
+            | Error::WorkspaceTooSmall { .. }
+            | Error::Driver { .. }
+    )
+}
+
+fn direction_op(d: ConvDirection) -> &'static str {
+    match d {
+        ConvDirection::Forward => "convolution forward",
+        ConvDirection::BackwardData => "convolution backward-data",
+        ConvDirection::BackwardFilter => "convolution backward-filter",
+    }
+}
+
+fn encode<A: ConvAlgorithm>(r: &[Candidate<A>]) -> Ranking {
+    r.iter()
+        .map(|c| (c.algo.raw_value(), c.workspace, c.time_ms))
+        .collect()
+}
+
+fn decode<A: ConvAlgorithm>(r: &Ranking) -> Vec<Candidate<A>> {
+    r.iter()
+        .filter_map(|&(a, workspace, time_ms)| {
+            Some(Candidate {
+                algo: A::from_raw_value(a)?,
+                workspace,
+                time_ms,
+            })
+        })
+        .collect()
+}
+
+fn dtype_code(d: DType) -> i64 {
+    i64::from(d.raw().0)
+}
+
+fn format_code(f: TensorFormat) -> i64 {
+    match f {
+        TensorFormat::Nchw => 0,
+        TensorFormat::Nhwc => 1,
+        TensorFormat::NchwVectC { width } => 100 + i64::from(width),
+        TensorFormat::Strided => 2,
+    }
+}
+
+/// Everything about a problem that can change the answer, as integers.
+fn problem_key<T: DataType>(
+    dir: ConvDirection,
+    (a, a_t): (&Layout, DType),
+    w: &FilterDesc<T>,
+    (b, b_t): (&Layout, DType),
+    conv: &ConvDesc,
+    policy: Policy,
+    limit: usize,
+) -> Vec<i64> {
+    let mut k = Vec::with_capacity(64);
+    k.push(dir as i64);
+    k.push(dtype_code(a_t));
+    k.push(dtype_code(b_t));
+    k.push(dtype_code(conv.compute()));
+    k.push(i64::from(conv.math().raw().0));
+    k.push(conv.mode() as i64);
+    k.push(conv.groups());
+    k.push(conv.spatial_rank() as i64);
+    k.push(conv.tensor_rank() as i64);
+    k.extend_from_slice(conv.pads());
+    k.extend_from_slice(conv.strides());
+    k.extend_from_slice(conv.dilations());
+    k.extend_from_slice(a.dims());
+    k.extend_from_slice(a.strides());
+    k.push(format_code(w.format()));
+    k.extend_from_slice(w.dims());
+    k.extend_from_slice(b.dims());
+    k.extend_from_slice(b.strides());
+    k.push(policy.code());
+    k.push(i64::try_from(limit).unwrap_or(i64::MAX));
+    k
+}
+
+fn load_file(path: &Path) -> HashMap<Key, Ranking> {
+    let mut map = HashMap::new();
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return map,
+        Err(e) => {
+            log::warn!("autotune cache {} not read: {e}", path.display());
+            return map;
+        }
+    };
+    for (no, line) in text.lines().enumerate() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        match parse_line(line) {
+            Some((k, v)) => {
+                map.insert(k, v);
+            }
+            None => log::warn!(
+                "autotune cache {}:{}: unreadable line skipped",
+                path.display(),
+                no + 1
+            ),
+        }
+    }
+    map
+}
+
+fn parse_line(line: &str) -> Option<(Key, Ranking)> {
+    let mut parts = line.split('\t');
+    let device = parts.next()?;
+    let problem = parts
+        .next()?
+        .split(',')
+        .map(|s| s.parse::<i64>().ok())
+        .collect::<Option<Vec<_>>>()?;
+    let ranking = parts
+        .next()?
+        .split(',')
+        .map(|c| {
+            let mut f = c.split(':');
+            let a = f.next()?.parse::<u32>().ok()?;
+            let ws = f.next()?.parse::<usize>().ok()?;
+            let ms = f.next()?.parse::<f32>().ok()?;
+            Some((a, ws, ms))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    if parts.next().is_some() || device.is_empty() || problem.is_empty() || ranking.is_empty() {
+        return None;
+    }
+    Some((
+        Key {
+            device: device.into(),
+            problem,
+        },
+        ranking,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_lines_round_trip_and_bad_lines_are_skipped() {
+        let dir = std::env::temp_dir().join(format!("cudnn-safe-tune-{}", std::process::id()));
+        let path = dir.join("cache.txt");
+        let _ = std::fs::remove_file(&path);
+        let mut t = Autotuner::new(Policy::Benchmark)
+            .without_cache_file()
+            .cache_file(&path);
+        assert_eq!(t.cached_decisions(), 0);
+        let key = Key {
+            device: "GPU X|sm90|cudnn91400".into(),
+            problem: vec![0, 1, 2, -3],
+        };
+        t.cache
+            .insert(key.clone(), vec![(7, 1024, 0.25), (1, 0, 0.5)]);
+        t.save().unwrap();
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str("garbage line\nGPU\t1,x\t1:2:3\n");
+        std::fs::write(&path, text).unwrap();
+        let t2 = Autotuner::new(Policy::Benchmark).cache_file(&path);
+        assert_eq!(t2.cached_decisions(), 1);
+        assert_eq!(t2.cache[&key], vec![(7, 1024, 0.25), (1, 0, 0.5)]);
+        let r: Vec<Candidate<ConvFwdAlgo>> = decode(&t2.cache[&key]);
+        assert_eq!(r[0].algo, ConvFwdAlgo::WinogradNonfused);
+        assert_eq!(r[1].algo, ConvFwdAlgo::ImplicitPrecompGemm);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn policies_have_distinct_codes() {
+        let all = [
+            Policy::Heuristic,
+            Policy::Benchmark,
+            Policy::Deterministic,
+            Policy::Fixed(FixedAlgos::default()),
+        ];
+        let codes: std::collections::HashSet<i64> = all.iter().map(|p| p.code()).collect();
+        assert_eq!(codes.len(), all.len());
+    }
+}

@@ -1,0 +1,819 @@
+//! Convolution: the descriptor, the algorithm enums and perf records, and (in `ops`) the checked
+//! forward, backward-data, backward-filter, backward-bias and fused conv+bias+activation calls.
+//!
+//! Three ways to choose an algorithm, as in cuDNN itself:
+//! * heuristic — [`Cudnn::conv_forward_heuristics`] (and the backward ones): cuDNN's ranked
+//!   list from `cudnnGetConvolution*Algorithm_v7`, nothing is run;
+//! * benchmark — [`Cudnn::conv_forward_find`]: every algorithm run and timed
+//!   (`cudnnFindConvolution*AlgorithmEx`);
+//! * manual — pass any [`ConvFwdAlgo`] to [`Cudnn::conv_forward`]; an algorithm that does not
+//!   support the case is reported by cuDNN's workspace query before anything is enqueued.
+//!
+//! [`crate::Autotuner`] wraps the three into policies with a persistent cache.
+//!
+//! ```no_run
+//! use cudnn_safe::{conv::{ConvDesc, ConvFwdAlgo}, cuda_context, Cudnn, FilterDesc, TensorDesc,
+//!                  TensorFormat, Workspace};
+//! # fn main() -> cudnn_safe::Result<()> {
+//! let ctx = cuda_context(0)?;
+//! let stream = ctx.default_stream();
+//! let cudnn = Cudnn::new(stream.clone())?;
+//! let x_d = TensorDesc::<f32>::nchw(8, 16, 32, 32)?;
+//! let w_d = FilterDesc::<f32>::new(&[32, 16, 3, 3], TensorFormat::Nchw)?;
+//! let conv = ConvDesc::builder(2).pads(&[1, 1]).build::<f32>()?;
+//! let y_d = TensorDesc::<f32>::nchw_nd(&conv.output_dims(x_d.dims(), w_d.dims())?)?;
+//! let x = stream.clone_htod(&vec![0.5f32; x_d.span()]).unwrap();
+//! let w = stream.clone_htod(&vec![0.1f32; w_d.span()]).unwrap();
+//! let mut y = stream.alloc_zeros::<f32>(y_d.span()).unwrap();
+//! let mut ws = Workspace::new(stream.clone());
+//! cudnn.conv_forward(1.0, &x_d, &x, &w_d, &w, &conv, ConvFwdAlgo::ImplicitGemm, &mut ws,
+//!                    0.0, &y_d, &mut y)?;
+//! # Ok(()) }
+//! ```
+use std::ffi::c_int;
+use std::fmt;
+
+use cudnn_safe_sys as sys;
+
+use crate::dtype::{DType, DataType};
+use crate::error::{Error, Result, Status};
+#[cfg(doc)]
+use crate::handle::Cudnn;
+use crate::raw;
+
+mod ops;
+
+/// Whether the filter is flipped (true convolution) or not (cross-correlation, what deep-learning
+/// frameworks call convolution).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ConvMode {
+    /// No flip: `y[i] = Σ x[i + k]·w[k]` (PyTorch's `conv2d`). The default.
+    #[default]
+    CrossCorrelation,
+    /// The filter is flipped: `y[i] = Σ x[i + k]·w[K − 1 − k]`.
+    Convolution,
+}
+
+impl ConvMode {
+    fn raw(self) -> sys::cudnnConvolutionMode_t {
+        match self {
+            ConvMode::Convolution => sys::cudnnConvolutionMode_t::CUDNN_CONVOLUTION,
+            ConvMode::CrossCorrelation => sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+        }
+    }
+}
+
+/// Which arithmetic cuDNN may use (`cudnnMathType_t`).
+///
+/// For f32 data, [`MathType::Fma`] is strict fp32 (PyTorch's `allow_tf32 = False`) and
+/// [`MathType::Default`] lets cuDNN use TF32 tensor cores (`allow_tf32 = True`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum MathType {
+    /// cuDNN's default: tensor cores where the data type allows (TF32 for f32 on sm_80+).
+    #[default]
+    Default,
+    /// Tensor-core math.
+    TensorOp,
+    /// Tensor-core math, allowing down-conversion of f32 data to f16/bf16.
+    TensorOpAllowConversion,
+    /// Plain FMA arithmetic: no tensor cores, strict fp32 for f32 data.
+    Fma,
+}
+
+impl MathType {
+    pub(crate) fn raw(self) -> sys::cudnnMathType_t {
+        match self {
+            MathType::Default => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+            MathType::TensorOp => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+            MathType::TensorOpAllowConversion => {
+                sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
+            }
+            MathType::Fma => sys::cudnnMathType_t::CUDNN_FMA_MATH,
+        }
+    }
+    pub(crate) fn from_raw(raw: sys::cudnnMathType_t) -> Option<Self> {
+        Some(match raw.0 {
+            0 => MathType::Default,
+            1 => MathType::TensorOp,
+            2 => MathType::TensorOpAllowConversion,
+            3 => MathType::Fma,
+            _ => return None,
+        })
+    }
+    /// Short name (`"default"`, `"tensor-op"`, `"tensor-op-conv"`, `"fma"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            MathType::Default => "default",
+            MathType::TensorOp => "tensor-op",
+            MathType::TensorOpAllowConversion => "tensor-op-conv",
+            MathType::Fma => "fma",
+        }
+    }
+}
+
+/// Builder for a [`ConvDesc`]: spatial rank, padding, stride, dilation, groups, mode, math and
+/// compute type. Plain data; [`ConvBuilder::build`] validates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct ConvBuilder {
+    spatial: usize,
+    pads: Vec<i64>,
+    strides: Vec<i64>,
+    dilations: Vec<i64>,
+    groups: i64,
+    mode: ConvMode,
+    math: MathType,
+    compute: Option<DType>,
+}
+
+impl ConvBuilder {
+    /// Symmetric zero padding per spatial dimension (default 0).
+    pub fn pads(mut self, pads: &[i64]) -> Self {
+        self.pads = pads.to_vec();
+        self
+    }
+    /// Filter strides per spatial dimension (default 1).
+    pub fn strides(mut self, strides: &[i64]) -> Self {
+        self.strides = strides.to_vec();
+        self
+    }
+    /// Dilations per spatial dimension (default 1).
+    pub fn dilations(mut self, dilations: &[i64]) -> Self {
+        self.dilations = dilations.to_vec();
+        self
+    }
+    /// Group count (default 1; equal to the input channels for a depthwise convolution).
+    pub fn groups(mut self, groups: i64) -> Self {
+        self.groups = groups;
+        self
+    }
+    /// Cross-correlation (default) or convolution.
+    pub fn mode(mut self, mode: ConvMode) -> Self {
+        self.mode = mode;
+        self
+    }
+    /// Math type (default [`MathType::Default`]).
+    pub fn math(mut self, math: MathType) -> Self {
+        self.math = math;
+        self
+    }
+    /// Accumulation type. Without it, [`build`](Self::build) uses the usual one for the data type
+    /// `T`: f64 for f64, i32 for i8/u8, f32 otherwise (f16 may also accumulate in f16).
+    pub fn compute(mut self, compute: DType) -> Self {
+        self.compute = Some(compute);
+        self
+    }
+
+    /// Validates and creates the descriptor for data of type `T` (which picks the default
+    /// compute type).
+    #[doc(alias = "cudnnCreateConvolutionDescriptor")]
+    #[doc(alias = "cudnnSetConvolutionNdDescriptor")]
+    #[doc(alias = "cudnnSetConvolutionMathType")]
+    #[doc(alias = "cudnnSetConvolutionGroupCount")]
+    pub fn build<T: DataType>(&self) -> Result<ConvDesc> {
+        let n = self.spatial;
+        if !(1..=3).contains(&n) {
+            return Err(Error::invalid(
+                "convolution spatial rank",
+                "1, 2 or 3",
+                n.to_string(),
+            ));
+        }
+        let fill = |v: &[i64], what: &'static str, default: i64, min: i64| -> Result<Vec<i64>> {
+            let v = if v.is_empty() {
+                vec![default; n]
+            } else {
+                v.to_vec()
+            };
+            if v.len() != n {
+                return Err(Error::invalid(
+                    what,
+                    format!("{n} values (one per spatial dimension)"),
+                    format!("{v:?}"),
+                ));
+            }
+            if let Some(bad) = v.iter().find(|&&x| x < min || x > i64::from(c_int::MAX)) {
+                return Err(Error::invalid(
+                    what,
+                    format!("values in {min}..=2147483647"),
+                    format!("{bad} in {v:?}"),
+                ));
+            }
+            Ok(v)
+        };
+        let pads = fill(&self.pads, "convolution padding", 0, 0)?;
+        let strides = fill(&self.strides, "convolution stride", 1, 1)?;
+        let dilations = fill(&self.dilations, "convolution dilation", 1, 1)?;
+        if self.groups < 1 || self.groups > i64::from(c_int::MAX) {
+            return Err(Error::invalid(
+                "convolution groups",
+                "at least 1",
+                self.groups.to_string(),
+            ));
+        }
+        let compute = self.compute.unwrap_or(match T::DTYPE {
+            DType::F64 => DType::F64,
+            DType::I8 | DType::U8 | DType::I32 => DType::I32,
+            _ => DType::F32,
+        });
+        if !matches!(compute, DType::F32 | DType::F64 | DType::F16 | DType::I32) {
+            return Err(Error::UnsupportedDataType {
+                op: "convolution compute type",
+                detail: format!("{compute} (cuDNN accumulates in f32, f64, f16 or i32)"),
+            });
+        }
+        // cuDNN's legacy convolution needs 4-D or 5-D tensors: a 1-D convolution runs as a 2-D
+        // one over a height of 1, exactly as PyTorch does it.
+        let (cp, cs, cd) = if n == 1 {
+            (vec![0, pads[0]], vec![1, strides[0]], vec![1, dilations[0]])
+        } else {
+            (pads.clone(), strides.clone(), dilations.clone())
+        };
+        let lib = raw::lib()?;
+        let desc = raw::OwnedConv::new(lib)?;
+        let to_c = |v: &[i64]| v.iter().map(|&x| x as c_int).collect::<Vec<c_int>>();
+        let (p, s, d) = (to_c(&cp), to_c(&cs), to_c(&cd));
+        // SAFETY: live descriptor; the three arrays hold `array_length` values each, validated to
+        // fit `int`.
+        unsafe {
+            raw::cudnnSetConvolutionNdDescriptor(
+                lib,
+                desc.as_ptr(),
+                p.len() as c_int,
+                p.as_ptr(),
+                s.as_ptr(),
+                d.as_ptr(),
+                self.mode.raw(),
+                compute.raw(),
+            )
+        }?;
+        // SAFETY: live descriptor; a valid enum value.
+        unsafe { raw::cudnnSetConvolutionMathType(lib, desc.as_ptr(), self.math.raw()) }?;
+        // SAFETY: live descriptor; groups validated to fit `int`.
+        unsafe { raw::cudnnSetConvolutionGroupCount(lib, desc.as_ptr(), self.groups as c_int) }?;
+        Ok(ConvDesc {
+            raw: desc,
+            spatial: n,
+            pads: cp,
+            strides: cs,
+            dilations: cd,
+            groups: self.groups,
+            mode: self.mode,
+            math: self.math,
+            compute,
+        })
+    }
+}
+
+/// An owned convolution descriptor (`cudnnConvolutionDescriptor_t`) with its parameters.
+///
+/// Immutable once built; `Send`. Build one with [`ConvDesc::builder`].
+pub struct ConvDesc {
+    raw: raw::OwnedConv,
+    spatial: usize,
+    // As handed to cuDNN (a 1-D convolution is stored as 2-D with a unit height).
+    pads: Vec<i64>,
+    strides: Vec<i64>,
+    dilations: Vec<i64>,
+    groups: i64,
+    mode: ConvMode,
+    math: MathType,
+    compute: DType,
+}
+
+impl fmt::Debug for ConvDesc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConvDesc")
+            .field("spatial", &self.spatial)
+            .field("pads", &self.pads)
+            .field("strides", &self.strides)
+            .field("dilations", &self.dilations)
+            .field("groups", &self.groups)
+            .field("mode", &self.mode)
+            .field("math", &self.math)
+            .field("compute", &self.compute)
+            .finish()
+    }
+}
+
+impl ConvDesc {
+    /// A builder for a convolution over `spatial` (1, 2 or 3) dimensions, with no padding, unit
+    /// strides and dilations, one group, cross-correlation and default math.
+    ///
+    /// A 1-D convolution takes `[N, C, 1, W]` tensors and `[K, C, 1, R]` filters: cuDNN runs it
+    /// as a 2-D convolution over a height of 1.
+    pub fn builder(spatial: usize) -> ConvBuilder {
+        ConvBuilder {
+            spatial,
+            pads: Vec::new(),
+            strides: Vec::new(),
+            dilations: Vec::new(),
+            groups: 1,
+            mode: ConvMode::default(),
+            math: MathType::default(),
+            compute: None,
+        }
+    }
+
+    /// Spatial rank as declared (1, 2 or 3).
+    pub fn spatial_rank(&self) -> usize {
+        self.spatial
+    }
+    /// Tensor rank the convolution takes: 4 for 1-D and 2-D, 5 for 3-D.
+    pub fn tensor_rank(&self) -> usize {
+        self.pads.len() + 2
+    }
+    /// Padding per spatial dimension of the tensors (a 1-D convolution shows a leading 0).
+    pub fn pads(&self) -> &[i64] {
+        &self.pads
+    }
+    /// Strides per spatial dimension of the tensors.
+    pub fn strides(&self) -> &[i64] {
+        &self.strides
+    }
+    /// Dilations per spatial dimension of the tensors.
+    pub fn dilations(&self) -> &[i64] {
+        &self.dilations
+    }
+    /// Group count.
+    pub fn groups(&self) -> i64 {
+        self.groups
+    }
+    /// Convolution or cross-correlation.
+    pub fn mode(&self) -> ConvMode {
+        self.mode
+    }
+    /// Math type.
+    pub fn math(&self) -> MathType {
+        self.math
+    }
+    /// Accumulation type.
+    pub fn compute(&self) -> DType {
+        self.compute
+    }
+    /// The raw descriptor (still owned by `self`).
+    pub fn as_raw(&self) -> sys::cudnnConvolutionDescriptor_t {
+        self.raw.as_ptr()
+    }
+    pub(crate) fn id(&self) -> u64 {
+        self.raw.id()
+    }
+
+    /// Output dimensions `[N, K, out...]` of a forward convolution of input `x_dims`
+    /// (`[N, C, in...]`) with filter `w_dims` (`[K, C/groups, k...]`), with
+    /// `out = (in + 2·pad − dilation·(k − 1) − 1) / stride + 1`.
+    ///
+    /// Errors: ranks not matching the convolution, channels not matching the groups, or a
+    /// (dilated) kernel larger than the padded input.
+    pub fn output_dims(&self, x_dims: &[i64], w_dims: &[i64]) -> Result<Vec<i64>> {
+        self.check_ranks(x_dims, w_dims)?;
+        let (c, k, wc) = (x_dims[1], w_dims[0], w_dims[1]);
+        if wc.checked_mul(self.groups) != Some(c) {
+            return Err(Error::ShapeMismatch {
+                a: "x",
+                a_dims: x_dims.to_vec(),
+                b: "w",
+                b_dims: w_dims.to_vec(),
+                rule: "input channels must equal filter channels × groups",
+            });
+        }
+        if k % self.groups != 0 {
+            return Err(Error::invalid(
+                "convolution groups",
+                format!("a divisor of the filter count K = {k}"),
+                self.groups.to_string(),
+            ));
+        }
+        let mut out = vec![x_dims[0], k];
+        for i in 0..self.pads.len() {
+            let input = x_dims[2 + i];
+            let padded = input + 2 * self.pads[i];
+            let span = self.dilations[i] * (w_dims[2 + i] - 1) + 1;
+            if span > padded {
+                return Err(Error::invalid(
+                    "convolution kernel",
+                    format!(
+                        "a dilated kernel extent ≤ the padded input in spatial dimension {i} ({padded})"
+                    ),
+                    format!(
+                        "extent {span} (kernel {}, dilation {})",
+                        w_dims[2 + i],
+                        self.dilations[i]
+                    ),
+                ));
+            }
+            out.push((padded - span) / self.strides[i] + 1);
+        }
+        Ok(out)
+    }
+
+    /// Output dimensions of a transposed convolution (the backward-data pass used as an
+    /// up-sampling layer) of `x_dims = [N, K, in...]` with filter `w_dims = [K, C/groups, k...]`:
+    /// `out = (in − 1)·stride − 2·pad + dilation·(k − 1) + 1 + output_padding`.
+    ///
+    /// `output_padding` (one per spatial dimension, each < its stride or dilation) picks among
+    /// the input sizes a strided forward convolution maps to the same output size, as in
+    /// PyTorch's `ConvTranspose`.
+    pub fn transpose_output_dims(
+        &self,
+        x_dims: &[i64],
+        w_dims: &[i64],
+        output_padding: &[i64],
+    ) -> Result<Vec<i64>> {
+        self.check_ranks(x_dims, w_dims)?;
+        let n = self.pads.len();
+        let op: Vec<i64> = if self.spatial == 1 && output_padding.len() == 1 {
+            vec![0, output_padding[0]]
+        } else if output_padding.is_empty() {
+            vec![0; n]
+        } else {
+            output_padding.to_vec()
+        };
+        if op.len() != n {
+            return Err(Error::invalid(
+                "output padding",
+                format!("{} values", self.spatial),
+                format!("{output_padding:?}"),
+            ));
+        }
+        if x_dims[1] != w_dims[0] {
+            return Err(Error::ShapeMismatch {
+                a: "x",
+                a_dims: x_dims.to_vec(),
+                b: "w",
+                b_dims: w_dims.to_vec(),
+                rule: "a transposed convolution's input channels equal the filter count K",
+            });
+        }
+        let mut out = vec![x_dims[0], w_dims[1] * self.groups];
+        for i in 0..n {
+            let (s, d) = (self.strides[i], self.dilations[i]);
+            if op[i] < 0 || (op[i] >= s && op[i] >= d) {
+                return Err(Error::invalid(
+                    "output padding",
+                    format!("0 ≤ value < stride ({s}) or dilation ({d})"),
+                    op[i].to_string(),
+                ));
+            }
+            let o =
+                (x_dims[2 + i] - 1) * s - 2 * self.pads[i] + d * (w_dims[2 + i] - 1) + 1 + op[i];
+            if o < 1 {
+                return Err(Error::invalid(
+                    "transposed convolution output",
+                    "at least 1 element per spatial dimension",
+                    format!("{o} in spatial dimension {i}"),
+                ));
+            }
+            out.push(o);
+        }
+        Ok(out)
+    }
+
+    fn check_ranks(&self, x_dims: &[i64], w_dims: &[i64]) -> Result<()> {
+        let rank = self.tensor_rank();
+        let hint = if self.spatial == 1 {
+            " (a 1-D convolution takes [N, C, 1, W] tensors and [K, C, 1, R] filters)"
+        } else {
+            ""
+        };
+        if x_dims.len() != rank {
+            return Err(Error::invalid(
+                "convolution input rank",
+                format!("{rank} dimensions{hint}"),
+                format!("{x_dims:?}"),
+            ));
+        }
+        if w_dims.len() != rank {
+            return Err(Error::invalid(
+                "convolution filter rank",
+                format!("{rank} dimensions{hint}"),
+                format!("{w_dims:?}"),
+            ));
+        }
+        if self.spatial == 1 && (x_dims[2] != 1 || w_dims[2] != 1) {
+            return Err(Error::invalid(
+                "1-D convolution shapes",
+                "a height of 1 in both tensor and filter".to_string(),
+                format!("x {x_dims:?}, w {w_dims:?}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// cuDNN's own output-dimension query (`cudnnGetConvolutionNdForwardOutputDim`), for
+    /// cross-checking [`output_dims`](Self::output_dims).
+    #[doc(alias = "cudnnGetConvolutionNdForwardOutputDim")]
+    pub fn cudnn_output_dims<T: DataType>(
+        &self,
+        x: &crate::TensorDesc<T>,
+        w: &crate::FilterDesc<T>,
+    ) -> Result<Vec<i64>> {
+        self.check_ranks(x.dims(), w.dims())?;
+        let mut out = vec![0 as c_int; self.tensor_rank()];
+        // SAFETY: live descriptors; `out` holds `nb_dims` ints.
+        unsafe {
+            raw::cudnnGetConvolutionNdForwardOutputDim(
+                self.raw.lib(),
+                self.as_raw(),
+                x.as_raw(),
+                w.as_raw(),
+                out.len() as c_int,
+                out.as_mut_ptr(),
+            )
+        }?;
+        Ok(out.into_iter().map(i64::from).collect())
+    }
+
+    /// Checks the (input, output, compute) data types of a forward convolution against the
+    /// configurations cuDNN supports.
+    pub(crate) fn check_forward_types(&self, x: DType, y: DType) -> Result<()> {
+        use DType::*;
+        let ok = match (x, y) {
+            (F32, F32) => self.compute == F32,
+            (F64, F64) => self.compute == F64,
+            (F16, F16) => matches!(self.compute, F32 | F16),
+            (BF16, BF16) => self.compute == F32,
+            (I8, I8) | (I8, F32) => self.compute == I32,
+            _ => false,
+        };
+        if ok {
+            return Ok(());
+        }
+        Err(Error::UnsupportedDataType {
+            op: "convolution",
+            detail: format!(
+                "input {x}, output {y}, compute {}: cuDNN supports f32/f32/f32, f64/f64/f64, \
+                 f16/f16/(f32|f16), bf16/bf16/f32 and i8/(i8|f32)/i32",
+                self.compute
+            ),
+        })
+    }
+
+    /// Backward passes exist for the floating-point configurations only.
+    pub(crate) fn check_backward_types(&self, op: &'static str, t: DType) -> Result<()> {
+        use DType::*;
+        let ok = match t {
+            F32 => self.compute == F32,
+            F64 => self.compute == F64,
+            F16 => matches!(self.compute, F32 | F16),
+            BF16 => self.compute == F32,
+            _ => false,
+        };
+        if ok {
+            return Ok(());
+        }
+        Err(Error::UnsupportedDataType {
+            op,
+            detail: format!(
+                "data {t} with compute {}: backward convolution supports f32/f32, f64/f64, \
+                 f16/(f32|f16) and bf16/f32",
+                self.compute
+            ),
+        })
+    }
+}
+
+/// Which pass of a convolution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConvDirection {
+    /// `y = conv(x, w)`.
+    Forward,
+    /// `dx = conv_transpose(dy, w)`.
+    BackwardData,
+    /// `dw = correlate(x, dy)`.
+    BackwardFilter,
+}
+
+impl ConvDirection {
+    /// Short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ConvDirection::Forward => "forward",
+            ConvDirection::BackwardData => "backward-data",
+            ConvDirection::BackwardFilter => "backward-filter",
+        }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// The algorithm enum of one convolution direction: [`ConvFwdAlgo`], [`ConvBwdDataAlgo`] or
+/// [`ConvBwdFilterAlgo`]. Sealed.
+pub trait ConvAlgorithm:
+    sealed::Sealed + Copy + Eq + std::hash::Hash + fmt::Debug + fmt::Display + Send + Sync + 'static
+{
+    /// The direction these algorithms compute.
+    const DIRECTION: ConvDirection;
+    /// Every algorithm cuDNN defines for the direction, in C enum order.
+    const ALL: &'static [Self];
+    /// The C enum value.
+    fn raw_value(self) -> u32;
+    /// The algorithm for a C enum value, if this crate knows it.
+    fn from_raw_value(v: u32) -> Option<Self>;
+    /// cuDNN's name without the common prefix (e.g. `WINOGRAD_NONFUSED`).
+    fn name(self) -> &'static str;
+    /// Looks an algorithm up by [`name`](Self::name) (case-insensitive).
+    fn from_name(name: &str) -> Option<Self> {
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|a| a.name().eq_ignore_ascii_case(name))
+    }
+}
+
+macro_rules! algo_enum {
+    ($(#[$m:meta])* $name:ident, $dir:expr, $sys:ident { $($(#[$vm:meta])* $v:ident = $raw:literal => $s:literal,)* }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $name { $($(#[$vm])* $v,)* }
+
+        impl sealed::Sealed for $name {}
+        impl ConvAlgorithm for $name {
+            const DIRECTION: ConvDirection = $dir;
+            const ALL: &'static [Self] = &[$($name::$v,)*];
+            fn raw_value(self) -> u32 {
+                match self { $($name::$v => $raw,)* }
+            }
+            fn from_raw_value(v: u32) -> Option<Self> {
+                match v { $($raw => Some($name::$v),)* _ => None }
+            }
+            fn name(self) -> &'static str {
+                match self { $($name::$v => $s,)* }
+            }
+        }
+        impl $name {
+            pub(crate) fn raw(self) -> sys::$sys {
+                sys::$sys(self.raw_value())
+            }
+        }
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+}
+
+algo_enum!(
+    /// Forward convolution algorithms (`cudnnConvolutionFwdAlgo_t`).
+    #[doc(alias = "cudnnConvolutionFwdAlgo_t")]
+    ConvFwdAlgo, ConvDirection::Forward, cudnnConvolutionFwdAlgo_t {
+        /// Implicit GEMM, no workspace.
+        ImplicitGemm = 0 => "IMPLICIT_GEMM",
+        /// Implicit GEMM with precomputed indices.
+        ImplicitPrecompGemm = 1 => "IMPLICIT_PRECOMP_GEMM",
+        /// Explicit im2col + GEMM.
+        Gemm = 2 => "GEMM",
+        /// Direct convolution.
+        Direct = 3 => "DIRECT",
+        /// FFT.
+        Fft = 4 => "FFT",
+        /// Tiled FFT.
+        FftTiling = 5 => "FFT_TILING",
+        /// Fused Winograd.
+        Winograd = 6 => "WINOGRAD",
+        /// Winograd with separate transform kernels.
+        WinogradNonfused = 7 => "WINOGRAD_NONFUSED",
+    }
+);
+
+algo_enum!(
+    /// Backward-data algorithms (`cudnnConvolutionBwdDataAlgo_t`).
+    #[doc(alias = "cudnnConvolutionBwdDataAlgo_t")]
+    ConvBwdDataAlgo, ConvDirection::BackwardData, cudnnConvolutionBwdDataAlgo_t {
+        /// Algorithm 0 (non-deterministic: atomics).
+        Algo0 = 0 => "ALGO_0",
+        /// Algorithm 1.
+        Algo1 = 1 => "ALGO_1",
+        /// FFT.
+        Fft = 2 => "FFT",
+        /// Tiled FFT.
+        FftTiling = 3 => "FFT_TILING",
+        /// Fused Winograd.
+        Winograd = 4 => "WINOGRAD",
+        /// Winograd with separate transform kernels.
+        WinogradNonfused = 5 => "WINOGRAD_NONFUSED",
+    }
+);
+
+algo_enum!(
+    /// Backward-filter algorithms (`cudnnConvolutionBwdFilterAlgo_t`).
+    #[doc(alias = "cudnnConvolutionBwdFilterAlgo_t")]
+    ConvBwdFilterAlgo, ConvDirection::BackwardFilter, cudnnConvolutionBwdFilterAlgo_t {
+        /// Algorithm 0 (non-deterministic: atomics).
+        Algo0 = 0 => "ALGO_0",
+        /// Algorithm 1.
+        Algo1 = 1 => "ALGO_1",
+        /// FFT.
+        Fft = 2 => "FFT",
+        /// Algorithm 3 (non-deterministic).
+        Algo3 = 3 => "ALGO_3",
+        /// Fused Winograd (defined by cuDNN, not implemented by it: always refused).
+        Winograd = 4 => "WINOGRAD",
+        /// Winograd with separate transform kernels.
+        WinogradNonfused = 5 => "WINOGRAD_NONFUSED",
+        /// Tiled FFT.
+        FftTiling = 6 => "FFT_TILING",
+    }
+);
+
+/// One entry of cuDNN's algorithm list for a case (heuristic or measured): the
+/// `cudnnConvolution*AlgoPerf_t` record.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AlgoPerf<A> {
+    /// The algorithm.
+    pub algo: A,
+    /// Whether cuDNN supports it for this case ([`Status::SUCCESS`]) or why not.
+    pub status: Status,
+    /// Measured time in milliseconds (benchmark), or cuDNN's estimate/−1 (heuristic).
+    pub time_ms: f32,
+    /// Workspace it needs, in bytes.
+    pub workspace: usize,
+    /// Whether results are bitwise reproducible run to run.
+    pub deterministic: bool,
+    /// The math type it uses.
+    pub math: MathType,
+}
+
+impl<A> AlgoPerf<A> {
+    /// Whether cuDNN can run this algorithm for the case.
+    pub fn is_supported(&self) -> bool {
+        self.status == Status::SUCCESS
+    }
+}
+
+macro_rules! perf_from_sys {
+    ($sys:ty, $algo:ty) => {
+        impl AlgoPerf<$algo> {
+            /// Converts a C record; `None` for an algorithm value this crate does not know
+            /// (a newer cuDNN).
+            pub(crate) fn from_sys(p: &$sys) -> Option<Self> {
+                Some(AlgoPerf {
+                    algo: <$algo>::from_raw_value(p.algo.0)?,
+                    status: Status(p.status.0),
+                    time_ms: p.time,
+                    workspace: p.memory,
+                    deterministic: p.determinism.0 == 1,
+                    math: MathType::from_raw(p.mathType).unwrap_or_default(),
+                })
+            }
+        }
+    };
+}
+perf_from_sys!(sys::cudnnConvolutionFwdAlgoPerf_t, ConvFwdAlgo);
+perf_from_sys!(sys::cudnnConvolutionBwdDataAlgoPerf_t, ConvBwdDataAlgo);
+perf_from_sys!(sys::cudnnConvolutionBwdFilterAlgoPerf_t, ConvBwdFilterAlgo);
+
+/// The activation of the fused [`Cudnn::conv_bias_activation_forward`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FusedActivation {
+    /// `max(0, ·)`.
+    Relu,
+    /// No activation (cuDNN supports it only with [`ConvFwdAlgo::ImplicitPrecompGemm`]).
+    Identity,
+}
+
+impl FusedActivation {
+    pub(crate) fn descriptor(self) -> Result<raw::OwnedActivation> {
+        let lib = raw::lib()?;
+        let d = raw::OwnedActivation::new(lib)?;
+        let mode = match self {
+            FusedActivation::Relu => sys::cudnnActivationMode_t::CUDNN_ACTIVATION_RELU,
+            FusedActivation::Identity => sys::cudnnActivationMode_t::CUDNN_ACTIVATION_IDENTITY,
+        };
+        // SAFETY: live descriptor; valid enum values.
+        unsafe {
+            raw::cudnnSetActivationDescriptor(
+                lib,
+                d.as_ptr(),
+                mode,
+                sys::cudnnNanPropagation_t::CUDNN_NOT_PROPAGATE_NAN,
+                0.0,
+            )
+        }?;
+        Ok(d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn algorithm_tables_round_trip() {
+        fn check<A: ConvAlgorithm>(count: usize) {
+            assert_eq!(A::ALL.len(), count);
+            for (i, a) in A::ALL.iter().enumerate() {
+                assert_eq!(a.raw_value() as usize, i);
+                assert_eq!(A::from_raw_value(i as u32), Some(*a));
+                assert_eq!(A::from_name(&a.name().to_lowercase()), Some(*a));
+            }
+            assert_eq!(A::from_raw_value(count as u32), None);
+        }
+        check::<ConvFwdAlgo>(8);
+        check::<ConvBwdDataAlgo>(6);
+        check::<ConvBwdFilterAlgo>(7);
+    }
+}
