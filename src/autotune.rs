@@ -144,6 +144,18 @@ pub enum Source {
     Fixed,
 }
 
+impl Source {
+    /// Short name (`"cache"`, `"heuristic"`, `"benchmark"`, `"fixed"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Cache => "cache",
+            Source::Heuristic => "heuristic",
+            Source::Benchmark => "benchmark",
+            Source::Fixed => "fixed",
+        }
+    }
+}
+
 /// What an [`Autotuner`] call ran.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Choice<A> {
@@ -229,10 +241,13 @@ impl Autotuner {
         self
     }
 
-    /// Keeps decisions in memory only.
+    /// Keeps decisions in memory only: forgets the cache file (including entries already read
+    /// from it, e.g. through `CUDNN_SAFE_AUTOTUNE_CACHE`), so the tuner starts empty.
     #[must_use]
     pub fn without_cache_file(mut self) -> Self {
-        self.path = None;
+        if self.path.take().is_some() {
+            self.cache.clear();
+        }
         self
     }
 
@@ -357,6 +372,20 @@ impl Autotuner {
         }
     }
 
+    /// The cache key, or `None` under [`Policy::Fixed`] (nothing is decided or cached then, so
+    /// a fixed-algorithm call builds no key).
+    fn key_for(
+        &mut self,
+        cudnn: &Cudnn,
+        problem: impl FnOnce(Policy, usize) -> Vec<i64>,
+    ) -> Option<Key> {
+        if let Policy::Fixed(_) = self.policy {
+            return None;
+        }
+        let p = problem(self.policy, self.limit);
+        Some(self.key(cudnn, p))
+    }
+
     /// The cached ranking for a forward problem under the current policy, if decided already.
     pub fn cached_forward<X: DataType, Y: DataType>(
         &mut self,
@@ -366,17 +395,18 @@ impl Autotuner {
         conv: &ConvDesc,
         y_desc: &TensorDesc<Y>,
     ) -> Option<Vec<Candidate<ConvFwdAlgo>>> {
-        let problem = problem_key(
-            ConvDirection::Forward,
-            (x_desc.layout(), X::DTYPE),
-            w_desc,
-            (y_desc.layout(), Y::DTYPE),
-            conv,
-            self.policy,
-            self.limit,
-        );
-        let key = self.key(cudnn, problem);
-        self.cache.get(&key).map(decode)
+        let key = self.key_for(cudnn, |policy, limit| {
+            problem_key(
+                ConvDirection::Forward,
+                (x_desc.layout(), X::DTYPE),
+                w_desc,
+                (y_desc.layout(), Y::DTYPE),
+                conv,
+                policy,
+                limit,
+            )
+        });
+        self.cache.get(key.as_ref()?).map(decode)
     }
 
     /// Decides (or recalls) the ranking for a problem. `heuristics` and `find` are only called
@@ -384,12 +414,12 @@ impl Autotuner {
     fn decide<A: ConvAlgorithm>(
         &mut self,
         cudnn: &Cudnn,
-        key: Key,
+        key: Option<Key>,
         heuristics: impl FnOnce() -> Result<Vec<AlgoPerf<A>>>,
         find: impl FnOnce(&mut Workspace) -> Result<Vec<AlgoPerf<A>>>,
         fixed: A,
     ) -> Result<(Vec<Candidate<A>>, Source)> {
-        if let Policy::Fixed(_) = self.policy {
+        let Some(key) = key else {
             return Ok((
                 vec![Candidate {
                     algo: fixed,
@@ -398,7 +428,7 @@ impl Autotuner {
                 }],
                 Source::Fixed,
             ));
-        }
+        };
         if let Some(r) = self.cache.get(&key) {
             self.stats.hits += 1;
             return Ok((decode(r), Source::Cache));
@@ -552,16 +582,17 @@ impl Autotuner {
             Policy::Fixed(f) => f.forward,
             _ => ConvFwdAlgo::ImplicitGemm,
         };
-        let problem = problem_key(
-            ConvDirection::Forward,
-            (x_desc.layout(), X::DTYPE),
-            w_desc,
-            (y_desc.layout(), Y::DTYPE),
-            conv,
-            self.policy,
-            self.limit,
-        );
-        let key = self.key(cudnn, problem);
+        let key = self.key_for(cudnn, |policy, limit| {
+            problem_key(
+                ConvDirection::Forward,
+                (x_desc.layout(), X::DTYPE),
+                w_desc,
+                (y_desc.layout(), Y::DTYPE),
+                conv,
+                policy,
+                limit,
+            )
+        });
         let accumulate = beta.to_f64() != 0.0;
         let (ranking, source) = self.decide(
             cudnn,
@@ -577,9 +608,75 @@ impl Autotuner {
             },
             fixed,
         )?;
-        self.run(cudnn, Some(key), ranking, source, |algo, ws| {
+        self.run(cudnn, key, ranking, source, |algo, ws| {
             cudnn.conv_forward(alpha, x_desc, x, w_desc, w, conv, algo, ws, beta, y_desc, y)
         })
+    }
+
+    /// The fused `y = act(alpha1·conv(x, w) + alpha2·z + bias)` (see
+    /// [`Cudnn::conv_bias_activation_forward`]) with the forward algorithm the policy picks for
+    /// this convolution (the same decision [`forward`](Self::forward) makes and caches).
+    /// [`FusedActivation::Identity`](crate::conv::FusedActivation::Identity) always runs
+    /// `IMPLICIT_PRECOMP_GEMM`, the only algorithm cuDNN supports for it.
+    #[allow(clippy::too_many_arguments)] // mirrors the C call
+    pub fn bias_activation_forward<X: DataType, Y: DataType<Scalar = X::Scalar>, B: DataType>(
+        &mut self,
+        cudnn: &Cudnn,
+        alpha1: X::Scalar,
+        x_desc: &TensorDesc<X>,
+        x: &impl DevicePtr<X>,
+        w_desc: &FilterDesc<X>,
+        w: &impl DevicePtr<X>,
+        conv: &ConvDesc,
+        alpha2: X::Scalar,
+        z: Option<&cudarc::driver::CudaSlice<Y>>,
+        bias_desc: &TensorDesc<B>,
+        bias: &impl DevicePtr<B>,
+        activation: crate::conv::FusedActivation,
+        y_desc: &TensorDesc<Y>,
+        y: &mut impl DevicePtrMut<Y>,
+    ) -> Result<Choice<ConvFwdAlgo>> {
+        let launch = |algo, ws: &mut Workspace, y: &mut _| {
+            cudnn.conv_bias_activation_forward(
+                alpha1, x_desc, x, w_desc, w, conv, algo, ws, alpha2, z, bias_desc, bias,
+                activation, y_desc, y,
+            )
+        };
+        if activation == crate::conv::FusedActivation::Identity {
+            let ranking = vec![Candidate {
+                algo: ConvFwdAlgo::ImplicitPrecompGemm,
+                workspace: 0,
+                time_ms: -1.0,
+            }];
+            return self.run(cudnn, None, ranking, Source::Fixed, |a, ws| {
+                launch(a, ws, y)
+            });
+        }
+        let fixed = match self.policy {
+            Policy::Fixed(f) => f.forward,
+            _ => ConvFwdAlgo::ImplicitGemm,
+        };
+        let key = self.key_for(cudnn, |policy, limit| {
+            problem_key(
+                ConvDirection::Forward,
+                (x_desc.layout(), X::DTYPE),
+                w_desc,
+                (y_desc.layout(), Y::DTYPE),
+                conv,
+                policy,
+                limit,
+            )
+        });
+        // The fused output is written, never read (z is a separate buffer), so a benchmark may
+        // use `y` itself as its trial output.
+        let (ranking, source) = self.decide(
+            cudnn,
+            key.clone(),
+            || cudnn.conv_forward_heuristics(x_desc, w_desc, conv, y_desc),
+            |ws| cudnn.conv_forward_find(x_desc, x, w_desc, w, conv, y_desc, y, ws),
+            fixed,
+        )?;
+        self.run(cudnn, key, ranking, source, |a, ws| launch(a, ws, y))
     }
 
     /// `dx = alpha·backward_data(dy, w) + beta·dx` with the algorithm the policy picks (see
@@ -602,16 +699,17 @@ impl Autotuner {
             Policy::Fixed(f) => f.backward_data,
             _ => ConvBwdDataAlgo::Algo1,
         };
-        let problem = problem_key(
-            ConvDirection::BackwardData,
-            (dx_desc.layout(), T::DTYPE),
-            w_desc,
-            (dy_desc.layout(), T::DTYPE),
-            conv,
-            self.policy,
-            self.limit,
-        );
-        let key = self.key(cudnn, problem);
+        let key = self.key_for(cudnn, |policy, limit| {
+            problem_key(
+                ConvDirection::BackwardData,
+                (dx_desc.layout(), T::DTYPE),
+                w_desc,
+                (dy_desc.layout(), T::DTYPE),
+                conv,
+                policy,
+                limit,
+            )
+        });
         let accumulate = beta.to_f64() != 0.0;
         let (ranking, source) = self.decide(
             cudnn,
@@ -636,7 +734,7 @@ impl Autotuner {
             },
             fixed,
         )?;
-        self.run(cudnn, Some(key), ranking, source, |algo, ws| {
+        self.run(cudnn, key, ranking, source, |algo, ws| {
             cudnn.conv_backward_data(
                 alpha, w_desc, w, dy_desc, dy, conv, algo, ws, beta, dx_desc, dx,
             )
@@ -664,16 +762,17 @@ impl Autotuner {
             Policy::Fixed(f) => f.backward_filter,
             _ => ConvBwdFilterAlgo::Algo1,
         };
-        let problem = problem_key(
-            ConvDirection::BackwardFilter,
-            (x_desc.layout(), T::DTYPE),
-            dw_desc,
-            (dy_desc.layout(), T::DTYPE),
-            conv,
-            self.policy,
-            self.limit,
-        );
-        let key = self.key(cudnn, problem);
+        let key = self.key_for(cudnn, |policy, limit| {
+            problem_key(
+                ConvDirection::BackwardFilter,
+                (x_desc.layout(), T::DTYPE),
+                dw_desc,
+                (dy_desc.layout(), T::DTYPE),
+                conv,
+                policy,
+                limit,
+            )
+        });
         let accumulate = beta.to_f64() != 0.0;
         let (ranking, source) = self.decide(
             cudnn,
@@ -698,7 +797,7 @@ impl Autotuner {
             },
             fixed,
         )?;
-        self.run(cudnn, Some(key), ranking, source, |algo, ws| {
+        self.run(cudnn, key, ranking, source, |algo, ws| {
             cudnn.conv_backward_filter(
                 alpha, x_desc, x, dy_desc, dy, conv, algo, ws, beta, dw_desc, dw,
             )

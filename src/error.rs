@@ -309,7 +309,9 @@ impl Error {
         }
     }
 
-    pub(crate) fn driver(context: &'static str, source: cudarc::driver::DriverError) -> Error {
+    /// Wraps a cudarc driver error with what was being done (for code mixing cudarc calls
+    /// with this crate's, e.g. `stream.alloc_zeros(n).map_err(|e| Error::driver("allocating y", e))`).
+    pub fn driver(context: &'static str, source: cudarc::driver::DriverError) -> Error {
         Error::Driver { context, source }
     }
 
@@ -322,6 +324,16 @@ impl Error {
             what,
             expected: expected.into(),
             got: got.to_string(),
+        }
+    }
+}
+
+impl From<cudarc::driver::DriverError> for Error {
+    /// A cudarc driver error from a call made outside this crate (`?` on cudarc results).
+    fn from(source: cudarc::driver::DriverError) -> Self {
+        Error::Driver {
+            context: "a CUDA driver call",
+            source,
         }
     }
 }

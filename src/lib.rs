@@ -11,6 +11,9 @@
 //!   shapes agree, dtypes are tied by the type system and alpha/beta are the scalar type cuDNN
 //!   reads. A failed check returns an error before anything is enqueued.
 //! * Errors carry the cuDNN status, the C function and `cudnnGetLastErrorString`.
+//! * Convolution ([`conv`]): every direction and legacy algorithm, heuristic / benchmark /
+//!   manual selection, and the [`Autotuner`] with PyTorch-style policies, a workspace limit,
+//!   fallback and a persistent cache.
 //!
 //! ```no_run
 //! use cudnn_safe::{cuda_context, Cudnn, TensorDesc};

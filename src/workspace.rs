@@ -80,9 +80,10 @@ impl Workspace {
         }
         // Free the old buffer first so peak memory is the new size, not old + new.
         self.buf = None;
-        let buf = self
-            .stream
-            .alloc_zeros::<u8>(bytes)
+        // SAFETY: the memory is uninitialised, which is sound for `u8` storage that is only ever
+        // handed to cuDNN as scratch (cuDNN writes its workspace before reading it) and never
+        // read on the host; skipping the zero-fill keeps a first call's growth cheap.
+        let buf = unsafe { self.stream.alloc::<u8>(bytes) }
             .map_err(|e| Error::driver("allocating the workspace", e))?;
         log::debug!("workspace grown to {bytes} bytes");
         self.buf = Some(buf);

@@ -255,3 +255,434 @@ fn descriptors_are_destroyed_once_and_may_move_threads() {
         .unwrap();
     assert_eq!(dims, [2, 3, 4, 5]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Convolution descriptors (no GPU): parameter validation, output sizes against cuDNN's own query,
+// transposed-convolution sizes.
+// ---------------------------------------------------------------------------------------------
+
+mod conv_descriptors {
+    use super::lib;
+    use cudnn_safe::conv::{ConvDesc, ConvMode, MathType};
+    use cudnn_safe::{DType, DataType, Error, FilterDesc, TensorDesc, TensorFormat};
+    use half::{bf16, f16};
+    use proptest::prelude::*;
+
+    fn is_invalid<T: std::fmt::Debug>(r: &Result<T, Error>) -> bool {
+        matches!(r, Err(Error::InvalidArgument { .. }))
+    }
+
+    #[test]
+    fn conv_builder_rejects_bad_parameters() {
+        let Some(_) = lib() else { return };
+        for spatial in [0, 4, 5] {
+            let r = ConvDesc::builder(spatial).build::<f32>();
+            assert!(is_invalid(&r), "spatial {spatial}: {r:?}");
+        }
+        let bad = [
+            ("stride 0", ConvDesc::builder(2).strides(&[1, 0])),
+            ("negative stride", ConvDesc::builder(2).strides(&[-1, 1])),
+            ("dilation 0", ConvDesc::builder(2).dilations(&[0, 1])),
+            (
+                "dilation 0 in 3-D",
+                ConvDesc::builder(3).dilations(&[1, 1, 0]),
+            ),
+            ("negative pad", ConvDesc::builder(2).pads(&[1, -1])),
+            ("negative pad 1-D", ConvDesc::builder(1).pads(&[-2])),
+            ("groups 0", ConvDesc::builder(2).groups(0)),
+            ("negative groups", ConvDesc::builder(2).groups(-3)),
+            ("huge groups", ConvDesc::builder(2).groups(1 << 40)),
+            ("huge pad", ConvDesc::builder(2).pads(&[1 << 33, 0])),
+            ("pads too short", ConvDesc::builder(2).pads(&[1])),
+            ("pads too long", ConvDesc::builder(2).pads(&[1, 1, 1])),
+            ("strides too short", ConvDesc::builder(3).strides(&[1, 1])),
+            (
+                "dilations too long",
+                ConvDesc::builder(1).dilations(&[1, 1]),
+            ),
+            ("1-D pads as 2-D", ConvDesc::builder(1).pads(&[0, 1])),
+        ];
+        for (what, b) in bad {
+            let r = b.build::<f32>();
+            assert!(is_invalid(&r), "{what}: {r:?}");
+        }
+        for compute in [DType::U8, DType::I8, DType::BF16] {
+            let r = ConvDesc::builder(2).compute(compute).build::<f32>();
+            assert!(
+                matches!(r, Err(Error::UnsupportedDataType { .. })),
+                "compute {compute}: {r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn conv_builder_keeps_parameters_and_picks_compute_types() {
+        let Some(_) = lib() else { return };
+        let c = ConvDesc::builder(2)
+            .pads(&[1, 2])
+            .strides(&[2, 1])
+            .dilations(&[1, 3])
+            .groups(2)
+            .mode(ConvMode::Convolution)
+            .math(MathType::Fma)
+            .build::<f32>()
+            .unwrap();
+        assert_eq!(c.spatial_rank(), 2);
+        assert_eq!(c.tensor_rank(), 4);
+        assert_eq!(c.pads(), &[1, 2]);
+        assert_eq!(c.strides(), &[2, 1]);
+        assert_eq!(c.dilations(), &[1, 3]);
+        assert_eq!(c.groups(), 2);
+        assert_eq!(c.mode(), ConvMode::Convolution);
+        assert_eq!(c.math(), MathType::Fma);
+        assert_eq!(c.compute(), DType::F32);
+
+        // 1-D runs as 2-D over a unit height: the leading entries are the identity.
+        let c = ConvDesc::builder(1)
+            .pads(&[2])
+            .strides(&[3])
+            .dilations(&[2])
+            .build::<f32>()
+            .unwrap();
+        assert_eq!(c.spatial_rank(), 1);
+        assert_eq!(c.tensor_rank(), 4);
+        assert_eq!(c.pads(), &[0, 2]);
+        assert_eq!(c.strides(), &[1, 3]);
+        assert_eq!(c.dilations(), &[1, 2]);
+
+        let c = ConvDesc::builder(3).build::<f64>().unwrap();
+        assert_eq!(c.tensor_rank(), 5);
+        assert_eq!(c.pads(), &[0, 0, 0]);
+        assert_eq!(c.strides(), &[1, 1, 1]);
+        assert_eq!(c.dilations(), &[1, 1, 1]);
+        assert_eq!(c.groups(), 1);
+        assert_eq!(c.mode(), ConvMode::CrossCorrelation);
+        assert_eq!(c.math(), MathType::Default);
+
+        fn default_compute<T: DataType>() -> DType {
+            ConvDesc::builder(2).build::<T>().unwrap().compute()
+        }
+        assert_eq!(default_compute::<f32>(), DType::F32);
+        assert_eq!(default_compute::<f64>(), DType::F64);
+        assert_eq!(default_compute::<f16>(), DType::F32);
+        assert_eq!(default_compute::<bf16>(), DType::F32);
+        assert_eq!(default_compute::<i8>(), DType::I32);
+        assert_eq!(default_compute::<u8>(), DType::I32);
+        let c = ConvDesc::builder(2)
+            .compute(DType::F16)
+            .build::<f16>()
+            .unwrap();
+        assert_eq!(c.compute(), DType::F16);
+    }
+
+    #[test]
+    fn conv_output_dims_rejects_bad_shapes() {
+        let Some(_) = lib() else { return };
+        let plain = ConvDesc::builder(2).build::<f32>().unwrap();
+        // Kernel larger than the (unpadded) input.
+        let r = plain.output_dims(&[1, 3, 4, 4], &[2, 3, 5, 5]);
+        assert!(is_invalid(&r), "{r:?}");
+        let r = plain.output_dims(&[1, 3, 4, 9], &[2, 3, 5, 5]);
+        assert!(is_invalid(&r), "one dimension too small: {r:?}");
+        // ... accepted once padded.
+        let padded = ConvDesc::builder(2).pads(&[1, 1]).build::<f32>().unwrap();
+        assert_eq!(
+            padded.output_dims(&[1, 3, 4, 4], &[2, 3, 5, 5]).unwrap(),
+            [1, 2, 2, 2]
+        );
+        // A dilated kernel (extent 5) larger than the input.
+        let dilated = ConvDesc::builder(2)
+            .dilations(&[2, 1])
+            .build::<f32>()
+            .unwrap();
+        let r = dilated.output_dims(&[1, 3, 4, 8], &[2, 3, 3, 3]);
+        assert!(is_invalid(&r), "{r:?}");
+        assert_eq!(
+            dilated.output_dims(&[1, 3, 5, 8], &[2, 3, 3, 3]).unwrap(),
+            [1, 2, 1, 6]
+        );
+
+        // Groups that do not divide the channels, or the filter count.
+        let g2 = ConvDesc::builder(2).groups(2).build::<f32>().unwrap();
+        let r = g2.output_dims(&[1, 3, 8, 8], &[4, 1, 3, 3]);
+        assert!(
+            matches!(r, Err(Error::ShapeMismatch { a: "x", b: "w", .. })),
+            "C = 3, groups 2: {r:?}"
+        );
+        let r = g2.output_dims(&[1, 4, 8, 8], &[4, 4, 3, 3]);
+        assert!(
+            matches!(r, Err(Error::ShapeMismatch { .. })),
+            "filter channels not C / groups: {r:?}"
+        );
+        let r = g2.output_dims(&[1, 4, 8, 8], &[3, 2, 3, 3]);
+        assert!(is_invalid(&r), "K = 3, groups 2: {r:?}");
+        assert_eq!(
+            g2.output_dims(&[1, 4, 8, 8], &[6, 2, 3, 3]).unwrap(),
+            [1, 6, 6, 6]
+        );
+        let g3 = ConvDesc::builder(2).groups(3).build::<f32>().unwrap();
+        let r = g3.output_dims(&[1, 4, 8, 8], &[3, 1, 3, 3]);
+        assert!(matches!(r, Err(Error::ShapeMismatch { .. })), "{r:?}");
+
+        // Wrong ranks.
+        let r = plain.output_dims(&[1, 3, 4, 4, 4], &[2, 3, 3, 3]);
+        assert!(is_invalid(&r), "5-D x for a 2-D conv: {r:?}");
+        let r = plain.output_dims(&[1, 3, 4, 4], &[2, 3, 3]);
+        assert!(is_invalid(&r), "3-D w for a 2-D conv: {r:?}");
+        let r = plain.output_dims(&[1, 3, 4], &[2, 3, 3]);
+        assert!(is_invalid(&r), "3-D tensors for a 2-D conv: {r:?}");
+        let c3 = ConvDesc::builder(3).build::<f32>().unwrap();
+        let r = c3.output_dims(&[1, 3, 4, 4], &[2, 3, 3, 3]);
+        assert!(is_invalid(&r), "4-D tensors for a 3-D conv: {r:?}");
+        assert_eq!(
+            c3.output_dims(&[1, 3, 4, 5, 6], &[2, 3, 3, 3, 3]).unwrap(),
+            [1, 2, 2, 3, 4]
+        );
+
+        // 1-D: [N, C, 1, W] and [K, C, 1, R] only.
+        let c1 = ConvDesc::builder(1)
+            .pads(&[1])
+            .strides(&[2])
+            .build::<f32>()
+            .unwrap();
+        let r = c1.output_dims(&[1, 3, 2, 8], &[2, 3, 1, 3]);
+        assert!(is_invalid(&r), "1-D with H = 2: {r:?}");
+        let r = c1.output_dims(&[1, 3, 1, 8], &[2, 3, 2, 3]);
+        assert!(is_invalid(&r), "1-D filter with R = 2 rows: {r:?}");
+        let r = c1.output_dims(&[1, 3, 8], &[2, 3, 3]);
+        assert!(is_invalid(&r), "1-D with 3-D tensors: {r:?}");
+        let dims = c1.output_dims(&[1, 3, 1, 8], &[2, 3, 1, 3]).unwrap();
+        assert_eq!(dims, [1, 2, 1, 4]);
+        let x = TensorDesc::<f32>::nchw(1, 3, 1, 8).unwrap();
+        let w = FilterDesc::<f32>::new(&[2, 3, 1, 3], TensorFormat::Nchw).unwrap();
+        assert_eq!(c1.cudnn_output_dims(&x, &w).unwrap(), dims);
+    }
+
+    /// The output size rule written out independently of the crate.
+    fn out_size(input: i64, k: i64, pad: i64, stride: i64, dil: i64) -> i64 {
+        (input + 2 * pad - dil * (k - 1) - 1) / stride + 1
+    }
+
+    /// A random valid convolution problem: spatial rank, x dims, w dims, pads, strides,
+    /// dilations, groups, channels-last or not.
+    #[allow(clippy::type_complexity)]
+    fn problem() -> impl Strategy<
+        Value = (
+            usize,
+            Vec<i64>,
+            Vec<i64>,
+            Vec<i64>,
+            Vec<i64>,
+            Vec<i64>,
+            i64,
+            bool,
+        ),
+    > {
+        (1usize..=3)
+            .prop_flat_map(|sp| {
+                (
+                    Just(sp),
+                    (1i64..=4, 1i64..=4, 1i64..=4, 1i64..=3),
+                    prop::collection::vec((1i64..=20, 1i64..=5, 0i64..=3, 1i64..=4, 1i64..=3), sp),
+                    any::<bool>(),
+                )
+            })
+            .prop_filter_map(
+                "kernel larger than the padded input",
+                |(sp, (n, g, cg, kg), axes, nhwc)| {
+                    if axes
+                        .iter()
+                        .any(|&(i, k, p, _, d)| d * (k - 1) + 1 > i + 2 * p)
+                    {
+                        return None;
+                    }
+                    let (c, kk) = (g * cg, g * kg);
+                    let mut x = vec![n, c];
+                    let mut w = vec![kk, cg];
+                    let (mut pads, mut strides, mut dils) = (vec![], vec![], vec![]);
+                    if sp == 1 {
+                        x.push(1);
+                        w.push(1);
+                    }
+                    for &(i, k, p, s, d) in &axes {
+                        x.push(i);
+                        w.push(k);
+                        pads.push(p);
+                        strides.push(s);
+                        dils.push(d);
+                    }
+                    Some((sp, x, w, pads, strides, dils, g, nhwc))
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn output_dims_agree_with_cudnn(
+            (sp, x, w, pads, strides, dils, groups, nhwc) in problem(),
+            convolution in any::<bool>(),
+        ) {
+            let Some(_) = lib() else { return Ok(()) };
+            let mode = if convolution { ConvMode::Convolution } else { ConvMode::CrossCorrelation };
+            let conv = ConvDesc::builder(sp)
+                .pads(&pads)
+                .strides(&strides)
+                .dilations(&dils)
+                .groups(groups)
+                .mode(mode)
+                .build::<f32>()
+                .unwrap();
+            let ours = conv.output_dims(&x, &w).unwrap();
+            let (x_d, w_d) = if nhwc {
+                (TensorDesc::<f32>::nhwc_nd(&x).unwrap(),
+                 FilterDesc::<f32>::new(&w, TensorFormat::Nhwc).unwrap())
+            } else {
+                (TensorDesc::<f32>::nchw_nd(&x).unwrap(),
+                 FilterDesc::<f32>::new(&w, TensorFormat::Nchw).unwrap())
+            };
+            let theirs = conv.cudnn_output_dims(&x_d, &w_d).unwrap();
+            prop_assert_eq!(&ours, &theirs);
+            // And the rule written out here.
+            let first = x.len() - sp;
+            prop_assert_eq!(ours[0], x[0]);
+            prop_assert_eq!(ours[1], w[0]);
+            if sp == 1 {
+                prop_assert_eq!(ours[2], 1);
+            }
+            for i in 0..sp {
+                let a = first + i;
+                prop_assert_eq!(ours[a], out_size(x[a], w[a], pads[i], strides[i], dils[i]));
+            }
+        }
+
+        #[test]
+        fn transpose_output_dims_round_trip(
+            (sp, x, w, pads, strides, dils, groups, _nhwc) in problem(),
+            op_seed in prop::collection::vec(0i64..4, 3),
+        ) {
+            let Some(_) = lib() else { return Ok(()) };
+            let conv = ConvDesc::builder(sp)
+                .pads(&pads)
+                .strides(&strides)
+                .dilations(&dils)
+                .groups(groups)
+                .build::<f32>()
+                .unwrap();
+            // The forward output is the transposed convolution's input; any output padding
+            // below the stride maps back to it.
+            let y = conv.output_dims(&x, &w).unwrap();
+            let op: Vec<i64> = (0..sp).map(|i| op_seed[i] % strides[i]).collect();
+            let back = match conv.transpose_output_dims(&y, &w, &op) {
+                Ok(b) => b,
+                // Padding can make the transposed output empty; that must be the only reason.
+                Err(Error::InvalidArgument { what, .. }) => {
+                    prop_assert_eq!(what, "transposed convolution output");
+                    return Ok(());
+                }
+                Err(e) => return Err(TestCaseError::fail(format!("{e}"))),
+            };
+            prop_assert_eq!(back[0], x[0]);
+            prop_assert_eq!(back[1], x[1]);
+            prop_assert_eq!(conv.output_dims(&back, &w).unwrap(), y.clone());
+            // With the output padding each input was given, the exact input comes back.
+            let first = x.len() - sp;
+            let exact: Vec<i64> = (0..sp)
+                .map(|i| {
+                    let a = first + i;
+                    (x[a] + 2 * pads[i] - dils[i] * (w[a] - 1) - 1) % strides[i]
+                })
+                .collect();
+            prop_assert_eq!(conv.transpose_output_dims(&y, &w, &exact).unwrap(), x);
+        }
+    }
+
+    #[test]
+    fn transpose_output_dims_examples() {
+        let Some(_) = lib() else { return };
+        // 2× up-sampling: 16×16, 3×3 kernel, stride 2, padding 1, output padding 1 → 32×32.
+        let conv = ConvDesc::builder(2)
+            .pads(&[1, 1])
+            .strides(&[2, 2])
+            .build::<f32>()
+            .unwrap();
+        let (x, w) = ([1i64, 8, 16, 16], [8i64, 4, 3, 3]);
+        let y = conv.transpose_output_dims(&x, &w, &[1, 1]).unwrap();
+        assert_eq!(y, [1, 4, 32, 32]);
+        assert_eq!(conv.output_dims(&y, &w).unwrap(), x);
+        let y0 = conv.transpose_output_dims(&x, &w, &[0, 0]).unwrap();
+        assert_eq!(y0, [1, 4, 31, 31]);
+        assert_eq!(conv.transpose_output_dims(&x, &w, &[]).unwrap(), y0);
+        assert_eq!(conv.output_dims(&y0, &w).unwrap(), x);
+        assert_eq!(
+            conv.transpose_output_dims(&x, &w, &[1, 0]).unwrap(),
+            [1, 4, 32, 31]
+        );
+
+        // Groups multiply the filter's channel count.
+        let grouped = ConvDesc::builder(2)
+            .pads(&[1, 1])
+            .strides(&[2, 2])
+            .groups(2)
+            .build::<f32>()
+            .unwrap();
+        let y = grouped
+            .transpose_output_dims(&x, &[8, 3, 3, 3], &[1, 1])
+            .unwrap();
+        assert_eq!(y, [1, 6, 32, 32]);
+        assert_eq!(grouped.output_dims(&y, &[8, 3, 3, 3]).unwrap(), x);
+
+        // 1-D takes one output padding (or the two of its 2-D form).
+        let c1 = ConvDesc::builder(1)
+            .pads(&[1])
+            .strides(&[2])
+            .build::<f32>()
+            .unwrap();
+        let (x1, w1) = ([2i64, 6, 1, 10], [6i64, 3, 1, 4]);
+        let y1 = c1.transpose_output_dims(&x1, &w1, &[1]).unwrap();
+        assert_eq!(y1, [2, 3, 1, 21]);
+        assert_eq!(c1.transpose_output_dims(&x1, &w1, &[0, 1]).unwrap(), y1);
+        assert_eq!(c1.output_dims(&y1, &w1).unwrap(), x1);
+
+        // 3-D with dilation 2 and stride 3: output padding up to 2.
+        let c3 = ConvDesc::builder(3)
+            .pads(&[1, 0, 2])
+            .strides(&[3, 3, 3])
+            .dilations(&[2, 2, 2])
+            .build::<f32>()
+            .unwrap();
+        let (x3, w3) = ([1i64, 4, 3, 4, 5], [4i64, 2, 3, 2, 3]);
+        let y3 = c3.transpose_output_dims(&x3, &w3, &[2, 1, 0]).unwrap();
+        // (in − 1)·3 − 2·pad + 2·(k − 1) + 1 + op
+        assert_eq!(
+            y3,
+            [
+                1,
+                2,
+                2 * 3 - 2 + 4 + 1 + 2,
+                3 * 3 + 2 + 1 + 1,
+                4 * 3 - 4 + 4 + 1
+            ]
+        );
+        assert_eq!(c3.output_dims(&y3, &w3).unwrap(), x3);
+
+        // Rejections.
+        let r = conv.transpose_output_dims(&x, &w, &[2, 0]);
+        assert!(is_invalid(&r), "output padding = stride: {r:?}");
+        let r = conv.transpose_output_dims(&x, &w, &[-1, 0]);
+        assert!(is_invalid(&r), "negative output padding: {r:?}");
+        let r = conv.transpose_output_dims(&x, &w, &[1, 1, 1]);
+        assert!(is_invalid(&r), "three output paddings in 2-D: {r:?}");
+        let r = conv.transpose_output_dims(&[1, 7, 16, 16], &w, &[1, 1]);
+        assert!(
+            matches!(r, Err(Error::ShapeMismatch { .. })),
+            "x channels ≠ K: {r:?}"
+        );
+        let r = conv.transpose_output_dims(&[1, 8, 16, 16, 16], &w, &[1, 1]);
+        assert!(is_invalid(&r), "rank: {r:?}");
+        let pad2 = ConvDesc::builder(2).pads(&[2, 2]).build::<f32>().unwrap();
+        let r = pad2.transpose_output_dims(&[1, 8, 1, 1], &[8, 4, 1, 1], &[]);
+        assert!(is_invalid(&r), "empty output: {r:?}");
+    }
+}

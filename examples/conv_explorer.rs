@@ -1,0 +1,1224 @@
+//! The convolution algorithm explorer: for seven ResNet-like layers in four precision modes, what
+//! cuDNN's heuristics pick, what benchmarking finds, how fast every forward algorithm really is,
+//! and what each [`Policy`] of the [`Autotuner`] costs on the first call and afterwards.
+//!
+//! ```text
+//! cargo run --release --example conv_explorer                      # everything (~1-2 min on an H200)
+//! cargo run --release --example conv_explorer -- --quick           # 2 layers, fp32 + fp16
+//! cargo run --release --example conv_explorer -- --modes fp16,bf16 # chosen modes only
+//! ```
+//!
+//! Modes: `fp32` (f32 NCHW, FMA math: strict fp32), `tf32` (f32 NCHW, default math: TF32 tensor
+//! cores allowed), `fp16` and `bf16` (NHWC tensors, KRSC filters, tensor-op math, f32
+//! accumulation). Every layer is a cross-correlation with padding `kernel / 2` on random inputs
+//! in `[-1, 1]`.
+//!
+//! For each layer and mode it prints a table of every [`ConvFwdAlgo`]: its heuristic rank
+//! (`cudnnGetConvolutionForwardAlgorithm_v7`), the time `cudnnFindConvolutionForwardAlgorithmEx`
+//! measured, the time this program measures itself (CUDA events around back-to-back calls:
+//! 3 warm-up calls, then the median of 5 batches of up to 10 calls), TFLOP/s, workspace and
+//! determinism — or cuDNN's status when it refuses the algorithm. Then the heuristic pick
+//! against the fastest, the wall time of the find call (the decision cost of benchmark mode),
+//! and three fresh autotuners (heuristic, benchmark, deterministic; no cache file): first call
+//! (wall clock, decision included — in this process every kernel is loaded by then) and
+//! steady-state time per call. A summary table closes (per layer and mode: heuristic pick and
+//! its time, fastest algorithm and its time, their ratio, fastest deterministic time, and the
+//! benchmark tuner's first call).
+//!
+//! Files (in `$CUDNN_SAFE_OUT_DIR`, else the current directory):
+//! * `conv_explorer.svg`: one panel per mode, every algorithm's time per layer (log scale),
+//!   heuristic picks boxed;
+//! * `conv_explorer.tsv`: one row per layer, mode and algorithm: `config mode algo status ms
+//!   workspace_bytes deterministic is_heuristic_top is_find_best heuristic_rank find_ms`
+//!   (`status` is `ok` or cuDNN's status name; empty fields are unknown or not applicable);
+//! * `conv_explorer_policies.tsv`: one row per layer, mode and policy: `config mode policy algo
+//!   source first_call_ms ms find_wall_ms error`;
+//! * `conv_explorer_autotune.txt`: the autotune cache of the first-call measurement.
+//!
+//! First call in a fresh process: the program runs itself three more times
+//! (`--first-call <cache file> [--fixed ALGO]`, an internal flag) on the first layer in strict
+//! fp32 and times, after creating the CUDA context, `Cudnn::new` (library load + handle) and the
+//! first `Autotuner::forward` up to a synchronize: with the benchmark policy and an empty cache
+//! file (cold: heuristics, find, then the launch), again with the cache now filled (warm: the
+//! cached algorithm's launch), and with `Policy::Fixed` on that same algorithm and no cache (the
+//! floor: what any first launch costs, cuDNN's lazily loaded kernels included). It prints
+//! `first-call: cold-cache X ms, warm-cache Y ms, fixed-algo floor Z ms (library load+handle W ms)`.
+//! Skip it with `--no-first-call`.
+//!
+//! Progress goes to stderr; `RUST_LOG=info` shows the autotuner's decisions. Exit status: 0 when
+//! everything ran, 1 when a layer or an output failed (the rest still runs), 2 for bad arguments
+//! or without a GPU (after printing `conv_explorer needs an NVIDIA GPU: <why>`).
+//!
+//! `cargo test --example conv_explorer` checks the table and chart writers on made-up numbers
+//! (no GPU needed).
+use std::collections::HashMap;
+use std::error::Error as StdError;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::Instant;
+
+use cudnn_safe::conv::{AlgoPerf, ConvAlgorithm, ConvFwdAlgo};
+use cudnn_safe::half::{bf16, f16};
+use cudnn_safe::{
+    cuda_context, format_version, Autotuner, Cudnn, FixedAlgos, Policy, Result, Source, Workspace,
+    CACHE_ENV,
+};
+
+#[path = "common/mod.rs"]
+mod common;
+use common::{bytes, drv, refusal, Element, Mode, Problem, Rng, Timer, CONFIGS};
+
+const USAGE: &str =
+    "usage: conv_explorer [--quick] [--modes fp32,tf32,fp16,bf16] [--no-first-call]";
+
+/// The internal flag the program re-executes itself with.
+const FIRST_CALL_FLAG: &str = "--first-call";
+/// Prefix of the one line a `--first-call` child prints for its parent.
+const CHILD_TAG: &str = "first-call-result";
+
+/// The policies compared, each with a fresh tuner.
+const POLICIES: [Policy; 3] = [Policy::Heuristic, Policy::Benchmark, Policy::Deterministic];
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some(FIRST_CALL_FLAG) {
+        return first_call_child(&args[1..]);
+    }
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    let opts = match Options::parse(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("conv_explorer: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let Some((_stream, cudnn)) = common::open_gpu("conv_explorer") else {
+        return ExitCode::from(2);
+    };
+    match explore_all(&cudnn, &opts) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("conv_explorer: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Command-line options.
+struct Options {
+    /// Indices into [`CONFIGS`].
+    configs: Vec<usize>,
+    modes: Vec<Mode>,
+    first_call: bool,
+}
+
+impl Options {
+    fn parse(args: &[String]) -> std::result::Result<Options, String> {
+        let mut quick = false;
+        let mut modes = None;
+        let mut first_call = true;
+        let mut it = args.iter();
+        while let Some(arg) = it.next() {
+            match arg.as_str() {
+                "--quick" => quick = true,
+                "--no-first-call" => first_call = false,
+                "--modes" => {
+                    let list = it.next().ok_or("--modes needs a list such as fp32,fp16")?;
+                    modes = Some(parse_modes(list)?);
+                }
+                s if s.starts_with("--modes=") => modes = Some(parse_modes(&s[8..])?),
+                other => return Err(format!("unknown argument `{other}`")),
+            }
+        }
+        let configs = if quick {
+            vec![0, 1]
+        } else {
+            (0..CONFIGS.len()).collect()
+        };
+        let modes = modes.unwrap_or_else(|| {
+            if quick {
+                vec![Mode::Fp32, Mode::Fp16]
+            } else {
+                Mode::ALL.to_vec()
+            }
+        });
+        Ok(Options {
+            configs,
+            modes,
+            first_call,
+        })
+    }
+}
+
+fn parse_modes(list: &str) -> std::result::Result<Vec<Mode>, String> {
+    let mut modes = Vec::new();
+    for key in list.split(',').filter(|k| !k.trim().is_empty()) {
+        let mode = Mode::from_key(key)
+            .ok_or_else(|| format!("unknown mode `{key}` (fp32, tf32, fp16 or bf16)"))?;
+        if !modes.contains(&mode) {
+            modes.push(mode);
+        }
+    }
+    if modes.is_empty() {
+        return Err("--modes needs at least one mode".into());
+    }
+    Ok(modes)
+}
+
+// ---------------------------------------------------------------------------------------------
+// One layer in one mode
+// ---------------------------------------------------------------------------------------------
+
+/// What happened when an algorithm was forced.
+enum Outcome {
+    /// It ran: median time per call.
+    Ran { ms: f64 },
+    /// cuDNN refused it (status name) or the call failed.
+    Refused(String),
+}
+
+/// One algorithm of one layer and mode.
+struct AlgoRow {
+    algo: ConvFwdAlgo,
+    /// 1-based rank among the algorithms the heuristics list as supported.
+    heuristic_rank: Option<usize>,
+    /// Time the find call measured (supported entries only).
+    find_ms: Option<f32>,
+    /// Workspace bytes cuDNN asks for (when it supports the case).
+    workspace: Option<usize>,
+    /// cuDNN's determinism flag (from the find or heuristic record).
+    deterministic: Option<bool>,
+    outcome: Outcome,
+}
+
+/// One policy's fresh-tuner run.
+struct PolicyRun {
+    algo: ConvFwdAlgo,
+    source: Source,
+    /// Wall clock of the first call, decision and synchronize included.
+    first_ms: f64,
+    /// Median time per later call (CUDA events).
+    steady_ms: f64,
+}
+
+/// Everything measured for one layer in one mode.
+struct Case {
+    config: usize,
+    mode: Mode,
+    rows: Vec<AlgoRow>,
+    /// Supported heuristic entries, best first.
+    heuristic_order: Vec<ConvFwdAlgo>,
+    find_best: Option<ConvFwdAlgo>,
+    /// Wall clock of `conv_forward_find`.
+    find_wall_ms: f64,
+    policies: Vec<(Policy, std::result::Result<PolicyRun, String>)>,
+    /// Heuristic or find queries that failed.
+    problems: Vec<String>,
+}
+
+impl Case {
+    fn heuristic_top(&self) -> Option<ConvFwdAlgo> {
+        self.heuristic_order.first().copied()
+    }
+
+    fn ms(&self, algo: ConvFwdAlgo) -> Option<f64> {
+        self.rows
+            .iter()
+            .find(|r| r.algo == algo)
+            .and_then(|r| match r.outcome {
+                Outcome::Ran { ms } => Some(ms),
+                Outcome::Refused(_) => None,
+            })
+    }
+
+    /// Fastest algorithm by this program's measurement, among those `keep` accepts.
+    fn fastest_where(&self, keep: impl Fn(&AlgoRow) -> bool) -> Option<(ConvFwdAlgo, f64)> {
+        self.rows
+            .iter()
+            .filter(|r| keep(r))
+            .filter_map(|r| match r.outcome {
+                Outcome::Ran { ms } => Some((r.algo, ms)),
+                Outcome::Refused(_) => None,
+            })
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+    }
+
+    fn fastest(&self) -> Option<(ConvFwdAlgo, f64)> {
+        self.fastest_where(|_| true)
+    }
+
+    fn fastest_deterministic(&self) -> Option<(ConvFwdAlgo, f64)> {
+        self.fastest_where(|r| r.deterministic == Some(true))
+    }
+
+    fn policy(&self, policy: Policy) -> Option<&PolicyRun> {
+        self.policies
+            .iter()
+            .find(|(p, _)| *p == policy)
+            .and_then(|(_, r)| r.as_ref().ok())
+    }
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// Heuristics, find, every algorithm forced and timed, then the three policies.
+fn explore<T: Element>(
+    cudnn: &Cudnn,
+    timer: &Timer,
+    config: usize,
+    mode: Mode,
+    rng: &mut Rng,
+) -> Result<Case> {
+    let stream = cudnn.stream();
+    let mut p = Problem::<T>::new(stream, &CONFIGS[config], mode, rng)?;
+
+    // A failed query is reported with the case; the algorithms are still forced one by one.
+    let mut problems = Vec::new();
+    let heuristics = cudnn
+        .conv_forward_heuristics(&p.x_d, &p.w_d, &p.conv, &p.y_d)
+        .unwrap_or_else(|e| {
+            problems.push(format!("heuristics failed: {e}"));
+            Vec::new()
+        });
+    let mut heuristic_order: Vec<ConvFwdAlgo> = Vec::new();
+    for h in heuristics.iter().filter(|h| h.is_supported()) {
+        if !heuristic_order.contains(&h.algo) {
+            heuristic_order.push(h.algo);
+        }
+    }
+
+    // Benchmark mode's decision: every algorithm run and timed by cuDNN.
+    let mut ws = Workspace::new(stream.clone());
+    let started = Instant::now();
+    let found = cudnn
+        .conv_forward_find(
+            &p.x_d, &p.x, &p.w_d, &p.w, &p.conv, &p.y_d, &mut p.y, &mut ws,
+        )
+        .unwrap_or_else(|e| {
+            problems.push(format!("find failed: {e}"));
+            Vec::new()
+        });
+    stream.synchronize().map_err(drv("synchronizing"))?;
+    let find_wall_ms = ms_since(started);
+    let find_best = found.iter().find(|f| f.is_supported()).map(|f| f.algo);
+
+    // cuDNN may list an algorithm more than once (per math type): its first entry counts.
+    let first = |list: &[AlgoPerf<ConvFwdAlgo>], algo: ConvFwdAlgo| {
+        list.iter().position(|q| q.algo == algo)
+    };
+    let mut rows = Vec::with_capacity(ConvFwdAlgo::ALL.len());
+    for &algo in ConvFwdAlgo::ALL {
+        let heuristic_rank = heuristic_order
+            .iter()
+            .position(|&a| a == algo)
+            .map(|i| i + 1);
+        let found_entry = first(&found, algo).map(|i| &found[i]);
+        let find_ms = found_entry.filter(|f| f.is_supported()).map(|f| f.time_ms);
+        let deterministic = found_entry
+            .or_else(|| first(&heuristics, algo).map(|i| &heuristics[i]))
+            .map(|q| q.deterministic);
+        let (workspace, outcome) =
+            match cudnn.conv_forward_workspace_size(&p.x_d, &p.w_d, &p.conv, &p.y_d, algo) {
+                Err(e) => (None, Outcome::Refused(refusal(&e))),
+                Ok(needed) => {
+                    let mut call = || {
+                        cudnn.conv_forward(
+                            1.0, &p.x_d, &p.x, &p.w_d, &p.w, &p.conv, algo, &mut ws, 0.0, &p.y_d,
+                            &mut p.y,
+                        )
+                    };
+                    let outcome = match timer.per_call_ms(&mut call) {
+                        Ok(ms) => Outcome::Ran { ms },
+                        Err(e) => Outcome::Refused(refusal(&e)),
+                    };
+                    (Some(needed), outcome)
+                }
+            };
+        rows.push(AlgoRow {
+            algo,
+            heuristic_rank,
+            find_ms,
+            workspace,
+            deterministic,
+            outcome,
+        });
+    }
+    // The tuners own their workspaces: free this one (it can be gigabytes for FFT).
+    drop(ws);
+
+    let policies = POLICIES
+        .iter()
+        .map(|&policy| {
+            let run = run_policy(cudnn, timer, &mut p, policy).map_err(|e| e.to_string());
+            (policy, run)
+        })
+        .collect();
+
+    Ok(Case {
+        config,
+        mode,
+        rows,
+        heuristic_order,
+        find_best,
+        find_wall_ms,
+        policies,
+        problems,
+    })
+}
+
+/// A fresh tuner under `policy`: first call (wall clock, including the decision and a
+/// synchronize), then the steady-state time per call.
+fn run_policy<T: Element>(
+    cudnn: &Cudnn,
+    timer: &Timer,
+    p: &mut Problem<T>,
+    policy: Policy,
+) -> Result<PolicyRun> {
+    // `Autotuner::new` loads $CUDNN_SAFE_AUTOTUNE_CACHE when it is set; `without_cache_file`
+    // only stops saving, so also forget what was loaded: every decision here is made afresh.
+    let mut tuner = Autotuner::new(policy).without_cache_file();
+    tuner.clear();
+    let started = Instant::now();
+    let choice = tuner.forward(
+        cudnn, 1.0, &p.x_d, &p.x, &p.w_d, &p.w, &p.conv, 0.0, &p.y_d, &mut p.y,
+    )?;
+    cudnn.stream().synchronize().map_err(drv("synchronizing"))?;
+    let first_ms = ms_since(started);
+    let steady_ms = timer.per_call_ms(&mut || {
+        tuner
+            .forward(
+                cudnn, 1.0, &p.x_d, &p.x, &p.w_d, &p.w, &p.conv, 0.0, &p.y_d, &mut p.y,
+            )
+            .map(drop)
+    })?;
+    Ok(PolicyRun {
+        algo: choice.algo,
+        source: choice.source,
+        first_ms,
+        steady_ms,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The whole run
+// ---------------------------------------------------------------------------------------------
+
+/// Runs every selected layer and mode, prints the tables and writes the files. `Ok(false)` when
+/// some layer or output failed (the rest still ran).
+fn explore_all(cudnn: &Cudnn, opts: &Options) -> Result<bool> {
+    let stream = cudnn.stream();
+    println!(
+        "conv_explorer: {}, cuDNN {} ({})",
+        common::device_line(stream),
+        format_version(cudnn.version()),
+        cudnn.library_origin()
+    );
+    let timer = Timer::new(stream)?;
+    let mut rng = Rng::new(0x00C0_FFEE);
+    let jobs: Vec<(usize, Mode)> = opts
+        .modes
+        .iter()
+        .flat_map(|&m| opts.configs.iter().map(move |&c| (c, m)))
+        .collect();
+    let started = Instant::now();
+    let mut cases = Vec::new();
+    let mut ok = true;
+    for (i, &(config, mode)) in jobs.iter().enumerate() {
+        eprintln!(
+            "[{:>2}/{}] {} {} ... (t+{:.1} s)",
+            i + 1,
+            jobs.len(),
+            mode.name(),
+            CONFIGS[config].label(),
+            started.elapsed().as_secs_f64()
+        );
+        let _ = std::io::stderr().flush();
+        let case = match mode {
+            Mode::Fp32 | Mode::Tf32 => explore::<f32>(cudnn, &timer, config, mode, &mut rng),
+            Mode::Fp16 => explore::<f16>(cudnn, &timer, config, mode, &mut rng),
+            Mode::Bf16 => explore::<bf16>(cudnn, &timer, config, mode, &mut rng),
+        };
+        match case {
+            Ok(case) => {
+                print_case(&case);
+                cases.push(case);
+            }
+            Err(e) => {
+                ok = false;
+                println!(
+                    "\n== {} {}: failed: {e}",
+                    mode.name(),
+                    CONFIGS[config].label()
+                );
+            }
+        }
+    }
+    print_summary(&cases);
+    eprintln!(
+        "all layers done in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    let dir = match common::out_dir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("conv_explorer: no output directory: {e}");
+            return Ok(false);
+        }
+    };
+    let outputs: [(&str, WriteFn); 3] = [
+        ("conv_explorer.tsv", write_tsv),
+        ("conv_explorer_policies.tsv", write_policies_tsv),
+        ("conv_explorer.svg", write_svg),
+    ];
+    for (name, write) in outputs {
+        let path = dir.join(name);
+        match write(&path, &cases, opts) {
+            Ok(()) => println!("wrote {}", path.display()),
+            Err(e) => {
+                ok = false;
+                eprintln!("conv_explorer: {} not written: {e}", path.display());
+            }
+        }
+    }
+
+    if opts.first_call {
+        if let Err(e) = first_call_report(&dir) {
+            ok = false;
+            println!("first-call: not measured: {e}");
+        }
+    }
+    Ok(ok)
+}
+
+fn fmt_ms(ms: Option<f64>) -> String {
+    ms.map_or_else(|| "-".into(), |v| format!("{v:.3}"))
+}
+
+fn print_case(case: &Case) {
+    let cfg = &CONFIGS[case.config];
+    let fastest = case.fastest();
+    println!();
+    println!(
+        "== {} {}  ({:.2} GFLOP per call) ==",
+        case.mode.name(),
+        cfg.label(),
+        cfg.flops() / 1e9
+    );
+    let ranking: Vec<String> = case
+        .heuristic_order
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}.{a}", i + 1))
+        .collect();
+    println!("heuristic ranking: {}", ranking.join("  "));
+    println!(
+        "{:<22} {:>4} {:>9} {:>9} {:>8} {:>10} {:>4}  note",
+        "algorithm", "heur", "find ms", "ms/call", "TFLOP/s", "workspace", "det"
+    );
+    for r in &case.rows {
+        let heur = r
+            .heuristic_rank
+            .map_or_else(|| "-".into(), |rank| rank.to_string());
+        let det = match r.deterministic {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "-",
+        };
+        let mut notes = Vec::new();
+        if case.heuristic_top() == Some(r.algo) {
+            notes.push("heuristic pick".to_string());
+        }
+        if case.find_best == Some(r.algo) {
+            notes.push("find's pick".to_string());
+        }
+        if fastest.map(|f| f.0) == Some(r.algo) {
+            notes.push("fastest".to_string());
+        }
+        let (ms, tflops) = match &r.outcome {
+            Outcome::Ran { ms } => (
+                format!("{ms:.3}"),
+                format!("{:.1}", cfg.flops() / (ms * 1e-3) / 1e12),
+            ),
+            Outcome::Refused(why) => {
+                notes.push(format!("refused: {why}"));
+                ("-".into(), "-".into())
+            }
+        };
+        println!(
+            "{:<22} {:>4} {:>9} {:>9} {:>8} {:>10} {:>4}  {}",
+            r.algo.name(),
+            heur,
+            r.find_ms.map_or_else(|| "-".into(), |v| format!("{v:.3}")),
+            ms,
+            tflops,
+            r.workspace.map_or_else(|| "-".into(), bytes),
+            det,
+            notes.join(", ")
+        );
+    }
+    match (case.heuristic_top(), fastest) {
+        (Some(h), Some((f, f_ms))) => {
+            let h_ms = case.ms(h);
+            println!(
+                "heuristic pick {h} {} ms vs fastest {f} {f_ms:.3} ms: {}; find's pick {}",
+                fmt_ms(h_ms),
+                h_ms.map_or_else(
+                    || "heuristic pick did not run".into(),
+                    |h| format!("{:.2}x", h / f_ms)
+                ),
+                case.find_best
+                    .map_or_else(|| "-".into(), |b| format!("{b} {} ms", fmt_ms(case.ms(b)))),
+            );
+        }
+        _ => println!("no algorithm ran"),
+    }
+    println!(
+        "find call (benchmark-mode decision): {:.1} ms wall",
+        case.find_wall_ms
+    );
+    for problem in &case.problems {
+        println!("{problem}");
+    }
+    // In this process every kernel is loaded by now: the first calls below show the decision
+    // cost; the fresh-process measurement at the end shows the whole first-call cost.
+    println!(
+        "{:<14} {:<22} {:<10} {:>14} {:>9} {:>11}",
+        "fresh tuner", "algorithm", "source", "1st call ms", "ms/call", "vs fastest"
+    );
+    for (policy, run) in &case.policies {
+        match run {
+            Ok(r) => println!(
+                "{:<14} {:<22} {:<10} {:>14.2} {:>9.3} {:>11}",
+                policy.name(),
+                r.algo.name(),
+                format!("{:?}", r.source).to_lowercase(),
+                r.first_ms,
+                r.steady_ms,
+                fastest.map_or_else(|| "-".into(), |(_, f)| format!("{:.2}x", r.steady_ms / f)),
+            ),
+            Err(e) => println!("{:<14} failed: {e}", policy.name()),
+        }
+    }
+    let _ = std::io::stdout().flush();
+}
+
+fn print_summary(cases: &[Case]) {
+    println!();
+    println!("== summary (ms per call, CUDA events; bench 1st = benchmark tuner's first call, wall clock) ==");
+    println!(
+        "{:<24} {:<10} {:<22} {:>8} {:<22} {:>8} {:>9} {:>10} {:>12}",
+        "config",
+        "mode",
+        "heuristic pick",
+        "ms",
+        "fastest",
+        "ms",
+        "heur/best",
+        "det best",
+        "bench 1st"
+    );
+    for c in cases {
+        let heur = c.heuristic_top();
+        let heur_ms = heur.and_then(|h| c.ms(h));
+        let best = c.fastest();
+        let ratio = match (heur_ms, best) {
+            (Some(h), Some((_, b))) => format!("{:.2}", h / b),
+            _ => "-".into(),
+        };
+        println!(
+            "{:<24} {:<10} {:<22} {:>8} {:<22} {:>8} {:>9} {:>10} {:>12}",
+            CONFIGS[c.config].label(),
+            c.mode.name(),
+            heur.map_or("-", |a| a.name()),
+            fmt_ms(heur_ms),
+            best.map_or("-", |b| b.0.name()),
+            fmt_ms(best.map(|b| b.1)),
+            ratio,
+            fmt_ms(c.fastest_deterministic().map(|b| b.1)),
+            c.policy(Policy::Benchmark)
+                .map_or_else(|| "-".into(), |r| format!("{:.1}", r.first_ms)),
+        );
+    }
+    let _ = std::io::stdout().flush();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files
+// ---------------------------------------------------------------------------------------------
+
+type WriteResult = std::result::Result<(), Box<dyn StdError>>;
+type WriteFn = fn(&Path, &[Case], &Options) -> WriteResult;
+
+fn flag(b: bool) -> &'static str {
+    if b {
+        "1"
+    } else {
+        "0"
+    }
+}
+
+fn write_tsv(path: &Path, cases: &[Case], _: &Options) -> WriteResult {
+    let mut out = String::from(
+        "config\tmode\talgo\tstatus\tms\tworkspace_bytes\tdeterministic\tis_heuristic_top\tis_find_best\theuristic_rank\tfind_ms\n",
+    );
+    for c in cases {
+        for r in &c.rows {
+            let (status, ms) = match &r.outcome {
+                Outcome::Ran { ms } => ("ok".to_string(), format!("{ms:.6}")),
+                Outcome::Refused(why) => (why.replace(['\t', '\n'], " "), String::new()),
+            };
+            out.push_str(&format!(
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+                CONFIGS[c.config].label(),
+                c.mode.key(),
+                r.algo.name(),
+                status,
+                ms,
+                r.workspace.map_or_else(String::new, |w| w.to_string()),
+                r.deterministic.map_or("", flag),
+                flag(c.heuristic_top() == Some(r.algo)),
+                flag(c.find_best == Some(r.algo)),
+                r.heuristic_rank
+                    .map_or_else(String::new, |rank| rank.to_string()),
+                r.find_ms.map_or_else(String::new, |v| format!("{v:.6}")),
+            ));
+        }
+    }
+    std::fs::write(path, out)?;
+    Ok(())
+}
+
+fn write_policies_tsv(path: &Path, cases: &[Case], _: &Options) -> WriteResult {
+    let mut out = String::from(
+        "config\tmode\tpolicy\talgo\tsource\tfirst_call_ms\tms\tfind_wall_ms\terror\n",
+    );
+    for c in cases {
+        for (policy, run) in &c.policies {
+            let (algo, source, first, steady, error) = match run {
+                Ok(r) => (
+                    r.algo.name(),
+                    format!("{:?}", r.source),
+                    format!("{:.6}", r.first_ms),
+                    format!("{:.6}", r.steady_ms),
+                    String::new(),
+                ),
+                Err(e) => (
+                    "",
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    e.replace(['\t', '\n'], " "),
+                ),
+            };
+            out.push_str(&format!(
+                "{}\t{}\t{}\t{algo}\t{source}\t{first}\t{steady}\t{:.3}\t{error}\n",
+                CONFIGS[c.config].label(),
+                c.mode.key(),
+                policy.name(),
+                c.find_wall_ms,
+            ));
+        }
+    }
+    std::fs::write(path, out)?;
+    Ok(())
+}
+
+/// Colours of the eight forward algorithms (matplotlib's tab10).
+const PALETTE: [(u8, u8, u8); 8] = [
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (23, 190, 207),
+];
+
+/// Log-axis ticks at 1, 2 and 5 times powers of ten within `lo..=hi` (finer when that gives
+/// fewer than two): plotters' own log-axis ticks crowd at the top of each decade.
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let within = |mantissas: &[f64]| {
+        let mut ticks = Vec::new();
+        for decade in lo.log10().floor() as i32..=hi.log10().ceil() as i32 {
+            for m in mantissas {
+                let v = m * 10f64.powi(decade);
+                if (lo..=hi).contains(&v) {
+                    ticks.push(v);
+                }
+            }
+        }
+        ticks
+    };
+    let ticks = within(&[1.0, 2.0, 5.0]);
+    if ticks.len() >= 2 {
+        ticks
+    } else {
+        within(&[1.0, 1.5, 2.0, 3.0, 5.0, 7.0])
+    }
+}
+
+/// `0.05`, `2`, `10`: a tick value without trailing zeros.
+fn tick_label(v: f64) -> String {
+    let s = format!("{v:.4}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// One panel per mode: x = layer, y = ms per call (log), one colour per algorithm, heuristic
+/// picks boxed; a shared legend and the layer names below.
+fn write_svg(path: &Path, cases: &[Case], opts: &Options) -> WriteResult {
+    use plotters::prelude::*;
+
+    const PANEL: (u32, u32) = (820, 420);
+    const LINE: i32 = 24;
+    const LEGEND_ENTRY: i32 = 200;
+    const NAME_ENTRY: i32 = 330;
+    let modes = &opts.modes;
+    let n = opts.configs.len();
+    let cols = modes.len().min(2);
+    let rows = modes.len().div_ceil(2);
+    let width = PANEL.0 * cols as u32;
+    // Legend: the algorithms and the heuristic-pick box; then the layer names.
+    let per_line = ((width as i32 - 40) / LEGEND_ENTRY).max(1) as usize;
+    let legend_lines = (ConvFwdAlgo::ALL.len() + 1).div_ceil(per_line);
+    let names_per_line = ((width as i32 - 40) / NAME_ENTRY).max(1) as usize;
+    let footer_lines = legend_lines + n.div_ceil(names_per_line);
+    let footer_height = LINE as u32 * footer_lines as u32 + 16;
+    let root = SVGBackend::new(path, (width, PANEL.1 * rows as u32 + 40 + footer_height))
+        .into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = root.titled(
+        "cuDNN forward convolution: time per call of every algorithm (CUDA events, median)",
+        ("sans-serif", 22),
+    )?;
+    let height = root.dim_in_pixel().1;
+    let (grid, footer) = root.split_vertically(height - footer_height);
+
+    let color = |i: usize| {
+        let (r, g, b) = PALETTE[i % PALETTE.len()];
+        RGBColor(r, g, b)
+    };
+    let font = ("sans-serif", 15).into_font();
+    for i in 0..=ConvFwdAlgo::ALL.len() {
+        let x = 30 + LEGEND_ENTRY * (i % per_line) as i32;
+        let y = 14 + LINE * (i / per_line) as i32;
+        match ConvFwdAlgo::ALL.get(i) {
+            Some(algo) => {
+                footer.draw(&Circle::new((x, y), 5, color(i).filled()))?;
+                footer.draw(&Text::new(algo.name(), (x + 12, y - 8), font.clone()))?;
+            }
+            None => {
+                footer.draw(&Rectangle::new(
+                    [(x - 7, y - 7), (x + 7, y + 7)],
+                    BLACK.stroke_width(1),
+                ))?;
+                footer.draw(&Text::new("heuristic pick", (x + 12, y - 8), font.clone()))?;
+            }
+        }
+    }
+    for (i, &c) in opts.configs.iter().enumerate() {
+        let x = 20 + NAME_ENTRY * (i % names_per_line) as i32;
+        let y = 6 + LINE * (legend_lines + i / names_per_line) as i32;
+        let name = format!("#{} {}", i + 1, CONFIGS[c].label());
+        footer.draw(&Text::new(name, (x, y), font.clone()))?;
+    }
+
+    for (panel, &mode) in grid.split_evenly((rows, cols)).iter().zip(modes) {
+        let mode_cases: Vec<(usize, &Case)> = opts
+            .configs
+            .iter()
+            .enumerate()
+            .filter_map(|(x, &cfg)| {
+                cases
+                    .iter()
+                    .find(|c| c.config == cfg && c.mode == mode)
+                    .map(|c| (x, c))
+            })
+            .collect();
+        let all_ms: Vec<f64> = mode_cases
+            .iter()
+            .flat_map(|(_, c)| c.rows.iter().filter_map(|r| c.ms(r.algo)))
+            .collect();
+        if all_ms.is_empty() {
+            panel.draw(&Text::new(
+                format!("{}: no data", mode.name()),
+                (40, 40),
+                ("sans-serif", 18),
+            ))?;
+            continue;
+        }
+        let lo = all_ms.iter().copied().fold(f64::INFINITY, f64::min) * 0.7;
+        let hi = all_ms.iter().copied().fold(0.0, f64::max) * 1.5;
+        let mut chart = ChartBuilder::on(panel)
+            .caption(
+                format!("{} ({} math)", mode.name(), mode.math().name()),
+                ("sans-serif", 18),
+            )
+            .margin(12)
+            .x_label_area_size(30)
+            .y_label_area_size(64)
+            .build_cartesian_2d(
+                -0.5f64..n as f64 - 0.5,
+                (lo..hi).log_scale().with_key_points(log_ticks(lo, hi)),
+            )?;
+        let x_label = |x: &f64| {
+            let i = x.round();
+            if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < n {
+                format!("#{}", i as usize + 1)
+            } else {
+                String::new()
+            }
+        };
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n + 1)
+            .x_label_formatter(&x_label)
+            .y_label_formatter(&|v| tick_label(*v))
+            .y_desc("ms per call (log)")
+            .draw()?;
+
+        // Spread the algorithms of one layer side by side.
+        let x_of = |x: usize, algo: usize| x as f64 + (algo as f64 - 3.5) * 0.1;
+        for (ai, &algo) in ConvFwdAlgo::ALL.iter().enumerate() {
+            let c = color(ai);
+            chart.draw_series(
+                mode_cases
+                    .iter()
+                    .filter_map(|&(x, case)| case.ms(algo).map(|ms| (x_of(x, ai), ms)))
+                    .map(|p| Circle::new(p, 4, c.filled())),
+            )?;
+        }
+        chart.draw_series(mode_cases.iter().filter_map(|&(x, c)| {
+            let h = c.heuristic_top()?;
+            let ai = ConvFwdAlgo::ALL.iter().position(|&a| a == h)?;
+            Some(
+                EmptyElement::at((x_of(x, ai), c.ms(h)?))
+                    + Rectangle::new([(-7, -7), (7, 7)], BLACK.stroke_width(1)),
+            )
+        }))?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// First call in a fresh process
+// ---------------------------------------------------------------------------------------------
+
+/// What a `--first-call` child measured.
+struct ChildReport {
+    ctx_ms: f64,
+    load_ms: f64,
+    first_ms: f64,
+    second_ms: f64,
+    algo: String,
+    source: String,
+}
+
+impl ChildReport {
+    fn parse(line: &str) -> std::result::Result<ChildReport, String> {
+        let fields: HashMap<&str, &str> = line
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .collect();
+        let text = |k: &str| {
+            fields
+                .get(k)
+                .map(|v| v.to_string())
+                .ok_or_else(|| format!("`{k}` missing in `{line}`"))
+        };
+        let num = |k: &str| {
+            text(k)?
+                .parse::<f64>()
+                .map_err(|e| format!("`{k}` in `{line}`: {e}"))
+        };
+        Ok(ChildReport {
+            ctx_ms: num("ctx_ms")?,
+            load_ms: num("load_ms")?,
+            first_ms: num("first_ms")?,
+            second_ms: num("second_ms")?,
+            algo: text("algo")?,
+            source: text("source")?,
+        })
+    }
+}
+
+/// Runs this program again with `--first-call` and reads its report line.
+fn run_child(
+    exe: &Path,
+    cache: &Path,
+    fixed: Option<&str>,
+) -> std::result::Result<ChildReport, String> {
+    let mut cmd = Command::new(exe);
+    cmd.arg(FIRST_CALL_FLAG)
+        .arg(cache)
+        // Only the cache file named here may feed the child's tuner.
+        .env_remove(CACHE_ENV)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit());
+    if let Some(algo) = fixed {
+        cmd.arg("--fixed").arg(algo);
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("could not run {}: {e}", exe.display()))?;
+    if !out.status.success() {
+        return Err(format!("child process exited with {}", out.status));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with(CHILD_TAG))
+        .ok_or_else(|| format!("child process printed no `{CHILD_TAG}` line"))?;
+    ChildReport::parse(line)
+}
+
+/// Cold cache, warm cache and fixed algorithm, each in a fresh process.
+fn first_call_report(dir: &Path) -> std::result::Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("own executable not found: {e}"))?;
+    let cache: PathBuf = dir.join("conv_explorer_autotune.txt");
+    match std::fs::remove_file(&cache) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("{} not removed: {e}", cache.display())),
+    }
+    eprintln!(
+        "[first call] fresh processes on {} strict fp32: cold cache, warm cache, fixed algorithm ...",
+        CONFIGS[0].label()
+    );
+    let cold = run_child(&exe, &cache, None)?;
+    let warm = run_child(&exe, &cache, None)?;
+    let fixed = run_child(&exe, &cache, Some(&cold.algo))?;
+    println!();
+    println!(
+        "first-call: cold-cache {:.1} ms, warm-cache {:.1} ms, fixed-algo floor {:.1} ms (library load+handle {:.1} ms)",
+        cold.first_ms, warm.first_ms, fixed.first_ms, warm.load_ms
+    );
+    println!(
+        "  {} strict fp32, fresh process each; cold: {} ({}), warm: {} ({}){}, fixed: {}; \
+         CUDA context {:.1}/{:.1}/{:.1} ms; second call {:.3}/{:.3}/{:.3} ms; cache {}",
+        CONFIGS[0].label(),
+        cold.algo,
+        cold.source,
+        warm.algo,
+        warm.source,
+        if warm.source == "Cache" {
+            ""
+        } else {
+            " [cache NOT used]"
+        },
+        fixed.algo,
+        cold.ctx_ms,
+        warm.ctx_ms,
+        fixed.ctx_ms,
+        cold.second_ms,
+        warm.second_ms,
+        fixed.second_ms,
+        cache.display()
+    );
+    Ok(())
+}
+
+/// `--first-call <cache file> [--fixed ALGO]`: one timed first call in this fresh process.
+fn first_call_child(args: &[String]) -> ExitCode {
+    let (cache, fixed) = match args {
+        [cache] => (cache, None),
+        [cache, flag, algo] if flag == "--fixed" => match ConvFwdAlgo::from_name(algo) {
+            Some(a) => (cache, Some(a)),
+            None => {
+                eprintln!("conv_explorer {FIRST_CALL_FLAG}: unknown algorithm `{algo}`");
+                return ExitCode::from(2);
+            }
+        },
+        _ => {
+            eprintln!("usage: conv_explorer {FIRST_CALL_FLAG} <cache file> [--fixed ALGO]");
+            return ExitCode::from(2);
+        }
+    };
+    match first_call_measure(Path::new(cache), fixed) {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("conv_explorer {FIRST_CALL_FLAG}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn first_call_measure(cache: &Path, fixed: Option<ConvFwdAlgo>) -> Result<String> {
+    let started = Instant::now();
+    let ctx = cuda_context(0)?;
+    let stream = ctx.default_stream();
+    let ctx_ms = ms_since(started);
+
+    // The first cuDNN call of the process: loads the library, then creates the handle.
+    let started = Instant::now();
+    let cudnn = Cudnn::new(stream.clone())?;
+    let load_ms = ms_since(started);
+
+    let mut p = Problem::<f32>::new(&stream, &CONFIGS[0], Mode::Fp32, &mut Rng::new(7))?;
+    stream.synchronize().map_err(drv("synchronizing"))?;
+    let mut tuner = match fixed {
+        Some(forward) => Autotuner::new(Policy::Fixed(FixedAlgos {
+            forward,
+            ..FixedAlgos::default()
+        })),
+        None => Autotuner::new(Policy::Benchmark).cache_file(cache),
+    };
+    let mut call = || -> Result<(f64, ConvFwdAlgo, Source)> {
+        let started = Instant::now();
+        let choice = tuner.forward(
+            &cudnn, 1.0, &p.x_d, &p.x, &p.w_d, &p.w, &p.conv, 0.0, &p.y_d, &mut p.y,
+        )?;
+        stream.synchronize().map_err(drv("synchronizing"))?;
+        Ok((ms_since(started), choice.algo, choice.source))
+    };
+    let (first_ms, algo, source) = call()?;
+    let (second_ms, _, _) = call()?;
+    Ok(format!(
+        "{CHILD_TAG} ctx_ms={ctx_ms:.3} load_ms={load_ms:.3} first_ms={first_ms:.3} \
+         second_ms={second_ms:.3} algo={} source={source:?}",
+        algo.name()
+    ))
+}
+
+/// The file writers on made-up measurements (no GPU needed):
+/// `cargo test --example conv_explorer`.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudnn_safe::Status;
+
+    fn fake_case(config: usize, mode: Mode) -> Case {
+        let rows = ConvFwdAlgo::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, &algo)| AlgoRow {
+                algo,
+                heuristic_rank: (i < 5).then_some(i + 1),
+                find_ms: (i < 5).then_some(0.5 + i as f32),
+                workspace: (i < 5).then_some(i << 20),
+                deterministic: Some(i != 4),
+                outcome: if i < 5 {
+                    Outcome::Ran {
+                        ms: (0.2 + i as f64) * (config + 1) as f64,
+                    }
+                } else {
+                    Outcome::Refused(Status::NOT_SUPPORTED.name())
+                },
+            })
+            .collect();
+        Case {
+            config,
+            mode,
+            rows,
+            heuristic_order: vec![ConvFwdAlgo::Gemm, ConvFwdAlgo::ImplicitGemm],
+            find_best: Some(ConvFwdAlgo::ImplicitGemm),
+            find_wall_ms: 12.5,
+            problems: Vec::new(),
+            policies: vec![
+                (
+                    Policy::Heuristic,
+                    Ok(PolicyRun {
+                        algo: ConvFwdAlgo::Gemm,
+                        source: Source::Heuristic,
+                        first_ms: 1.5,
+                        steady_ms: 2.2,
+                    }),
+                ),
+                (Policy::Benchmark, Err("no\tluck".into())),
+            ],
+        }
+    }
+
+    #[test]
+    fn writers_produce_complete_files() {
+        let opts = Options::parse(&[]).unwrap();
+        assert_eq!((opts.configs.len(), opts.modes.len()), (7, 4));
+        let cases: Vec<Case> = opts
+            .modes
+            .iter()
+            .flat_map(|&m| opts.configs.iter().map(move |&c| fake_case(c, m)))
+            .collect();
+        let dir = std::env::temp_dir().join(format!("conv-explorer-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+
+        let tsv = dir.join("a.tsv");
+        write_tsv(&tsv, &cases, &opts).unwrap();
+        let text = std::fs::read_to_string(&tsv).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1 + cases.len() * ConvFwdAlgo::ALL.len());
+        assert!(lines.iter().all(|l| l.split('\t').count() == 11), "{text}");
+        assert!(text.contains("32x64x56x56->128 3x3/1\tfp32\tGEMM\tok\t"));
+        assert!(text.contains("\tFFT_TILING\tCUDNN_STATUS_NOT_SUPPORTED\t\t"));
+
+        let policies = dir.join("p.tsv");
+        write_policies_tsv(&policies, &cases, &opts).unwrap();
+        let text = std::fs::read_to_string(&policies).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1 + cases.len() * 2);
+        assert!(lines.iter().all(|l| l.split('\t').count() == 9), "{text}");
+        assert!(text.contains("\tfp16\theuristic\tGEMM\tHeuristic\t1.500000\t2.200000\t12.500\t\n"));
+        assert!(text.contains("\tbenchmark\t\t\t\t\t12.500\tno luck\n"));
+
+        let svg = dir.join("c.svg");
+        write_svg(&svg, &cases, &opts).unwrap();
+        let text = std::fs::read_to_string(&svg).unwrap();
+        assert!(text.starts_with("<svg"));
+        for needle in [
+            "fp32-nchw",
+            "fp16-nhwc",
+            "IMPLICIT_GEMM",
+            "heuristic pick",
+            "#2 16x256x28x28",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from the chart");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn log_ticks_label_every_range() {
+        assert_eq!(log_ticks(0.15, 12.0), [0.2, 0.5, 1.0, 2.0, 5.0, 10.0]);
+        assert_eq!(log_ticks(2.1, 4.5), [3.0]);
+        assert_eq!(tick_label(0.05), "0.05");
+        assert_eq!(tick_label(20.0), "20");
+    }
+
+    #[test]
+    fn child_report_parses_and_rejects() {
+        let r = ChildReport::parse(
+            "first-call-result ctx_ms=1.5 load_ms=2 first_ms=3.25 second_ms=0.5 algo=GEMM source=Cache",
+        )
+        .unwrap();
+        assert_eq!(
+            (r.ctx_ms, r.load_ms, r.first_ms, r.second_ms),
+            (1.5, 2.0, 3.25, 0.5)
+        );
+        assert_eq!((r.algo.as_str(), r.source.as_str()), ("GEMM", "Cache"));
+        assert!(ChildReport::parse("first-call-result ctx_ms=x").is_err());
+        let quick = Options::parse(&["--quick".into(), "--no-first-call".into()]).unwrap();
+        assert_eq!(quick.configs, [0, 1]);
+        assert_eq!(quick.modes, [Mode::Fp32, Mode::Fp16]);
+        assert!(!quick.first_call);
+        assert!(Options::parse(&["--modes".into(), "fp16,bogus".into()]).is_err());
+        assert_eq!(
+            Options::parse(&["--modes=bf16,tf32,bf16".into()])
+                .unwrap()
+                .modes,
+            [Mode::Bf16, Mode::Tf32]
+        );
+    }
+}
