@@ -165,7 +165,8 @@ pub struct Choice<A> {
     pub source: Source,
     /// Its position in the ranking (0 unless earlier candidates could not run).
     pub rank: usize,
-    /// Workspace bytes it used.
+    /// Bytes of workspace the tuner holds after the call: at least what the algorithm used (the
+    /// workspace only grows, so an earlier, larger request can make it bigger).
     pub workspace: usize,
 }
 

@@ -219,11 +219,12 @@ impl Cudnn {
         y: &mut impl DevicePtrMut<Y>,
         workspace: &mut Workspace,
     ) -> Result<Vec<AlgoPerf<ConvFwdAlgo>>> {
-        let heur = self.conv_forward_heuristics(x_desc, w_desc, conv, y_desc)?;
+        self.check_forward(x_desc, w_desc, conv, y_desc)?;
         self.check_tensor("x", x_desc.layout(), x, false)?;
         self.check_buffer("w", w, w_desc.span())?;
         self.check_tensor("y", y_desc.layout(), y, true)?;
         self.check_workspace_context(workspace)?;
+        let heur = self.conv_forward_heuristics(x_desc, w_desc, conv, y_desc)?;
         grow_for_find(
             workspace,
             heur.iter().map(|p| (p.is_supported(), p.workspace)),
@@ -287,11 +288,12 @@ impl Cudnn {
         y_desc: &TensorDesc<Y>,
         y: &mut impl DevicePtrMut<Y>,
     ) -> Result<()> {
-        let bytes = self.conv_forward_workspace_size(x_desc, w_desc, conv, y_desc, algo)?;
+        self.check_forward(x_desc, w_desc, conv, y_desc)?;
         self.check_tensor("x", x_desc.layout(), x, false)?;
         self.check_buffer("w", w, w_desc.span())?;
         self.check_tensor("y", y_desc.layout(), y, true)?;
         self.check_workspace_context(workspace)?;
+        let bytes = self.conv_forward_workspace_size(x_desc, w_desc, conv, y_desc, algo)?;
         workspace.prepare(bytes)?;
         self.bind()?;
         let stream: &CudaStream = self.stream();
@@ -376,7 +378,7 @@ impl Cudnn {
                 algo.name(),
             ));
         }
-        let bytes = self.conv_forward_workspace_size(x_desc, w_desc, conv, y_desc, algo)?;
+        self.check_forward(x_desc, w_desc, conv, y_desc)?;
         let mut want = vec![1i64; y_desc.dims().len()];
         want[1] = y_desc.dims()[1];
         shape_rule(
@@ -394,6 +396,7 @@ impl Cudnn {
         }
         self.check_tensor("y", y_desc.layout(), y, true)?;
         self.check_workspace_context(workspace)?;
+        let bytes = self.conv_forward_workspace_size(x_desc, w_desc, conv, y_desc, algo)?;
         let act = activation.descriptor()?;
         workspace.prepare(bytes)?;
         self.bind()?;
@@ -543,11 +546,12 @@ impl Cudnn {
         dx: &mut impl DevicePtrMut<T>,
         workspace: &mut Workspace,
     ) -> Result<Vec<AlgoPerf<ConvBwdDataAlgo>>> {
-        let heur = self.conv_backward_data_heuristics(w_desc, dy_desc, conv, dx_desc)?;
+        self.check_backward_data(w_desc, dy_desc, conv, dx_desc)?;
         self.check_buffer("w", w, w_desc.span())?;
         self.check_tensor("dy", dy_desc.layout(), dy, false)?;
         self.check_tensor("dx", dx_desc.layout(), dx, true)?;
         self.check_workspace_context(workspace)?;
+        let heur = self.conv_backward_data_heuristics(w_desc, dy_desc, conv, dx_desc)?;
         grow_for_find(
             workspace,
             heur.iter().map(|p| (p.is_supported(), p.workspace)),
@@ -606,11 +610,12 @@ impl Cudnn {
         dx_desc: &TensorDesc<T>,
         dx: &mut impl DevicePtrMut<T>,
     ) -> Result<()> {
-        let bytes = self.conv_backward_data_workspace_size(w_desc, dy_desc, conv, dx_desc, algo)?;
+        self.check_backward_data(w_desc, dy_desc, conv, dx_desc)?;
         self.check_buffer("w", w, w_desc.span())?;
         self.check_tensor("dy", dy_desc.layout(), dy, false)?;
         self.check_tensor("dx", dx_desc.layout(), dx, true)?;
         self.check_workspace_context(workspace)?;
+        let bytes = self.conv_backward_data_workspace_size(w_desc, dy_desc, conv, dx_desc, algo)?;
         workspace.prepare(bytes)?;
         self.bind()?;
         let stream: &CudaStream = self.stream();
@@ -796,11 +801,12 @@ impl Cudnn {
         dw: &mut impl DevicePtrMut<T>,
         workspace: &mut Workspace,
     ) -> Result<Vec<AlgoPerf<ConvBwdFilterAlgo>>> {
-        let heur = self.conv_backward_filter_heuristics(x_desc, dy_desc, conv, dw_desc)?;
+        self.check_backward_filter(x_desc, dy_desc, conv, dw_desc)?;
         self.check_tensor("x", x_desc.layout(), x, false)?;
         self.check_tensor("dy", dy_desc.layout(), dy, false)?;
         self.check_buffer("dw", dw, dw_desc.span())?;
         self.check_workspace_context(workspace)?;
+        let heur = self.conv_backward_filter_heuristics(x_desc, dy_desc, conv, dw_desc)?;
         grow_for_find(
             workspace,
             heur.iter().map(|p| (p.is_supported(), p.workspace)),
@@ -860,12 +866,13 @@ impl Cudnn {
         dw_desc: &FilterDesc<T>,
         dw: &mut impl DevicePtrMut<T>,
     ) -> Result<()> {
-        let bytes =
-            self.conv_backward_filter_workspace_size(x_desc, dy_desc, conv, dw_desc, algo)?;
+        self.check_backward_filter(x_desc, dy_desc, conv, dw_desc)?;
         self.check_tensor("x", x_desc.layout(), x, false)?;
         self.check_tensor("dy", dy_desc.layout(), dy, false)?;
         self.check_buffer("dw", dw, dw_desc.span())?;
         self.check_workspace_context(workspace)?;
+        let bytes =
+            self.conv_backward_filter_workspace_size(x_desc, dy_desc, conv, dw_desc, algo)?;
         workspace.prepare(bytes)?;
         self.bind()?;
         let stream: &CudaStream = self.stream();

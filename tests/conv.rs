@@ -1,0 +1,3624 @@
+//! GPU correctness tests for the convolution module: forward (every algorithm, every data type),
+//! backward data, backward filter, backward bias, the fused conv + bias + activation, the
+//! transposed convolution, the find calls, the autotuner, and the argument checks that must
+//! reject a call before launch.
+//!
+//! References are computed on the host in `f64` from the values as stored (inputs rounded to the
+//! tensor type first), on random shapes and values from a seeded PRNG (one seed per test). One
+//! routine enumerates the terms of the forward sum ([`Geometry::for_each_term`]): the forward
+//! reference adds `x·w` into `y`, backward data adds `dy·w` into `dx` and backward filter adds
+//! `x·dy` into `dw`, over the same terms, so the three references are adjoint by construction.
+//! Host data is kept in logical row-major order and reaches the device through strides computed
+//! here (and compared with the descriptors' own), so the NHWC and KRSC layouts are checked too.
+//!
+//! Outputs are poisoned with NaN before each call that does not read them (`beta = 0`) so that
+//! unwritten elements show; gaps between the elements of strided outputs hold a sentinel that
+//! must survive; a rejected call must leave its whole output untouched.
+//!
+//! Shapes are small (N 1..=3, C and K up to 9, spatial sizes up to 10) so that the binary stays
+//! quick under compute-sanitizer too.
+//!
+//! Without a GPU (no driver, no device, no cuDNN) every test prints `skipping: <why>` and passes,
+//! unless `CUDNN_SAFE_REQUIRE_GPU=1`, when it fails instead.
+use std::sync::Arc;
+
+use cudnn_safe::conv::{
+    AlgoPerf, ConvAlgorithm, ConvBwdDataAlgo, ConvBwdFilterAlgo, ConvDesc, ConvFwdAlgo, ConvMode,
+    FusedActivation, MathType,
+};
+use cudnn_safe::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudnn_safe::half::{bf16, f16};
+use cudnn_safe::{
+    cuda_context, Autotuner, Choice, Cudnn, DType, DataType, Error, FilterDesc, FixedAlgos, Policy,
+    Scalar, Source, StatusFamily, TensorDesc, TensorFormat, Workspace,
+};
+
+/// The device-0 default stream and a handle on it.
+struct Gpu {
+    stream: Arc<CudaStream>,
+    cudnn: Cudnn,
+}
+
+/// The GPU, or `None` (test skipped) without one.
+fn gpu() -> Option<Gpu> {
+    let opened = cuda_context(0).and_then(|ctx| {
+        let stream = ctx.default_stream();
+        Cudnn::new(stream.clone()).map(|cudnn| Gpu { stream, cudnn })
+    });
+    match opened {
+        Ok(v) => Some(v),
+        Err(e) if std::env::var("CUDNN_SAFE_REQUIRE_GPU").as_deref() == Ok("1") => {
+            panic!("CUDNN_SAFE_REQUIRE_GPU=1 but no usable GPU: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            None
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random numbers
+// ---------------------------------------------------------------------------------------------
+
+/// xorshift64* PRNG: deterministic, seeded per test.
+struct Rng(u64);
+
+impl Rng {
+    /// Seeds are mixed with splitmix64 first, so that nearby seeds give unrelated streams
+    /// (`(seed ^ K) | 1` alone maps seeds 2k and 2k + 1 to the same state).
+    fn new(seed: u64) -> Rng {
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Rng((z ^ (z >> 31)) | 1)
+    }
+    fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in `[0, 1)`.
+    fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.unit()
+    }
+    /// Uniform integer in `lo..hi`.
+    fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + (self.next_u64() % (hi - lo) as u64) as i64
+    }
+    /// `n` values uniform in `[-2, 2]`, rounded to `T`; never all zero.
+    fn values<T: DataType>(&mut self, n: usize) -> Vec<T> {
+        let v: Vec<T> = (0..n)
+            .map(|_| T::from_f64(self.uniform(-2.0, 2.0)))
+            .collect();
+        assert!(
+            v.iter().any(|x| x.to_f64() != 0.0),
+            "PRNG produced all zeros"
+        );
+        v
+    }
+    /// `n` integers in `-3..=3` (exact in every type, i8 included); never all zero.
+    fn small_ints<T: DataType>(&mut self, n: usize) -> Vec<T> {
+        loop {
+            let v: Vec<T> = (0..n)
+                .map(|_| T::from_f64(self.range(-3, 4) as f64))
+                .collect();
+            if v.iter().any(|x| x.to_f64() != 0.0) {
+                return v;
+            }
+        }
+    }
+    fn gen<T: DataType>(&mut self, n: usize, gen: Gen) -> Vec<T> {
+        match gen {
+            Gen::Uniform => self.values(n),
+            Gen::SmallInts => self.small_ints(n),
+        }
+    }
+}
+
+/// How input values are drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Gen {
+    /// Uniform in `[-2, 2]`, rounded to the type.
+    Uniform,
+    /// Integers in `-3..=3` (for i8).
+    SmallInts,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Values, scalars, outputs
+// ---------------------------------------------------------------------------------------------
+
+/// What fills gaps between elements (addressed by no logical index); must stay as it is.
+const SENTINEL: f64 = -999.0;
+
+fn is_float<T: DataType>() -> bool {
+    matches!(T::DTYPE, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
+}
+
+/// What fills addressed elements a call must overwrite: NaN, or 111 for integer types.
+fn poison<T: DataType>() -> T {
+    T::from_f64(if is_float::<T>() { f64::NAN } else { 111.0 })
+}
+
+/// The same stored value (NaN equals NaN).
+fn same<T: DataType>(a: T, b: T) -> bool {
+    let (x, y) = (a.to_f64(), b.to_f64());
+    x == y || (x.is_nan() && y.is_nan())
+}
+
+/// A scalar as cuDNN will read it for `T`, and its exact value.
+fn scalar<T: DataType>(v: f64) -> (T::Scalar, f64) {
+    let s = <T::Scalar as Scalar>::from_f64(v);
+    (s, Scalar::to_f64(s))
+}
+
+fn to_f64s<T: DataType>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
+}
+
+/// Waits for the stream and copies `dev` back.
+fn download<T: DataType>(g: &Gpu, dev: &CudaSlice<T>) -> Vec<T> {
+    g.stream.synchronize().unwrap();
+    g.stream.clone_dtoh(dev).unwrap()
+}
+
+/// Waits for `stream`, copies `dev` back and checks nothing changed.
+fn assert_untouched<T: DataType>(
+    what: &str,
+    stream: &Arc<CudaStream>,
+    dev: &CudaSlice<T>,
+    before: &[T],
+) {
+    stream.synchronize().unwrap();
+    let got = stream.clone_dtoh(dev).unwrap();
+    assert_eq!(got.len(), before.len(), "{what}");
+    for (p, (&g, &b)) in got.iter().zip(before).enumerate() {
+        assert!(
+            same(g, b),
+            "{what}: element {p} changed from {b:?} to {g:?} although the call was rejected"
+        );
+    }
+}
+
+/// Calls `f` with every logical index of `dims`, in row-major order.
+fn for_each_index(dims: &[i64], mut f: impl FnMut(&[i64])) {
+    let mut idx = vec![0i64; dims.len()];
+    loop {
+        f(&idx);
+        let mut axis = dims.len();
+        loop {
+            if axis == 0 {
+                return;
+            }
+            axis -= 1;
+            idx[axis] += 1;
+            if idx[axis] < dims[axis] {
+                break;
+            }
+            idx[axis] = 0;
+        }
+    }
+}
+
+/// Every logical index of `dims`, in row-major order.
+fn all_indices(dims: &[i64]) -> Vec<Vec<i64>> {
+    let mut out = Vec::new();
+    for_each_index(dims, |i| out.push(i.to_vec()));
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layouts, computed here and compared with the crate's
+// ---------------------------------------------------------------------------------------------
+
+/// Packed memory formats used by the tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fmt {
+    /// Channels first: `N, C, spatial...` (filters `K, C, spatial...`).
+    Nchw,
+    /// Channels last: `N, spatial..., C` (filters `K, spatial..., C`, i.e. KRSC).
+    Nhwc,
+}
+
+impl Fmt {
+    fn tensor_format(self) -> TensorFormat {
+        match self {
+            Fmt::Nchw => TensorFormat::Nchw,
+            Fmt::Nhwc => TensorFormat::Nhwc,
+        }
+    }
+}
+
+/// Logical dims and strides (in elements) of a tensor or filter.
+#[derive(Clone, Debug)]
+struct Lay {
+    dims: Vec<i64>,
+    strides: Vec<i64>,
+    /// The packed format these strides come from; `None` for a layout with gaps.
+    packed: Option<Fmt>,
+}
+
+impl Lay {
+    /// Packed strides for logical `dims = [N|K, C, spatial...]` in `fmt`.
+    fn packed(dims: &[i64], fmt: Fmt) -> Lay {
+        let r = dims.len();
+        // Memory order, slowest axis first.
+        let order: Vec<usize> = match fmt {
+            Fmt::Nchw => (0..r).collect(),
+            Fmt::Nhwc => std::iter::once(0)
+                .chain(2..r)
+                .chain(std::iter::once(1))
+                .collect(),
+        };
+        let mut strides = vec![0i64; r];
+        let mut acc = 1i64;
+        for &axis in order.iter().rev() {
+            strides[axis] = acc;
+            acc *= dims[axis];
+        }
+        Lay {
+            dims: dims.to_vec(),
+            strides,
+            packed: Some(fmt),
+        }
+    }
+
+    /// Channels first with gaps: 2 unused elements after every row, 1 after every
+    /// higher-dimensional block, 3 after every image.
+    fn gapped(dims: &[i64]) -> Lay {
+        let r = dims.len();
+        let mut strides = vec![1i64; r];
+        strides[r - 2] = dims[r - 1] + 2;
+        for i in (0..r - 2).rev() {
+            strides[i] = strides[i + 1] * dims[i + 1] + 1;
+        }
+        strides[0] += 2;
+        Lay {
+            dims: dims.to_vec(),
+            strides,
+            packed: None,
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.dims.iter().product::<i64>() as usize
+    }
+
+    fn span(&self) -> usize {
+        1 + self
+            .dims
+            .iter()
+            .zip(&self.strides)
+            .map(|(d, s)| (d - 1) * s)
+            .sum::<i64>() as usize
+    }
+
+    /// Memory offset of every logical element, in row-major logical order.
+    fn offsets(&self) -> Vec<usize> {
+        let mut out = Vec::with_capacity(self.count());
+        for_each_index(&self.dims, |idx| {
+            let o: i64 = idx.iter().zip(&self.strides).map(|(i, s)| i * s).sum();
+            out.push(o as usize);
+        });
+        out
+    }
+
+    /// The tensor descriptor, through the constructor matching the layout; its strides and span
+    /// must be the ones computed here.
+    fn desc<T: DataType>(&self) -> TensorDesc<T> {
+        let d = match self.packed {
+            Some(Fmt::Nchw) => TensorDesc::nchw_nd(&self.dims),
+            Some(Fmt::Nhwc) => TensorDesc::nhwc_nd(&self.dims),
+            None => TensorDesc::strided(&self.dims, &self.strides),
+        }
+        .unwrap_or_else(|e| panic!("tensor descriptor {self:?}: {e}"));
+        assert_eq!(d.layout().strides(), &self.strides[..], "{self:?}");
+        assert_eq!(d.span(), self.span(), "{self:?}");
+        d
+    }
+
+    /// The filter descriptor (packed layouts only); its strides must be the ones computed here
+    /// (KRSC for NHWC).
+    fn filter<T: DataType>(&self) -> FilterDesc<T> {
+        let fmt = self.packed.expect("filters are packed");
+        let d = FilterDesc::new(&self.dims, fmt.tensor_format())
+            .unwrap_or_else(|e| panic!("filter descriptor {self:?}: {e}"));
+        assert_eq!(d.layout().strides(), &self.strides[..], "{self:?}");
+        assert_eq!(d.span(), self.span(), "{self:?}");
+        d
+    }
+
+    /// A host image of a buffer of `span` elements: logical element `i` gets `fill(i)`, every
+    /// gap [`SENTINEL`].
+    fn image<T: DataType>(&self, mut fill: impl FnMut(usize) -> T) -> Vec<T> {
+        let mut v = vec![T::from_f64(SENTINEL); self.span()];
+        for (i, o) in self.offsets().into_iter().enumerate() {
+            v[o] = fill(i);
+        }
+        v
+    }
+
+    /// Copies logical-order values to a new device buffer laid out as `self`.
+    fn upload<T: DataType>(&self, g: &Gpu, vals: &[T]) -> CudaSlice<T> {
+        assert_eq!(vals.len(), self.count());
+        g.stream.clone_htod(&self.image(|i| vals[i])).unwrap()
+    }
+
+    /// An output image before a call: NaN (poison) everywhere, or the old values to accumulate
+    /// onto; gaps hold [`SENTINEL`].
+    fn output_image<T: DataType>(&self, old: Option<&[T]>) -> Vec<T> {
+        self.image(|i| old.map_or_else(poison::<T>, |o| o[i]))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cases and the reference
+// ---------------------------------------------------------------------------------------------
+
+/// One convolution problem. Spatial vectors are per spatial dimension *of the tensors*: a 1-D
+/// convolution is stored as `[N, C, 1, W]` with filter `[K, C/groups, 1, R]`, its unit height
+/// having pad 0, stride 1 and dilation 1.
+#[derive(Clone, Debug)]
+struct Case {
+    /// Spatial rank given to the builder: 1, 2 or 3.
+    spatial: usize,
+    n: i64,
+    c: i64,
+    k: i64,
+    groups: i64,
+    input: Vec<i64>,
+    kernel: Vec<i64>,
+    pads: Vec<i64>,
+    strides: Vec<i64>,
+    dilations: Vec<i64>,
+    mode: ConvMode,
+    fmt: Fmt,
+}
+
+/// `(in + 2·pad − dil·(k − 1) − 1) / stride + 1`.
+fn out_size(input: i64, k: i64, pad: i64, stride: i64, dil: i64) -> i64 {
+    (input + 2 * pad - dil * (k - 1) - 1) / stride + 1
+}
+
+impl Case {
+    /// A 2-D case with square kernel, symmetric parameters and one group.
+    #[allow(clippy::too_many_arguments)]
+    fn square(
+        n: i64,
+        c: i64,
+        hw: i64,
+        k: i64,
+        ker: i64,
+        pad: i64,
+        stride: i64,
+        dil: i64,
+        fmt: Fmt,
+    ) -> Case {
+        Case {
+            spatial: 2,
+            n,
+            c,
+            k,
+            groups: 1,
+            input: vec![hw, hw],
+            kernel: vec![ker, ker],
+            pads: vec![pad, pad],
+            strides: vec![stride, stride],
+            dilations: vec![dil, dil],
+            mode: ConvMode::CrossCorrelation,
+            fmt,
+        }
+    }
+    fn x_dims(&self) -> Vec<i64> {
+        [vec![self.n, self.c], self.input.clone()].concat()
+    }
+    fn w_dims(&self) -> Vec<i64> {
+        [vec![self.k, self.c / self.groups], self.kernel.clone()].concat()
+    }
+    fn out(&self) -> Vec<i64> {
+        (0..self.input.len())
+            .map(|d| {
+                out_size(
+                    self.input[d],
+                    self.kernel[d],
+                    self.pads[d],
+                    self.strides[d],
+                    self.dilations[d],
+                )
+            })
+            .collect()
+    }
+    fn y_dims(&self) -> Vec<i64> {
+        [vec![self.n, self.k], self.out()].concat()
+    }
+    /// The convolution descriptor for data type `T` (default compute type for `T`).
+    fn conv<T: DataType>(&self, math: MathType) -> ConvDesc {
+        // The builder takes one value per declared spatial dimension.
+        let per_dim = |v: &[i64]| -> Vec<i64> {
+            if self.spatial == 1 {
+                v[1..].to_vec()
+            } else {
+                v.to_vec()
+            }
+        };
+        ConvDesc::builder(self.spatial)
+            .pads(&per_dim(&self.pads))
+            .strides(&per_dim(&self.strides))
+            .dilations(&per_dim(&self.dilations))
+            .groups(self.groups)
+            .mode(self.mode)
+            .math(math)
+            .build::<T>()
+            .unwrap_or_else(|e| panic!("conv descriptor {self:?}: {e}"))
+    }
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            n: self.n,
+            c: self.c,
+            k: self.k,
+            groups: self.groups,
+            input: self.input.clone(),
+            kernel: self.kernel.clone(),
+            out: self.out(),
+            pads: self.pads.clone(),
+            strides: self.strides.clone(),
+            dilations: self.dilations.clone(),
+            flip: self.mode == ConvMode::Convolution,
+        }
+    }
+    /// Short description for messages.
+    fn short(&self) -> String {
+        format!(
+            "{}-D {:?} x{:?} w{:?} g{} pad{:?} str{:?} dil{:?} {:?}",
+            self.spatial,
+            self.fmt,
+            self.x_dims(),
+            self.w_dims(),
+            self.groups,
+            self.pads,
+            self.strides,
+            self.dilations,
+            self.mode
+        )
+    }
+}
+
+/// What random cases may contain.
+#[derive(Clone, Copy, Debug)]
+struct Shapes {
+    spatial: &'static [usize],
+    fmts: &'static [Fmt],
+    /// Largest group count (1: no groups).
+    max_groups: i64,
+    dilation: bool,
+    /// Whether true convolution (flipped filter) may be drawn.
+    flip: bool,
+    /// C and K are multiples of this (4 for i8); no groups then.
+    channel_multiple: i64,
+}
+
+impl Rng {
+    /// Random case number `i` of a sequence: spatial rank, layout and mode cycle with `i` (every
+    /// rank with every layout, alternating modes), the rest is random.
+    fn case(&mut self, s: &Shapes, i: usize) -> Case {
+        let spatial = s.spatial[i % s.spatial.len()];
+        let fmt = s.fmts[(i / s.spatial.len()) % s.fmts.len()];
+        let (c, k, groups) = if s.channel_multiple > 1 {
+            let m = s.channel_multiple;
+            (m * self.range(1, 3), m * self.range(1, 3), 1)
+        } else {
+            let groups = self.range(1, s.max_groups + 1);
+            // C and K at most 9.
+            let cg = self.range(1, 9 / groups + 1);
+            let kg = self.range(1, 9 / groups + 1);
+            (cg * groups, kg * groups, groups)
+        };
+        let sp = if spatial == 3 { 3 } else { 2 };
+        let max_in = if spatial == 3 { 6 } else { 10 };
+        let (mut input, mut kernel, mut pads, mut strides, mut dilations) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        for d in 0..sp {
+            if spatial == 1 && d == 0 {
+                // The unit height of a 1-D convolution.
+                input.push(1);
+                kernel.push(1);
+                pads.push(0);
+                strides.push(1);
+                dilations.push(1);
+                continue;
+            }
+            let ker = self.range(1, 4);
+            let dil = if s.dilation { self.range(1, 3) } else { 1 };
+            let stride = self.range(1, 3);
+            let extent = dil * (ker - 1) + 1;
+            let pad = self.range(0, extent / 2 + 1);
+            let lo = (extent - 2 * pad).max(1);
+            input.push(self.range(lo, max_in + 1));
+            kernel.push(ker);
+            pads.push(pad);
+            strides.push(stride);
+            dilations.push(dil);
+        }
+        let mode = if s.flip && i % 2 == 1 {
+            ConvMode::Convolution
+        } else {
+            ConvMode::CrossCorrelation
+        };
+        Case {
+            spatial,
+            n: self.range(1, 4),
+            c,
+            k,
+            groups,
+            input,
+            kernel,
+            pads,
+            strides,
+            dilations,
+            mode,
+            fmt,
+        }
+    }
+}
+
+/// The index arithmetic of a convolution, independent of the crate: logical row-major arrays
+/// `x [N, C, in...]`, `w [K, C/groups, kernel...]`, `y [N, K, out...]`.
+#[derive(Clone, Debug)]
+struct Geometry {
+    n: i64,
+    c: i64,
+    k: i64,
+    groups: i64,
+    input: Vec<i64>,
+    kernel: Vec<i64>,
+    out: Vec<i64>,
+    pads: Vec<i64>,
+    strides: Vec<i64>,
+    dilations: Vec<i64>,
+    /// True convolution: the filter flipped in every spatial dimension.
+    flip: bool,
+}
+
+/// A reference result: values, the sum of |terms| of each, and the number of terms per element
+/// (an upper bound).
+#[derive(Clone, Debug)]
+struct Ref {
+    val: Vec<f64>,
+    abs: Vec<f64>,
+    red: usize,
+}
+
+impl Ref {
+    fn zeros(len: usize, red: usize) -> Ref {
+        Ref {
+            val: vec![0.0; len],
+            abs: vec![0.0; len],
+            red,
+        }
+    }
+}
+
+impl Geometry {
+    fn in_count(&self) -> i64 {
+        self.input.iter().product()
+    }
+    fn ker_count(&self) -> i64 {
+        self.kernel.iter().product()
+    }
+    fn out_count(&self) -> i64 {
+        self.out.iter().product()
+    }
+    fn x_len(&self) -> usize {
+        (self.n * self.c * self.in_count()) as usize
+    }
+    fn w_len(&self) -> usize {
+        (self.k * (self.c / self.groups) * self.ker_count()) as usize
+    }
+    fn y_len(&self) -> usize {
+        (self.n * self.k * self.out_count()) as usize
+    }
+
+    /// Calls `f(xi, wi, yi)` for every term `x[xi]·w[wi]` of the forward sum into `y[yi]`
+    /// (flat row-major indices), skipping taps that fall into the zero padding:
+    ///
+    /// `y[n, k, o] = Σ_{cg, r} x[n, g·Cg + cg, o·stride − pad + r·dilation] · w[k, cg, r']`
+    ///
+    /// with `g = k / (K / groups)` the group of output channel `k`, `Cg = C / groups`, and
+    /// `r' = r` (cross-correlation) or `kernel − 1 − r` in every spatial dimension (convolution).
+    fn for_each_term(&self, mut f: impl FnMut(usize, usize, usize)) {
+        let sp = self.input.len();
+        let (cg, kg) = (self.c / self.groups, self.k / self.groups);
+        let (in_count, ker_count, out_count) =
+            (self.in_count(), self.ker_count(), self.out_count());
+        let outs = all_indices(&self.out);
+        let kers = all_indices(&self.kernel);
+        for n in 0..self.n {
+            for k in 0..self.k {
+                let g = k / kg;
+                for (oi, o) in outs.iter().enumerate() {
+                    let yi = (n * self.k + k) * out_count + oi as i64;
+                    for (ri, r) in kers.iter().enumerate() {
+                        // Row-major position of the tap within one input channel plane.
+                        let mut pos = 0i64;
+                        let mut inside = true;
+                        for d in 0..sp {
+                            let p =
+                                o[d] * self.strides[d] - self.pads[d] + r[d] * self.dilations[d];
+                            if p < 0 || p >= self.input[d] {
+                                inside = false;
+                                break;
+                            }
+                            pos = pos * self.input[d] + p;
+                        }
+                        if !inside {
+                            continue;
+                        }
+                        // Reversing every coordinate of a row-major index maps flat index ri to
+                        // ker_count − 1 − ri.
+                        let wr = if self.flip {
+                            ker_count - 1 - ri as i64
+                        } else {
+                            ri as i64
+                        };
+                        for cgi in 0..cg {
+                            let ci = g * cg + cgi;
+                            let xi = (n * self.c + ci) * in_count + pos;
+                            let wi = (k * cg + cgi) * ker_count + wr;
+                            f(xi as usize, wi as usize, yi as usize);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `y = conv(x, w)`.
+    fn forward(&self, x: &[f64], w: &[f64]) -> Ref {
+        assert_eq!((x.len(), w.len()), (self.x_len(), self.w_len()));
+        let red = ((self.c / self.groups) * self.ker_count()) as usize;
+        let mut r = Ref::zeros(self.y_len(), red);
+        self.for_each_term(|xi, wi, yi| {
+            let t = x[xi] * w[wi];
+            r.val[yi] += t;
+            r.abs[yi] += t.abs();
+        });
+        r
+    }
+
+    /// `dx = ∂⟨conv(x, w), dy⟩/∂x`.
+    fn backward_data(&self, dy: &[f64], w: &[f64]) -> Ref {
+        assert_eq!((dy.len(), w.len()), (self.y_len(), self.w_len()));
+        let red = ((self.k / self.groups) * self.ker_count()) as usize;
+        let mut r = Ref::zeros(self.x_len(), red);
+        self.for_each_term(|xi, wi, yi| {
+            let t = dy[yi] * w[wi];
+            r.val[xi] += t;
+            r.abs[xi] += t.abs();
+        });
+        r
+    }
+
+    /// `dw = ∂⟨conv(x, w), dy⟩/∂w`.
+    fn backward_filter(&self, x: &[f64], dy: &[f64]) -> Ref {
+        assert_eq!((x.len(), dy.len()), (self.x_len(), self.y_len()));
+        let red = (self.n * self.out_count()) as usize;
+        let mut r = Ref::zeros(self.w_len(), red);
+        self.for_each_term(|xi, wi, yi| {
+            let t = x[xi] * dy[yi];
+            r.val[wi] += t;
+            r.abs[wi] += t.abs();
+        });
+        r
+    }
+
+    /// `db[k] = Σ_{n, spatial} dy[n, k, ...]`.
+    fn backward_bias(&self, dy: &[f64]) -> Ref {
+        let oc = self.out_count() as usize;
+        let mut r = Ref::zeros(self.k as usize, self.n as usize * oc);
+        for (i, &v) in dy.iter().enumerate() {
+            let k = (i / oc) % self.k as usize;
+            r.val[k] += v;
+            r.abs[k] += v.abs();
+        }
+        r
+    }
+
+    /// Output channel of flat output index `yi`.
+    fn channel_of(&self, yi: usize) -> usize {
+        (yi / self.out_count() as usize) % self.k as usize
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tolerances and checks
+// ---------------------------------------------------------------------------------------------
+
+/// A tolerance: `|got − want| ≤ abs + sum·√R·(1 + |want|) + terms·Σ|terms|`, plus, for FFT and
+/// Winograd algorithms, `transform·max Σ|terms|` over the whole output (their rounding is
+/// spread over a tile of the transform, not tied to one output's terms). `R` is the number of
+/// terms per output element.
+#[derive(Clone, Copy, Debug)]
+struct Tol {
+    abs: f64,
+    sum: f64,
+    terms: f64,
+    transform: f64,
+    /// The output is i8: compare with `clamp(round(ref), −128, 127)`.
+    saturate_i8: bool,
+}
+
+/// Strict fp32 (FMA math): rounding in an R-term f32 sum grows like √R, so
+/// 1e-5·√R·(1 + |ref|), plus 1e-6·Σ|terms| where cancellation makes |ref| small; FFT and
+/// Winograd get 1e-5 of the largest Σ|terms| of the output on top.
+const FP32: Tol = Tol {
+    abs: 0.0,
+    sum: 1e-5,
+    terms: 1e-6,
+    transform: 1e-5,
+    saturate_i8: false,
+};
+/// TF32 (f32 data, default math, tensor cores on sm_80+): inputs rounded to 10 mantissa bits
+/// (2⁻¹¹ relative each), so 5e-3 of Σ|terms| (and of the largest Σ|terms| for FFT/Winograd).
+const TF32: Tol = Tol {
+    abs: 0.0,
+    sum: 1e-5,
+    terms: 5e-3,
+    transform: 5e-3,
+    saturate_i8: false,
+};
+/// f64: 1e-12·√R·(1 + |ref|) + 1e-14·Σ|terms|; FFT/Winograd 1e-12 of the largest Σ|terms|.
+const FP64: Tol = Tol {
+    abs: 0.0,
+    sum: 1e-12,
+    terms: 1e-14,
+    transform: 1e-12,
+    saturate_i8: false,
+};
+/// f16 data with f32 accumulation and an f16 output (2⁻¹¹ rounding): 1e-2 of Σ|terms| — not of
+/// |ref|, which cancellation can make small — and 1e-3 absolute for an output whose taps all
+/// fall into the padding (exactly 0).
+const FP16: Tol = Tol {
+    abs: 1e-3,
+    sum: 0.0,
+    terms: 1e-2,
+    transform: 1e-2,
+    saturate_i8: false,
+};
+/// bf16 (2⁻⁸ rounding): 5e-2 of Σ|terms|, 1e-2 absolute.
+const BF16: Tol = Tol {
+    abs: 1e-2,
+    sum: 0.0,
+    terms: 5e-2,
+    transform: 5e-2,
+    saturate_i8: false,
+};
+/// i8 inputs in −3..=3 accumulated in i32 into an f32 output: exact.
+const EXACT: Tol = Tol {
+    abs: 0.0,
+    sum: 0.0,
+    terms: 0.0,
+    transform: 0.0,
+    saturate_i8: false,
+};
+/// i8 output: `clamp(round(ref), −128, 127)`, off by at most one (cuDNN rescales through float).
+const I8_OUT: Tol = Tol {
+    abs: 1.0,
+    sum: 0.0,
+    terms: 0.0,
+    transform: 0.0,
+    saturate_i8: true,
+};
+
+impl Tol {
+    /// Expected values and bounds of `alpha·r + beta·old` (logical order).
+    fn expect(
+        &self,
+        r: &Ref,
+        alpha: f64,
+        beta: f64,
+        old: Option<&[f64]>,
+        transform: bool,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let scale = r.abs.iter().fold(0.0f64, |m, &a| m.max(a)) * alpha.abs();
+        let root = (r.red.max(1) as f64).sqrt();
+        r.val
+            .iter()
+            .zip(&r.abs)
+            .enumerate()
+            .map(|(i, (&v, &a))| {
+                let o = match old {
+                    Some(old) if beta != 0.0 => beta * old[i],
+                    _ => 0.0,
+                };
+                let v = alpha * v + o;
+                let a = alpha.abs() * a + o.abs();
+                let want = if self.saturate_i8 {
+                    v.round().clamp(-128.0, 127.0)
+                } else {
+                    v
+                };
+                let mut bound = self.abs + self.sum * root * (1.0 + v.abs()) + self.terms * a;
+                if transform {
+                    bound += self.transform * (scale + o.abs());
+                }
+                (want, bound)
+            })
+            .unzip()
+    }
+}
+
+/// FFT and Winograd algorithms (any direction) transform the data first.
+fn is_transform<A: ConvAlgorithm>(a: A) -> bool {
+    let n = a.name();
+    n.contains("FFT") || n.contains("WINOGRAD")
+}
+
+/// Logical index of flat row-major position `i` in `dims`.
+fn unflat(mut i: usize, dims: &[i64]) -> Vec<i64> {
+    let mut idx = vec![0i64; dims.len()];
+    for d in (0..dims.len()).rev() {
+        idx[d] = (i % dims[d] as usize) as i64;
+        i /= dims[d] as usize;
+    }
+    idx
+}
+
+/// Checks every logical element of `got` (laid out as `lay`) against `want ± bound` (finite; a
+/// bound of 0 means exactly) and every gap against `before`. Returns the worst error/bound
+/// ratio.
+fn check<T: DataType>(
+    what: &str,
+    got: &[T],
+    before: &[T],
+    lay: &Lay,
+    want: &[f64],
+    bound: &[f64],
+) -> f64 {
+    assert_eq!(got.len(), before.len(), "{what}");
+    let offs = lay.offsets();
+    assert_eq!(offs.len(), want.len(), "{what}");
+    let mut addressed = vec![false; got.len()];
+    let mut worst = 0.0f64;
+    for (i, &o) in offs.iter().enumerate() {
+        addressed[o] = true;
+        let g = got[o].to_f64();
+        let err = (g - want[i]).abs();
+        assert!(
+            g.is_finite() && err <= bound[i],
+            "{what}: element {:?} (offset {o}): got {g}, want {} ± {:.3e}",
+            unflat(i, &lay.dims),
+            want[i],
+            bound[i]
+        );
+        if err > 0.0 {
+            worst = worst.max(err / bound[i]);
+        }
+    }
+    for (p, (&g, &b)) in got.iter().zip(before).enumerate() {
+        if !addressed[p] {
+            assert!(
+                same(g, b),
+                "{what}: gap element {p} changed from {b:?} to {g:?}"
+            );
+        }
+    }
+    worst
+}
+
+/// Counts for a test's summary line.
+#[derive(Debug, Default)]
+struct Tally {
+    cases: usize,
+    tried: usize,
+    ran: usize,
+    refused: usize,
+    worst: f64,
+}
+
+impl Tally {
+    fn line(&self, what: &str) -> String {
+        format!(
+            "{what}: {} shapes × {} algorithms, {} ran, {} refused by cuDNN; worst error {:.3} of the tolerance",
+            self.cases,
+            self.tried / self.cases.max(1),
+            self.ran,
+            self.refused,
+            self.worst
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runners
+// ---------------------------------------------------------------------------------------------
+
+/// One problem on the device: descriptors and packed inputs (host values as stored, in logical
+/// order, and their device copies).
+struct Setup<X: DataType> {
+    case: Case,
+    geo: Geometry,
+    conv: ConvDesc,
+    x_lay: Lay,
+    w_lay: Lay,
+    y_lay: Lay,
+    x_d: TensorDesc<X>,
+    w_d: FilterDesc<X>,
+    xf: Vec<f64>,
+    wf: Vec<f64>,
+    x: CudaSlice<X>,
+    w: CudaSlice<X>,
+}
+
+impl<X: DataType> Setup<X> {
+    fn new(g: &Gpu, rng: &mut Rng, case: &Case, math: MathType, gen: Gen) -> Setup<X> {
+        let conv = case.conv::<X>(math);
+        let x_lay = Lay::packed(&case.x_dims(), case.fmt);
+        let w_lay = Lay::packed(&case.w_dims(), case.fmt);
+        let y_lay = Lay::packed(&case.y_dims(), case.fmt);
+        let x_d = x_lay.desc::<X>();
+        let w_d = w_lay.filter::<X>();
+        let dims = conv
+            .output_dims(x_d.dims(), w_d.dims())
+            .unwrap_or_else(|e| panic!("output_dims {}: {e}", case.short()));
+        assert_eq!(dims, case.y_dims(), "output_dims {}", case.short());
+        let dims = conv
+            .cudnn_output_dims(&x_d, &w_d)
+            .unwrap_or_else(|e| panic!("cudnn_output_dims {}: {e}", case.short()));
+        assert_eq!(dims, case.y_dims(), "cuDNN's output dims {}", case.short());
+        let xh: Vec<X> = rng.gen(x_lay.count(), gen);
+        let wh: Vec<X> = rng.gen(w_lay.count(), gen);
+        Setup {
+            case: case.clone(),
+            geo: case.geometry(),
+            x: x_lay.upload(g, &xh),
+            w: w_lay.upload(g, &wh),
+            xf: to_f64s(&xh),
+            wf: to_f64s(&wh),
+            conv,
+            x_lay,
+            w_lay,
+            y_lay,
+            x_d,
+            w_d,
+        }
+    }
+}
+
+/// Runs each of `algos` that cuDNN accepts: the workspace query either fails with a cuDNN error
+/// (refused, skipped) or the launch must succeed and match `expect(algo)`.
+/// Each launch writes a fresh copy of `before`. Returns the algorithms that ran (at least one).
+#[allow(clippy::too_many_arguments)]
+fn sweep<A: ConvAlgorithm, T: DataType>(
+    g: &Gpu,
+    what: &str,
+    algos: &[A],
+    out: &Lay,
+    before: &[T],
+    tally: &mut Tally,
+    query: impl Fn(A) -> Result<usize, Error>,
+    mut launch: impl FnMut(A, &mut CudaSlice<T>) -> Result<(), Error>,
+    expect: impl Fn(A) -> (Vec<f64>, Vec<f64>),
+) -> Vec<A> {
+    let mut ran = Vec::new();
+    for &algo in algos {
+        tally.tried += 1;
+        let what = format!("{what} {algo}");
+        match query(algo) {
+            Ok(_) => {}
+            Err(Error::Cudnn { .. }) => {
+                tally.refused += 1;
+                continue;
+            }
+            Err(e) => panic!("{what}: the workspace query failed with a non-cuDNN error: {e}"),
+        }
+        let mut buf = g.stream.clone_htod(before).unwrap();
+        launch(algo, &mut buf)
+            .unwrap_or_else(|e| panic!("{what}: accepted by the workspace query, then: {e}"));
+        let got = download(g, &buf);
+        let (want, bound) = expect(algo);
+        tally.worst = tally
+            .worst
+            .max(check(&what, &got, before, out, &want, &bound));
+        tally.ran += 1;
+        ran.push(algo);
+    }
+    assert!(!ran.is_empty(), "{what}: cuDNN accepted no algorithm");
+    tally.cases += 1;
+    ran
+}
+
+/// Every algorithm the heuristics list as supported (with the descriptor's math type) ran.
+fn check_heuristics<A: ConvAlgorithm>(what: &str, ran: &[A], heur: &[AlgoPerf<A>], math: MathType) {
+    for p in heur.iter().filter(|p| p.is_supported() && p.math == math) {
+        assert!(
+            ran.contains(&p.algo),
+            "{what}: the heuristics report {} as supported ({p:?}), but the workspace query refused it",
+            p.algo
+        );
+    }
+}
+
+/// Parameters of a forward sweep.
+#[derive(Clone, Copy, Debug)]
+struct Fwd {
+    math: MathType,
+    tol: Tol,
+    gen: Gen,
+    alpha: f64,
+    beta: f64,
+    /// Write into a channels-first output with gaps (sentinel-filled) instead of a packed one.
+    gaps: bool,
+}
+
+/// `y = alpha·conv(x, w) + beta·y` with every forward algorithm cuDNN accepts for `case`.
+fn forward_case<X: DataType, Y: DataType<Scalar = X::Scalar>>(
+    g: &Gpu,
+    ws: &mut Workspace,
+    rng: &mut Rng,
+    case: &Case,
+    p: &Fwd,
+    tally: &mut Tally,
+) {
+    let s = Setup::<X>::new(g, rng, case, p.math, p.gen);
+    let y_lay = if p.gaps {
+        Lay::gapped(&case.y_dims())
+    } else {
+        s.y_lay.clone()
+    };
+    let y_d = y_lay.desc::<Y>();
+    let r = s.geo.forward(&s.xf, &s.wf);
+    let (alpha_s, alpha) = scalar::<X>(p.alpha);
+    let (beta_s, beta) = scalar::<X>(p.beta);
+    let old: Option<Vec<Y>> = (beta != 0.0).then(|| rng.values(y_lay.count()));
+    let oldf = old.as_deref().map(to_f64s);
+    let before = y_lay.output_image(old.as_deref());
+    let what = format!(
+        "forward<{}, {}> {} {:?} alpha {alpha} beta {beta}",
+        X::DTYPE,
+        Y::DTYPE,
+        case.short(),
+        p.math
+    );
+    let ran = sweep::<ConvFwdAlgo, Y>(
+        g,
+        &what,
+        ConvFwdAlgo::ALL,
+        &y_lay,
+        &before,
+        tally,
+        |a| {
+            g.cudnn
+                .conv_forward_workspace_size(&s.x_d, &s.w_d, &s.conv, &y_d, a)
+        },
+        |a, y| {
+            g.cudnn.conv_forward(
+                alpha_s, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, a, ws, beta_s, &y_d, y,
+            )
+        },
+        |a| {
+            p.tol
+                .expect(&r, alpha, beta, oldf.as_deref(), is_transform(a))
+        },
+    );
+    let heur = g
+        .cudnn
+        .conv_forward_heuristics(&s.x_d, &s.w_d, &s.conv, &y_d)
+        .unwrap_or_else(|e| panic!("{what}: heuristics: {e}"));
+    check_heuristics(&what, &ran, &heur, s.conv.math());
+}
+
+/// `cases` random shapes, each through every forward algorithm.
+fn forward_sweep<X: DataType, Y: DataType<Scalar = X::Scalar>>(
+    seed: u64,
+    label: &str,
+    shapes: &Shapes,
+    cases: usize,
+    p: Fwd,
+) {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(seed);
+    let mut ws = Workspace::new(g.stream.clone());
+    let mut t = Tally::default();
+    for i in 0..cases {
+        let case = rng.case(shapes, i);
+        forward_case::<X, Y>(&g, &mut ws, &mut rng, &case, &p, &mut t);
+    }
+    println!("{}", t.line(label));
+}
+
+/// Parameters of a backward sweep.
+#[derive(Clone, Copy, Debug)]
+struct Bwd {
+    math: MathType,
+    tol: Tol,
+    alpha: f64,
+    beta: f64,
+}
+
+/// `dx = alpha·dgrad(dy, w) + beta·dx` and `dw = alpha·wgrad(x, dy) + beta·dw` with every
+/// algorithm cuDNN accepts for `case`.
+fn backward_case<T: DataType>(
+    g: &Gpu,
+    ws: &mut Workspace,
+    rng: &mut Rng,
+    case: &Case,
+    p: &Bwd,
+    data: &mut Tally,
+    filter: &mut Tally,
+) {
+    let s = Setup::<T>::new(g, rng, case, p.math, Gen::Uniform);
+    let dy_d = s.y_lay.desc::<T>();
+    let dyh: Vec<T> = rng.values(s.y_lay.count());
+    let dyf = to_f64s(&dyh);
+    let dy = s.y_lay.upload(g, &dyh);
+    let (alpha_s, alpha) = scalar::<T>(p.alpha);
+    let (beta_s, beta) = scalar::<T>(p.beta);
+    let dx_ref = s.geo.backward_data(&dyf, &s.wf);
+    let dw_ref = s.geo.backward_filter(&s.xf, &dyf);
+
+    let old_dx: Option<Vec<T>> = (beta != 0.0).then(|| rng.values(s.x_lay.count()));
+    let old_dxf = old_dx.as_deref().map(to_f64s);
+    let before = s.x_lay.output_image(old_dx.as_deref());
+    let what = format!(
+        "backward data<{}> {} alpha {alpha} beta {beta}",
+        T::DTYPE,
+        case.short()
+    );
+    sweep::<ConvBwdDataAlgo, T>(
+        g,
+        &what,
+        ConvBwdDataAlgo::ALL,
+        &s.x_lay,
+        &before,
+        data,
+        |a| {
+            g.cudnn
+                .conv_backward_data_workspace_size(&s.w_d, &dy_d, &s.conv, &s.x_d, a)
+        },
+        |a, dx| {
+            g.cudnn.conv_backward_data(
+                alpha_s, &s.w_d, &s.w, &dy_d, &dy, &s.conv, a, ws, beta_s, &s.x_d, dx,
+            )
+        },
+        |a| {
+            p.tol
+                .expect(&dx_ref, alpha, beta, old_dxf.as_deref(), is_transform(a))
+        },
+    );
+
+    let old_dw: Option<Vec<T>> = (beta != 0.0).then(|| rng.values(s.w_lay.count()));
+    let old_dwf = old_dw.as_deref().map(to_f64s);
+    let before = s.w_lay.output_image(old_dw.as_deref());
+    let what = format!(
+        "backward filter<{}> {} alpha {alpha} beta {beta}",
+        T::DTYPE,
+        case.short()
+    );
+    sweep::<ConvBwdFilterAlgo, T>(
+        g,
+        &what,
+        ConvBwdFilterAlgo::ALL,
+        &s.w_lay,
+        &before,
+        filter,
+        |a| {
+            g.cudnn
+                .conv_backward_filter_workspace_size(&s.x_d, &dy_d, &s.conv, &s.w_d, a)
+        },
+        |a, dw| {
+            g.cudnn.conv_backward_filter(
+                alpha_s, &s.x_d, &s.x, &dy_d, &dy, &s.conv, a, ws, beta_s, &s.w_d, dw,
+            )
+        },
+        |a| {
+            p.tol
+                .expect(&dw_ref, alpha, beta, old_dwf.as_deref(), is_transform(a))
+        },
+    );
+}
+
+/// `cases` random shapes through every backward-data and backward-filter algorithm; the last
+/// case accumulates (`alpha = −0.5`, `beta = 1`).
+fn backward_sweep<T: DataType>(
+    seed: u64,
+    label: &str,
+    shapes: &Shapes,
+    cases: usize,
+    math: MathType,
+    tol: Tol,
+) {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(seed);
+    let mut ws = Workspace::new(g.stream.clone());
+    let (mut data, mut filter) = (Tally::default(), Tally::default());
+    for i in 0..cases {
+        let (alpha, beta) = if i + 1 == cases {
+            (-0.5, 1.0)
+        } else {
+            (1.0, 0.0)
+        };
+        let case = rng.case(shapes, i);
+        let p = Bwd {
+            math,
+            tol,
+            alpha,
+            beta,
+        };
+        backward_case::<T>(&g, &mut ws, &mut rng, &case, &p, &mut data, &mut filter);
+    }
+    println!("{}", data.line(&format!("backward data {label}")));
+    println!("{}", filter.line(&format!("backward filter {label}")));
+}
+
+/// Logical-order values of a device image laid out as `lay`.
+fn gather<T: DataType>(lay: &Lay, img: &[T]) -> Vec<f64> {
+    lay.offsets().iter().map(|&o| img[o].to_f64()).collect()
+}
+
+/// The first algorithm (in C enum order) whose workspace query succeeds.
+fn first_accepted<A: ConvAlgorithm>(what: &str, query: impl Fn(A) -> Result<usize, Error>) -> A {
+    A::ALL
+        .iter()
+        .copied()
+        .find(|&a| query(a).is_ok())
+        .unwrap_or_else(|| panic!("{what}: cuDNN accepts no algorithm"))
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shapes drawn by the tests
+// ---------------------------------------------------------------------------------------------
+
+/// f32: 1-D, 2-D and 3-D, both layouts, groups, dilation, both modes.
+const F32_ANY: Shapes = Shapes {
+    spatial: &[1, 2, 3],
+    fmts: &[Fmt::Nchw, Fmt::Nhwc],
+    max_groups: 3,
+    dilation: true,
+    flip: true,
+    channel_multiple: 1,
+};
+const F32_NCHW_2D: Shapes = Shapes {
+    spatial: &[2],
+    fmts: &[Fmt::Nchw],
+    max_groups: 3,
+    dilation: true,
+    flip: true,
+    channel_multiple: 1,
+};
+const F64_NCHW: Shapes = Shapes {
+    spatial: &[1, 2, 3],
+    fmts: &[Fmt::Nchw],
+    max_groups: 3,
+    dilation: true,
+    flip: true,
+    channel_multiple: 1,
+};
+const F16_NHWC: Shapes = Shapes {
+    spatial: &[1, 2],
+    fmts: &[Fmt::Nhwc],
+    max_groups: 2,
+    dilation: true,
+    flip: true,
+    channel_multiple: 1,
+};
+const F16_NCHW: Shapes = Shapes {
+    spatial: &[1, 2],
+    fmts: &[Fmt::Nchw],
+    max_groups: 2,
+    dilation: true,
+    flip: true,
+    channel_multiple: 1,
+};
+const BF16_NHWC: Shapes = Shapes {
+    spatial: &[2],
+    fmts: &[Fmt::Nhwc],
+    max_groups: 2,
+    dilation: true,
+    flip: true,
+    channel_multiple: 1,
+};
+/// i8: NHWC, C and K multiples of 4, no groups, no dilation, cross-correlation.
+const I8_NHWC: Shapes = Shapes {
+    spatial: &[2],
+    fmts: &[Fmt::Nhwc],
+    max_groups: 1,
+    dilation: false,
+    flip: false,
+    channel_multiple: 4,
+};
+
+/// Forward parameters with `alpha = 1`, `beta = 0`, uniform values, packed output.
+fn fwd(math: MathType, tol: Tol) -> Fwd {
+    Fwd {
+        math,
+        tol,
+        gen: Gen::Uniform,
+        alpha: 1.0,
+        beta: 0.0,
+        gaps: false,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward, every algorithm
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn forward_f32_fma_every_algorithm() {
+    let p = fwd(MathType::Fma, FP32);
+    forward_sweep::<f32, f32>(101, "forward f32 (FMA)", &F32_ANY, 6, p);
+}
+
+#[test]
+fn forward_f32_tf32_every_algorithm() {
+    let p = fwd(MathType::Default, TF32);
+    forward_sweep::<f32, f32>(102, "forward f32 (TF32)", &F32_NCHW_2D, 4, p);
+}
+
+#[test]
+fn forward_f64_every_algorithm() {
+    let p = fwd(MathType::Default, FP64);
+    forward_sweep::<f64, f64>(103, "forward f64", &F64_NCHW, 5, p);
+}
+
+#[test]
+fn forward_f16_nhwc_every_algorithm() {
+    let p = fwd(MathType::TensorOp, FP16);
+    forward_sweep::<f16, f16>(104, "forward f16 NHWC", &F16_NHWC, 5, p);
+}
+
+#[test]
+fn forward_f16_nchw_every_algorithm() {
+    let p = fwd(MathType::TensorOp, FP16);
+    forward_sweep::<f16, f16>(105, "forward f16 NCHW", &F16_NCHW, 4, p);
+}
+
+#[test]
+fn forward_bf16_nhwc_every_algorithm() {
+    let p = fwd(MathType::TensorOp, BF16);
+    forward_sweep::<bf16, bf16>(106, "forward bf16 NHWC", &BF16_NHWC, 4, p);
+}
+
+#[test]
+fn forward_i8_to_f32_nhwc_is_exact() {
+    let p = Fwd {
+        gen: Gen::SmallInts,
+        ..fwd(MathType::Default, EXACT)
+    };
+    forward_sweep::<i8, f32>(107, "forward i8 -> f32 NHWC", &I8_NHWC, 4, p);
+}
+
+#[test]
+fn forward_i8_to_i8_nhwc_saturates() {
+    let p = Fwd {
+        gen: Gen::SmallInts,
+        ..fwd(MathType::Default, I8_OUT)
+    };
+    forward_sweep::<i8, i8>(108, "forward i8 -> i8 NHWC", &I8_NHWC, 4, p);
+}
+
+#[test]
+fn forward_into_strided_output_keeps_gaps() {
+    let p = Fwd {
+        gaps: true,
+        ..fwd(MathType::Fma, FP32)
+    };
+    forward_sweep::<f32, f32>(
+        109,
+        "forward f32 into an output with gaps",
+        &F32_NCHW_2D,
+        3,
+        p,
+    );
+}
+
+#[test]
+fn forward_accumulates_with_alpha_and_beta() {
+    let f32_p = Fwd {
+        alpha: 1.5,
+        beta: -0.75,
+        ..fwd(MathType::Fma, FP32)
+    };
+    forward_sweep::<f32, f32>(110, "forward f32 y = 1.5·conv − 0.75·y", &F32_ANY, 3, f32_p);
+    let f64_p = Fwd {
+        alpha: -0.5,
+        beta: 2.0,
+        ..fwd(MathType::Default, FP64)
+    };
+    forward_sweep::<f64, f64>(111, "forward f64 y = −0.5·conv + 2·y", &F64_NCHW, 2, f64_p);
+    let f16_p = Fwd {
+        alpha: 0.5,
+        beta: 1.0,
+        ..fwd(MathType::TensorOp, FP16)
+    };
+    forward_sweep::<f16, f16>(
+        112,
+        "forward f16 NHWC y = 0.5·conv + y",
+        &F16_NHWC,
+        2,
+        f16_p,
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward data and filter, every algorithm; the adjoint identity
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn backward_f32_fma_every_algorithm() {
+    backward_sweep::<f32>(201, "f32 (FMA)", &F32_ANY, 5, MathType::Fma, FP32);
+}
+
+#[test]
+fn backward_f64_every_algorithm() {
+    backward_sweep::<f64>(202, "f64", &F64_NCHW, 4, MathType::Default, FP64);
+}
+
+#[test]
+fn backward_f16_nhwc_every_algorithm() {
+    backward_sweep::<f16>(203, "f16 NHWC", &F16_NHWC, 4, MathType::TensorOp, FP16);
+}
+
+#[test]
+fn backward_bf16_nhwc_every_algorithm() {
+    backward_sweep::<bf16>(204, "bf16 NHWC", &BF16_NHWC, 3, MathType::TensorOp, BF16);
+}
+
+/// `⟨conv(x, w), dy⟩ = ⟨x, dgrad(dy, w)⟩ = ⟨w, wgrad(x, dy)⟩` on the GPU results alone (f64), on
+/// shapes with groups, dilation and stride. Tolerance 1e-10 of `Σ|x·w·dy|` over the terms.
+#[test]
+fn adjoint_identity_f64() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(301);
+    let mut ws = Workspace::new(g.stream.clone());
+    let mut worst = 0.0f64;
+    let cases = 6;
+    for i in 0..cases {
+        let case = rng.case(&F64_NCHW, i);
+        let what = format!("adjoint {}", case.short());
+        let s = Setup::<f64>::new(&g, &mut rng, &case, MathType::Default, Gen::Uniform);
+        let y_d = s.y_lay.desc::<f64>();
+        let dyh: Vec<f64> = rng.values(s.y_lay.count());
+        let dy = s.y_lay.upload(&g, &dyh);
+
+        let fa = first_accepted(&what, |a| {
+            g.cudnn
+                .conv_forward_workspace_size(&s.x_d, &s.w_d, &s.conv, &y_d, a)
+        });
+        let mut y = g
+            .stream
+            .clone_htod(&s.y_lay.output_image::<f64>(None))
+            .unwrap();
+        g.cudnn
+            .conv_forward(
+                1.0, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, fa, &mut ws, 0.0, &y_d, &mut y,
+            )
+            .unwrap_or_else(|e| panic!("{what} forward {fa}: {e}"));
+
+        let da = first_accepted(&what, |a| {
+            g.cudnn
+                .conv_backward_data_workspace_size(&s.w_d, &y_d, &s.conv, &s.x_d, a)
+        });
+        let mut dx = g
+            .stream
+            .clone_htod(&s.x_lay.output_image::<f64>(None))
+            .unwrap();
+        g.cudnn
+            .conv_backward_data(
+                1.0, &s.w_d, &s.w, &y_d, &dy, &s.conv, da, &mut ws, 0.0, &s.x_d, &mut dx,
+            )
+            .unwrap_or_else(|e| panic!("{what} backward data {da}: {e}"));
+
+        let fa2 = first_accepted(&what, |a| {
+            g.cudnn
+                .conv_backward_filter_workspace_size(&s.x_d, &y_d, &s.conv, &s.w_d, a)
+        });
+        let mut dw = g
+            .stream
+            .clone_htod(&s.w_lay.output_image::<f64>(None))
+            .unwrap();
+        g.cudnn
+            .conv_backward_filter(
+                1.0, &s.x_d, &s.x, &y_d, &dy, &s.conv, fa2, &mut ws, 0.0, &s.w_d, &mut dw,
+            )
+            .unwrap_or_else(|e| panic!("{what} backward filter {fa2}: {e}"));
+
+        let y = gather(&s.y_lay, &download(&g, &y));
+        let dx = gather(&s.x_lay, &download(&g, &dx));
+        let dw = gather(&s.w_lay, &download(&g, &dw));
+        let dyf = to_f64s(&dyh);
+        let (a, b, c) = (dot(&y, &dyf), dot(&s.xf, &dx), dot(&s.wf, &dw));
+        let mut scale = 0.0;
+        s.geo
+            .for_each_term(|xi, wi, yi| scale += (s.xf[xi] * s.wf[wi] * dyf[yi]).abs());
+        let bound = 1e-10 * scale;
+        for (name, u, v) in [("<y,dy> vs <x,dx>", a, b), ("<y,dy> vs <w,dw>", a, c)] {
+            let err = (u - v).abs();
+            assert!(
+                err <= bound,
+                "{what}: {name}: {u} vs {v} (difference {err:.3e}, bound {bound:.3e})"
+            );
+            if err > 0.0 {
+                worst = worst.max(err / bound);
+            }
+        }
+    }
+    println!(
+        "adjoint identity f64: {cases} shapes, <y,dy> = <x,dx> = <w,dw> within {worst:.3} of 1e-10·Σ|x·w·dy|"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward bias
+// ---------------------------------------------------------------------------------------------
+
+/// `db = alpha·Σ_{n, spatial} dy + beta·db` for `dy` of `dims` in `fmt`. Returns the worst
+/// error/tolerance ratio, or `None` when `may_refuse` and cuDNN refused the case (then `db` must be
+/// untouched).
+#[allow(clippy::too_many_arguments)]
+fn bias_case<T: DataType>(
+    g: &Gpu,
+    rng: &mut Rng,
+    dims: &[i64],
+    fmt: Fmt,
+    tol: Tol,
+    (alpha, beta): (f64, f64),
+    may_refuse: bool,
+) -> Option<f64> {
+    let lay = Lay::packed(dims, fmt);
+    let dy_d = lay.desc::<T>();
+    let mut db_dims = vec![1i64; dims.len()];
+    db_dims[1] = dims[1];
+    let db_lay = Lay::packed(&db_dims, Fmt::Nchw);
+    let db_d = db_lay.desc::<T>();
+    let dyh: Vec<T> = rng.values(lay.count());
+    let dy = lay.upload(g, &dyh);
+    // A 1×1 convolution's geometry: dy [N, K, spatial...].
+    let sp = dims.len() - 2;
+    let geo = Geometry {
+        n: dims[0],
+        c: dims[1],
+        k: dims[1],
+        groups: 1,
+        input: dims[2..].to_vec(),
+        kernel: vec![1; sp],
+        out: dims[2..].to_vec(),
+        pads: vec![0; sp],
+        strides: vec![1; sp],
+        dilations: vec![1; sp],
+        flip: false,
+    };
+    let r = geo.backward_bias(&to_f64s(&dyh));
+    let (alpha_s, alpha) = scalar::<T>(alpha);
+    let (beta_s, beta) = scalar::<T>(beta);
+    let old: Option<Vec<T>> = (beta != 0.0).then(|| rng.values(db_lay.count()));
+    let oldf = old.as_deref().map(to_f64s);
+    let before = db_lay.output_image(old.as_deref());
+    let mut db = g.stream.clone_htod(&before).unwrap();
+    let what = format!(
+        "backward bias<{}> dy {dims:?} {fmt:?} alpha {alpha} beta {beta}",
+        T::DTYPE
+    );
+    match g
+        .cudnn
+        .conv_backward_bias(alpha_s, &dy_d, &dy, beta_s, &db_d, &mut db)
+    {
+        Ok(()) => {}
+        Err(e) if may_refuse && is_refusal(&e) => {
+            assert_untouched(&what, &g.stream, &db, &before);
+            println!("{what}: refused by cuDNN ({e})");
+            return None;
+        }
+        Err(e) => panic!("{what}: {e}"),
+    }
+    let got = download(g, &db);
+    let (want, bound) = tol.expect(&r, alpha, beta, oldf.as_deref(), false);
+    Some(check(&what, &got, &before, &db_lay, &want, &bound))
+}
+
+#[test]
+fn backward_bias_matches_reference() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(351);
+    let mut results = Vec::new();
+    let f32_cases: [(&[i64], Fmt, (f64, f64)); 4] = [
+        (&[3, 5, 7, 6], Fmt::Nchw, (1.0, 0.0)),
+        (&[2, 7, 4, 9], Fmt::Nhwc, (1.0, 0.0)),
+        (&[2, 3, 1, 10], Fmt::Nchw, (2.0, 1.0)),
+        (&[2, 4, 3, 5, 4], Fmt::Nchw, (1.0, 0.0)),
+    ];
+    for (dims, fmt, ab) in f32_cases {
+        results.push(bias_case::<f32>(&g, &mut rng, dims, fmt, FP32, ab, false));
+    }
+    let f64_cases: [(&[i64], Fmt, (f64, f64)); 2] = [
+        (&[3, 6, 5, 5], Fmt::Nchw, (1.0, 0.0)),
+        (&[2, 3, 4, 3, 5], Fmt::Nchw, (-0.5, 0.25)),
+    ];
+    for (dims, fmt, ab) in f64_cases {
+        results.push(bias_case::<f64>(&g, &mut rng, dims, fmt, FP64, ab, false));
+    }
+    let f16_cases: [(&[i64], Fmt, (f64, f64)); 2] = [
+        (&[2, 8, 6, 6], Fmt::Nhwc, (1.0, 0.0)),
+        (&[3, 5, 4, 7], Fmt::Nchw, (1.0, 1.0)),
+    ];
+    for (dims, fmt, ab) in f16_cases {
+        results.push(bias_case::<f16>(&g, &mut rng, dims, fmt, FP16, ab, false));
+    }
+    // cuDNN does not document bf16 for this call: a refusal is accepted (output untouched).
+    let bf = bias_case::<bf16>(
+        &g,
+        &mut rng,
+        &[2, 8, 5, 5],
+        Fmt::Nhwc,
+        BF16,
+        (1.0, 0.0),
+        true,
+    );
+    results.push(bf);
+    let ran: Vec<f64> = results.iter().flatten().copied().collect();
+    let worst = ran.iter().fold(0.0f64, |m, &w| m.max(w));
+    println!(
+        "backward bias: {} of {} cases ran (f32, f64, f16{}; NCHW, NHWC, 3-D; beta 0 and ≠ 0); worst error {worst:.3} of the tolerance",
+        ran.len(),
+        results.len(),
+        if bf.is_some() { ", bf16" } else { "; bf16 refused by cuDNN" }
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fused convolution + bias + activation
+// ---------------------------------------------------------------------------------------------
+
+/// `y = act(alpha1·conv(x, w) + alpha2·z + bias)` with each of `algos` cuDNN accepts, with `z`
+/// and without (then `y` is NaN-poisoned: cuDNN must not read it although the crate passes it as
+/// `z` with `alpha2 = 0`).
+#[allow(clippy::too_many_arguments)]
+fn fused_case<X: DataType>(
+    g: &Gpu,
+    ws: &mut Workspace,
+    rng: &mut Rng,
+    case: &Case,
+    math: MathType,
+    tol: Tol,
+    act: FusedActivation,
+    algos: &[ConvFwdAlgo],
+    tally: &mut Tally,
+) {
+    let s = Setup::<X>::new(g, rng, case, math, Gen::Uniform);
+    let y_d = s.y_lay.desc::<X>();
+    let mut b_dims = vec![1i64; case.x_dims().len()];
+    b_dims[1] = case.k;
+    let b_lay = Lay::packed(&b_dims, Fmt::Nchw);
+    let b_d = b_lay.desc::<X>();
+    let bh: Vec<X> = rng.values(b_lay.count());
+    let bias = b_lay.upload(g, &bh);
+    let zh: Vec<X> = rng.values(s.y_lay.count());
+    let z = s.y_lay.upload(g, &zh);
+    let r = s.geo.forward(&s.xf, &s.wf);
+    let (a1_s, a1) = scalar::<X>(0.75);
+    let (a2_s, a2) = scalar::<X>(-1.5);
+    for with_z in [true, false] {
+        // The reference with z and the bias folded in.
+        let mut full = Ref::zeros(r.val.len(), r.red);
+        for i in 0..r.val.len() {
+            let zt = if with_z { a2 * zh[i].to_f64() } else { 0.0 };
+            let bt = bh[s.geo.channel_of(i)].to_f64();
+            full.val[i] = a1 * r.val[i] + zt + bt;
+            full.abs[i] = a1.abs() * r.abs[i] + zt.abs() + bt.abs();
+        }
+        let before = s.y_lay.output_image::<X>(None);
+        let what = format!("fused {act:?}<{}> {} z {with_z}", X::DTYPE, case.short());
+        sweep::<ConvFwdAlgo, X>(
+            g,
+            &what,
+            algos,
+            &s.y_lay,
+            &before,
+            tally,
+            |a| {
+                g.cudnn
+                    .conv_forward_workspace_size(&s.x_d, &s.w_d, &s.conv, &y_d, a)
+            },
+            |a, y| {
+                g.cudnn.conv_bias_activation_forward(
+                    a1_s,
+                    &s.x_d,
+                    &s.x,
+                    &s.w_d,
+                    &s.w,
+                    &s.conv,
+                    a,
+                    ws,
+                    a2_s,
+                    with_z.then_some(&z),
+                    &b_d,
+                    &bias,
+                    act,
+                    &y_d,
+                    y,
+                )
+            },
+            |a| {
+                let (mut want, bound) = tol.expect(&full, 1.0, 0.0, None, is_transform(a));
+                if act == FusedActivation::Relu {
+                    // max(0, ·) is 1-Lipschitz: the bound carries over.
+                    want.iter_mut().for_each(|v| *v = v.max(0.0));
+                }
+                (want, bound)
+            },
+        );
+    }
+}
+
+#[test]
+fn fused_bias_relu_every_accepted_algorithm() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(401);
+    let mut ws = Workspace::new(g.stream.clone());
+    let mut t = Tally::default();
+    for i in 0..3 {
+        let case = rng.case(&F32_NCHW_2D, i);
+        let relu = FusedActivation::Relu;
+        fused_case::<f32>(
+            &g,
+            &mut ws,
+            &mut rng,
+            &case,
+            MathType::Fma,
+            FP32,
+            relu,
+            ConvFwdAlgo::ALL,
+            &mut t,
+        );
+    }
+    println!(
+        "{}",
+        t.line("fused conv+bias+relu f32 (with and without z)")
+    );
+    let mut t = Tally::default();
+    for i in 0..2 {
+        let case = rng.case(&F16_NHWC, i);
+        let relu = FusedActivation::Relu;
+        fused_case::<f16>(
+            &g,
+            &mut ws,
+            &mut rng,
+            &case,
+            MathType::TensorOp,
+            FP16,
+            relu,
+            ConvFwdAlgo::ALL,
+            &mut t,
+        );
+    }
+    println!(
+        "{}",
+        t.line("fused conv+bias+relu f16 NHWC (with and without z)")
+    );
+}
+
+#[test]
+fn fused_identity_runs_only_with_implicit_precomp_gemm() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(402);
+    let mut ws = Workspace::new(g.stream.clone());
+    let mut t = Tally::default();
+    let id = FusedActivation::Identity;
+    let precomp = [ConvFwdAlgo::ImplicitPrecompGemm];
+    for i in 0..3 {
+        let case = rng.case(&F32_NCHW_2D, i);
+        fused_case::<f32>(
+            &g,
+            &mut ws,
+            &mut rng,
+            &case,
+            MathType::Fma,
+            FP32,
+            id,
+            &precomp,
+            &mut t,
+        );
+    }
+
+    // Any other algorithm is refused before launch, y untouched.
+    let case = Case::square(2, 4, 6, 5, 3, 1, 1, 1, Fmt::Nchw);
+    let s = Setup::<f32>::new(&g, &mut rng, &case, MathType::Fma, Gen::Uniform);
+    let y_d = s.y_lay.desc::<f32>();
+    let b_d = TensorDesc::<f32>::nchw(1, case.k, 1, 1).unwrap();
+    let bias = g
+        .stream
+        .clone_htod(&rng.values::<f32>(case.k as usize))
+        .unwrap();
+    let before = vec![SENTINEL as f32; y_d.span()];
+    let mut y = g.stream.clone_htod(&before).unwrap();
+    let mut rejected = 0;
+    for &a in ConvFwdAlgo::ALL {
+        if a == ConvFwdAlgo::ImplicitPrecompGemm {
+            continue;
+        }
+        let r = g.cudnn.conv_bias_activation_forward(
+            1.0, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, a, &mut ws, 0.0, None, &b_d, &bias, id, &y_d,
+            &mut y,
+        );
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { .. })),
+            "identity with {a}: {r:?}"
+        );
+        rejected += 1;
+    }
+    assert_untouched("fused identity, other algorithms", &g.stream, &y, &before);
+    println!(
+        "{}; {rejected} other algorithms rejected with InvalidArgument, y untouched",
+        t.line("fused conv+bias+identity f32 IMPLICIT_PRECOMP_GEMM (with and without z)")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transposed convolution
+// ---------------------------------------------------------------------------------------------
+
+impl Rng {
+    /// The forward convolution behind a random transposed convolution with stride 2 and output
+    /// padding 1 (in the spatial dimensions that are convolved): its input has the transposed
+    /// output's shape, `(in − 1)·stride − 2·pad + dilation·(k − 1) + 1 + output_padding`, and its
+    /// output the transposed input's (checked).
+    fn transpose_case(&mut self, spatial: usize) -> Case {
+        let groups = self.range(1, 3);
+        let (c, k) = (groups * self.range(1, 4), groups * self.range(1, 4));
+        let sp = if spatial == 3 { 3 } else { 2 };
+        let (mut fwd_in, mut t_in, mut kernel, mut pads, mut strides, mut dilations) =
+            (vec![], vec![], vec![], vec![], vec![], vec![]);
+        for d in 0..sp {
+            if spatial == 1 && d == 0 {
+                fwd_in.push(1);
+                t_in.push(1);
+                kernel.push(1);
+                pads.push(0);
+                strides.push(1);
+                dilations.push(1);
+                continue;
+            }
+            let ker = self.range(1, 4);
+            let dil = self.range(1, 3);
+            let extent = dil * (ker - 1) + 1;
+            let pad = self.range(0, extent / 2 + 1);
+            let tin = self.range(1, 6);
+            // (tin − 1)·2 − 2·pad + dil·(ker − 1) + 1 + 1
+            fwd_in.push((tin - 1) * 2 - 2 * pad + extent + 1);
+            t_in.push(tin);
+            kernel.push(ker);
+            pads.push(pad);
+            strides.push(2);
+            dilations.push(dil);
+        }
+        let case = Case {
+            spatial,
+            n: self.range(1, 3),
+            c,
+            k,
+            groups,
+            input: fwd_in,
+            kernel,
+            pads,
+            strides,
+            dilations,
+            mode: ConvMode::CrossCorrelation,
+            fmt: Fmt::Nchw,
+        };
+        assert_eq!(
+            case.out(),
+            t_in,
+            "the forward convolution maps the transposed output back to its input"
+        );
+        case
+    }
+}
+
+/// `y = alpha·conv_transpose(x, w) + beta·y` with every backward-data algorithm cuDNN accepts,
+/// for a random [`Rng::transpose_case`], checked against the backward-data reference of the
+/// forward convolution (x has that convolution's output shape, y its input shape).
+#[allow(clippy::too_many_arguments)]
+fn transpose_case<T: DataType>(
+    g: &Gpu,
+    ws: &mut Workspace,
+    rng: &mut Rng,
+    spatial: usize,
+    math: MathType,
+    tol: Tol,
+    (alpha, beta): (f64, f64),
+    tally: &mut Tally,
+) {
+    let case = rng.transpose_case(spatial);
+    let what = format!("conv_transpose<{}> {}", T::DTYPE, case.short());
+    let conv = case.conv::<T>(math);
+    let x_lay = Lay::packed(&case.y_dims(), Fmt::Nchw);
+    let w_lay = Lay::packed(&case.w_dims(), Fmt::Nchw);
+    let y_lay = Lay::packed(&case.x_dims(), Fmt::Nchw);
+    let (x_d, w_d) = (x_lay.desc::<T>(), w_lay.filter::<T>());
+    let op: Vec<i64> = vec![1; spatial];
+    let y_dims = conv
+        .transpose_output_dims(x_d.dims(), w_d.dims(), &op)
+        .unwrap_or_else(|e| panic!("{what}: transpose_output_dims: {e}"));
+    assert_eq!(y_dims, case.x_dims(), "{what}: transpose_output_dims");
+    let y_d = y_lay.desc::<T>();
+    let xh: Vec<T> = rng.values(x_lay.count());
+    let wh: Vec<T> = rng.values(w_lay.count());
+    let (x, w) = (x_lay.upload(g, &xh), w_lay.upload(g, &wh));
+    let r = case.geometry().backward_data(&to_f64s(&xh), &to_f64s(&wh));
+    let (alpha_s, alpha) = scalar::<T>(alpha);
+    let (beta_s, beta) = scalar::<T>(beta);
+    let old: Option<Vec<T>> = (beta != 0.0).then(|| rng.values(y_lay.count()));
+    let oldf = old.as_deref().map(to_f64s);
+    let before = y_lay.output_image(old.as_deref());
+    sweep::<ConvBwdDataAlgo, T>(
+        g,
+        &what,
+        ConvBwdDataAlgo::ALL,
+        &y_lay,
+        &before,
+        tally,
+        |a| {
+            g.cudnn
+                .conv_backward_data_workspace_size(&w_d, &x_d, &conv, &y_d, a)
+        },
+        |a, y| {
+            g.cudnn
+                .conv_transpose(alpha_s, &x_d, &x, &w_d, &w, &conv, a, ws, beta_s, &y_d, y)
+        },
+        |a| tol.expect(&r, alpha, beta, oldf.as_deref(), is_transform(a)),
+    );
+}
+
+#[test]
+fn conv_transpose_stride_2_output_padding_1() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(501);
+    let mut ws = Workspace::new(g.stream.clone());
+    let mut t = Tally::default();
+    for (spatial, ab) in [
+        (2, (1.0, 0.0)),
+        (1, (1.0, 0.0)),
+        (2, (1.0, 0.0)),
+        (2, (2.0, 0.5)),
+    ] {
+        transpose_case::<f32>(
+            &g,
+            &mut ws,
+            &mut rng,
+            spatial,
+            MathType::Fma,
+            FP32,
+            ab,
+            &mut t,
+        );
+    }
+    println!(
+        "{}",
+        t.line("conv_transpose f32 (stride 2, output padding 1)")
+    );
+    let mut t = Tally::default();
+    for spatial in [2, 3] {
+        transpose_case::<f64>(
+            &g,
+            &mut ws,
+            &mut rng,
+            spatial,
+            MathType::Default,
+            FP64,
+            (1.0, 0.0),
+            &mut t,
+        );
+    }
+    println!(
+        "{}",
+        t.line("conv_transpose f64 (stride 2, output padding 1)")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Depthwise and grouped convolutions
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn depthwise_and_grouped_forward_and_backward() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(601);
+    let mut ws = Workspace::new(g.stream.clone());
+    let (mut f, mut d, mut w) = (Tally::default(), Tally::default(), Tally::default());
+    // (C, groups, K, stride, dilation): depthwise with channel multiplier 1 and 2, then grouped.
+    let shapes = [
+        (6, 6, 6, 1, 1),
+        (4, 4, 8, 2, 1),
+        (5, 5, 5, 1, 2),
+        (9, 3, 6, 1, 1),
+        (8, 2, 4, 2, 1),
+        (6, 3, 9, 1, 2),
+    ];
+    for (i, &(c, groups, k, stride, dil)) in shapes.iter().enumerate() {
+        let mut case = Case::square(2, c, 7, k, 3, dil, stride, dil, Fmt::Nchw);
+        case.groups = groups;
+        case.fmt = if i % 2 == 0 { Fmt::Nchw } else { Fmt::Nhwc };
+        forward_case::<f32, f32>(
+            &g,
+            &mut ws,
+            &mut rng,
+            &case,
+            &fwd(MathType::Fma, FP32),
+            &mut f,
+        );
+        let p = Bwd {
+            math: MathType::Fma,
+            tol: FP32,
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        backward_case::<f32>(&g, &mut ws, &mut rng, &case, &p, &mut d, &mut w);
+    }
+    // 1-D depthwise.
+    let case = Case {
+        spatial: 1,
+        n: 3,
+        c: 4,
+        k: 8,
+        groups: 4,
+        input: vec![1, 10],
+        kernel: vec![1, 3],
+        pads: vec![0, 1],
+        strides: vec![1, 1],
+        dilations: vec![1, 2],
+        mode: ConvMode::Convolution,
+        fmt: Fmt::Nchw,
+    };
+    forward_case::<f32, f32>(
+        &g,
+        &mut ws,
+        &mut rng,
+        &case,
+        &fwd(MathType::Fma, FP32),
+        &mut f,
+    );
+    let p = Bwd {
+        math: MathType::Fma,
+        tol: FP32,
+        alpha: 1.0,
+        beta: 0.0,
+    };
+    backward_case::<f32>(&g, &mut ws, &mut rng, &case, &p, &mut d, &mut w);
+    println!("{}", f.line("depthwise/grouped forward f32"));
+    println!("{}", d.line("depthwise/grouped backward data f32"));
+    println!("{}", w.line("depthwise/grouped backward filter f32"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad arguments are rejected before launch, outputs untouched
+// ---------------------------------------------------------------------------------------------
+
+/// A small f32 NCHW problem: x `[2, 4, 6, 6]`, w `[5, 4, 3, 3]`, pad 1 → y `[2, 5, 6, 6]`.
+fn small(g: &Gpu, rng: &mut Rng) -> Setup<f32> {
+    let case = Case::square(2, 4, 6, 5, 3, 1, 1, 1, Fmt::Nchw);
+    Setup::new(g, rng, &case, MathType::Fma, Gen::Uniform)
+}
+
+/// `r` is `BufferTooSmall` for `name` with the given lengths.
+fn is_short<T: std::fmt::Debug>(r: &Result<T, Error>, name: &str, len: usize, required: usize) {
+    assert!(
+        matches!(r, Err(Error::BufferTooSmall { name: n, len: l, required: q })
+            if *n == name && *l == len && *q == required),
+        "expected BufferTooSmall for `{name}` ({len} < {required}), got {r:?}"
+    );
+}
+
+#[test]
+fn rejects_short_buffers_before_launch() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(701);
+    let mut ws = Workspace::new(g.stream.clone());
+    let s = small(&g, &mut rng);
+    let y_d = s.y_lay.desc::<f32>();
+    let (xs, wn, ys) = (s.x_d.span(), s.w_d.span(), y_d.span());
+    let gemm = ConvFwdAlgo::ImplicitGemm;
+    let mut checked = 0;
+
+    // Forward: y is a buffer one longer than its span, full of sentinels.
+    let before = vec![SENTINEL as f32; ys + 1];
+    let mut y = g.stream.clone_htod(&before).unwrap();
+    let x_short = g.stream.clone_htod(&rng.values::<f32>(xs - 1)).unwrap();
+    let r = g.cudnn.conv_forward(
+        1.0, &s.x_d, &x_short, &s.w_d, &s.w, &s.conv, gemm, &mut ws, 0.0, &y_d, &mut y,
+    );
+    is_short(&r, "x", xs - 1, xs);
+    let w_short = g.stream.clone_htod(&rng.values::<f32>(wn - 1)).unwrap();
+    let r = g.cudnn.conv_forward(
+        1.0, &s.x_d, &s.x, &s.w_d, &w_short, &s.conv, gemm, &mut ws, 0.0, &y_d, &mut y,
+    );
+    is_short(&r, "w", wn - 1, wn);
+    {
+        // A view one element short of the span: the element just past it must survive too.
+        let mut view = y.slice_mut(..ys - 1);
+        let r = g.cudnn.conv_forward(
+            1.0, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, gemm, &mut ws, 0.0, &y_d, &mut view,
+        );
+        is_short(&r, "y", ys - 1, ys);
+    }
+    checked += 3;
+
+    // Fused: short bias, short z.
+    let relu = FusedActivation::Relu;
+    let b_d = TensorDesc::<f32>::nchw(1, s.case.k, 1, 1).unwrap();
+    let kb = s.case.k as usize;
+    let bias = g.stream.clone_htod(&rng.values::<f32>(kb)).unwrap();
+    let bias_short = g.stream.clone_htod(&rng.values::<f32>(kb - 1)).unwrap();
+    let z = g.stream.clone_htod(&rng.values::<f32>(ys)).unwrap();
+    let z_short = g.stream.clone_htod(&rng.values::<f32>(ys - 1)).unwrap();
+    let r = g.cudnn.conv_bias_activation_forward(
+        1.0,
+        &s.x_d,
+        &s.x,
+        &s.w_d,
+        &s.w,
+        &s.conv,
+        gemm,
+        &mut ws,
+        1.0,
+        Some(&z),
+        &b_d,
+        &bias_short,
+        relu,
+        &y_d,
+        &mut y,
+    );
+    is_short(&r, "bias", kb - 1, kb);
+    let r = g.cudnn.conv_bias_activation_forward(
+        1.0,
+        &s.x_d,
+        &s.x,
+        &s.w_d,
+        &s.w,
+        &s.conv,
+        gemm,
+        &mut ws,
+        1.0,
+        Some(&z_short),
+        &b_d,
+        &bias,
+        relu,
+        &y_d,
+        &mut y,
+    );
+    is_short(&r, "z", ys - 1, ys);
+    checked += 2;
+    assert_untouched("forward/fused with short buffers", &g.stream, &y, &before);
+
+    // Backward data: short dy, short dx.
+    let da = first_accepted("short dx", |a| {
+        g.cudnn
+            .conv_backward_data_workspace_size(&s.w_d, &y_d, &s.conv, &s.x_d, a)
+    });
+    let dy = g.stream.clone_htod(&rng.values::<f32>(ys)).unwrap();
+    let dy_short = g.stream.clone_htod(&rng.values::<f32>(ys - 1)).unwrap();
+    let dx_before = vec![SENTINEL as f32; xs];
+    let mut dx = g.stream.clone_htod(&dx_before).unwrap();
+    let r = g.cudnn.conv_backward_data(
+        1.0, &s.w_d, &s.w, &y_d, &dy_short, &s.conv, da, &mut ws, 0.0, &s.x_d, &mut dx,
+    );
+    is_short(&r, "dy", ys - 1, ys);
+    {
+        let mut view = dx.slice_mut(..xs - 1);
+        let r = g.cudnn.conv_backward_data(
+            1.0, &s.w_d, &s.w, &y_d, &dy, &s.conv, da, &mut ws, 0.0, &s.x_d, &mut view,
+        );
+        is_short(&r, "dx", xs - 1, xs);
+    }
+    assert_untouched(
+        "backward data with short buffers",
+        &g.stream,
+        &dx,
+        &dx_before,
+    );
+
+    // Backward filter: short x, short dw.
+    let fa = first_accepted("short dw", |a| {
+        g.cudnn
+            .conv_backward_filter_workspace_size(&s.x_d, &y_d, &s.conv, &s.w_d, a)
+    });
+    let dw_before = vec![SENTINEL as f32; wn];
+    let mut dw = g.stream.clone_htod(&dw_before).unwrap();
+    let r = g.cudnn.conv_backward_filter(
+        1.0, &s.x_d, &x_short, &y_d, &dy, &s.conv, fa, &mut ws, 0.0, &s.w_d, &mut dw,
+    );
+    is_short(&r, "x", xs - 1, xs);
+    {
+        let mut view = dw.slice_mut(..wn - 1);
+        let r = g.cudnn.conv_backward_filter(
+            1.0, &s.x_d, &s.x, &y_d, &dy, &s.conv, fa, &mut ws, 0.0, &s.w_d, &mut view,
+        );
+        is_short(&r, "dw", wn - 1, wn);
+    }
+    assert_untouched(
+        "backward filter with short buffers",
+        &g.stream,
+        &dw,
+        &dw_before,
+    );
+
+    // Backward bias: short db.
+    let db_before = vec![SENTINEL as f32; kb];
+    let mut db = g.stream.clone_htod(&db_before).unwrap();
+    {
+        let mut view = db.slice_mut(..kb - 1);
+        let r = g
+            .cudnn
+            .conv_backward_bias(1.0, &y_d, &dy, 0.0, &b_d, &mut view);
+        is_short(&r, "db", kb - 1, kb);
+    }
+    assert_untouched("backward bias with a short db", &g.stream, &db, &db_before);
+    checked += 5;
+    println!("short buffers: {checked} calls rejected with BufferTooSmall, outputs untouched");
+}
+
+#[test]
+fn rejects_wrong_shapes_before_launch() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(702);
+    let mut ws = Workspace::new(g.stream.clone());
+    let s = small(&g, &mut rng);
+    let gemm = ConvFwdAlgo::ImplicitGemm;
+    let y_d = s.y_lay.desc::<f32>();
+
+    // y [2, 5, 7, 6] where [2, 5, 6, 6] is right; y with K = 4.
+    let bad_hw = TensorDesc::<f32>::nchw(2, 5, 7, 6).unwrap();
+    let bad_k = TensorDesc::<f32>::nchw(2, 4, 6, 6).unwrap();
+    let before = vec![SENTINEL as f32; bad_hw.span()];
+    let mut y = g.stream.clone_htod(&before).unwrap();
+    for bad in [&bad_hw, &bad_k] {
+        let r = g.cudnn.conv_forward(
+            1.0, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, gemm, &mut ws, 0.0, bad, &mut y,
+        );
+        assert!(
+            matches!(&r, Err(Error::ShapeMismatch { a: "y", .. })),
+            "forward y {:?}: {r:?}",
+            bad.dims()
+        );
+        let r = g
+            .cudnn
+            .conv_forward_workspace_size(&s.x_d, &s.w_d, &s.conv, bad, gemm);
+        assert!(
+            matches!(&r, Err(Error::ShapeMismatch { a: "y", .. })),
+            "workspace query y {:?}: {r:?}",
+            bad.dims()
+        );
+    }
+    // Filter channels × groups ≠ input channels.
+    let w3 = FilterDesc::<f32>::new(&[5, 3, 3, 3], TensorFormat::Nchw).unwrap();
+    let w3_dev = g.stream.clone_htod(&rng.values::<f32>(w3.span())).unwrap();
+    let r = g.cudnn.conv_forward(
+        1.0, &s.x_d, &s.x, &w3, &w3_dev, &s.conv, gemm, &mut ws, 0.0, &y_d, &mut y,
+    );
+    assert!(
+        matches!(&r, Err(Error::ShapeMismatch { a: "x", b: "w", .. })),
+        "forward with w [5, 3, 3, 3]: {r:?}"
+    );
+    assert_untouched("forward with wrong shapes", &g.stream, &y, &before);
+
+    // Backward passes with dy of the wrong shape.
+    let dy = g
+        .stream
+        .clone_htod(&rng.values::<f32>(bad_hw.span()))
+        .unwrap();
+    let dx_before = vec![SENTINEL as f32; s.x_d.span()];
+    let mut dx = g.stream.clone_htod(&dx_before).unwrap();
+    let r = g.cudnn.conv_backward_data(
+        1.0,
+        &s.w_d,
+        &s.w,
+        &bad_hw,
+        &dy,
+        &s.conv,
+        ConvBwdDataAlgo::Algo1,
+        &mut ws,
+        0.0,
+        &s.x_d,
+        &mut dx,
+    );
+    assert!(
+        matches!(&r, Err(Error::ShapeMismatch { a: "dy", .. })),
+        "backward data: {r:?}"
+    );
+    assert_untouched("backward data with a wrong dy", &g.stream, &dx, &dx_before);
+    let dw_before = vec![SENTINEL as f32; s.w_d.span()];
+    let mut dw = g.stream.clone_htod(&dw_before).unwrap();
+    let r = g.cudnn.conv_backward_filter(
+        1.0,
+        &s.x_d,
+        &s.x,
+        &bad_hw,
+        &dy,
+        &s.conv,
+        ConvBwdFilterAlgo::Algo1,
+        &mut ws,
+        0.0,
+        &s.w_d,
+        &mut dw,
+    );
+    assert!(
+        matches!(&r, Err(Error::ShapeMismatch { a: "dy", .. })),
+        "backward filter: {r:?}"
+    );
+    assert_untouched(
+        "backward filter with a wrong dy",
+        &g.stream,
+        &dw,
+        &dw_before,
+    );
+    println!("wrong shapes: forward y (2 ways), filter channels, backward dy (2 passes) rejected with ShapeMismatch");
+}
+
+#[test]
+fn rejects_bias_with_wrong_dims() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(703);
+    let mut ws = Workspace::new(g.stream.clone());
+    let s = small(&g, &mut rng);
+    let y_d = s.y_lay.desc::<f32>();
+    let k = s.case.k;
+    let before = vec![SENTINEL as f32; y_d.span()];
+    let mut y = g.stream.clone_htod(&before).unwrap();
+    for dims in [[1, k + 1, 1, 1], [1, k, 1, 2], [2, k, 1, 1]] {
+        let b_d = TensorDesc::<f32>::nchw_nd(&dims).unwrap();
+        let bias = g.stream.clone_htod(&rng.values::<f32>(b_d.span())).unwrap();
+        let r = g.cudnn.conv_bias_activation_forward(
+            1.0,
+            &s.x_d,
+            &s.x,
+            &s.w_d,
+            &s.w,
+            &s.conv,
+            ConvFwdAlgo::ImplicitGemm,
+            &mut ws,
+            0.0,
+            None,
+            &b_d,
+            &bias,
+            FusedActivation::Relu,
+            &y_d,
+            &mut y,
+        );
+        assert!(
+            matches!(&r, Err(Error::ShapeMismatch { a: "bias", .. })),
+            "fused with bias {dims:?}: {r:?}"
+        );
+    }
+    assert_untouched("fused with a wrong bias", &g.stream, &y, &before);
+
+    let dy = g.stream.clone_htod(&rng.values::<f32>(y_d.span())).unwrap();
+    let db_d = TensorDesc::<f32>::nchw(1, k + 1, 1, 1).unwrap();
+    let db_before = vec![SENTINEL as f32; db_d.span()];
+    let mut db = g.stream.clone_htod(&db_before).unwrap();
+    let r = g
+        .cudnn
+        .conv_backward_bias(1.0, &y_d, &dy, 0.0, &db_d, &mut db);
+    assert!(
+        matches!(&r, Err(Error::ShapeMismatch { a: "db", .. })),
+        "backward bias with db [1, K+1, 1, 1]: {r:?}"
+    );
+    assert_untouched("backward bias with a wrong db", &g.stream, &db, &db_before);
+    println!("wrong bias dims: 3 fused calls and 1 backward-bias call rejected with ShapeMismatch");
+}
+
+#[test]
+fn rejects_buffers_and_workspace_of_another_context() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(704);
+    let mut ws = Workspace::new(g.stream.clone());
+    let s = small(&g, &mut rng);
+    let y_d = s.y_lay.desc::<f32>();
+    let gemm = ConvFwdAlgo::ImplicitGemm;
+    // Another device if there is one; otherwise a non-primary context on device 0, which is a
+    // different CUDA context on the same device (cuCtxCreate).
+    let other = if CudaContext::device_count().unwrap() >= 2 {
+        CudaContext::new(1).unwrap()
+    } else {
+        CudaContext::new_non_primary(0, 0).unwrap()
+    };
+    assert!(*other != **g.cudnn.context());
+    let os = other.default_stream();
+
+    let before = vec![SENTINEL as f32; y_d.span()];
+    let mut y = g.stream.clone_htod(&before).unwrap();
+    let x_foreign = os.clone_htod(&rng.values::<f32>(s.x_d.span())).unwrap();
+    let r = g.cudnn.conv_forward(
+        1.0, &s.x_d, &x_foreign, &s.w_d, &s.w, &s.conv, gemm, &mut ws, 0.0, &y_d, &mut y,
+    );
+    assert!(
+        matches!(r, Err(Error::ForeignContext { name: "x", .. })),
+        "foreign x: {r:?}"
+    );
+    let w_foreign = os.clone_htod(&rng.values::<f32>(s.w_d.span())).unwrap();
+    let r = g.cudnn.conv_forward(
+        1.0, &s.x_d, &s.x, &s.w_d, &w_foreign, &s.conv, gemm, &mut ws, 0.0, &y_d, &mut y,
+    );
+    assert!(
+        matches!(r, Err(Error::ForeignContext { name: "w", .. })),
+        "foreign w: {r:?}"
+    );
+    let mut ws_foreign = Workspace::new(os.clone());
+    for algo in [gemm, ConvFwdAlgo::Gemm] {
+        if g.cudnn
+            .conv_forward_workspace_size(&s.x_d, &s.w_d, &s.conv, &y_d, algo)
+            .is_err()
+        {
+            continue;
+        }
+        let r = g.cudnn.conv_forward(
+            1.0,
+            &s.x_d,
+            &s.x,
+            &s.w_d,
+            &s.w,
+            &s.conv,
+            algo,
+            &mut ws_foreign,
+            0.0,
+            &y_d,
+            &mut y,
+        );
+        assert!(
+            matches!(
+                r,
+                Err(Error::ForeignContext {
+                    name: "workspace",
+                    ..
+                })
+            ),
+            "foreign workspace with {algo}: {r:?}"
+        );
+    }
+    assert_eq!(
+        ws_foreign.capacity(),
+        0,
+        "a rejected call grew the workspace"
+    );
+    assert_untouched("forward with foreign inputs", &g.stream, &y, &before);
+
+    // A foreign output.
+    let mut y_foreign = os.clone_htod(&before).unwrap();
+    let r = g.cudnn.conv_forward(
+        1.0,
+        &s.x_d,
+        &s.x,
+        &s.w_d,
+        &s.w,
+        &s.conv,
+        gemm,
+        &mut ws,
+        0.0,
+        &y_d,
+        &mut y_foreign,
+    );
+    assert!(
+        matches!(r, Err(Error::ForeignContext { name: "y", .. })),
+        "foreign y: {r:?}"
+    );
+    assert_untouched("foreign y", &os, &y_foreign, &before);
+
+    // Backward filter with a foreign workspace.
+    let dy = g.stream.clone_htod(&rng.values::<f32>(y_d.span())).unwrap();
+    let dw_before = vec![SENTINEL as f32; s.w_d.span()];
+    let mut dw = g.stream.clone_htod(&dw_before).unwrap();
+    let fa = first_accepted("foreign workspace", |a| {
+        g.cudnn
+            .conv_backward_filter_workspace_size(&s.x_d, &y_d, &s.conv, &s.w_d, a)
+    });
+    let r = g.cudnn.conv_backward_filter(
+        1.0,
+        &s.x_d,
+        &s.x,
+        &y_d,
+        &dy,
+        &s.conv,
+        fa,
+        &mut ws_foreign,
+        0.0,
+        &s.w_d,
+        &mut dw,
+    );
+    assert!(
+        matches!(
+            r,
+            Err(Error::ForeignContext {
+                name: "workspace",
+                ..
+            })
+        ),
+        "backward filter, foreign workspace: {r:?}"
+    );
+    assert_untouched(
+        "backward filter with a foreign workspace",
+        &g.stream,
+        &dw,
+        &dw_before,
+    );
+    println!("foreign context: x, w, y and workspace (forward, backward filter) rejected with ForeignContext");
+}
+
+#[test]
+fn rejects_workspace_over_its_limit() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(705);
+    let case = Case::square(2, 8, 12, 8, 3, 1, 1, 1, Fmt::Nchw);
+    let s = Setup::<f32>::new(&g, &mut rng, &case, MathType::Fma, Gen::Uniform);
+    let y_d = s.y_lay.desc::<f32>();
+    let (algo, bytes) = ConvFwdAlgo::ALL
+        .iter()
+        .find_map(|&a| {
+            let b = g
+                .cudnn
+                .conv_forward_workspace_size(&s.x_d, &s.w_d, &s.conv, &y_d, a)
+                .ok()?;
+            (b > 1).then_some((a, b))
+        })
+        .expect("some forward algorithm needs a workspace here (GEMM's im2col, FFT)");
+    let mut ws = Workspace::new(g.stream.clone()).with_limit(1);
+    let before = vec![SENTINEL as f32; y_d.span()];
+    let mut y = g.stream.clone_htod(&before).unwrap();
+    let r = g.cudnn.conv_forward(
+        1.0, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, algo, &mut ws, 0.0, &y_d, &mut y,
+    );
+    assert!(
+        matches!(r, Err(Error::WorkspaceLimit { requested, limit: 1 }) if requested == bytes),
+        "{algo} needing {bytes} bytes with a 1-byte limit: {r:?}"
+    );
+    assert_eq!(ws.capacity(), 0);
+    assert_untouched("forward over the workspace limit", &g.stream, &y, &before);
+    println!("workspace limit: {algo} needing {bytes} bytes refused with WorkspaceLimit under a 1-byte limit");
+}
+
+/// A case FFT and Winograd cannot do (stride 2, dilation 2) and the first of them cuDNN refuses.
+fn refused_fft_or_winograd(g: &Gpu, rng: &mut Rng) -> (Setup<f32>, ConvFwdAlgo, Error) {
+    let case = Case::square(2, 4, 9, 4, 3, 2, 2, 2, Fmt::Nchw);
+    let s = Setup::<f32>::new(g, rng, &case, MathType::Fma, Gen::Uniform);
+    let y_d = s.y_lay.desc::<f32>();
+    let (algo, e) = [
+        ConvFwdAlgo::Fft,
+        ConvFwdAlgo::Winograd,
+        ConvFwdAlgo::FftTiling,
+        ConvFwdAlgo::WinogradNonfused,
+    ]
+    .into_iter()
+    .find_map(|a| {
+        g.cudnn
+            .conv_forward_workspace_size(&s.x_d, &s.w_d, &s.conv, &y_d, a)
+            .err()
+            .map(|e| (a, e))
+    })
+    .expect("cuDNN refuses FFT and Winograd with stride 2 and dilation 2");
+    (s, algo, e)
+}
+
+/// A cuDNN refusal of the case (not-supported or bad-parameter family).
+fn is_refusal(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Cudnn { status, .. }
+            if matches!(status.family(), StatusFamily::NotSupported | StatusFamily::BadParam)
+    )
+}
+
+#[test]
+fn manual_algorithm_cudnn_refuses_is_a_cudnn_error() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(706);
+    let mut ws = Workspace::new(g.stream.clone());
+    let (s, algo, e) = refused_fft_or_winograd(&g, &mut rng);
+    assert!(is_refusal(&e), "workspace query for {algo}: {e:?}");
+    let y_d = s.y_lay.desc::<f32>();
+    let before = vec![SENTINEL as f32; y_d.span()];
+    let mut y = g.stream.clone_htod(&before).unwrap();
+    let r = g.cudnn.conv_forward(
+        1.0, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, algo, &mut ws, 0.0, &y_d, &mut y,
+    );
+    match &r {
+        Err(e) if is_refusal(e) => {}
+        other => panic!("{algo} on a stride-2, dilation-2 case: {other:?}"),
+    }
+    assert_untouched("refused manual algorithm", &g.stream, &y, &before);
+    println!(
+        "manual algorithm: {algo} on stride 2 / dilation 2 refused with {}",
+        r.unwrap_err()
+    );
+}
+
+#[test]
+fn rejects_overlapping_outputs() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(707);
+    let mut ws = Workspace::new(g.stream.clone());
+    let s = small(&g, &mut rng);
+    // Channels and columns share stride 1: every element but the first is written twice.
+    let overlapping = |dims: &[i64]| -> Option<TensorDesc<f32>> {
+        let strides = [dims[1] * dims[2] * dims[3], 1, dims[3], 1];
+        match TensorDesc::<f32>::strided(dims, &strides) {
+            Ok(d) => {
+                assert!(!d.layout().is_non_overlapping());
+                Some(d)
+            }
+            // If the descriptor itself is refused, no launch can be reached with it.
+            Err(e) => {
+                assert!(
+                    matches!(e, Error::Cudnn { .. } | Error::InvalidArgument { .. }),
+                    "{e:?}"
+                );
+                None
+            }
+        }
+    };
+    let (Some(y_d), Some(dx_d)) = (overlapping(&s.case.y_dims()), overlapping(&s.case.x_dims()))
+    else {
+        println!("overlapping outputs: cuDNN refuses such descriptors; nothing to launch");
+        return;
+    };
+    let before = vec![SENTINEL as f32; s.y_lay.span()];
+    let mut y = g.stream.clone_htod(&before).unwrap();
+    let r = g.cudnn.conv_forward(
+        1.0,
+        &s.x_d,
+        &s.x,
+        &s.w_d,
+        &s.w,
+        &s.conv,
+        ConvFwdAlgo::ImplicitGemm,
+        &mut ws,
+        0.0,
+        &y_d,
+        &mut y,
+    );
+    assert!(
+        matches!(r, Err(Error::OverlappingOutput { name: "y", .. })),
+        "forward: {r:?}"
+    );
+    let b_d = TensorDesc::<f32>::nchw(1, s.case.k, 1, 1).unwrap();
+    let bias = g
+        .stream
+        .clone_htod(&rng.values::<f32>(s.case.k as usize))
+        .unwrap();
+    let r = g.cudnn.conv_bias_activation_forward(
+        1.0,
+        &s.x_d,
+        &s.x,
+        &s.w_d,
+        &s.w,
+        &s.conv,
+        ConvFwdAlgo::ImplicitGemm,
+        &mut ws,
+        0.0,
+        None,
+        &b_d,
+        &bias,
+        FusedActivation::Relu,
+        &y_d,
+        &mut y,
+    );
+    assert!(
+        matches!(r, Err(Error::OverlappingOutput { name: "y", .. })),
+        "fused: {r:?}"
+    );
+    assert_untouched("overlapping y", &g.stream, &y, &before);
+
+    let dy_d = s.y_lay.desc::<f32>();
+    let dy = g
+        .stream
+        .clone_htod(&rng.values::<f32>(dy_d.span()))
+        .unwrap();
+    let dx_before = vec![SENTINEL as f32; s.x_lay.span()];
+    let mut dx = g.stream.clone_htod(&dx_before).unwrap();
+    let r = g.cudnn.conv_backward_data(
+        1.0,
+        &s.w_d,
+        &s.w,
+        &dy_d,
+        &dy,
+        &s.conv,
+        ConvBwdDataAlgo::Algo1,
+        &mut ws,
+        0.0,
+        &dx_d,
+        &mut dx,
+    );
+    assert!(
+        matches!(r, Err(Error::OverlappingOutput { name: "dx", .. })),
+        "backward data: {r:?}"
+    );
+    assert_untouched("overlapping dx", &g.stream, &dx, &dx_before);
+    println!("overlapping outputs: forward y, fused y and backward-data dx rejected with OverlappingOutput");
+}
+
+#[test]
+fn rejects_unsupported_data_types() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(708);
+    let mut ws = Workspace::new(g.stream.clone());
+    let s = small(&g, &mut rng);
+    let gemm = ConvFwdAlgo::ImplicitGemm;
+
+    // f32 input with an f16 output.
+    let y16_d = s.y_lay.desc::<f16>();
+    let before16 = vec![f16::from_f64(SENTINEL); y16_d.span()];
+    let mut y16 = g.stream.clone_htod(&before16).unwrap();
+    let r = g.cudnn.conv_forward::<f32, f16>(
+        1.0, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, gemm, &mut ws, 0.0, &y16_d, &mut y16,
+    );
+    assert!(
+        matches!(r, Err(Error::UnsupportedDataType { .. })),
+        "f32 -> f16: {r:?}"
+    );
+    assert_untouched("f32 -> f16 forward", &g.stream, &y16, &before16);
+
+    // The fused call with a bias of another type than the output.
+    let y_d = s.y_lay.desc::<f32>();
+    let before = vec![SENTINEL as f32; y_d.span()];
+    let mut y = g.stream.clone_htod(&before).unwrap();
+    let b16_d = TensorDesc::<f16>::nchw(1, s.case.k, 1, 1).unwrap();
+    let b16 = g
+        .stream
+        .clone_htod(&rng.values::<f16>(s.case.k as usize))
+        .unwrap();
+    let r = g.cudnn.conv_bias_activation_forward(
+        1.0,
+        &s.x_d,
+        &s.x,
+        &s.w_d,
+        &s.w,
+        &s.conv,
+        gemm,
+        &mut ws,
+        0.0,
+        None,
+        &b16_d,
+        &b16,
+        FusedActivation::Relu,
+        &y_d,
+        &mut y,
+    );
+    assert!(
+        matches!(r, Err(Error::UnsupportedDataType { .. })),
+        "f16 bias for f32 output: {r:?}"
+    );
+    assert_untouched("fused with an f16 bias", &g.stream, &y, &before);
+
+    // Backward passes with i8 (forward-only in cuDNN).
+    let case = Case::square(2, 4, 6, 4, 3, 1, 1, 1, Fmt::Nhwc);
+    let conv = case.conv::<i8>(MathType::Default);
+    let x_lay = Lay::packed(&case.x_dims(), Fmt::Nhwc);
+    let w_lay = Lay::packed(&case.w_dims(), Fmt::Nhwc);
+    let y_lay = Lay::packed(&case.y_dims(), Fmt::Nhwc);
+    let (x_d, w_d, dy_d) = (x_lay.desc::<i8>(), w_lay.filter::<i8>(), y_lay.desc::<i8>());
+    let x = x_lay.upload(&g, &rng.small_ints::<i8>(x_lay.count()));
+    let w = w_lay.upload(&g, &rng.small_ints::<i8>(w_lay.count()));
+    let dy = y_lay.upload(&g, &rng.small_ints::<i8>(y_lay.count()));
+    let dx_before = vec![i8::from_f64(SENTINEL); x_d.span()];
+    let mut dx = g.stream.clone_htod(&dx_before).unwrap();
+    let r = g.cudnn.conv_backward_data(
+        1.0,
+        &w_d,
+        &w,
+        &dy_d,
+        &dy,
+        &conv,
+        ConvBwdDataAlgo::Algo1,
+        &mut ws,
+        0.0,
+        &x_d,
+        &mut dx,
+    );
+    assert!(
+        matches!(r, Err(Error::UnsupportedDataType { .. })),
+        "i8 backward data: {r:?}"
+    );
+    assert_untouched("i8 backward data", &g.stream, &dx, &dx_before);
+    let dw_before = vec![i8::from_f64(SENTINEL); w_d.span()];
+    let mut dw = g.stream.clone_htod(&dw_before).unwrap();
+    let r = g.cudnn.conv_backward_filter(
+        1.0,
+        &x_d,
+        &x,
+        &dy_d,
+        &dy,
+        &conv,
+        ConvBwdFilterAlgo::Algo1,
+        &mut ws,
+        0.0,
+        &w_d,
+        &mut dw,
+    );
+    assert!(
+        matches!(r, Err(Error::UnsupportedDataType { .. })),
+        "i8 backward filter: {r:?}"
+    );
+    assert_untouched("i8 backward filter", &g.stream, &dw, &dw_before);
+    let db_d = TensorDesc::<i8>::nchw(1, case.k, 1, 1).unwrap();
+    let db_before = vec![i8::from_f64(SENTINEL); db_d.span()];
+    let mut db = g.stream.clone_htod(&db_before).unwrap();
+    let r = g
+        .cudnn
+        .conv_backward_bias(1.0, &dy_d, &dy, 0.0, &db_d, &mut db);
+    assert!(
+        matches!(r, Err(Error::UnsupportedDataType { .. })),
+        "i8 backward bias: {r:?}"
+    );
+    assert_untouched("i8 backward bias", &g.stream, &db, &db_before);
+    println!("unsupported types: f32 -> f16 forward, f16 bias for f32, i8 backward data/filter/bias rejected with UnsupportedDataType");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Find: every algorithm run and timed
+// ---------------------------------------------------------------------------------------------
+
+/// Checks a find result: at least one supported entry, times ≥ 0 and ascending among the
+/// supported entries, each supported entry (with the descriptor's math type) accepted by the
+/// workspace query. Returns the fastest.
+fn check_find<A: ConvAlgorithm>(
+    what: &str,
+    perf: &[AlgoPerf<A>],
+    math: MathType,
+    accepted: impl Fn(A) -> bool,
+) -> A {
+    let sup: Vec<&AlgoPerf<A>> = perf.iter().filter(|p| p.is_supported()).collect();
+    assert!(!sup.is_empty(), "{what}: no supported entry in {perf:?}");
+    for p in &sup {
+        assert!(
+            p.time_ms >= 0.0 && p.time_ms.is_finite(),
+            "{what}: supported entry with time {}: {p:?}",
+            p.time_ms
+        );
+        if p.math == math {
+            assert!(
+                accepted(p.algo),
+                "{what}: find ran {} but the workspace query refuses it",
+                p.algo
+            );
+        }
+    }
+    for pair in sup.windows(2) {
+        assert!(
+            pair[0].time_ms <= pair[1].time_ms,
+            "{what}: supported entries not sorted by time: {perf:?}"
+        );
+    }
+    sup[0].algo
+}
+
+/// Checks `dev` (laid out as `lay`, written over `before`) against `alpha·r + beta·old` where
+/// `old` is read from `before`.
+#[allow(clippy::too_many_arguments)]
+fn verify<T: DataType>(
+    g: &Gpu,
+    what: &str,
+    lay: &Lay,
+    dev: &CudaSlice<T>,
+    before: &[T],
+    r: &Ref,
+    tol: Tol,
+    (alpha, beta): (f64, f64),
+    transform: bool,
+) -> f64 {
+    let got = download(g, dev);
+    let old = (beta != 0.0).then(|| gather(lay, before));
+    let (want, bound) = tol.expect(r, alpha, beta, old.as_deref(), transform);
+    check(what, &got, before, lay, &want, &bound)
+}
+
+/// Find cases: 2-D NCHW and NHWC f32 with strict fp32 math.
+fn find_cases(rng: &mut Rng) -> Vec<Case> {
+    let nhwc = Shapes {
+        fmts: &[Fmt::Nhwc],
+        ..F32_NCHW_2D
+    };
+    vec![
+        rng.case(&F32_NCHW_2D, 0),
+        rng.case(&F32_NCHW_2D, 1),
+        rng.case(&nhwc, 2),
+    ]
+}
+
+#[test]
+fn find_forward_sorted_and_fastest_correct() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(801);
+    let mut ws = Workspace::new(g.stream.clone());
+    let mut supported = 0;
+    let mut fastest = Vec::new();
+    for case in find_cases(&mut rng) {
+        let s = Setup::<f32>::new(&g, &mut rng, &case, MathType::Fma, Gen::Uniform);
+        let y_d = s.y_lay.desc::<f32>();
+        let what = format!("forward find {}", case.short());
+        let before = s.y_lay.output_image::<f32>(None);
+        let mut scratch = g.stream.clone_htod(&before).unwrap();
+        let perf = g
+            .cudnn
+            .conv_forward_find(
+                &s.x_d,
+                &s.x,
+                &s.w_d,
+                &s.w,
+                &s.conv,
+                &y_d,
+                &mut scratch,
+                &mut ws,
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let best = check_find(&what, &perf, s.conv.math(), |a| {
+            g.cudnn
+                .conv_forward_workspace_size(&s.x_d, &s.w_d, &s.conv, &y_d, a)
+                .is_ok()
+        });
+        supported += perf.iter().filter(|p| p.is_supported()).count();
+        let mut y = g.stream.clone_htod(&before).unwrap();
+        g.cudnn
+            .conv_forward(
+                1.0, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, best, &mut ws, 0.0, &y_d, &mut y,
+            )
+            .unwrap_or_else(|e| panic!("{what}: fastest {best}: {e}"));
+        let r = s.geo.forward(&s.xf, &s.wf);
+        verify(
+            &g,
+            &what,
+            &s.y_lay,
+            &y,
+            &before,
+            &r,
+            FP32,
+            (1.0, 0.0),
+            is_transform(best),
+        );
+        fastest.push(best);
+    }
+    println!(
+        "find forward: 3 shapes, {supported} supported entries, sorted; fastest {fastest:?} correct"
+    );
+}
+
+#[test]
+fn find_backward_data_sorted_and_fastest_correct() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(802);
+    let mut ws = Workspace::new(g.stream.clone());
+    let mut supported = 0;
+    let mut fastest = Vec::new();
+    for case in find_cases(&mut rng) {
+        let s = Setup::<f32>::new(&g, &mut rng, &case, MathType::Fma, Gen::Uniform);
+        let dy_d = s.y_lay.desc::<f32>();
+        let dyh: Vec<f32> = rng.values(s.y_lay.count());
+        let dy = s.y_lay.upload(&g, &dyh);
+        let what = format!("backward data find {}", case.short());
+        let before = s.x_lay.output_image::<f32>(None);
+        let mut scratch = g.stream.clone_htod(&before).unwrap();
+        let perf = g
+            .cudnn
+            .conv_backward_data_find(
+                &s.w_d,
+                &s.w,
+                &dy_d,
+                &dy,
+                &s.conv,
+                &s.x_d,
+                &mut scratch,
+                &mut ws,
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let best = check_find(&what, &perf, s.conv.math(), |a| {
+            g.cudnn
+                .conv_backward_data_workspace_size(&s.w_d, &dy_d, &s.conv, &s.x_d, a)
+                .is_ok()
+        });
+        supported += perf.iter().filter(|p| p.is_supported()).count();
+        let mut dx = g.stream.clone_htod(&before).unwrap();
+        g.cudnn
+            .conv_backward_data(
+                1.0, &s.w_d, &s.w, &dy_d, &dy, &s.conv, best, &mut ws, 0.0, &s.x_d, &mut dx,
+            )
+            .unwrap_or_else(|e| panic!("{what}: fastest {best}: {e}"));
+        let r = s.geo.backward_data(&to_f64s(&dyh), &s.wf);
+        verify(
+            &g,
+            &what,
+            &s.x_lay,
+            &dx,
+            &before,
+            &r,
+            FP32,
+            (1.0, 0.0),
+            is_transform(best),
+        );
+        fastest.push(best);
+    }
+    println!(
+        "find backward data: 3 shapes, {supported} supported entries, sorted; fastest {fastest:?} correct"
+    );
+}
+
+#[test]
+fn find_backward_filter_sorted_and_fastest_correct() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(803);
+    let mut ws = Workspace::new(g.stream.clone());
+    let mut supported = 0;
+    let mut fastest = Vec::new();
+    for case in find_cases(&mut rng) {
+        let s = Setup::<f32>::new(&g, &mut rng, &case, MathType::Fma, Gen::Uniform);
+        let dy_d = s.y_lay.desc::<f32>();
+        let dyh: Vec<f32> = rng.values(s.y_lay.count());
+        let dy = s.y_lay.upload(&g, &dyh);
+        let what = format!("backward filter find {}", case.short());
+        let before = s.w_lay.output_image::<f32>(None);
+        let mut scratch = g.stream.clone_htod(&before).unwrap();
+        let perf = g
+            .cudnn
+            .conv_backward_filter_find(
+                &s.x_d,
+                &s.x,
+                &dy_d,
+                &dy,
+                &s.conv,
+                &s.w_d,
+                &mut scratch,
+                &mut ws,
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let best = check_find(&what, &perf, s.conv.math(), |a| {
+            g.cudnn
+                .conv_backward_filter_workspace_size(&s.x_d, &dy_d, &s.conv, &s.w_d, a)
+                .is_ok()
+        });
+        supported += perf.iter().filter(|p| p.is_supported()).count();
+        let mut dw = g.stream.clone_htod(&before).unwrap();
+        g.cudnn
+            .conv_backward_filter(
+                1.0, &s.x_d, &s.x, &dy_d, &dy, &s.conv, best, &mut ws, 0.0, &s.w_d, &mut dw,
+            )
+            .unwrap_or_else(|e| panic!("{what}: fastest {best}: {e}"));
+        let r = s.geo.backward_filter(&s.xf, &to_f64s(&dyh));
+        verify(
+            &g,
+            &what,
+            &s.w_lay,
+            &dw,
+            &before,
+            &r,
+            FP32,
+            (1.0, 0.0),
+            is_transform(best),
+        );
+        fastest.push(best);
+    }
+    println!(
+        "find backward filter: 3 shapes, {supported} supported entries, sorted; fastest {fastest:?} correct"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Autotuner
+// ---------------------------------------------------------------------------------------------
+
+/// A tuner with `policy` and no decisions: no cache file, and whatever `CUDNN_SAFE_AUTOTUNE_CACHE`
+/// may have loaded forgotten.
+fn fresh(policy: Policy) -> Autotuner {
+    let mut t = Autotuner::new(policy).without_cache_file();
+    t.clear();
+    t
+}
+
+/// An f32 (strict fp32) problem with `dy`, a bias, and the references of every direction, run
+/// through an autotuner and checked.
+struct Tuned {
+    s: Setup<f32>,
+    y_d: TensorDesc<f32>,
+    dy: CudaSlice<f32>,
+    b_d: TensorDesc<f32>,
+    bias: CudaSlice<f32>,
+    y_ref: Ref,
+    dx_ref: Ref,
+    dw_ref: Ref,
+    /// relu(conv + bias).
+    fused_ref: Ref,
+}
+
+impl Tuned {
+    fn new(g: &Gpu, rng: &mut Rng, case: &Case) -> Tuned {
+        let s = Setup::<f32>::new(g, rng, case, MathType::Fma, Gen::Uniform);
+        let y_d = s.y_lay.desc::<f32>();
+        let dyh: Vec<f32> = rng.values(s.y_lay.count());
+        let dyf = to_f64s(&dyh);
+        let dy = s.y_lay.upload(g, &dyh);
+        let b_d = TensorDesc::<f32>::nchw(1, case.k, 1, 1).unwrap();
+        let bh: Vec<f32> = rng.values(case.k as usize);
+        let bias = g.stream.clone_htod(&bh).unwrap();
+        let y_ref = s.geo.forward(&s.xf, &s.wf);
+        let mut fused_ref = y_ref.clone();
+        for i in 0..fused_ref.val.len() {
+            let b = f64::from(bh[s.geo.channel_of(i)]);
+            fused_ref.val[i] += b;
+            fused_ref.abs[i] += b.abs();
+        }
+        Tuned {
+            dx_ref: s.geo.backward_data(&dyf, &s.wf),
+            dw_ref: s.geo.backward_filter(&s.xf, &dyf),
+            y_ref,
+            fused_ref,
+            s,
+            y_d,
+            dy,
+            b_d,
+            bias,
+        }
+    }
+
+    fn what(&self, tuner: &Autotuner, dir: &str) -> String {
+        format!(
+            "autotuner {} {dir} {}",
+            tuner.policy().name(),
+            self.s.case.short()
+        )
+    }
+
+    /// `y = alpha·conv(x, w) + beta·y` (random old `y` when `beta ≠ 0`), checked on success.
+    fn forward(
+        &self,
+        g: &Gpu,
+        rng: &mut Rng,
+        tuner: &mut Autotuner,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<Choice<ConvFwdAlgo>, Error> {
+        let s = &self.s;
+        let old: Option<Vec<f32>> = (beta != 0.0).then(|| rng.values(s.y_lay.count()));
+        let before = s.y_lay.output_image(old.as_deref());
+        let mut y = g.stream.clone_htod(&before).unwrap();
+        let c = tuner.forward(
+            &g.cudnn, alpha, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, beta, &self.y_d, &mut y,
+        )?;
+        let what = format!("{} with {}", self.what(tuner, "forward"), c.algo);
+        let ab = (f64::from(alpha), f64::from(beta));
+        let transform = is_transform(c.algo);
+        verify(
+            g,
+            &what,
+            &s.y_lay,
+            &y,
+            &before,
+            &self.y_ref,
+            FP32,
+            ab,
+            transform,
+        );
+        Ok(c)
+    }
+
+    /// `y = relu(conv(x, w) + bias)` without z (y NaN-poisoned), checked on success.
+    fn fused_relu(&self, g: &Gpu, tuner: &mut Autotuner) -> Result<Choice<ConvFwdAlgo>, Error> {
+        let s = &self.s;
+        let before = s.y_lay.output_image::<f32>(None);
+        let mut y = g.stream.clone_htod(&before).unwrap();
+        let c = tuner.bias_activation_forward(
+            &g.cudnn,
+            1.0,
+            &s.x_d,
+            &s.x,
+            &s.w_d,
+            &s.w,
+            &s.conv,
+            0.0,
+            None,
+            &self.b_d,
+            &self.bias,
+            FusedActivation::Relu,
+            &self.y_d,
+            &mut y,
+        )?;
+        let what = format!("{} with {}", self.what(tuner, "fused relu"), c.algo);
+        let got = download(g, &y);
+        let (mut want, bound) = FP32.expect(&self.fused_ref, 1.0, 0.0, None, is_transform(c.algo));
+        want.iter_mut().for_each(|v| *v = v.max(0.0));
+        check(&what, &got, &before, &s.y_lay, &want, &bound);
+        Ok(c)
+    }
+
+    /// `dx = alpha·dgrad(dy, w) + beta·dx`, checked on success.
+    fn backward_data(
+        &self,
+        g: &Gpu,
+        rng: &mut Rng,
+        tuner: &mut Autotuner,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<Choice<ConvBwdDataAlgo>, Error> {
+        let s = &self.s;
+        let old: Option<Vec<f32>> = (beta != 0.0).then(|| rng.values(s.x_lay.count()));
+        let before = s.x_lay.output_image(old.as_deref());
+        let mut dx = g.stream.clone_htod(&before).unwrap();
+        let c = tuner.backward_data(
+            &g.cudnn, alpha, &s.w_d, &s.w, &self.y_d, &self.dy, &s.conv, beta, &s.x_d, &mut dx,
+        )?;
+        let what = format!("{} with {}", self.what(tuner, "backward data"), c.algo);
+        let ab = (f64::from(alpha), f64::from(beta));
+        let transform = is_transform(c.algo);
+        verify(
+            g,
+            &what,
+            &s.x_lay,
+            &dx,
+            &before,
+            &self.dx_ref,
+            FP32,
+            ab,
+            transform,
+        );
+        Ok(c)
+    }
+
+    /// `dw = alpha·wgrad(x, dy) + beta·dw`, checked on success; also returns `dw`.
+    fn backward_filter(
+        &self,
+        g: &Gpu,
+        rng: &mut Rng,
+        tuner: &mut Autotuner,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<(Choice<ConvBwdFilterAlgo>, Vec<f32>), Error> {
+        let s = &self.s;
+        let old: Option<Vec<f32>> = (beta != 0.0).then(|| rng.values(s.w_lay.count()));
+        let before = s.w_lay.output_image(old.as_deref());
+        let mut dw = g.stream.clone_htod(&before).unwrap();
+        let c = tuner.backward_filter(
+            &g.cudnn, alpha, &s.x_d, &s.x, &self.y_d, &self.dy, &s.conv, beta, &s.w_d, &mut dw,
+        )?;
+        let what = format!("{} with {}", self.what(tuner, "backward filter"), c.algo);
+        let ab = (f64::from(alpha), f64::from(beta));
+        let transform = is_transform(c.algo);
+        verify(
+            g,
+            &what,
+            &s.w_lay,
+            &dw,
+            &before,
+            &self.dw_ref,
+            FP32,
+            ab,
+            transform,
+        );
+        Ok((c, download(g, &dw)))
+    }
+}
+
+/// Unwraps a tuner result with context.
+fn ok<T>(what: &str, r: Result<T, Error>) -> T {
+    r.unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// A grouped, strided 2-D case for the autotuner tests.
+fn tuner_case() -> Case {
+    Case {
+        spatial: 2,
+        n: 2,
+        c: 6,
+        k: 4,
+        groups: 2,
+        input: vec![8, 7],
+        kernel: vec![3, 3],
+        pads: vec![1, 1],
+        strides: vec![1, 2],
+        dilations: vec![1, 1],
+        mode: ConvMode::CrossCorrelation,
+        fmt: Fmt::Nchw,
+    }
+}
+
+#[test]
+fn autotuner_policies_give_correct_results_and_cache_decisions() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(901);
+    let t = Tuned::new(&g, &mut rng, &tuner_case());
+    let mut summary = Vec::new();
+    for policy in [
+        Policy::Heuristic,
+        Policy::Benchmark,
+        Policy::Deterministic,
+        Policy::Fixed(FixedAlgos::default()),
+    ] {
+        let name = policy.name();
+        let fixed = matches!(policy, Policy::Fixed(_));
+        let first = match policy {
+            Policy::Heuristic => Source::Heuristic,
+            Policy::Fixed(_) => Source::Fixed,
+            _ => Source::Benchmark,
+        };
+        let again = if fixed { Source::Fixed } else { Source::Cache };
+        let mut tuner = fresh(policy);
+        // Each direction: the first call decides, the second is served from the cache (one more
+        // hit each); a fixed policy always reports its fixed algorithm and never counts hits.
+        let hits0 = tuner.stats().hits;
+        let f1 = ok(name, t.forward(&g, &mut rng, &mut tuner, 1.0, 0.0));
+        let f2 = ok(name, t.forward(&g, &mut rng, &mut tuner, 1.0, 0.0));
+        // The fused call shares the forward decision of the same problem.
+        let f3 = ok(name, t.fused_relu(&g, &mut tuner));
+        let d1 = ok(name, t.backward_data(&g, &mut rng, &mut tuner, 1.0, 0.0));
+        let d2 = ok(name, t.backward_data(&g, &mut rng, &mut tuner, 1.0, 0.0));
+        let (w1, _) = ok(name, t.backward_filter(&g, &mut rng, &mut tuner, 1.0, 0.0));
+        let (w2, _) = ok(name, t.backward_filter(&g, &mut rng, &mut tuner, 1.0, 0.0));
+        for (dir, s1, s2) in [
+            ("forward", f1.source, f2.source),
+            ("backward data", d1.source, d2.source),
+            ("backward filter", w1.source, w2.source),
+        ] {
+            assert_eq!(s1, first, "{name} {dir}: first call");
+            assert_eq!(s2, again, "{name} {dir}: second call");
+        }
+        assert_eq!(f3.source, again, "{name} fused after forward");
+        let stats = tuner.stats();
+        if fixed {
+            let d = FixedAlgos::default();
+            assert_eq!(
+                (f1.algo, f2.algo, f3.algo),
+                (d.forward, d.forward, d.forward)
+            );
+            assert_eq!((d1.algo, d2.algo), (d.backward_data, d.backward_data));
+            assert_eq!((w1.algo, w2.algo), (d.backward_filter, d.backward_filter));
+            assert_eq!(stats.hits, hits0, "{name}: {stats:?}");
+        } else {
+            assert_eq!(stats.hits, hits0 + 4, "{name}: {stats:?}");
+            assert_eq!(stats.misses, 3, "{name}: {stats:?}");
+            assert_eq!((f1.algo, d1.algo, w1.algo), (f2.algo, d2.algo, w2.algo));
+        }
+        let benchmarks = if matches!(policy, Policy::Benchmark | Policy::Deterministic) {
+            3
+        } else {
+            0
+        };
+        assert_eq!(stats.benchmarks, benchmarks, "{name}: {stats:?}");
+        summary.push(format!("{name} {}/{}/{}", f1.algo, d1.algo, w1.algo));
+    }
+    println!(
+        "autotuner policies ({}): forward, fused relu, backward data and filter correct; second calls from the cache",
+        summary.join(", ")
+    );
+}
+
+#[test]
+fn autotuner_deterministic_backward_filter_is_bitwise_reproducible() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(902);
+    // A long reduction (N·H·W = 300 terms per weight) so that atomics would show.
+    let t = Tuned::new(
+        &g,
+        &mut rng,
+        &Case::square(3, 4, 10, 4, 3, 1, 1, 1, Fmt::Nchw),
+    );
+    let mut tuner = fresh(Policy::Deterministic);
+    let (c1, dw1) = ok(
+        "first",
+        t.backward_filter(&g, &mut rng, &mut tuner, 1.0, 0.0),
+    );
+    let (c2, dw2) = ok(
+        "second",
+        t.backward_filter(&g, &mut rng, &mut tuner, 1.0, 0.0),
+    );
+    assert_eq!(c1.source, Source::Benchmark);
+    assert_eq!(c2.source, Source::Cache);
+    assert_eq!(c1.algo, c2.algo);
+    let differ = dw1
+        .iter()
+        .zip(&dw2)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(
+        differ,
+        0,
+        "deterministic {}: {differ} of {} weights differ between two runs",
+        c1.algo,
+        dw1.len()
+    );
+    println!(
+        "autotuner deterministic: backward filter with {} twice, {} weights bitwise identical",
+        c1.algo,
+        dw1.len()
+    );
+}
+
+#[test]
+fn autotuner_benchmark_preserves_accumulated_outputs() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(903);
+    let t = Tuned::new(&g, &mut rng, &tuner_case());
+    let mut tuner = fresh(Policy::Benchmark);
+    // First calls with beta = 1: the benchmark must run on scratch memory, so that the result is
+    // old + gradient (checked inside against the old values).
+    let (w, _) = ok("dw", t.backward_filter(&g, &mut rng, &mut tuner, 1.0, 1.0));
+    assert_eq!(w.source, Source::Benchmark);
+    assert_eq!(tuner.stats().benchmarks, 1);
+    let f = ok("y", t.forward(&g, &mut rng, &mut tuner, 1.0, 1.0));
+    assert_eq!(f.source, Source::Benchmark);
+    let d = ok("dx", t.backward_data(&g, &mut rng, &mut tuner, 0.5, 1.0));
+    assert_eq!(d.source, Source::Benchmark);
+    assert_eq!(tuner.stats().benchmarks, 3);
+    println!(
+        "autotuner benchmark with beta = 1: dw += grad ({}), y += conv ({}), dx += 0.5·grad ({}) all preserved the old values",
+        w.algo, f.algo, d.algo
+    );
+}
+
+#[test]
+fn autotuner_zero_workspace_limit() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(904);
+    let t = Tuned::new(&g, &mut rng, &tuner_case());
+    let s = &t.s;
+    // Whether some algorithm of each direction needs no workspace here; if none does, the tuner
+    // must say so with NoAlgorithm.
+    let zero_fwd = ConvFwdAlgo::ALL.iter().any(|&a| {
+        matches!(
+            g.cudnn
+                .conv_forward_workspace_size(&s.x_d, &s.w_d, &s.conv, &t.y_d, a),
+            Ok(0)
+        )
+    });
+    let zero_data = ConvBwdDataAlgo::ALL.iter().any(|&a| {
+        matches!(
+            g.cudnn
+                .conv_backward_data_workspace_size(&s.w_d, &t.y_d, &s.conv, &s.x_d, a),
+            Ok(0)
+        )
+    });
+    let zero_filter = ConvBwdFilterAlgo::ALL.iter().any(|&a| {
+        matches!(
+            g.cudnn
+                .conv_backward_filter_workspace_size(&s.x_d, &t.y_d, &s.conv, &s.w_d, a),
+            Ok(0)
+        )
+    });
+    let mut ran = Vec::new();
+    for policy in [Policy::Heuristic, Policy::Benchmark] {
+        let mut tuner = fresh(policy).workspace_limit(0);
+        assert_eq!(tuner.limit(), 0);
+        let name = policy.name();
+        let mut expect = |dir: &str, zero: bool, r: Result<(String, usize), Error>| match (zero, r)
+        {
+            (true, Ok((algo, ws))) => {
+                assert_eq!(ws, 0, "{name} {dir} with {algo}: Choice::workspace");
+                ran.push(format!("{name} {dir} {algo}"));
+            }
+            (false, Err(Error::NoAlgorithm { .. })) => ran.push(format!("{name} {dir}: none")),
+            (zero, r) => panic!("{name} {dir} (zero-workspace algorithm exists: {zero}): {r:?}"),
+        };
+        let f = t.forward(&g, &mut rng, &mut tuner, 1.0, 0.0);
+        expect(
+            "forward",
+            zero_fwd,
+            f.map(|c| (c.algo.to_string(), c.workspace)),
+        );
+        let d = t.backward_data(&g, &mut rng, &mut tuner, 1.0, 0.0);
+        expect(
+            "backward data",
+            zero_data,
+            d.map(|c| (c.algo.to_string(), c.workspace)),
+        );
+        let w = t.backward_filter(&g, &mut rng, &mut tuner, 1.0, 0.0);
+        expect(
+            "backward filter",
+            zero_filter,
+            w.map(|(c, _)| (c.algo.to_string(), c.workspace)),
+        );
+        assert_eq!(
+            tuner.workspace_bytes(),
+            0,
+            "{name}: the tuner allocated a workspace"
+        );
+    }
+    println!("autotuner workspace_limit(0): {}", ran.join(", "));
+}
+
+#[test]
+fn autotuner_cache_file_persists_decisions() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(905);
+    let t = Tuned::new(&g, &mut rng, &tuner_case());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let path = std::env::temp_dir().join(format!(
+        "cudnn-safe-conv-test-{}-{nanos}.txt",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+
+    let mut a = fresh(Policy::Benchmark).cache_file(&path);
+    let ca = ok("tuner A", t.forward(&g, &mut rng, &mut a, 1.0, 0.0));
+    assert_eq!(ca.source, Source::Benchmark);
+    assert_eq!(a.stats().benchmarks, 1);
+    assert!(path.exists(), "{} was not written", path.display());
+    drop(a);
+
+    let mut b = fresh(Policy::Benchmark).cache_file(&path);
+    assert!(b.cached_decisions() >= 1);
+    assert!(
+        b.cached_forward(&g.cudnn, &t.s.x_d, &t.s.w_d, &t.s.conv, &t.y_d)
+            .is_some(),
+        "the file's decision is not found for the same problem"
+    );
+    let cb = ok("tuner B", t.forward(&g, &mut rng, &mut b, 1.0, 0.0));
+    assert_eq!(cb.source, Source::Cache);
+    assert_eq!(cb.algo, ca.algo);
+    let stats = b.stats();
+    assert_eq!(
+        (stats.benchmarks, stats.hits, stats.misses),
+        (0, 1, 0),
+        "{stats:?}"
+    );
+    drop(b);
+    let _ = std::fs::remove_file(&path);
+    println!(
+        "autotuner cache file: decision {} written by one tuner, used by a fresh one without benchmarking",
+        ca.algo
+    );
+}
+
+#[test]
+fn autotuner_fixed_algorithm_that_cannot_run_is_no_algorithm() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(906);
+    let (s, algo, e) = refused_fft_or_winograd(&g, &mut rng);
+    assert!(matches!(e, Error::Cudnn { .. }), "{e:?}");
+    let y_d = s.y_lay.desc::<f32>();
+    let before = vec![SENTINEL as f32; y_d.span()];
+    let mut y = g.stream.clone_htod(&before).unwrap();
+    let mut tuner = fresh(Policy::Fixed(FixedAlgos {
+        forward: algo,
+        ..FixedAlgos::default()
+    }));
+    let r = tuner.forward(
+        &g.cudnn, 1.0, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, 0.0, &y_d, &mut y,
+    );
+    assert!(
+        matches!(r, Err(Error::NoAlgorithm { .. })),
+        "fixed {algo}: {r:?}"
+    );
+    assert_untouched("fixed forward that cannot run", &g.stream, &y, &before);
+
+    // The fused Winograd backward-filter algorithm is defined but never implemented by cuDNN.
+    let wino = ConvBwdFilterAlgo::Winograd;
+    let q = g
+        .cudnn
+        .conv_backward_filter_workspace_size(&s.x_d, &y_d, &s.conv, &s.w_d, wino);
+    assert!(matches!(q, Err(Error::Cudnn { .. })), "{wino}: {q:?}");
+    let dy = g.stream.clone_htod(&rng.values::<f32>(y_d.span())).unwrap();
+    let dw_before = vec![SENTINEL as f32; s.w_d.span()];
+    let mut dw = g.stream.clone_htod(&dw_before).unwrap();
+    let mut tuner = fresh(Policy::Fixed(FixedAlgos {
+        backward_filter: wino,
+        ..FixedAlgos::default()
+    }));
+    let r = tuner.backward_filter(
+        &g.cudnn, 1.0, &s.x_d, &s.x, &y_d, &dy, &s.conv, 0.0, &s.w_d, &mut dw,
+    );
+    assert!(
+        matches!(r, Err(Error::NoAlgorithm { .. })),
+        "fixed backward filter {wino}: {r:?}"
+    );
+    assert_untouched(
+        "fixed backward filter that cannot run",
+        &g.stream,
+        &dw,
+        &dw_before,
+    );
+    println!("autotuner fixed: forward {algo} and backward filter {wino} on stride 2 / dilation 2 give NoAlgorithm, outputs untouched");
+}
