@@ -35,14 +35,17 @@
 //!   source first_call_ms ms find_wall_ms error`;
 //! * `conv_explorer_autotune.txt`: the autotune cache of the first-call measurement.
 //!
-//! First call in a fresh process: the program runs itself three more times
+//! First call in a fresh process: the program runs itself again
 //! (`--first-call <cache file> [--fixed ALGO]`, an internal flag) on the first layer in strict
 //! fp32 and times, after creating the CUDA context, `Cudnn::new` (library load + handle) and the
-//! first `Autotuner::forward` up to a synchronize: with the benchmark policy and an empty cache
-//! file (cold: heuristics, find, then the launch), again with the cache now filled (warm: the
-//! cached algorithm's launch), and with `Policy::Fixed` on that same algorithm and no cache (the
-//! floor: what any first launch costs, cuDNN's lazily loaded kernels included). It prints
-//! `first-call: cold-cache X ms, warm-cache Y ms, fixed-algo floor Z ms (library load+handle W ms)`.
+//! first `Autotuner::forward` up to a synchronize: once with the benchmark policy and an empty
+//! cache file (cold: heuristics, find, then the launch), then five times each, alternating, with
+//! the cache now filled (warm: the cached algorithm's launch) and with `Policy::Fixed` on that
+//! same algorithm and no cache (the floor: what any first launch costs, cuDNN's lazily loaded
+//! kernels included). Fresh-process times vary by tens of milliseconds run to run, hence the
+//! repetitions. It prints `first-call: cold-cache X ms, warm-cache Y ms, fixed-algo floor Z ms
+//! (library load+handle W ms); warm cache beyond the floor D ms (medians ...)`, where D is the
+//! median of the paired differences.
 //! Skip it with `--no-first-call`.
 //!
 //! Progress goes to stderr; `RUST_LOG=info` shows the autotuner's decisions. Exit status: 0 when
@@ -74,6 +77,8 @@ const USAGE: &str =
 
 /// The internal flag the program re-executes itself with.
 const FIRST_CALL_FLAG: &str = "--first-call";
+/// Warm-cache and fixed-algorithm fresh processes run (alternately) for the first-call medians.
+const FIRST_CALL_REPEATS: usize = 5;
 /// Prefix of the one line a `--first-call` child prints for its parent.
 const CHILD_TAG: &str = "first-call-result";
 
@@ -983,7 +988,7 @@ fn run_child(
     ChildReport::parse(line)
 }
 
-/// Cold cache, warm cache and fixed algorithm, each in a fresh process.
+/// Cold cache once, then warm cache and fixed algorithm alternately, each in a fresh process.
 fn first_call_report(dir: &Path) -> std::result::Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("own executable not found: {e}"))?;
     let cache: PathBuf = dir.join("conv_explorer_autotune.txt");
@@ -997,13 +1002,47 @@ fn first_call_report(dir: &Path) -> std::result::Result<(), String> {
         CONFIGS[0].label()
     );
     let cold = run_child(&exe, &cache, None)?;
-    let warm = run_child(&exe, &cache, None)?;
-    let fixed = run_child(&exe, &cache, Some(&cold.algo))?;
+    // Fresh-process first calls vary run to run (lazy loading of cuDNN's kernels, the page
+    // cache), so warm-cache and fixed-algorithm processes alternate and the medians are shown.
+    let (mut warm_runs, mut fixed_runs) = (Vec::new(), Vec::new());
+    for _ in 0..FIRST_CALL_REPEATS {
+        warm_runs.push(run_child(&exe, &cache, None)?);
+        fixed_runs.push(run_child(&exe, &cache, Some(&cold.algo))?);
+    }
+    let median = |mut v: Vec<f64>| -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let range = |v: &[ChildReport], f: fn(&ChildReport) -> f64| -> (f64, f64) {
+        let vals: Vec<f64> = v.iter().map(f).collect();
+        (
+            vals.iter().copied().fold(f64::INFINITY, f64::min),
+            vals.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        )
+    };
+    let warm_ms = median(warm_runs.iter().map(|r| r.first_ms).collect());
+    let fixed_ms = median(fixed_runs.iter().map(|r| r.first_ms).collect());
+    let load_ms = median(warm_runs.iter().map(|r| r.load_ms).collect());
+    let beyond = median(
+        warm_runs
+            .iter()
+            .zip(&fixed_runs)
+            .map(|(w, f)| w.first_ms - f.first_ms)
+            .collect(),
+    );
+    let (wlo, whi) = range(&warm_runs, |r| r.first_ms);
+    let (flo, fhi) = range(&fixed_runs, |r| r.first_ms);
+    let warm = &warm_runs[0];
+    let fixed = &fixed_runs[0];
     println!();
     println!(
-        "first-call: cold-cache {:.1} ms, warm-cache {:.1} ms, fixed-algo floor {:.1} ms (library load+handle {:.1} ms)",
-        cold.first_ms, warm.first_ms, fixed.first_ms, warm.load_ms
+        "first-call: cold-cache {:.1} ms, warm-cache {warm_ms:.1} ms, fixed-algo floor {fixed_ms:.1} ms \
+         (library load+handle {load_ms:.1} ms); warm cache beyond the floor {beyond:+.1} ms \
+         (medians of {FIRST_CALL_REPEATS} alternating fresh processes; warm {wlo:.1}-{whi:.1}, \
+         fixed {flo:.1}-{fhi:.1})",
+        cold.first_ms
     );
+    let missed = warm_runs.iter().filter(|r| r.source != "Cache").count();
     println!(
         "  {} strict fp32, fresh process each; cold: {} ({}), warm: {} ({}){}, fixed: {}; \
          CUDA context {:.1}/{:.1}/{:.1} ms; second call {:.3}/{:.3}/{:.3} ms; cache {}",
@@ -1012,10 +1051,10 @@ fn first_call_report(dir: &Path) -> std::result::Result<(), String> {
         cold.source,
         warm.algo,
         warm.source,
-        if warm.source == "Cache" {
-            ""
+        if missed == 0 {
+            String::new()
         } else {
-            " [cache NOT used]"
+            format!(" [cache NOT used in {missed} runs]")
         },
         fixed.algo,
         cold.ctx_ms,
