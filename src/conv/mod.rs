@@ -549,17 +549,11 @@ impl ConvDesc {
         })
     }
 
-    /// Backward passes exist for the floating-point configurations only.
+    /// Backward passes exist for the floating-point configurations only, with the forward
+    /// pass's compute-type rules.
     pub(crate) fn check_backward_types(&self, op: &'static str, t: DType) -> Result<()> {
-        use DType::*;
-        let ok = match t {
-            F32 => self.compute == F32,
-            F64 => self.compute == F64,
-            F16 => matches!(self.compute, F32 | F16),
-            BF16 => self.compute == F32,
-            _ => false,
-        };
-        if ok {
+        let float = matches!(t, DType::F32 | DType::F64 | DType::F16 | DType::BF16);
+        if float && self.check_forward_types(t, t).is_ok() {
             return Ok(());
         }
         Err(Error::UnsupportedDataType {

@@ -137,6 +137,19 @@ impl Cudnn {
         algo: ConvFwdAlgo,
     ) -> Result<usize> {
         self.check_forward(x_desc, w_desc, conv, y_desc)?;
+        self.forward_workspace_bytes(x_desc, w_desc, conv, y_desc, algo)
+    }
+
+    /// The workspace query behind [`Self::conv_forward_workspace_size`], for callers that
+    /// already checked the arguments (memoised per descriptor ids).
+    fn forward_workspace_bytes<X: DataType, Y: DataType>(
+        &self,
+        x_desc: &TensorDesc<X>,
+        w_desc: &FilterDesc<X>,
+        conv: &ConvDesc,
+        y_desc: &TensorDesc<Y>,
+        algo: ConvFwdAlgo,
+    ) -> Result<usize> {
         let key = [
             algo.raw_value() as u64,
             x_desc.id(),
@@ -293,7 +306,7 @@ impl Cudnn {
         self.check_buffer("w", w, w_desc.span())?;
         self.check_tensor("y", y_desc.layout(), y, true)?;
         self.check_workspace_context(workspace)?;
-        let bytes = self.conv_forward_workspace_size(x_desc, w_desc, conv, y_desc, algo)?;
+        let bytes = self.forward_workspace_bytes(x_desc, w_desc, conv, y_desc, algo)?;
         workspace.prepare(bytes)?;
         self.bind()?;
         let stream: &CudaStream = self.stream();
@@ -396,7 +409,7 @@ impl Cudnn {
         }
         self.check_tensor("y", y_desc.layout(), y, true)?;
         self.check_workspace_context(workspace)?;
-        let bytes = self.conv_forward_workspace_size(x_desc, w_desc, conv, y_desc, algo)?;
+        let bytes = self.forward_workspace_bytes(x_desc, w_desc, conv, y_desc, algo)?;
         let act = activation.descriptor()?;
         workspace.prepare(bytes)?;
         self.bind()?;
@@ -471,6 +484,19 @@ impl Cudnn {
         algo: ConvBwdDataAlgo,
     ) -> Result<usize> {
         self.check_backward_data(w_desc, dy_desc, conv, dx_desc)?;
+        self.backward_data_workspace_bytes(w_desc, dy_desc, conv, dx_desc, algo)
+    }
+
+    /// The workspace query behind [`Self::conv_backward_data_workspace_size`], for callers that
+    /// already checked the arguments (memoised per descriptor ids).
+    fn backward_data_workspace_bytes<T: DataType>(
+        &self,
+        w_desc: &FilterDesc<T>,
+        dy_desc: &TensorDesc<T>,
+        conv: &ConvDesc,
+        dx_desc: &TensorDesc<T>,
+        algo: ConvBwdDataAlgo,
+    ) -> Result<usize> {
         let key = [
             (1 << 32) | algo.raw_value() as u64,
             w_desc.id(),
@@ -615,7 +641,7 @@ impl Cudnn {
         self.check_tensor("dy", dy_desc.layout(), dy, false)?;
         self.check_tensor("dx", dx_desc.layout(), dx, true)?;
         self.check_workspace_context(workspace)?;
-        let bytes = self.conv_backward_data_workspace_size(w_desc, dy_desc, conv, dx_desc, algo)?;
+        let bytes = self.backward_data_workspace_bytes(w_desc, dy_desc, conv, dx_desc, algo)?;
         workspace.prepare(bytes)?;
         self.bind()?;
         let stream: &CudaStream = self.stream();
@@ -725,6 +751,19 @@ impl Cudnn {
         algo: ConvBwdFilterAlgo,
     ) -> Result<usize> {
         self.check_backward_filter(x_desc, dy_desc, conv, dw_desc)?;
+        self.backward_filter_workspace_bytes(x_desc, dy_desc, conv, dw_desc, algo)
+    }
+
+    /// The workspace query behind [`Self::conv_backward_filter_workspace_size`], for callers that
+    /// already checked the arguments (memoised per descriptor ids).
+    fn backward_filter_workspace_bytes<T: DataType>(
+        &self,
+        x_desc: &TensorDesc<T>,
+        dy_desc: &TensorDesc<T>,
+        conv: &ConvDesc,
+        dw_desc: &FilterDesc<T>,
+        algo: ConvBwdFilterAlgo,
+    ) -> Result<usize> {
         let key = [
             (2 << 32) | algo.raw_value() as u64,
             x_desc.id(),
@@ -871,8 +910,7 @@ impl Cudnn {
         self.check_tensor("dy", dy_desc.layout(), dy, false)?;
         self.check_buffer("dw", dw, dw_desc.span())?;
         self.check_workspace_context(workspace)?;
-        let bytes =
-            self.conv_backward_filter_workspace_size(x_desc, dy_desc, conv, dw_desc, algo)?;
+        let bytes = self.backward_filter_workspace_bytes(x_desc, dy_desc, conv, dw_desc, algo)?;
         workspace.prepare(bytes)?;
         self.bind()?;
         let stream: &CudaStream = self.stream();
