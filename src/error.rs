@@ -282,6 +282,24 @@ pub enum Error {
         /// What was tried and why each was refused.
         detail: String,
     },
+    /// A cuBLAS or cuBLASLt call failed.
+    #[error("{library} {function} failed with {status}")]
+    Blas {
+        /// `"cuBLAS"` or `"cuBLASLt"`.
+        library: &'static str,
+        /// The C function.
+        function: &'static str,
+        /// The status name (e.g. `CUBLAS_STATUS_NOT_SUPPORTED`).
+        status: String,
+    },
+    /// A CUDA library other than cuDNN (cuBLAS, cuBLASLt) could not be loaded.
+    #[error("the {library} library could not be loaded (searched for {searched}); install the CUDA toolkit's {library} (e.g. `pip install nvidia-cublas`) and put it on LD_LIBRARY_PATH")]
+    LibraryMissing {
+        /// Which library.
+        library: &'static str,
+        /// The base name searched for.
+        searched: &'static str,
+    },
     /// A workspace request exceeds the configured limit.
     #[error("workspace request of {requested} bytes exceeds the limit of {limit} bytes")]
     WorkspaceLimit {

@@ -38,6 +38,7 @@
 #![warn(missing_docs)]
 
 mod autotune;
+pub mod blas;
 pub mod conv;
 pub mod dtype;
 pub mod error;

@@ -1,0 +1,543 @@
+//! cuBLASLt benchmarks through [`BlasLt`].
+//!
+//! * `lt_gemm_<mode>/<size>/{heuristic,autotune}`: square GEMMs `D = A·Bᵀ` (PyTorch's
+//!   `a @ w.T`, row-major, B transposed) of size 1024, 2048, 4096 and 8192 in f32 (`f32`: strict
+//!   FP32; `tf32`: `CUBLAS_COMPUTE_32F_FAST_TF32`), `f16` and `bf16` (f32 accumulation), with
+//!   cuBLASLt's heuristic choice and with the autotuned one (8 candidates timed; decided before
+//!   measuring). Criterion measures device time with CUDA events around `iters` calls enqueued
+//!   back to back and reports throughput in FLOPs (printed as "elem/s"). Before each group a line
+//!   `gemm <mode> <size>^3 <policy>: X ms, Y TFLOP/s (algo …)` gives the median of 5 event-timed
+//!   batches, so the numbers survive short criterion runs.
+//! * `lt_fused_bias_gelu/8192x4096x1024/{fused,unfused}_{heuristic,autotune}`: bf16
+//!   `y = gelu_tanh(x[8192×1024]·W[4096×1024]ᵀ + b)` as one cuBLASLt call with
+//!   [`Epilogue::BiasGelu`], against the unfused two-pass baseline: the plain matmul
+//!   ([`Epilogue::None`]), then one bias+GELU pass over `y` done by cuBLASLt itself as
+//!   `y ← gelu(1·y + b + Z₁·Z₂)` with `beta = 1` and zero operands `Z₁[8192×8]`, `Z₂[8×4096]` (a
+//!   K = 8 matmul whose cost is reading and writing `y` once, like an elementwise kernel; the
+//!   crate has no elementwise kernels). PyTorch's unfused `gelu(a @ w.T + b)` makes two such
+//!   passes (add, then gelu), so this baseline is if anything faster than PyTorch's. A line
+//!   `fused bias+gelu 8192x4096x1024 <policy>: fused A ms, unfused B ms (…), speedup S` gives
+//!   event-timed medians, and the fused and unfused results are compared once.
+//!
+//! With `--warm-up-time 1 --measurement-time 3` the whole run (36 criterion benchmarks, the
+//! autotunes and the event-timed lines) takes about 3 minutes on an H200. A filter argument
+//! selects benchmarks as criterion does; buffers and decisions are only prepared for groups the
+//! filter can select, and `--list` prepares nothing. Without a GPU or cuBLASLt it prints
+//! `no GPU: <why>` and exits cleanly.
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput};
+use cudnn_safe::blas::{BlasLt, Epilogue, EpilogueData, LtChoice, LtElement, LtMatmul, LtPolicy};
+use cudnn_safe::cudarc::driver::sys::CUevent_flags;
+use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
+use cudnn_safe::half::{bf16, f16};
+use cudnn_safe::{cuda_context, DataType};
+
+type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Square sizes of the GEMM groups.
+const SIZES: [usize; 4] = [1024, 2048, 4096, 8192];
+/// The fused problem (torch_lt.py's first case).
+const FUSED: (usize, usize, usize) = (8192, 4096, 1024);
+/// Event-timed lines: median of `BATCHES` batches of about `BATCH_MS` each.
+const BATCHES: usize = 5;
+const BATCH_MS: f64 = 25.0;
+
+// ---------------------------------------------------------------------------------------------
+// What criterion will run
+// ---------------------------------------------------------------------------------------------
+
+/// The parts of the command line that decide whether a benchmark runs (see benches/conv.rs).
+struct Args {
+    list: bool,
+    test: bool,
+    ignored: bool,
+    exact: bool,
+    filter: Option<String>,
+}
+
+impl Args {
+    fn parse() -> Args {
+        const WITH_VALUE: &[&str] = &[
+            "-c",
+            "--color",
+            "--colour",
+            "-s",
+            "--save-baseline",
+            "-b",
+            "--baseline",
+            "--baseline-lenient",
+            "--load-baseline",
+            "--format",
+            "--profile-time",
+            "--sample-size",
+            "--warm-up-time",
+            "--measurement-time",
+            "--nresamples",
+            "--noise-threshold",
+            "--confidence-level",
+            "--significance-level",
+            "--plotting-backend",
+            "--output-format",
+        ];
+        let mut a = Args {
+            list: false,
+            test: false,
+            ignored: false,
+            exact: false,
+            filter: None,
+        };
+        let (mut bench, mut test) = (false, false);
+        let mut it = std::env::args().skip(1);
+        while let Some(arg) = it.next() {
+            match arg.as_str() {
+                "--list" => a.list = true,
+                "--test" => test = true,
+                "--bench" => bench = true,
+                "--ignored" => a.ignored = true,
+                "--exact" => a.exact = true,
+                s if WITH_VALUE.contains(&s) => {
+                    it.next();
+                }
+                s if s.starts_with('-') => {}
+                s => {
+                    if a.filter.is_none() {
+                        a.filter = Some(s.to_string());
+                    }
+                }
+            }
+        }
+        a.test = !bench || test;
+        a
+    }
+
+    /// Whether criterion will run benchmark `id`; errs towards yes (a regex filter selects all).
+    fn runs(&self, id: &str) -> bool {
+        if self.list || self.ignored {
+            return false;
+        }
+        match &self.filter {
+            None => true,
+            Some(f) if self.exact => id == f,
+            Some(f) if f.contains(|ch: char| "\\.+*?()|[]{}^$".contains(ch)) => true,
+            Some(f) => id.contains(f.as_str()),
+        }
+    }
+
+    fn runs_any(&self, group: &str, functions: &[&str]) -> bool {
+        functions.iter().any(|f| self.runs(&format!("{group}/{f}")))
+    }
+}
+
+/// Registers a group's benchmarks without preparing anything (criterion lists or filters them).
+fn list_only(c: &mut Criterion, group: &str, functions: &[&str]) {
+    let mut g = c.benchmark_group(group);
+    for f in functions {
+        g.bench_function(*f, |b| b.iter(|| ()));
+    }
+    g.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timing
+// ---------------------------------------------------------------------------------------------
+
+/// Device ms of `calls` calls enqueued back to back, from CUDA events.
+fn event_ms(
+    stream: &Arc<CudaStream>,
+    calls: usize,
+    mut call: impl FnMut() -> BoxResult<()>,
+) -> BoxResult<f64> {
+    // CU_EVENT_DEFAULT: cudarc's default (None) creates events with timing disabled.
+    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let start = stream.record_event(flags)?;
+    for _ in 0..calls {
+        call()?;
+    }
+    let end = stream.record_event(flags)?;
+    Ok(f64::from(start.elapsed_ms(&end)?))
+}
+
+/// Median ms per call over `BATCHES` batches sized to about `BATCH_MS` (one batch of one call
+/// under `cargo test`), after one warm-up call.
+fn median_ms(
+    stream: &Arc<CudaStream>,
+    test: bool,
+    mut call: impl FnMut() -> BoxResult<()>,
+) -> BoxResult<f64> {
+    let once = event_ms(stream, 1, &mut call)?;
+    let (batches, calls) = if test {
+        (1, 1)
+    } else {
+        (
+            BATCHES,
+            ((BATCH_MS / once.max(1e-3)) as usize).clamp(3, 500),
+        )
+    };
+    let mut v = Vec::with_capacity(batches);
+    for _ in 0..batches {
+        v.push(event_ms(stream, calls, &mut call)? / calls as f64);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v[v.len() / 2])
+}
+
+/// Criterion's measurement for `iters` calls: device time from CUDA events.
+fn timed_iters(
+    stream: &Arc<CudaStream>,
+    iters: u64,
+    mut call: impl FnMut() -> BoxResult<()>,
+) -> Duration {
+    let ms = event_ms(stream, iters as usize, &mut call).unwrap_or_else(|e| panic!("{e}"));
+    Duration::from_secs_f64(ms / 1e3)
+}
+
+/// The most samples (10 to 100) whose linear sampling plan fits in about 2 s of `ms` calls.
+fn sample_size(ms: f64) -> usize {
+    let iters = 2000.0 / ms.max(1e-4);
+    let n = ((1.0 + 8.0 * iters).sqrt() - 1.0) / 2.0;
+    (n as usize).clamp(10, 100)
+}
+
+fn tflops(flops: f64, ms: f64) -> f64 {
+    flops / (ms * 1e-3) / 1e12
+}
+
+/// Deterministic values in `[-scale, scale]`.
+fn values<T: DataType>(n: usize, scale: f64) -> Vec<T> {
+    (0..n as u64)
+        .map(|i| {
+            let h = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+            T::from_f64(scale * ((h % 2001) as f64 / 1000.0 - 1.0))
+        })
+        .collect()
+}
+
+fn describe(c: &LtChoice) -> String {
+    format!(
+        "algo {}, heuristic rank {}, {} B workspace",
+        c.candidate.algo_id, c.candidate.index, c.candidate.workspace
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Square GEMMs
+// ---------------------------------------------------------------------------------------------
+
+struct Mode {
+    name: &'static str,
+    tf32: bool,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_group<T: LtElement>(
+    c: &mut Criterion,
+    args: &Args,
+    stream: &Arc<CudaStream>,
+    lts: &mut Handles,
+    mode: &Mode,
+    size: usize,
+) {
+    let group = format!("lt_gemm_{}/{size}", mode.name);
+    let functions = ["heuristic", "autotune"];
+    if !args.runs_any(&group, &functions) {
+        list_only(c, &group, &functions);
+        return;
+    }
+    let prepared = (|| -> BoxResult<_> {
+        let op = LtMatmul::linear(size, size, size)?.tf32(mode.tf32);
+        let scale = 1.0;
+        let a = stream.clone_htod(&values::<T>(op.a_len(), scale))?;
+        let b = stream.clone_htod(&values::<T>(op.b_len(), scale))?;
+        let d = stream.alloc_zeros::<T>(op.d_len())?;
+        Ok((op, a, b, d))
+    })();
+    let (op, a, b, mut d) = match prepared {
+        Ok(v) => v,
+        Err(e) => {
+            println!("gemm {} {size}^3: skipped: {e}", mode.name);
+            list_only(c, &group, &functions);
+            return;
+        }
+    };
+    let flops = op.flops();
+    let mut slowest: f64 = 0.0;
+    let mut ok = [false, false];
+    for (i, (policy, lt)) in lts.iter_mut().enumerate() {
+        // The first call decides (autotune included); the timing below reuses the decision.
+        let r = (|| -> BoxResult<(LtChoice, f64)> {
+            let choice = lt.matmul(&op, 1.0, &a, &b, 0.0, &mut d, EpilogueData::None)?;
+            let ms = median_ms(stream, args.test, || {
+                lt.matmul(&op, 1.0, &a, &b, 0.0, &mut d, EpilogueData::None)?;
+                Ok(())
+            })?;
+            Ok((choice, ms))
+        })();
+        match r {
+            Ok((choice, ms)) => {
+                println!(
+                    "gemm {} {size}^3 {policy}: {ms:.4} ms, {:.1} TFLOP/s ({})",
+                    mode.name,
+                    tflops(flops, ms),
+                    describe(&choice)
+                );
+                slowest = slowest.max(ms);
+                ok[i] = true;
+            }
+            Err(e) => println!("gemm {} {size}^3 {policy}: failed: {e}", mode.name),
+        }
+    }
+    let mut g = c.benchmark_group(&group);
+    g.throughput(Throughput::Elements(flops as u64));
+    g.sample_size(sample_size(slowest));
+    for (i, (policy, lt)) in lts.iter_mut().enumerate() {
+        if !ok[i] {
+            continue;
+        }
+        g.bench_function(*policy, |bch| {
+            bch.iter_custom(|iters| {
+                timed_iters(stream, iters, || {
+                    lt.matmul(&op, 1.0, &a, &b, 0.0, &mut d, EpilogueData::None)?;
+                    Ok(())
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+fn gemms(c: &mut Criterion, args: &Args, stream: &Arc<CudaStream>, lts: &mut Handles) {
+    let f32_modes = [
+        Mode {
+            name: "f32",
+            tf32: false,
+        },
+        Mode {
+            name: "tf32",
+            tf32: true,
+        },
+    ];
+    for mode in &f32_modes {
+        for size in SIZES {
+            gemm_group::<f32>(c, args, stream, lts, mode, size);
+        }
+    }
+    let half = Mode {
+        name: "f16",
+        tf32: false,
+    };
+    for size in SIZES {
+        gemm_group::<f16>(c, args, stream, lts, &half, size);
+    }
+    let bf = Mode {
+        name: "bf16",
+        tf32: false,
+    };
+    for size in SIZES {
+        gemm_group::<bf16>(c, args, stream, lts, &bf, size);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fused bias + GELU
+// ---------------------------------------------------------------------------------------------
+
+/// Buffers of the fused problem.
+struct Fused {
+    fused: LtMatmul,
+    plain: LtMatmul,
+    pass: LtMatmul,
+    x: CudaSlice<bf16>,
+    w: CudaSlice<bf16>,
+    b: CudaSlice<bf16>,
+    z1: CudaSlice<bf16>,
+    z2: CudaSlice<bf16>,
+    y: CudaSlice<bf16>,
+}
+
+impl Fused {
+    fn new(stream: &Arc<CudaStream>) -> BoxResult<Self> {
+        let (m, n, k) = FUSED;
+        let fused = LtMatmul::linear(m, k, n)?.epilogue(Epilogue::BiasGelu);
+        let plain = LtMatmul::linear(m, k, n)?;
+        // y ← gelu(Z₁·Z₂ + 1·y + b) with Z₁, Z₂ zero: one read and one write of y.
+        let pass = LtMatmul::new(m, n, 8)?.epilogue(Epilogue::BiasGelu);
+        let scale = 1.0 / (k as f64).sqrt();
+        Ok(Fused {
+            x: stream.clone_htod(&values::<bf16>(fused.a_len(), 1.0))?,
+            w: stream.clone_htod(&values::<bf16>(fused.b_len(), scale))?,
+            b: stream.clone_htod(&values::<bf16>(fused.bias_len(), 0.5))?,
+            z1: stream.alloc_zeros::<bf16>(pass.a_len())?,
+            z2: stream.alloc_zeros::<bf16>(pass.b_len())?,
+            y: stream.alloc_zeros::<bf16>(fused.d_len())?,
+            fused,
+            plain,
+            pass,
+        })
+    }
+
+    fn run_fused(&mut self, lt: &mut BlasLt) -> BoxResult<LtChoice> {
+        let r = lt.matmul(
+            &self.fused,
+            1.0,
+            &self.x,
+            &self.w,
+            0.0,
+            &mut self.y,
+            EpilogueData::Bias(&self.b),
+        )?;
+        Ok(r)
+    }
+
+    fn run_plain(&mut self, lt: &mut BlasLt) -> BoxResult<LtChoice> {
+        let r = lt.matmul(
+            &self.plain,
+            1.0,
+            &self.x,
+            &self.w,
+            0.0,
+            &mut self.y,
+            EpilogueData::None,
+        )?;
+        Ok(r)
+    }
+
+    fn run_pass(&mut self, lt: &mut BlasLt) -> BoxResult<LtChoice> {
+        let r = lt.matmul(
+            &self.pass,
+            1.0,
+            &self.z1,
+            &self.z2,
+            1.0,
+            &mut self.y,
+            EpilogueData::Bias(&self.b),
+        )?;
+        Ok(r)
+    }
+
+    fn run_unfused(&mut self, lt: &mut BlasLt) -> BoxResult<()> {
+        self.run_plain(lt)?;
+        self.run_pass(lt)?;
+        Ok(())
+    }
+}
+
+fn fused_bias_gelu(c: &mut Criterion, args: &Args, stream: &Arc<CudaStream>, lts: &mut Handles) {
+    let (m, n, k) = FUSED;
+    let group = format!("lt_fused_bias_gelu/{m}x{n}x{k}");
+    let functions = [
+        "fused_heuristic",
+        "unfused_heuristic",
+        "fused_autotune",
+        "unfused_autotune",
+    ];
+    if !args.runs_any(&group, &functions) {
+        list_only(c, &group, &functions);
+        return;
+    }
+    let mut p = match Fused::new(stream) {
+        Ok(p) => p,
+        Err(e) => {
+            println!("fused bias+gelu {m}x{n}x{k}: skipped: {e}");
+            list_only(c, &group, &functions);
+            return;
+        }
+    };
+    let mut slowest: f64 = 0.0;
+    let mut ok = [false, false];
+    for (i, (policy, lt)) in lts.iter_mut().enumerate() {
+        let r = (|| -> BoxResult<String> {
+            // Decide every call first; check the two paths agree.
+            let fc = p.run_fused(lt)?;
+            let fused_y = stream.clone_dtoh(&p.y)?;
+            let pc = p.run_plain(lt)?;
+            let ec = p.run_pass(lt)?;
+            let unfused_y = stream.clone_dtoh(&p.y)?;
+            let worst = fused_y
+                .iter()
+                .zip(&unfused_y)
+                .map(|(a, b)| (a.to_f64() - b.to_f64()).abs() / (1.0 + b.to_f64().abs()))
+                .fold(0.0, f64::max);
+            let fused_ms = median_ms(stream, args.test, || p.run_fused(lt).map(|_| ()))?;
+            let unfused_ms = median_ms(stream, args.test, || p.run_unfused(lt))?;
+            let plain_ms = median_ms(stream, args.test, || p.run_plain(lt).map(|_| ()))?;
+            let pass_ms = median_ms(stream, args.test, || p.run_pass(lt).map(|_| ()))?;
+            slowest = slowest.max(unfused_ms);
+            Ok(format!(
+                "fused bias+gelu {m}x{n}x{k} {policy}: fused {fused_ms:.4} ms, unfused {unfused_ms:.4} ms \
+                 (matmul {plain_ms:.4} ms + bias+gelu pass {pass_ms:.4} ms), speedup {:.2}; \
+                 gemm only {:.1} TFLOP/s, fused {:.1} TFLOP/s; fused {} / matmul {} / pass {}; \
+                 max relative |fused − unfused| {worst:.2e}",
+                unfused_ms / fused_ms,
+                tflops(p.plain.flops(), plain_ms),
+                tflops(p.fused.flops(), fused_ms),
+                describe(&fc),
+                describe(&pc),
+                describe(&ec),
+            ))
+        })();
+        match r {
+            Ok(line) => {
+                println!("{line}");
+                ok[i] = true;
+            }
+            Err(e) => println!("fused bias+gelu {m}x{n}x{k} {policy}: failed: {e}"),
+        }
+    }
+    let mut g = c.benchmark_group(&group);
+    g.throughput(Throughput::Elements(p.fused.flops() as u64));
+    g.sample_size(sample_size(slowest));
+    for (i, (policy, lt)) in lts.iter_mut().enumerate() {
+        if !ok[i] {
+            continue;
+        }
+        g.bench_function(format!("fused_{policy}"), |bch| {
+            bch.iter_custom(|iters| timed_iters(stream, iters, || p.run_fused(lt).map(|_| ())))
+        });
+        g.bench_function(format!("unfused_{policy}"), |bch| {
+            bch.iter_custom(|iters| timed_iters(stream, iters, || p.run_unfused(lt)))
+        });
+    }
+    g.finish();
+}
+
+/// The two handles every group runs, by policy name.
+type Handles = [(&'static str, BlasLt); 2];
+
+fn setup() -> cudnn_safe::Result<(Arc<CudaStream>, Handles)> {
+    let ctx = cuda_context(0)?;
+    let stream = ctx.default_stream();
+    let heuristic = BlasLt::new(stream.clone())?
+        .without_cache_file()
+        .with_policy(LtPolicy::Heuristic);
+    let autotune = BlasLt::new(stream.clone())?
+        .without_cache_file()
+        .with_policy(LtPolicy::Autotune);
+    Ok((stream, [("heuristic", heuristic), ("autotune", autotune)]))
+}
+
+fn main() {
+    let _ = env_logger::try_init();
+    let (stream, mut lts) = match setup() {
+        Ok(v) => v,
+        Err(e) => {
+            println!("no GPU: {e}");
+            return;
+        }
+    };
+    let ctx = stream.context();
+    println!(
+        "cuBLASLt {} on {} (sm_{}{}), workspace limit {} MiB",
+        lts[0].1.version(),
+        ctx.name().unwrap_or_else(|_| "unknown GPU".into()),
+        ctx.compute_capability().map(|c| c.0).unwrap_or(0),
+        ctx.compute_capability().map(|c| c.1).unwrap_or(0),
+        lts[0].1.workspace_limit() >> 20
+    );
+    let args = Args::parse();
+    let mut c = Criterion::default().configure_from_args();
+    fused_bias_gelu(&mut c, &args, &stream, &mut lts);
+    gemms(&mut c, &args, &stream, &mut lts);
+    c.final_summary();
+}

@@ -1,0 +1,70 @@
+//! cuBLAS and cuBLASLt: checked GEMM family and fused matmul epilogues, built on cudarc's
+//! bindings (`cudarc::cublas`, `cudarc::cublaslt`), in this crate's error and type conventions.
+//!
+//! * [`Blas`] (cuBLAS): GEMM for f32, f64, f16 and bf16 with transposes, batched and
+//!   strided-batched GEMM, GEMV, and a row-major layer.
+//! * [`BlasLt`] (cuBLASLt): matmul with epilogues (bias, ReLU, GELU, their combinations, bias
+//!   gradient), heuristic candidates and an autotune over them, cached.
+//!
+//! cuBLAS and cuBLASLt are loaded at run time by cudarc. A missing library is
+//! [`Error::LibraryMissing`](crate::Error::LibraryMissing), never a panic: the handles check for
+//! the library before cudarc first touches it.
+
+mod gemm;
+mod lt;
+
+pub use gemm::*;
+pub use lt::*;
+
+use crate::error::{Error, Result};
+
+/// Checks that cuBLAS can be loaded, before any cudarc cuBLAS call (cudarc panics otherwise).
+pub(crate) fn require_cublas() -> Result<()> {
+    // SAFETY: only tries to dlopen the library by its usual names and closes it again; the CUDA
+    // library's initialisers are sound to run.
+    if unsafe { cudarc::cublas::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(Error::LibraryMissing {
+            library: "cuBLAS",
+            searched: "libcublas",
+        })
+    }
+}
+
+/// Checks that cuBLASLt can be loaded, before any cudarc cuBLASLt call.
+pub(crate) fn require_cublaslt() -> Result<()> {
+    // SAFETY: as in `require_cublas`.
+    if unsafe { cudarc::cublaslt::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(Error::LibraryMissing {
+            library: "cuBLASLt",
+            searched: "libcublasLt",
+        })
+    }
+}
+
+/// Turns a cuBLAS status into this crate's error.
+pub(crate) fn cublas_error(
+    function: &'static str,
+    e: cudarc::cublas::result::CublasError,
+) -> Error {
+    Error::Blas {
+        library: "cuBLAS",
+        function,
+        status: format!("{:?}", e.0),
+    }
+}
+
+/// Turns a cuBLASLt status into this crate's error.
+pub(crate) fn cublaslt_error(
+    function: &'static str,
+    e: cudarc::cublaslt::result::CublasError,
+) -> Error {
+    Error::Blas {
+        library: "cuBLASLt",
+        function,
+        status: format!("{:?}", e.0),
+    }
+}
