@@ -24,195 +24,21 @@
 //! selects benchmarks as criterion does; buffers and decisions are only prepared for groups the
 //! filter can select, and `--list` prepares nothing. Without a GPU or cuBLASLt it prints
 //! `no GPU: <why>` and exits cleanly.
-use std::sync::Arc;
-use std::time::Duration;
+mod common;
 
+use std::sync::Arc;
+
+use common::{list_only, median_ms, sample_size, tflops, timed_iters, values, Args, BoxResult};
 use criterion::{Criterion, Throughput};
 use cudnn_safe::blas::{BlasLt, Epilogue, EpilogueData, LtChoice, LtElement, LtMatmul, LtPolicy};
-use cudnn_safe::cudarc::driver::sys::CUevent_flags;
+use cudnn_safe::cuda_context;
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::half::{bf16, f16};
-use cudnn_safe::{cuda_context, DataType};
-
-type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// Square sizes of the GEMM groups.
 const SIZES: [usize; 4] = [1024, 2048, 4096, 8192];
 /// The fused problem (torch_lt.py's first case).
 const FUSED: (usize, usize, usize) = (8192, 4096, 1024);
-/// Event-timed lines: median of `BATCHES` batches of about `BATCH_MS` each.
-const BATCHES: usize = 5;
-const BATCH_MS: f64 = 25.0;
-
-// ---------------------------------------------------------------------------------------------
-// What criterion will run
-// ---------------------------------------------------------------------------------------------
-
-/// The parts of the command line that decide whether a benchmark runs (see benches/conv.rs).
-struct Args {
-    list: bool,
-    test: bool,
-    ignored: bool,
-    exact: bool,
-    filter: Option<String>,
-}
-
-impl Args {
-    fn parse() -> Args {
-        const WITH_VALUE: &[&str] = &[
-            "-c",
-            "--color",
-            "--colour",
-            "-s",
-            "--save-baseline",
-            "-b",
-            "--baseline",
-            "--baseline-lenient",
-            "--load-baseline",
-            "--format",
-            "--profile-time",
-            "--sample-size",
-            "--warm-up-time",
-            "--measurement-time",
-            "--nresamples",
-            "--noise-threshold",
-            "--confidence-level",
-            "--significance-level",
-            "--plotting-backend",
-            "--output-format",
-        ];
-        let mut a = Args {
-            list: false,
-            test: false,
-            ignored: false,
-            exact: false,
-            filter: None,
-        };
-        let (mut bench, mut test) = (false, false);
-        let mut it = std::env::args().skip(1);
-        while let Some(arg) = it.next() {
-            match arg.as_str() {
-                "--list" => a.list = true,
-                "--test" => test = true,
-                "--bench" => bench = true,
-                "--ignored" => a.ignored = true,
-                "--exact" => a.exact = true,
-                s if WITH_VALUE.contains(&s) => {
-                    it.next();
-                }
-                s if s.starts_with('-') => {}
-                s => {
-                    if a.filter.is_none() {
-                        a.filter = Some(s.to_string());
-                    }
-                }
-            }
-        }
-        a.test = !bench || test;
-        a
-    }
-
-    /// Whether criterion will run benchmark `id`; errs towards yes (a regex filter selects all).
-    fn runs(&self, id: &str) -> bool {
-        if self.list || self.ignored {
-            return false;
-        }
-        match &self.filter {
-            None => true,
-            Some(f) if self.exact => id == f,
-            Some(f) if f.contains(|ch: char| "\\.+*?()|[]{}^$".contains(ch)) => true,
-            Some(f) => id.contains(f.as_str()),
-        }
-    }
-
-    fn runs_any(&self, group: &str, functions: &[&str]) -> bool {
-        functions.iter().any(|f| self.runs(&format!("{group}/{f}")))
-    }
-}
-
-/// Registers a group's benchmarks without preparing anything (criterion lists or filters them).
-fn list_only(c: &mut Criterion, group: &str, functions: &[&str]) {
-    let mut g = c.benchmark_group(group);
-    for f in functions {
-        g.bench_function(*f, |b| b.iter(|| ()));
-    }
-    g.finish();
-}
-
-// ---------------------------------------------------------------------------------------------
-// Timing
-// ---------------------------------------------------------------------------------------------
-
-/// Device ms of `calls` calls enqueued back to back, from CUDA events.
-fn event_ms(
-    stream: &Arc<CudaStream>,
-    calls: usize,
-    mut call: impl FnMut() -> BoxResult<()>,
-) -> BoxResult<f64> {
-    // CU_EVENT_DEFAULT: cudarc's default (None) creates events with timing disabled.
-    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
-    let start = stream.record_event(flags)?;
-    for _ in 0..calls {
-        call()?;
-    }
-    let end = stream.record_event(flags)?;
-    Ok(f64::from(start.elapsed_ms(&end)?))
-}
-
-/// Median ms per call over `BATCHES` batches sized to about `BATCH_MS` (one batch of one call
-/// under `cargo test`), after one warm-up call.
-fn median_ms(
-    stream: &Arc<CudaStream>,
-    test: bool,
-    mut call: impl FnMut() -> BoxResult<()>,
-) -> BoxResult<f64> {
-    let once = event_ms(stream, 1, &mut call)?;
-    let (batches, calls) = if test {
-        (1, 1)
-    } else {
-        (
-            BATCHES,
-            ((BATCH_MS / once.max(1e-3)) as usize).clamp(3, 500),
-        )
-    };
-    let mut v = Vec::with_capacity(batches);
-    for _ in 0..batches {
-        v.push(event_ms(stream, calls, &mut call)? / calls as f64);
-    }
-    v.sort_by(f64::total_cmp);
-    Ok(v[v.len() / 2])
-}
-
-/// Criterion's measurement for `iters` calls: device time from CUDA events.
-fn timed_iters(
-    stream: &Arc<CudaStream>,
-    iters: u64,
-    mut call: impl FnMut() -> BoxResult<()>,
-) -> Duration {
-    let ms = event_ms(stream, iters as usize, &mut call).unwrap_or_else(|e| panic!("{e}"));
-    Duration::from_secs_f64(ms / 1e3)
-}
-
-/// The most samples (10 to 100) whose linear sampling plan fits in about 2 s of `ms` calls.
-fn sample_size(ms: f64) -> usize {
-    let iters = 2000.0 / ms.max(1e-4);
-    let n = ((1.0 + 8.0 * iters).sqrt() - 1.0) / 2.0;
-    (n as usize).clamp(10, 100)
-}
-
-fn tflops(flops: f64, ms: f64) -> f64 {
-    flops / (ms * 1e-3) / 1e12
-}
-
-/// Deterministic values in `[-scale, scale]`.
-fn values<T: DataType>(n: usize, scale: f64) -> Vec<T> {
-    (0..n as u64)
-        .map(|i| {
-            let h = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
-            T::from_f64(scale * ((h % 2001) as f64 / 1000.0 - 1.0))
-        })
-        .collect()
-}
 
 fn describe(c: &LtChoice) -> String {
     format!(

@@ -26,22 +26,23 @@
 //! A filter argument selects benchmarks as criterion does; data and autotune decisions are only
 //! set up for groups the filter can select, and `--list` sets up nothing. Without a GPU (no
 //! driver, no device, no cuDNN) it prints `no GPU: <why>` and exits cleanly.
-use std::ffi::c_void;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+mod common;
 
+use std::ffi::c_void;
+
+use common::{
+    batch_ms, enqueue_loop, list_only, per_call_us, sample_size, setup_cudnn, values, Args,
+    BoxResult,
+};
 use criterion::{Criterion, Throughput};
 use cudnn_safe::conv::{ConvAlgorithm, ConvDesc, ConvFwdAlgo, MathType};
-use cudnn_safe::cudarc::driver::sys::CUevent_flags;
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use cudnn_safe::half::f16;
 use cudnn_safe::sys;
 use cudnn_safe::{
-    cuda_context, Autotuner, Choice, Cudnn, DataType, FilterDesc, FixedAlgos, Policy, TensorDesc,
-    TensorFormat, Workspace,
+    Autotuner, Choice, Cudnn, DataType, FilterDesc, FixedAlgos, Policy, TensorDesc, TensorFormat,
+    Workspace,
 };
-
-type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// `cudnnConvolutionForward` as the loaded library exports it.
 type ConvForwardFn = unsafe extern "C" fn(
@@ -67,111 +68,6 @@ const RATIO_CALLS: u64 = 20_000;
 /// CUDA-event timing of the `policy-vs-raw` lines: median of `BATCHES` batches of `CALLS`.
 const BATCHES: usize = 5;
 const CALLS: usize = 20;
-
-fn setup() -> cudnn_safe::Result<(Arc<CudaStream>, Cudnn)> {
-    let ctx = cuda_context(0)?;
-    let stream = ctx.default_stream();
-    let cudnn = Cudnn::new(stream.clone())?;
-    Ok((stream, cudnn))
-}
-
-// ---------------------------------------------------------------------------------------------
-// What criterion will run
-// ---------------------------------------------------------------------------------------------
-
-/// The parts of the command line that `Criterion::configure_from_args` acts on and that decide
-/// whether a benchmark runs, so that data and autotune decisions are only prepared for groups
-/// criterion will run.
-struct Args {
-    list: bool,
-    /// `cargo test --benches` or `--test`: criterion runs each benchmark once.
-    test: bool,
-    ignored: bool,
-    exact: bool,
-    filter: Option<String>,
-}
-
-impl Args {
-    fn parse() -> Args {
-        // criterion's options that take a value (a filter is the first other positional).
-        const WITH_VALUE: &[&str] = &[
-            "-c",
-            "--color",
-            "--colour",
-            "-s",
-            "--save-baseline",
-            "-b",
-            "--baseline",
-            "--baseline-lenient",
-            "--load-baseline",
-            "--format",
-            "--profile-time",
-            "--sample-size",
-            "--warm-up-time",
-            "--measurement-time",
-            "--nresamples",
-            "--noise-threshold",
-            "--confidence-level",
-            "--significance-level",
-            "--plotting-backend",
-            "--output-format",
-        ];
-        let mut a = Args {
-            list: false,
-            test: false,
-            ignored: false,
-            exact: false,
-            filter: None,
-        };
-        let (mut bench, mut test) = (false, false);
-        let mut it = std::env::args().skip(1);
-        while let Some(arg) = it.next() {
-            match arg.as_str() {
-                "--list" => a.list = true,
-                "--test" => test = true,
-                "--bench" => bench = true,
-                "--ignored" => a.ignored = true,
-                "--exact" => a.exact = true,
-                s if WITH_VALUE.contains(&s) => {
-                    it.next();
-                }
-                s if s.starts_with('-') => {}
-                s => {
-                    if a.filter.is_none() {
-                        a.filter = Some(s.to_string());
-                    }
-                }
-            }
-        }
-        // criterion's rule: `cargo bench` passes --bench; without it (cargo test) it tests.
-        a.test = !bench || test;
-        a
-    }
-
-    /// Whether criterion will run the benchmark `id` (`group/function`). Errs towards yes: a
-    /// filter using regex syntax counts as selecting everything (criterion matches a regex).
-    fn runs(&self, id: &str) -> bool {
-        if self.list || self.ignored {
-            return false;
-        }
-        match &self.filter {
-            None => true,
-            Some(f) if self.exact => id == f,
-            Some(f) if f.contains(|ch: char| "\\.+*?()|[]{}^$".contains(ch)) => true,
-            Some(f) => id.contains(f.as_str()),
-        }
-    }
-}
-
-/// Registers a group's benchmarks without preparing anything: criterion only lists them
-/// (`--list`) or filters them out, and never calls the closures.
-fn list_only(c: &mut Criterion, group: &str, functions: &[&str]) {
-    let mut g = c.benchmark_group(group);
-    for f in functions {
-        g.bench_function(*f, |b| b.iter(|| ()));
-    }
-    g.finish();
-}
 
 // ---------------------------------------------------------------------------------------------
 // Problems and the raw C call
@@ -219,16 +115,6 @@ const CONFIGS: [Cfg; 7] = [
     Cfg::new(64, 64, 56, 56, 64, 1, 1),
     Cfg::new(32, 128, 28, 28, 128, 5, 1),
 ];
-
-/// Deterministic values in `[-scale, scale]`, non-constant and almost never zero.
-fn values<T: DataType>(n: usize, scale: f64) -> Vec<T> {
-    (0..n as u64)
-        .map(|i| {
-            let h = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
-            T::from_f64(scale * ((h % 2001) as f64 / 1000.0 - 1.0))
-        })
-        .collect()
-}
 
 /// Descriptors and buffers of one forward convolution, all on the handle's stream.
 struct Problem<T: DataType> {
@@ -475,54 +361,6 @@ fn fresh_tuner(policy: Policy) -> Autotuner {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Timing helpers
-// ---------------------------------------------------------------------------------------------
-
-/// Enqueues `iters` calls, synchronizing every [`SYNC_EVERY`] and at the end; the wall time.
-fn enqueue_loop(iters: u64, stream: &CudaStream, mut call: impl FnMut()) -> Duration {
-    let t = Instant::now();
-    for i in 0..iters {
-        call();
-        if i % SYNC_EVERY == SYNC_EVERY - 1 {
-            stream.synchronize().unwrap();
-        }
-    }
-    stream.synchronize().unwrap();
-    t.elapsed()
-}
-
-/// Microseconds per call over `n` calls after `n / 20` warm-up calls.
-fn per_call_us(n: u64, stream: &CudaStream, mut call: impl FnMut()) -> f64 {
-    enqueue_loop(n / 20, stream, &mut call);
-    enqueue_loop(n, stream, &mut call).as_secs_f64() * 1e6 / n as f64
-}
-
-/// Device milliseconds per call from CUDA events around `calls` back-to-back calls.
-fn batch_ms(
-    stream: &CudaStream,
-    calls: usize,
-    mut call: impl FnMut() -> BoxResult<()>,
-) -> BoxResult<f64> {
-    // `record_event(None)` creates events without timing; elapsed_ms needs timing events.
-    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
-    let start = stream.record_event(flags)?;
-    for _ in 0..calls {
-        call()?;
-    }
-    let end = stream.record_event(flags)?;
-    Ok(f64::from(start.elapsed_ms(&end)?) / calls as f64)
-}
-
-/// The most samples (10 to 100) whose smallest linear sampling plan (1 + 2 + … + n
-/// iterations of `ms` each) fits in 2 s, so that criterion does not stretch a 3 s measurement
-/// for slow configurations.
-fn sample_size(ms: f64) -> usize {
-    let iters = 2000.0 / ms.max(1e-4);
-    let n = ((1.0 + 8.0 * iters).sqrt() - 1.0) / 2.0;
-    (n as usize).clamp(10, 100)
-}
-
-// ---------------------------------------------------------------------------------------------
 // Host cost
 // ---------------------------------------------------------------------------------------------
 
@@ -532,7 +370,7 @@ fn host_cost(c: &mut Criterion, args: &Args, cudnn: &Cudnn, fwd: ConvForwardFn) 
     const GROUP: &str = "conv_host_cost";
     const NAMES: [&str; 4] = ["safe", "raw_c", "tuner_fixed", "tuner_benchmark"];
     const ALGO: ConvFwdAlgo = ConvFwdAlgo::ImplicitGemm;
-    if !NAMES.iter().any(|n| args.runs(&format!("{GROUP}/{n}"))) {
+    if !args.runs_any(GROUP, &NAMES) {
         list_only(c, GROUP, &NAMES);
         return Ok(());
     }
@@ -560,12 +398,16 @@ fn host_cost(c: &mut Criterion, args: &Args, cudnn: &Cudnn, fwd: ConvForwardFn) 
 
     let mut g = c.benchmark_group(GROUP);
     g.bench_function("safe", |b| {
-        b.iter_custom(|iters| enqueue_loop(iters, stream, || p.safe(cudnn, ALGO, &mut ws).unwrap()))
+        b.iter_custom(|iters| {
+            enqueue_loop(stream, iters, SYNC_EVERY, || {
+                p.safe(cudnn, ALGO, &mut ws).unwrap()
+            })
+        })
     });
     g.bench_function("raw_c", |b| {
         let raw = RawFwd::bind(fwd, cudnn, &mut p, ALGO, raw_ws.as_mut()).unwrap();
         b.iter_custom(|iters| {
-            enqueue_loop(iters, stream, || {
+            enqueue_loop(stream, iters, SYNC_EVERY, || {
                 // SAFETY: `raw` was bound by the checked `bind`; the checked calls above made
                 // the handle's context current on this thread, and nothing changes it.
                 check(unsafe { raw.enqueue() })
@@ -574,14 +416,14 @@ fn host_cost(c: &mut Criterion, args: &Args, cudnn: &Cudnn, fwd: ConvForwardFn) 
     });
     g.bench_function("tuner_fixed", |b| {
         b.iter_custom(|iters| {
-            enqueue_loop(iters, stream, || {
+            enqueue_loop(stream, iters, SYNC_EVERY, || {
                 p.tuned(cudnn, &mut fixed).unwrap();
             })
         })
     });
     g.bench_function("tuner_benchmark", |b| {
         b.iter_custom(|iters| {
-            enqueue_loop(iters, stream, || {
+            enqueue_loop(stream, iters, SYNC_EVERY, || {
                 p.tuned(cudnn, &mut bench).unwrap();
             })
         })
@@ -595,19 +437,21 @@ fn host_cost(c: &mut Criterion, args: &Args, cudnn: &Cudnn, fwd: ConvForwardFn) 
     for _ in 0..2 {
         {
             let raw = RawFwd::bind(fwd, cudnn, &mut p, ALGO, raw_ws.as_mut())?;
-            let us = per_call_us(n, stream, || {
+            let us = per_call_us(stream, n, SYNC_EVERY, || {
                 // SAFETY: as in the `raw_c` benchmark: bound by `bind`, context current.
                 check(unsafe { raw.enqueue() })
             });
             best[0] = best[0].min(us);
         }
-        let us = per_call_us(n, stream, || p.safe(cudnn, ALGO, &mut ws).unwrap());
+        let us = per_call_us(stream, n, SYNC_EVERY, || {
+            p.safe(cudnn, ALGO, &mut ws).unwrap()
+        });
         best[1] = best[1].min(us);
-        let us = per_call_us(n, stream, || {
+        let us = per_call_us(stream, n, SYNC_EVERY, || {
             p.tuned(cudnn, &mut fixed).unwrap();
         });
         best[2] = best[2].min(us);
-        let us = per_call_us(n, stream, || {
+        let us = per_call_us(stream, n, SYNC_EVERY, || {
             p.tuned(cudnn, &mut bench).unwrap();
         });
         best[3] = best[3].min(us);
@@ -711,7 +555,7 @@ fn policy_config<T: DataType<Scalar = f32>>(
 ) {
     let group = format!("forward_policy/{}/{}", mode.name, cfg.name());
     let names: Vec<&str> = in_criterion.iter().map(|v| v.name()).collect();
-    if !names.iter().any(|n| args.runs(&format!("{group}/{n}"))) {
+    if !args.runs_any(&group, &names) {
         list_only(c, &group, &names);
         return;
     }
@@ -889,7 +733,7 @@ fn forward_policy(c: &mut Criterion, args: &Args, cudnn: &Cudnn, fwd: ConvForwar
 
 fn main() {
     let _ = env_logger::try_init();
-    let (_stream, cudnn) = match setup() {
+    let (_stream, cudnn) = match setup_cudnn() {
         Ok(v) => v,
         Err(e) => {
             println!("no GPU: {e}");

@@ -3,20 +3,16 @@
 //!
 //! Every timed closure ends with `stream.synchronize()`, so a sample is enqueue + run + wait.
 //! Without a GPU (no driver, no device, no cuDNN) it prints `no GPU: <why>` and exits cleanly.
+mod common;
+
 use std::hint::black_box;
 use std::sync::Arc;
 
+use common::{enqueue_loop, setup_cudnn};
 use criterion::{Criterion, Throughput};
 use cudnn_safe::cudarc::driver::CudaStream;
 use cudnn_safe::half::f16;
-use cudnn_safe::{cuda_context, Cudnn, TensorDesc};
-
-fn setup() -> cudnn_safe::Result<(Arc<CudaStream>, Cudnn)> {
-    let ctx = cuda_context(0)?;
-    let stream = ctx.default_stream();
-    let cudnn = Cudnn::new(stream.clone())?;
-    Ok((stream, cudnn))
-}
+use cudnn_safe::{Cudnn, TensorDesc};
 
 /// Non-zero, non-constant input values.
 fn pattern(n: usize) -> Vec<f32> {
@@ -109,7 +105,6 @@ fn throughput(c: &mut Criterion, stream: &Arc<CudaStream>, cudnn: &Cudnn) {
 fn wrapper_vs_raw(c: &mut Criterion, stream: &Arc<CudaStream>, cudnn: &Cudnn) {
     use cudnn_safe::cudarc::driver::{DevicePtr, DevicePtrMut};
     use std::ffi::c_void;
-    use std::time::Instant;
 
     let bias_d = TensorDesc::<f32>::nchw(1, 8, 1, 1).unwrap();
     let y_d = TensorDesc::<f32>::nchw(1, 8, 4, 4).unwrap();
@@ -119,14 +114,11 @@ fn wrapper_vs_raw(c: &mut Criterion, stream: &Arc<CudaStream>, cudnn: &Cudnn) {
     let mut g = c.benchmark_group("enqueue add_tensor [1,8,4,4]");
     g.bench_function("cudnn-safe", |b| {
         b.iter_custom(|iters| {
-            let t = Instant::now();
-            for _ in 0..iters {
+            enqueue_loop(stream, iters, 0, || {
                 cudnn
                     .add_tensor(black_box(1.0), &bias_d, &bias, black_box(1.0), &y_d, &mut y)
                     .unwrap();
-            }
-            stream.synchronize().unwrap();
-            t.elapsed()
+            })
         })
     });
     let lib = cudnn_safe::sys::library().unwrap();
@@ -136,8 +128,7 @@ fn wrapper_vs_raw(c: &mut Criterion, stream: &Arc<CudaStream>, cudnn: &Cudnn) {
         let (yp, _gy) = y.device_ptr_mut(stream);
         let (one_a, one_b) = (1.0f32, 1.0f32);
         b.iter_custom(|iters| {
-            let t = Instant::now();
-            for _ in 0..iters {
+            enqueue_loop(stream, iters, 0, || {
                 // SAFETY: same handle, descriptors and buffers as the checked call above, whose
                 // checks passed; the guards keep both buffers alive for the whole loop.
                 let s = unsafe {
@@ -152,16 +143,14 @@ fn wrapper_vs_raw(c: &mut Criterion, stream: &Arc<CudaStream>, cudnn: &Cudnn) {
                     )
                 };
                 assert_eq!(s.0, 0);
-            }
-            stream.synchronize().unwrap();
-            t.elapsed()
+            })
         })
     });
     g.finish();
 }
 
 fn main() {
-    let (stream, cudnn) = match setup() {
+    let (stream, cudnn) = match setup_cudnn() {
         Ok(v) => v,
         Err(e) => {
             println!("no GPU: {e}");

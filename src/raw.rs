@@ -52,14 +52,19 @@ macro_rules! raw_fns {
         /// pointers are valid for the reads and writes the descriptors imply, host pointers to
         /// scalars point to the type cuDNN reads for these tensors.
         #[allow(clippy::too_many_arguments)] // mirrors the C signature
-        pub(crate) unsafe fn $name(lib: &Library, $($a: $t),*) -> Result<()> {
-            let f = sym!(lib, $name)?;
+        pub(crate) unsafe fn $name(
+            lib: &cudnn_safe_sys::Library,
+            $($a: $t),*
+        ) -> crate::error::Result<()> {
+            let f = cudnn_safe_sys::sym!(lib, $name)?;
             // SAFETY: forwarded to the caller, see `# Safety` above.
             let status = unsafe { f($($a),*) };
-            check(lib, status, stringify!($name))
+            crate::raw::check(lib, status, stringify!($name))
         }
     )* };
 }
+/// Family modules declare the C calls they need with `crate::raw::raw_fns! { ... }`.
+pub(crate) use raw_fns;
 
 raw_fns! {
     fn cudnnCreate(handle: *mut sys::cudnnHandle_t);
@@ -387,17 +392,17 @@ macro_rules! owned_descriptor {
         $(#[$m])*
         pub(crate) struct $name {
             ptr: std::ptr::NonNull<<$ptr as crate::raw::Pointee>::Target>,
-            lib: &'static Library,
+            lib: &'static cudnn_safe_sys::Library,
             id: u64,
         }
 
         impl $name {
-            pub(crate) fn new(lib: &'static Library) -> Result<Self> {
+            pub(crate) fn new(lib: &'static cudnn_safe_sys::Library) -> crate::error::Result<Self> {
                 let mut p: $ptr = std::ptr::null_mut();
                 // SAFETY: `p` is a valid out-pointer for the new descriptor.
                 unsafe { $create(lib, &mut p) }?;
-                let ptr = std::ptr::NonNull::new(p).ok_or(Error::Cudnn {
-                    status: Status::BAD_PARAM,
+                let ptr = std::ptr::NonNull::new(p).ok_or(crate::error::Error::Cudnn {
+                    status: crate::error::Status::BAD_PARAM,
                     function: stringify!($create),
                     message: "returned a null descriptor".into(),
                 })?;
@@ -412,7 +417,7 @@ macro_rules! owned_descriptor {
                 self.ptr.as_ptr()
             }
             #[allow(dead_code)] // not every descriptor kind needs it
-            pub(crate) fn lib(&self) -> &'static Library {
+            pub(crate) fn lib(&self) -> &'static cudnn_safe_sys::Library {
                 self.lib
             }
         }
@@ -432,6 +437,10 @@ macro_rules! owned_descriptor {
         }
     };
 }
+
+/// Family modules declare their descriptor owners with `crate::raw::owned_descriptor!(...)`,
+/// after declaring the create/destroy calls with [`raw_fns`].
+pub(crate) use owned_descriptor;
 
 /// A fresh id for a descriptor. Ids are never reused (unlike addresses), so a memo keyed by ids
 /// can never confuse a dropped descriptor with a new one.

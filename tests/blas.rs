@@ -12,66 +12,33 @@
 //!
 //! Without a GPU (no driver, no device, no cuBLAS) every test prints `skipping: <why>` and
 //! passes, unless `CUDNN_SAFE_REQUIRE_GPU=1`, when it fails instead.
+mod common;
+
 use std::sync::Arc;
 
+use common::{assert_send, assert_untouched, same, scalar, skip_or_fail, Rng, SENTINEL};
 use cudnn_safe::blas::{Blas, BlasMath, GemmType, Transpose};
 use cudnn_safe::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudnn_safe::half::{bf16, f16};
-use cudnn_safe::{cuda_context, DType, DataType, Error, Scalar, MAX_WORKSPACE_BYTES};
+use cudnn_safe::{cuda_context, DType, DataType, Error, MAX_WORKSPACE_BYTES};
 
 /// The device-0 default stream and a cuBLAS handle on it, or `None` (test skipped) without a
 /// GPU or without cuBLAS.
 fn gpu() -> Option<(Arc<CudaStream>, Blas)> {
-    let opened = cuda_context(0).and_then(|ctx| {
+    skip_or_fail(cuda_context(0).and_then(|ctx| {
         let stream = ctx.default_stream();
         Blas::new(stream.clone()).map(|blas| (stream, blas))
-    });
-    match opened {
-        Ok(v) => Some(v),
-        Err(e) if std::env::var("CUDNN_SAFE_REQUIRE_GPU").as_deref() == Ok("1") => {
-            panic!("CUDNN_SAFE_REQUIRE_GPU=1 but no usable GPU or cuBLAS: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
+    }))
 }
-
-fn assert_send<T: Send>() {}
 
 // ---------------------------------------------------------------------------------------------
 // Random numbers, layouts and references (independent of the crate under test)
 // ---------------------------------------------------------------------------------------------
 
-/// xorshift64* PRNG: deterministic, seeded per test.
-struct Rng(u64);
-
 impl Rng {
-    fn new(seed: u64) -> Rng {
-        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        Rng((z ^ (z >> 31)) | 1)
-    }
-    fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in `[0, 1)`.
-    fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.unit()
-    }
     /// Uniform integer in `lo..=hi`.
-    fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + (self.next_u64() % (hi - lo + 1) as u64) as i64
+    fn range_inclusive(&mut self, lo: i64, hi: i64) -> i64 {
+        self.range(lo, hi + 1)
     }
     /// A value uniform in `[-2, 2]`, rounded to `T`.
     fn value<T: DataType>(&mut self) -> T {
@@ -88,9 +55,6 @@ impl Rng {
     }
 }
 
-/// What fills elements no logical index addresses; must stay as it is.
-const SENTINEL: f64 = -999.0;
-
 /// Error allowed relative to `|alpha|·Σ|terms| + |beta·c|` for results stored as `T`.
 fn tol<T: GemmType>(math: BlasMath) -> f64 {
     match T::DTYPE {
@@ -101,18 +65,6 @@ fn tol<T: GemmType>(math: BlasMath) -> f64 {
         DType::BF16 => 5e-2,
         other => panic!("no tolerance for {other}"),
     }
-}
-
-/// A scalar as cuBLAS will read it for `T`, and its exact value.
-fn scalar<T: GemmType>(v: f64) -> (T::Scalar, f64) {
-    let s = <T::Scalar as Scalar>::from_f64(v);
-    (s, Scalar::to_f64(s))
-}
-
-/// The same stored value (NaN equals NaN).
-fn same<T: DataType>(a: T, b: T) -> bool {
-    let (x, y) = (a.to_f64(), b.to_f64());
-    x == y || (x.is_nan() && y.is_nan())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -301,24 +253,6 @@ fn check<T: DataType>(
     }
 }
 
-/// Waits for the stream, copies `dev` back and checks nothing changed.
-fn assert_untouched<T: DataType>(
-    what: &str,
-    stream: &Arc<CudaStream>,
-    dev: &CudaSlice<T>,
-    before: &[T],
-) {
-    stream.synchronize().unwrap();
-    let got = stream.clone_dtoh(dev).unwrap();
-    assert_eq!(got.len(), before.len(), "{what}");
-    for (p, (&g, &b)) in got.iter().zip(before).enumerate() {
-        assert!(
-            same(g, b),
-            "{what}: element {p} changed from {b:?} to {g:?} although the call was rejected"
-        );
-    }
-}
-
 /// Copies `dev` back once all work of the context (any stream the handle is on) is done.
 fn download<T: DataType>(stream: &Arc<CudaStream>, dev: &CudaSlice<T>) -> Vec<T> {
     stream.context().synchronize().unwrap();
@@ -354,10 +288,14 @@ impl Problem {
             order,
             ta,
             tb,
-            m: rng.range(1, max),
-            n: rng.range(1, max),
-            k: rng.range(1, max),
-            pads: [rng.range(1, 4), rng.range(1, 4), rng.range(1, 4)],
+            m: rng.range_inclusive(1, max),
+            n: rng.range_inclusive(1, max),
+            k: rng.range_inclusive(1, max),
+            pads: [
+                rng.range_inclusive(1, 4),
+                rng.range_inclusive(1, 4),
+                rng.range_inclusive(1, 4),
+            ],
             gaps: [0, 0, 0],
             batch: None,
             alpha: rng.factor(),
@@ -509,8 +447,12 @@ fn strided_cases<T: GemmType>(seed: u64, order: Order) {
     ] {
         for beta_zero in [true, false] {
             let mut p = Problem::random(&mut rng, order, ta, tb, 24);
-            p.batch = Some(rng.range(2, 5));
-            p.gaps = [rng.range(0, 7), rng.range(0, 7), rng.range(0, 7)];
+            p.batch = Some(rng.range_inclusive(2, 5));
+            p.gaps = [
+                rng.range_inclusive(0, 7),
+                rng.range_inclusive(0, 7),
+                rng.range_inclusive(0, 7),
+            ];
             p.beta = if beta_zero { 0.0 } else { rng.factor() };
             run_gemm::<T>(&stream, &blas, &mut rng, &p);
         }
@@ -714,7 +656,7 @@ fn batched_case<T: GemmType>(seed: u64) {
             let (alpha_s, alpha) = scalar::<T>(p.alpha);
             let (beta_s, beta) = scalar::<T>(beta);
             let [a_lay, b_lay, c_lay] = p.layouts();
-            let batch = rng.range(1, 4) as usize;
+            let batch = rng.range_inclusive(1, 4) as usize;
             let a: Vec<Vec<T>> = (0..batch).map(|_| input(&mut rng, &a_lay)).collect();
             let b: Vec<Vec<T>> = (0..batch).map(|_| input(&mut rng, &b_lay)).collect();
             let c: Vec<Vec<T>> = (0..batch).map(|_| output(&mut rng, &c_lay, beta)).collect();
@@ -856,8 +798,8 @@ fn gemv_case<T: GemmType>(seed: u64) {
     for trans in [Transpose::No, Transpose::Yes] {
         for (incx, incy) in [(1, 1), (2, 3), (3, 1)] {
             for beta_zero in [true, false] {
-                let (m, n) = (rng.range(1, 70), rng.range(1, 70));
-                let a_lay = Lay::new(Order::Col, m, n, rng.range(1, 4), 0, 1);
+                let (m, n) = (rng.range_inclusive(1, 70), rng.range_inclusive(1, 70));
+                let a_lay = Lay::new(Order::Col, m, n, rng.range_inclusive(1, 4), 0, 1);
                 let (x_count, y_count) = match trans {
                     Transpose::No => (n, m),
                     Transpose::Yes => (m, n),
@@ -1155,8 +1097,8 @@ fn large_case<T: GemmType>(stream: &Arc<CudaStream>, blas: &Blas, seed: u64) {
     let idx = |i: i64, j: i64| (i * N + j) as usize;
     let mut cells = Vec::new();
     for _ in 0..8 {
-        let r = rng.range(0, N - 1);
-        let c = rng.range(0, N - 1);
+        let r = rng.range_inclusive(0, N - 1);
+        let c = rng.range_inclusive(0, N - 1);
         cells.extend((0..N).map(|j| (r, j)));
         cells.extend((0..N).map(|i| (i, c)));
     }

@@ -11,77 +11,31 @@
 //!
 //! Without a GPU (no driver, no device, no cuBLASLt) every test prints `skipping: <why>` and
 //! passes, unless `CUDNN_SAFE_REQUIRE_GPU=1`, when it fails instead.
+mod common;
+
 use std::sync::Arc;
 
+use common::{assert_send, assert_untouched, skip_or_fail, to_f64, Rng};
 use cudnn_safe::blas::{
     BlasLt, Epilogue, EpilogueData, LtChoice, LtElement, LtMatmul, LtPolicy, LtSource,
     MatmulCandidate,
 };
-use cudnn_safe::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudnn_safe::cudarc::driver::{CudaContext, CudaStream};
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::{cuda_context, DType, DataType, Error};
 
 /// The device-0 default stream and a cuBLASLt handle on it (no cache file), or `None` (test
 /// skipped) without a GPU.
 fn gpu() -> Option<(Arc<CudaStream>, BlasLt)> {
-    let opened = cuda_context(0).and_then(|ctx| {
+    skip_or_fail(cuda_context(0).and_then(|ctx| {
         let stream = ctx.default_stream();
         BlasLt::new(stream.clone()).map(|lt| (stream, lt.without_cache_file()))
-    });
-    match opened {
-        Ok(v) => Some(v),
-        Err(e) if std::env::var("CUDNN_SAFE_REQUIRE_GPU").as_deref() == Ok("1") => {
-            panic!("CUDNN_SAFE_REQUIRE_GPU=1 but no usable GPU: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
+    }))
 }
 
-fn assert_send<T: Send>() {}
-
 // ---------------------------------------------------------------------------------------------
-// Random numbers and the host reference (independent of the crate under test)
+// The host reference (independent of the crate under test)
 // ---------------------------------------------------------------------------------------------
-
-/// xorshift64* PRNG: deterministic, seeded per test.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        Rng((z ^ (z >> 31)) | 1)
-    }
-    fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.unit()
-    }
-    /// `n` values uniform in `[-2, 2]`, rounded to `T`; never all zero.
-    fn values<T: DataType>(&mut self, n: usize) -> Vec<T> {
-        let v: Vec<T> = (0..n)
-            .map(|_| T::from_f64(self.uniform(-2.0, 2.0)))
-            .collect();
-        assert!(
-            v.iter().any(|x| x.to_f64() != 0.0),
-            "PRNG produced all zeros"
-        );
-        v
-    }
-}
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 
@@ -94,10 +48,6 @@ fn gelu(x: f64) -> f64 {
 fn dgelu(x: f64) -> f64 {
     let t = (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh();
     0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x)
-}
-
-fn to_f64<T: DataType>(v: &[T]) -> Vec<f64> {
-    v.iter().map(|x| x.to_f64()).collect()
 }
 
 /// Host values of one call, as stored on the device.
@@ -879,24 +829,6 @@ fn misaligned_views_get_suitable_algorithms_or_are_refused() {
 // ---------------------------------------------------------------------------------------------
 // Rejected before launch
 // ---------------------------------------------------------------------------------------------
-
-fn assert_untouched<T: DataType>(
-    what: &str,
-    stream: &Arc<CudaStream>,
-    dev: &CudaSlice<T>,
-    before: &[T],
-) {
-    stream.synchronize().unwrap();
-    let got = stream.clone_dtoh(dev).unwrap();
-    assert_eq!(got.len(), before.len());
-    for (p, (&g, &b)) in got.iter().zip(before).enumerate() {
-        let (x, y) = (g.to_f64(), b.to_f64());
-        assert!(
-            x == y || (x.is_nan() && y.is_nan()),
-            "{what}: element {p} changed from {y} to {x} although the call was rejected"
-        );
-    }
-}
 
 #[test]
 fn bad_arguments_are_rejected_before_launch() {

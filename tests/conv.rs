@@ -20,8 +20,14 @@
 //!
 //! Without a GPU (no driver, no device, no cuDNN) every test prints `skipping: <why>` and passes,
 //! unless `CUDNN_SAFE_REQUIRE_GPU=1`, when it fails instead.
+mod common;
+
 use std::sync::Arc;
 
+use common::{
+    assert_untouched, channels_last_strides, download, for_each_index, image, offsets,
+    packed_strides, poison, same, scalar, skip_or_fail, to_f64, Rng, SENTINEL,
+};
 use cudnn_safe::conv::{
     AlgoPerf, ConvAlgorithm, ConvBwdDataAlgo, ConvBwdFilterAlgo, ConvDesc, ConvFwdAlgo, ConvMode,
     FusedActivation, MathType,
@@ -29,8 +35,8 @@ use cudnn_safe::conv::{
 use cudnn_safe::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::{
-    cuda_context, Autotuner, Choice, Cudnn, DType, DataType, Error, FilterDesc, FixedAlgos, Policy,
-    Scalar, Source, StatusFamily, TensorDesc, TensorFormat, Workspace,
+    cuda_context, Autotuner, Choice, Cudnn, DataType, Error, FilterDesc, FixedAlgos, Policy,
+    Source, StatusFamily, TensorDesc, TensorFormat, Workspace,
 };
 
 /// The device-0 default stream and a handle on it.
@@ -41,68 +47,17 @@ struct Gpu {
 
 /// The GPU, or `None` (test skipped) without one.
 fn gpu() -> Option<Gpu> {
-    let opened = cuda_context(0).and_then(|ctx| {
+    skip_or_fail(cuda_context(0).and_then(|ctx| {
         let stream = ctx.default_stream();
         Cudnn::new(stream.clone()).map(|cudnn| Gpu { stream, cudnn })
-    });
-    match opened {
-        Ok(v) => Some(v),
-        Err(e) if std::env::var("CUDNN_SAFE_REQUIRE_GPU").as_deref() == Ok("1") => {
-            panic!("CUDNN_SAFE_REQUIRE_GPU=1 but no usable GPU: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
+    }))
 }
 
 // ---------------------------------------------------------------------------------------------
 // Random numbers
 // ---------------------------------------------------------------------------------------------
 
-/// xorshift64* PRNG: deterministic, seeded per test.
-struct Rng(u64);
-
 impl Rng {
-    /// Seeds are mixed with splitmix64 first, so that nearby seeds give unrelated streams
-    /// (`(seed ^ K) | 1` alone maps seeds 2k and 2k + 1 to the same state).
-    fn new(seed: u64) -> Rng {
-        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        Rng((z ^ (z >> 31)) | 1)
-    }
-    fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in `[0, 1)`.
-    fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.unit()
-    }
-    /// Uniform integer in `lo..hi`.
-    fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + (self.next_u64() % (hi - lo) as u64) as i64
-    }
-    /// `n` values uniform in `[-2, 2]`, rounded to `T`; never all zero.
-    fn values<T: DataType>(&mut self, n: usize) -> Vec<T> {
-        let v: Vec<T> = (0..n)
-            .map(|_| T::from_f64(self.uniform(-2.0, 2.0)))
-            .collect();
-        assert!(
-            v.iter().any(|x| x.to_f64() != 0.0),
-            "PRNG produced all zeros"
-        );
-        v
-    }
     /// `n` integers in `-3..=3` (exact in every type, i8 included); never all zero.
     fn small_ints<T: DataType>(&mut self, n: usize) -> Vec<T> {
         loop {
@@ -132,80 +87,8 @@ enum Gen {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Values, scalars, outputs
+// Index walking
 // ---------------------------------------------------------------------------------------------
-
-/// What fills gaps between elements (addressed by no logical index); must stay as it is.
-const SENTINEL: f64 = -999.0;
-
-fn is_float<T: DataType>() -> bool {
-    matches!(T::DTYPE, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
-}
-
-/// What fills addressed elements a call must overwrite: NaN, or 111 for integer types.
-fn poison<T: DataType>() -> T {
-    T::from_f64(if is_float::<T>() { f64::NAN } else { 111.0 })
-}
-
-/// The same stored value (NaN equals NaN).
-fn same<T: DataType>(a: T, b: T) -> bool {
-    let (x, y) = (a.to_f64(), b.to_f64());
-    x == y || (x.is_nan() && y.is_nan())
-}
-
-/// A scalar as cuDNN will read it for `T`, and its exact value.
-fn scalar<T: DataType>(v: f64) -> (T::Scalar, f64) {
-    let s = <T::Scalar as Scalar>::from_f64(v);
-    (s, Scalar::to_f64(s))
-}
-
-fn to_f64s<T: DataType>(v: &[T]) -> Vec<f64> {
-    v.iter().map(|x| x.to_f64()).collect()
-}
-
-/// Waits for the stream and copies `dev` back.
-fn download<T: DataType>(g: &Gpu, dev: &CudaSlice<T>) -> Vec<T> {
-    g.stream.synchronize().unwrap();
-    g.stream.clone_dtoh(dev).unwrap()
-}
-
-/// Waits for `stream`, copies `dev` back and checks nothing changed.
-fn assert_untouched<T: DataType>(
-    what: &str,
-    stream: &Arc<CudaStream>,
-    dev: &CudaSlice<T>,
-    before: &[T],
-) {
-    stream.synchronize().unwrap();
-    let got = stream.clone_dtoh(dev).unwrap();
-    assert_eq!(got.len(), before.len(), "{what}");
-    for (p, (&g, &b)) in got.iter().zip(before).enumerate() {
-        assert!(
-            same(g, b),
-            "{what}: element {p} changed from {b:?} to {g:?} although the call was rejected"
-        );
-    }
-}
-
-/// Calls `f` with every logical index of `dims`, in row-major order.
-fn for_each_index(dims: &[i64], mut f: impl FnMut(&[i64])) {
-    let mut idx = vec![0i64; dims.len()];
-    loop {
-        f(&idx);
-        let mut axis = dims.len();
-        loop {
-            if axis == 0 {
-                return;
-            }
-            axis -= 1;
-            idx[axis] += 1;
-            if idx[axis] < dims[axis] {
-                break;
-            }
-            idx[axis] = 0;
-        }
-    }
-}
 
 /// Every logical index of `dims`, in row-major order.
 fn all_indices(dims: &[i64]) -> Vec<Vec<i64>> {
@@ -248,21 +131,10 @@ struct Lay {
 impl Lay {
     /// Packed strides for logical `dims = [N|K, C, spatial...]` in `fmt`.
     fn packed(dims: &[i64], fmt: Fmt) -> Lay {
-        let r = dims.len();
-        // Memory order, slowest axis first.
-        let order: Vec<usize> = match fmt {
-            Fmt::Nchw => (0..r).collect(),
-            Fmt::Nhwc => std::iter::once(0)
-                .chain(2..r)
-                .chain(std::iter::once(1))
-                .collect(),
+        let strides = match fmt {
+            Fmt::Nchw => packed_strides(dims),
+            Fmt::Nhwc => channels_last_strides(dims),
         };
-        let mut strides = vec![0i64; r];
-        let mut acc = 1i64;
-        for &axis in order.iter().rev() {
-            strides[axis] = acc;
-            acc *= dims[axis];
-        }
         Lay {
             dims: dims.to_vec(),
             strides,
@@ -302,12 +174,7 @@ impl Lay {
 
     /// Memory offset of every logical element, in row-major logical order.
     fn offsets(&self) -> Vec<usize> {
-        let mut out = Vec::with_capacity(self.count());
-        for_each_index(&self.dims, |idx| {
-            let o: i64 = idx.iter().zip(&self.strides).map(|(i, s)| i * s).sum();
-            out.push(o as usize);
-        });
-        out
+        offsets(&self.dims, &self.strides)
     }
 
     /// The tensor descriptor, through the constructor matching the layout; its strides and span
@@ -337,12 +204,8 @@ impl Lay {
 
     /// A host image of a buffer of `span` elements: logical element `i` gets `fill(i)`, every
     /// gap [`SENTINEL`].
-    fn image<T: DataType>(&self, mut fill: impl FnMut(usize) -> T) -> Vec<T> {
-        let mut v = vec![T::from_f64(SENTINEL); self.span()];
-        for (i, o) in self.offsets().into_iter().enumerate() {
-            v[o] = fill(i);
-        }
-        v
+    fn image<T: DataType>(&self, fill: impl FnMut(usize) -> T) -> Vec<T> {
+        image(self.span(), &self.offsets(), fill)
     }
 
     /// Copies logical-order values to a new device buffer laid out as `self`.
@@ -979,8 +842,8 @@ impl<X: DataType> Setup<X> {
             geo: case.geometry(),
             x: x_lay.upload(g, &xh),
             w: w_lay.upload(g, &wh),
-            xf: to_f64s(&xh),
-            wf: to_f64s(&wh),
+            xf: to_f64(&xh),
+            wf: to_f64(&wh),
             conv,
             x_lay,
             w_lay,
@@ -1021,7 +884,7 @@ fn sweep<A: ConvAlgorithm, T: DataType>(
         let mut buf = g.stream.clone_htod(before).unwrap();
         launch(algo, &mut buf)
             .unwrap_or_else(|e| panic!("{what}: accepted by the workspace query, then: {e}"));
-        let got = download(g, &buf);
+        let got = download(&g.stream, &buf);
         let (want, bound) = expect(algo);
         tally.worst = tally
             .worst
@@ -1077,7 +940,7 @@ fn forward_case<X: DataType, Y: DataType<Scalar = X::Scalar>>(
     let (alpha_s, alpha) = scalar::<X>(p.alpha);
     let (beta_s, beta) = scalar::<X>(p.beta);
     let old: Option<Vec<Y>> = (beta != 0.0).then(|| rng.values(y_lay.count()));
-    let oldf = old.as_deref().map(to_f64s);
+    let oldf = old.as_deref().map(to_f64);
     let before = y_lay.output_image(old.as_deref());
     let what = format!(
         "forward<{}, {}> {} {:?} alpha {alpha} beta {beta}",
@@ -1156,7 +1019,7 @@ fn backward_case<T: DataType>(
     let s = Setup::<T>::new(g, rng, case, p.math, Gen::Uniform);
     let dy_d = s.y_lay.desc::<T>();
     let dyh: Vec<T> = rng.values(s.y_lay.count());
-    let dyf = to_f64s(&dyh);
+    let dyf = to_f64(&dyh);
     let dy = s.y_lay.upload(g, &dyh);
     let (alpha_s, alpha) = scalar::<T>(p.alpha);
     let (beta_s, beta) = scalar::<T>(p.beta);
@@ -1164,7 +1027,7 @@ fn backward_case<T: DataType>(
     let dw_ref = s.geo.backward_filter(&s.xf, &dyf);
 
     let old_dx: Option<Vec<T>> = (beta != 0.0).then(|| rng.values(s.x_lay.count()));
-    let old_dxf = old_dx.as_deref().map(to_f64s);
+    let old_dxf = old_dx.as_deref().map(to_f64);
     let before = s.x_lay.output_image(old_dx.as_deref());
     let what = format!(
         "backward data<{}> {} alpha {alpha} beta {beta}",
@@ -1194,7 +1057,7 @@ fn backward_case<T: DataType>(
     );
 
     let old_dw: Option<Vec<T>> = (beta != 0.0).then(|| rng.values(s.w_lay.count()));
-    let old_dwf = old_dw.as_deref().map(to_f64s);
+    let old_dwf = old_dw.as_deref().map(to_f64);
     let before = s.w_lay.output_image(old_dw.as_deref());
     let what = format!(
         "backward filter<{}> {} alpha {alpha} beta {beta}",
@@ -1535,10 +1398,10 @@ fn adjoint_identity_f64() {
             )
             .unwrap_or_else(|e| panic!("{what} backward filter {fa2}: {e}"));
 
-        let y = gather(&s.y_lay, &download(&g, &y));
-        let dx = gather(&s.x_lay, &download(&g, &dx));
-        let dw = gather(&s.w_lay, &download(&g, &dw));
-        let dyf = to_f64s(&dyh);
+        let y = gather(&s.y_lay, &download(&g.stream, &y));
+        let dx = gather(&s.x_lay, &download(&g.stream, &dx));
+        let dw = gather(&s.w_lay, &download(&g.stream, &dw));
+        let dyf = to_f64(&dyh);
         let (a, b, c) = (dot(&y, &dyf), dot(&s.xf, &dx), dot(&s.wf, &dw));
         let mut scale = 0.0;
         s.geo
@@ -1600,11 +1463,11 @@ fn bias_case<T: DataType>(
         dilations: vec![1; sp],
         flip: false,
     };
-    let r = geo.backward_bias(&to_f64s(&dyh));
+    let r = geo.backward_bias(&to_f64(&dyh));
     let (alpha_s, alpha) = scalar::<T>(alpha);
     let (beta_s, beta) = scalar::<T>(beta);
     let old: Option<Vec<T>> = (beta != 0.0).then(|| rng.values(db_lay.count()));
-    let oldf = old.as_deref().map(to_f64s);
+    let oldf = old.as_deref().map(to_f64);
     let before = db_lay.output_image(old.as_deref());
     let mut db = g.stream.clone_htod(&before).unwrap();
     let what = format!(
@@ -1623,7 +1486,7 @@ fn bias_case<T: DataType>(
         }
         Err(e) => panic!("{what}: {e}"),
     }
-    let got = download(g, &db);
+    let got = download(&g.stream, &db);
     let (want, bound) = tol.expect(&r, alpha, beta, oldf.as_deref(), false);
     Some(check(&what, &got, &before, &db_lay, &want, &bound))
 }
@@ -1956,11 +1819,11 @@ fn transpose_case<T: DataType>(
     let xh: Vec<T> = rng.values(x_lay.count());
     let wh: Vec<T> = rng.values(w_lay.count());
     let (x, w) = (x_lay.upload(g, &xh), w_lay.upload(g, &wh));
-    let r = case.geometry().backward_data(&to_f64s(&xh), &to_f64s(&wh));
+    let r = case.geometry().backward_data(&to_f64(&xh), &to_f64(&wh));
     let (alpha_s, alpha) = scalar::<T>(alpha);
     let (beta_s, beta) = scalar::<T>(beta);
     let old: Option<Vec<T>> = (beta != 0.0).then(|| rng.values(y_lay.count()));
-    let oldf = old.as_deref().map(to_f64s);
+    let oldf = old.as_deref().map(to_f64);
     let before = y_lay.output_image(old.as_deref());
     sweep::<ConvBwdDataAlgo, T>(
         g,
@@ -2913,7 +2776,7 @@ fn verify<T: DataType>(
     (alpha, beta): (f64, f64),
     transform: bool,
 ) -> f64 {
-    let got = download(g, dev);
+    let got = download(&g.stream, dev);
     let old = (beta != 0.0).then(|| gather(lay, before));
     let (want, bound) = tol.expect(r, alpha, beta, old.as_deref(), transform);
     check(what, &got, before, lay, &want, &bound)
@@ -3029,7 +2892,7 @@ fn find_backward_data_sorted_and_fastest_correct() {
                 1.0, &s.w_d, &s.w, &dy_d, &dy, &s.conv, best, &mut ws, 0.0, &s.x_d, &mut dx,
             )
             .unwrap_or_else(|e| panic!("{what}: fastest {best}: {e}"));
-        let r = s.geo.backward_data(&to_f64s(&dyh), &s.wf);
+        let r = s.geo.backward_data(&to_f64(&dyh), &s.wf);
         verify(
             &g,
             &what,
@@ -3088,7 +2951,7 @@ fn find_backward_filter_sorted_and_fastest_correct() {
                 1.0, &s.x_d, &s.x, &dy_d, &dy, &s.conv, best, &mut ws, 0.0, &s.w_d, &mut dw,
             )
             .unwrap_or_else(|e| panic!("{what}: fastest {best}: {e}"));
-        let r = s.geo.backward_filter(&s.xf, &to_f64s(&dyh));
+        let r = s.geo.backward_filter(&s.xf, &to_f64(&dyh));
         verify(
             &g,
             &what,
@@ -3139,7 +3002,7 @@ impl Tuned {
         let s = Setup::<f32>::new(g, rng, case, MathType::Fma, Gen::Uniform);
         let y_d = s.y_lay.desc::<f32>();
         let dyh: Vec<f32> = rng.values(s.y_lay.count());
-        let dyf = to_f64s(&dyh);
+        let dyf = to_f64(&dyh);
         let dy = s.y_lay.upload(g, &dyh);
         let b_d = TensorDesc::<f32>::nchw(1, case.k, 1, 1).unwrap();
         let bh: Vec<f32> = rng.values(case.k as usize);
@@ -3227,7 +3090,7 @@ impl Tuned {
             &mut y,
         )?;
         let what = format!("{} with {}", self.what(tuner, "fused relu"), c.algo);
-        let got = download(g, &y);
+        let got = download(&g.stream, &y);
         let (mut want, bound) = FP32.expect(&self.fused_ref, 1.0, 0.0, None, is_transform(c.algo));
         want.iter_mut().for_each(|v| *v = v.max(0.0));
         check(&what, &got, &before, &s.y_lay, &want, &bound);
@@ -3297,7 +3160,7 @@ impl Tuned {
             ab,
             transform,
         );
-        Ok((c, download(g, &dw)))
+        Ok((c, download(&g.stream, &dw)))
     }
 }
 

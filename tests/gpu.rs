@@ -8,80 +8,25 @@
 //!
 //! Without a GPU (no driver, no device, no cuDNN) every test prints `skipping: <why>` and passes,
 //! unless `CUDNN_SAFE_REQUIRE_GPU=1`, when it fails instead.
+mod common;
+
 use std::sync::Arc;
 
-use cudnn_safe::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use common::{
+    assert_send, assert_untouched, check_strided, download, for_each_index, gpu, image, offsets,
+    poison, same, scalar, stored, tol, Rng, SENTINEL,
+};
+use cudnn_safe::cudarc::driver::{CudaContext, CudaStream};
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::{
-    cuda_context, Cudnn, DType, DataType, Error, Scalar, StatusFamily, TensorDesc, Workspace,
-    MAX_WORKSPACE_BYTES,
+    Cudnn, DataType, Error, StatusFamily, TensorDesc, Workspace, MAX_WORKSPACE_BYTES,
 };
 
-/// The device-0 default stream and a handle on it, or `None` (test skipped) without a GPU.
-fn gpu() -> Option<(Arc<CudaStream>, Cudnn)> {
-    let opened = cuda_context(0).and_then(|ctx| {
-        let stream = ctx.default_stream();
-        Cudnn::new(stream.clone()).map(|cudnn| (stream, cudnn))
-    });
-    match opened {
-        Ok(v) => Some(v),
-        Err(e) if std::env::var("CUDNN_SAFE_REQUIRE_GPU").as_deref() == Ok("1") => {
-            panic!("CUDNN_SAFE_REQUIRE_GPU=1 but no usable GPU: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
-}
-
-fn assert_send<T: Send>() {}
-
 // ---------------------------------------------------------------------------------------------
-// Random numbers, shapes, layouts and references (all independent of the crate under test)
+// Shapes, layouts and references (all independent of the crate under test)
 // ---------------------------------------------------------------------------------------------
-
-/// xorshift64* PRNG: deterministic, seeded per test.
-struct Rng(u64);
 
 impl Rng {
-    fn new(seed: u64) -> Rng {
-        // splitmix64 of the seed, so that neighbouring seeds give unrelated streams.
-        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        Rng((z ^ (z >> 31)) | 1)
-    }
-    fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in `[0, 1)`.
-    fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.unit()
-    }
-    /// Uniform integer in `lo..hi`.
-    fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + (self.next_u64() % (hi - lo) as u64) as i64
-    }
-    /// `n` values uniform in `[-2, 2]`, rounded to `T`; never all zero.
-    fn values<T: DataType>(&mut self, n: usize) -> Vec<T> {
-        let v: Vec<T> = (0..n)
-            .map(|_| T::from_f64(self.uniform(-2.0, 2.0)))
-            .collect();
-        assert!(
-            v.iter().any(|x| x.to_f64() != 0.0),
-            "PRNG produced all zeros"
-        );
-        v
-    }
     /// Random `[N, C, H, W]` with N in 1..4, C in 1..17, H and W in 1..9.
     fn dims(&mut self) -> [i64; 4] {
         [
@@ -91,46 +36,6 @@ impl Rng {
             self.range(1, 9),
         ]
     }
-}
-
-/// What fills padding elements (those no logical index addresses); must stay as it is.
-const SENTINEL: f64 = -999.0;
-
-fn is_float<T: DataType>() -> bool {
-    matches!(T::DTYPE, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
-}
-
-/// What fills addressed elements the call must overwrite: NaN, or 111 for integer types.
-fn poison<T: DataType>() -> T {
-    T::from_f64(if is_float::<T>() { f64::NAN } else { 111.0 })
-}
-
-/// Relative-plus-absolute tolerance for results stored as `T`.
-fn tol<T: DataType>() -> f64 {
-    match T::DTYPE {
-        DType::F32 => 1e-5,
-        DType::F64 => 1e-12,
-        DType::F16 => 1e-2,
-        DType::BF16 => 5e-2,
-        _ => 0.0,
-    }
-}
-
-/// The same stored value (NaN equals NaN).
-fn same<T: DataType>(a: T, b: T) -> bool {
-    let (x, y) = (a.to_f64(), b.to_f64());
-    x == y || (x.is_nan() && y.is_nan())
-}
-
-/// `v` rounded to `T`, as `f64`.
-fn stored<T: DataType>(v: f64) -> f64 {
-    T::from_f64(v).to_f64()
-}
-
-/// A scalar as cuDNN will read it for `T`, and its exact value.
-fn scalar<T: DataType>(v: f64) -> (T::Scalar, f64) {
-    let s = <T::Scalar as Scalar>::from_f64(v);
-    (s, Scalar::to_f64(s))
 }
 
 /// Memory layouts used by the tests.
@@ -199,9 +104,7 @@ impl Shape {
 
     /// Offsets of every logical element, in row-major logical order.
     fn offsets(&self) -> Vec<usize> {
-        let mut out = Vec::new();
-        for_each_index(&self.dims, |idx| out.push(self.offset(idx)));
-        out
+        offsets(&self.dims, &self.strides)
     }
 
     /// The descriptor, through the constructor matching the format; its strides and span are
@@ -221,90 +124,6 @@ impl Shape {
     fn desc<T: DataType>(&self) -> TensorDesc<T> {
         self.try_desc()
             .unwrap_or_else(|e| panic!("descriptor {self:?}: {e}"))
-    }
-}
-
-/// Calls `f` with every logical index of `dims`, in row-major order.
-fn for_each_index(dims: &[i64], mut f: impl FnMut(&[i64])) {
-    let mut idx = vec![0i64; dims.len()];
-    loop {
-        f(&idx);
-        let mut axis = dims.len();
-        loop {
-            if axis == 0 {
-                return;
-            }
-            axis -= 1;
-            idx[axis] += 1;
-            if idx[axis] < dims[axis] {
-                break;
-            }
-            idx[axis] = 0;
-        }
-    }
-}
-
-/// A host image of a device buffer of `span` elements: element `i` of the logical order (at
-/// `offs[i]`) gets `fill(i)`, every other element [`SENTINEL`].
-fn image<T: DataType>(span: usize, offs: &[usize], mut fill: impl FnMut(usize) -> T) -> Vec<T> {
-    let mut v = vec![T::from_f64(SENTINEL); span];
-    for (i, &o) in offs.iter().enumerate() {
-        v[o] = fill(i);
-    }
-    v
-}
-
-/// Checks every addressed element against `want` (`tol == 0`: exactly) and every other element
-/// against `before`.
-fn check_output<T: DataType>(
-    what: &str,
-    got: &[T],
-    before: &[T],
-    offs: &[usize],
-    want: &[f64],
-    tol: f64,
-) {
-    assert_eq!(got.len(), before.len(), "{what}");
-    assert_eq!(offs.len(), want.len(), "{what}");
-    let mut addressed = vec![false; got.len()];
-    for (i, (&o, &w)) in offs.iter().zip(want).enumerate() {
-        addressed[o] = true;
-        let g = got[o].to_f64();
-        let ok = if tol == 0.0 {
-            g == w
-        } else {
-            g.is_finite() && (g - w).abs() <= tol * (1.0 + w.abs())
-        };
-        assert!(
-            ok,
-            "{what}: logical element {i} (offset {o}): got {g}, want {w} (tol {tol})"
-        );
-    }
-    for (p, (&g, &b)) in got.iter().zip(before).enumerate() {
-        if !addressed[p] {
-            assert!(
-                same(g, b),
-                "{what}: padding element {p} changed from {b:?} to {g:?}"
-            );
-        }
-    }
-}
-
-/// Waits for the stream, copies `dev` back and checks nothing changed.
-fn assert_untouched<T: DataType>(
-    what: &str,
-    stream: &Arc<CudaStream>,
-    dev: &CudaSlice<T>,
-    before: &[T],
-) {
-    stream.synchronize().unwrap();
-    let got = stream.clone_dtoh(dev).unwrap();
-    assert_eq!(got.len(), before.len());
-    for (p, (&g, &b)) in got.iter().zip(before).enumerate() {
-        assert!(
-            same(g, b),
-            "{what}: element {p} changed from {b:?} to {g:?} although the call was rejected"
-        );
     }
 }
 
@@ -365,10 +184,9 @@ fn run_add<T: DataType>(
     cudnn
         .add_tensor(alpha_s, &a_d, &a_dev, beta_s, &c_d, &mut c_dev)
         .unwrap_or_else(|e| panic!("add_tensor<{}> c {c:?}: {e}", T::DTYPE));
-    stream.synchronize().unwrap();
-    let got = stream.clone_dtoh(&c_dev).unwrap();
+    let got = download(stream, &c_dev);
     let what = format!("add_tensor<{}> alpha {alpha} beta {beta} c {c:?}", T::DTYPE);
-    check_output(&what, &got, &c_before, &c_offs, &want, tol::<T>());
+    check_strided(&what, &got, &c_before, &c_offs, &want, tol::<T>());
 }
 
 /// Bias broadcast on random NCHW shapes, then NHWC, padded and explicitly strided outputs, then
@@ -429,10 +247,9 @@ fn run_scale<T: DataType>(
     cudnn
         .scale_tensor(&y_d, &mut y_dev, alpha_s)
         .unwrap_or_else(|e| panic!("scale_tensor<{}> y {y:?}: {e}", T::DTYPE));
-    stream.synchronize().unwrap();
-    let got = stream.clone_dtoh(&y_dev).unwrap();
+    let got = download(stream, &y_dev);
     let what = format!("scale_tensor<{}> alpha {alpha} y {y:?}", T::DTYPE);
-    check_output(&what, &got, &before, &offs, &want, tol::<T>());
+    check_strided(&what, &got, &before, &offs, &want, tol::<T>());
 }
 
 fn scale_cases<T: DataType>(seed: u64) {
@@ -466,10 +283,9 @@ fn run_set<T: DataType>(
         assert_untouched(&what, stream, &y_dev, &before);
         return Err(e);
     }
-    stream.synchronize().unwrap();
-    let got = stream.clone_dtoh(&y_dev).unwrap();
+    let got = download(stream, &y_dev);
     let want = vec![value.to_f64(); offs.len()];
-    check_output(&what, &got, &before, &offs, &want, 0.0);
+    check_strided(&what, &got, &before, &offs, &want, 0.0);
     Ok(())
 }
 
@@ -560,9 +376,8 @@ fn run_transform<X: DataType, Y: DataType<Scalar = X::Scalar>>(
     cudnn
         .transform_tensor(alpha_s, &x_d, &x_dev, beta_s, &y_d, &mut y_dev)
         .unwrap_or_else(|e| panic!("{what}: {e}"));
-    stream.synchronize().unwrap();
-    let got = stream.clone_dtoh(&y_dev).unwrap();
-    check_output(&what, &got, &y_before, &y_offs, &want, tol);
+    let got = download(stream, &y_dev);
+    check_strided(&what, &got, &y_before, &y_offs, &want, tol);
     // The input is only read.
     let x_after = stream.clone_dtoh(&x_dev).unwrap();
     assert!(
@@ -942,7 +757,7 @@ fn handle_moves_to_another_thread_and_back() {
     });
     let (cudnn, y_d, mut y_dev) = worker.join().unwrap();
     let got = stream.clone_dtoh(&y_dev).unwrap();
-    check_output(
+    check_strided(
         "set on another thread",
         &got,
         &before,
@@ -953,9 +768,8 @@ fn handle_moves_to_another_thread_and_back() {
 
     // Back on this thread, the same handle still works.
     cudnn.scale_tensor(&y_d, &mut y_dev, 2.0).unwrap();
-    stream.synchronize().unwrap();
-    let got = stream.clone_dtoh(&y_dev).unwrap();
-    check_output(
+    let got = download(&stream, &y_dev);
+    check_strided(
         "scale after moving back",
         &got,
         &before,
