@@ -47,6 +47,10 @@ pub struct Cudnn {
     /// are immutable, so an entry can never describe another problem. `Cudnn` is not `Sync`,
     /// hence a plain `RefCell`.
     ws_memo: std::cell::RefCell<WorkspaceMemo>,
+    /// The crate's own kernels (`fast.rs`), JIT-loaded on this handle's context by the first
+    /// launch that can use one, or the remembered failure to load them. Dropped after
+    /// `cudnnDestroy`, which synchronizes the device, so no kernel of the module still runs.
+    pub(crate) fast: crate::fast::KernelCache,
 }
 
 /// A small most-recently-used list of workspace sizes.
@@ -109,6 +113,7 @@ impl Cudnn {
             stream,
             lib,
             ws_memo: Default::default(),
+            fast: Default::default(),
         };
         // SAFETY: live handle; the stream belongs to the context the handle was created on and
         // outlives the handle's use of it (we hold an Arc to it).

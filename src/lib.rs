@@ -37,24 +37,40 @@
 #![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 #![warn(missing_docs)]
 
+pub mod activation;
 mod autotune;
 pub mod blas;
 pub mod conv;
+pub mod dropout;
 pub mod dtype;
 pub mod error;
+mod fast;
 mod handle;
-mod ops;
+pub mod norm;
+pub mod ops;
+pub mod pooling;
 mod raw;
+pub mod reduce;
+pub mod softmax;
 pub mod tensor;
 mod version;
 mod workspace;
 
+pub use activation::{ActivationDesc, ActivationMode, NanPropagation};
 pub use autotune::{
     Autotuner, Candidate, Choice, FixedAlgos, Policy, Source, TunerStats, CACHE_ENV,
 };
+pub use dropout::{Dropout, DropoutReserve};
 pub use dtype::{DType, DataType, Scalar};
 pub use error::{Error, LoadError, Result, Status, StatusFamily};
 pub use handle::{cuda_context, Cudnn};
+pub use norm::{
+    BatchNorm, BatchNormMode, BatchNormOps, GroupNorm, LayerNorm, NormMethod, NormType,
+};
+pub use ops::OpTensorOp;
+pub use pooling::{PoolingDesc, PoolingMode};
+pub use reduce::ReduceOp;
+pub use softmax::{SoftmaxAlgorithm, SoftmaxMode};
 pub use tensor::{FilterDesc, Layout, TensorBuilder, TensorDesc, TensorFormat};
 pub use version::{format_version, versions, Versions};
 pub use workspace::{Workspace, MAX_WORKSPACE_BYTES};

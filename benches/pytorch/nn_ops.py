@@ -1,0 +1,103 @@
+"""PyTorch eager timings for the operations cudnn-safe's `nn` and `rnn` benches measure, on the same
+shapes, so the two can be compared in one run on one machine (docs/BENCHMARKS.md).
+
+Run with PyTorch's own environment: `python3 benches/pytorch/nn_ops.py`. Prints one JSON object per
+line: {"op": name, "ms": median per call, ...}. Timing: CUDA events around batches of calls, median
+of 7 batches, after warm-up (the same method as the Rust benches' batch median).
+"""
+import json
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+dev = "cuda"
+torch.backends.cudnn.benchmark = True
+print(json.dumps({"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+                  "gpu": torch.cuda.get_device_name()}))
+
+
+def bench(fn, reps=50, warm=5, batches=7):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Event(enable_timing=True)
+    e = torch.cuda.Event(enable_timing=True)
+    ts = []
+    for _ in range(batches):
+        s.record()
+        for _ in range(reps):
+            fn()
+        e.record()
+        torch.cuda.synchronize()
+        ts.append(s.elapsed_time(e) / reps)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def report(op, ms, bytes_moved=None, **extra):
+    row = {"op": op, "ms": round(ms, 5)}
+    if bytes_moved:
+        row["TB/s"] = round(bytes_moved / ms / 1e9, 3)
+    row.update(extra)
+    print(json.dumps(row), flush=True)
+
+
+with torch.no_grad():
+    x = torch.randn(32, 256, 56, 56, device=dev)
+    y = torch.empty_like(x)
+    nb = x.numel() * 4
+    report("copy_fp32_32x256x56x56", bench(lambda: y.copy_(x)), 2 * nb)
+    report("relu_fp32_32x256x56x56", bench(lambda: F.relu(x)), 2 * nb)
+    report("sigmoid_fp32_32x256x56x56", bench(lambda: torch.sigmoid(x)), 2 * nb)
+    yp = F.max_pool2d(x, 3, 2, 1)
+    report("maxpool3x3s2p1_fp32_32x256x56x56", bench(lambda: F.max_pool2d(x, 3, 2, 1)),
+           nb + yp.numel() * 4)
+    report("avgpool2x2_fp32_32x256x56x56", bench(lambda: F.avg_pool2d(x, 2)), nb + nb // 4)
+    rm, rv = torch.zeros(256, device=dev), torch.ones(256, device=dev)
+    w, b = torch.rand(256, device=dev) + 0.5, torch.randn(256, device=dev)
+    report("bn_infer_fp32_32x256x56x56",
+           bench(lambda: F.batch_norm(x, rm, rv, w, b, training=False)), 2 * nb)
+    report("bn_train_fwd_fp32_32x256x56x56",
+           bench(lambda: F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1)), 2 * nb)
+    report("softmax_channel_fp32_32x256x56x56", bench(lambda: F.softmax(x, dim=1)), 2 * nb)
+    xl = torch.randn(32768, 1024, device=dev)
+    gl, bl = torch.randn(1024, device=dev), torch.randn(1024, device=dev)
+    report("layernorm_fp32_32768x1024", bench(lambda: F.layer_norm(xl, (1024,), gl, bl)),
+           2 * xl.numel() * 4)
+    xg = torch.randn(32, 256, 56, 56, device=dev)
+    report("groupnorm32_fp32_32x256x56x56", bench(lambda: F.group_norm(xg, 32)), 2 * nb)
+
+# Backward passes (autograd; the forward is excluded by timing only .backward on a saved graph is
+# not possible in eager mode, so forward+backward is reported).
+x = torch.randn(32, 256, 56, 56, device=dev, requires_grad=True)
+g = torch.randn(32, 256, 56, 56, device=dev)
+def relu_fb():
+    F.relu(x).backward(g)
+report("relu_fwd_bwd_fp32_32x256x56x56", bench(relu_fb, reps=20))
+bn = nn.BatchNorm2d(256).to(dev)
+def bn_fb():
+    bn(x).backward(g)
+report("bn_train_fwd_bwd_fp32_32x256x56x56", bench(bn_fb, reps=20))
+
+# Conv + BN + ReLU block, inference (eager: three kernels) and with BN folded (one conv + bias + relu).
+for dt, fmt in [(torch.float32, torch.contiguous_format), (torch.float16, torch.channels_last)]:
+    conv = nn.Conv2d(64, 64, 3, padding=1, bias=False).to(dev, dt).to(memory_format=fmt).eval()
+    bnm = nn.BatchNorm2d(64).to(dev, dt).eval()
+    xi = torch.randn(32, 64, 56, 56, device=dev, dtype=dt).to(memory_format=fmt)
+    with torch.no_grad():
+        report(f"conv_bn_relu_infer_{str(dt)[6:]}_32x64x56x56",
+               bench(lambda: F.relu(bnm(conv(xi)))))
+        fused = torch.nn.utils.fusion.fuse_conv_bn_eval(conv, bnm)
+        report(f"conv_bn_relu_folded_{str(dt)[6:]}_32x64x56x56",
+               bench(lambda: F.relu(fused(xi))))
+
+# LSTM 2x512, T=100, B=64, fp32 (cuDNN RNN underneath).
+lstm = nn.LSTM(512, 512, num_layers=2).to(dev)
+xs = torch.randn(100, 64, 512, device=dev)
+with torch.no_grad():
+    report("lstm_2x512_T100_B64_fp32_fwd", bench(lambda: lstm(xs), reps=10))
+xs.requires_grad_(True)
+def lstm_fb():
+    out, (h, c) = lstm(xs)
+    out.sum().backward()
+report("lstm_2x512_T100_B64_fp32_fwd_bwd", bench(lstm_fb, reps=10))

@@ -1,0 +1,397 @@
+//! Normalization layers: batch normalization (cuDNN's own calls, with the fused
+//! BN + add + ReLU "Ex" variant), and layer, instance and group normalization computed with cuDNN's
+//! batch-normalization kernels on a regrouped view of the tensor.
+//!
+//! * [`BatchNorm`] is built once for an input layout (it holds the data descriptor, the parameter
+//!   descriptor cuDNN derives for it and a ReLU descriptor for the fused ops), then used by
+//!   [`Cudnn::batch_norm_forward_inference`], [`Cudnn::batch_norm_forward_training`],
+//!   [`Cudnn::batch_norm_backward`] and their `_ex` forms.
+//! * Training forward calls return an owned [`BatchNormSaved`] (saved mean, inverse variance and,
+//!   for the Ex form, the reserve space). The backward calls take it and check that it came from
+//!   the same [`BatchNorm`] and the same `x` buffer, so the statistics of one call cannot be used
+//!   with another's data.
+//! * [`LayerNorm`] and [`GroupNorm`] (instance norm is [`GroupNorm::instance`]) work the same way:
+//!   a shape-bound object, a training forward returning an owned [`NormSaved`], a backward that
+//!   consumes it by reference.
+//!
+//! Parameters (scale, bias, running and saved statistics) of batch normalization are of type
+//! [`NormType::Param`]: `f32` for f16, bf16 and f32 data, `f64` for f64 data — cuDNN's rule
+//! (`cudnnDeriveBNTensorDescriptor`). Layer and group normalization take their `gamma` and `beta`
+//! in the data type `T`, as PyTorch does.
+//!
+//! ```no_run
+//! use cudnn_safe::norm::{BatchNorm, BatchNormMode, RunningStats};
+//! use cudnn_safe::{cuda_context, Cudnn, Layout};
+//! # fn main() -> cudnn_safe::Result<()> {
+//! let ctx = cuda_context(0)?;
+//! let stream = ctx.default_stream();
+//! let cudnn = Cudnn::new(stream.clone())?;
+//! let layout = Layout::nchw(8, 16, 32, 32)?;
+//! let bn = BatchNorm::builder()
+//!     .mode(BatchNormMode::Spatial)
+//!     .epsilon(1e-5)
+//!     .build::<f32>(&layout)?;
+//! let x = stream.clone_htod(&vec![0.5f32; layout.span()]).unwrap();
+//! let mut y = stream.alloc_zeros::<f32>(layout.span()).unwrap();
+//! let (scale, bias) = (stream.clone_htod(&[1.0f32; 16]).unwrap(), stream.alloc_zeros::<f32>(16).unwrap());
+//! let mut running_mean = stream.alloc_zeros::<f32>(16).unwrap();
+//! let mut running_var = stream.clone_htod(&[1.0f32; 16]).unwrap();
+//! let saved = cudnn.batch_norm_forward_training(
+//!     &bn, 1.0, 0.0, &x, &mut y, &scale, &bias,
+//!     Some(RunningStats::new(&mut running_mean, &mut running_var, 0.1)),
+//! )?;
+//! let dy = stream.clone_htod(&vec![1.0f32; layout.span()]).unwrap();
+//! let mut dx = stream.alloc_zeros::<f32>(layout.span()).unwrap();
+//! let (mut dscale, mut dbias) = (stream.alloc_zeros::<f32>(16).unwrap(), stream.alloc_zeros::<f32>(16).unwrap());
+//! cudnn.batch_norm_backward(&bn, &saved, 1.0, 0.0, 1.0, 0.0, &x, &dy, &mut dx, &scale,
+//!                           &mut dscale, &mut dbias)?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Layer, instance and group normalization
+//!
+//! All three normalize groups of consecutive elements of a packed row-major tensor and then apply
+//! a per-feature (layer norm) or per-channel (group / instance norm) affine map. cuDNN has no
+//! legacy call for them, so this module runs them as:
+//!
+//! 1. **Statistics and `x̂`**: cuDNN's spatial batch normalization (training mode, scale 1,
+//!    bias 0, no running statistics) on a *regrouped view* `[1, R, M, 1]` of the same memory,
+//!    where each of the `R` "channels" of the view is one normalized group of `M` consecutive
+//!    elements. It yields `x̂ = (x − μ)/sqrt(σ² + ε)` (biased variance) and the per-group mean
+//!    and `1/sqrt(σ² + ε)`.
+//! 2. **Affine**: `y = x̂·γ + β` as one batch-norm inference on the *feature view* — the
+//!    tensor seen with the `B` features (layer norm) or channels (group norm) as batch-norm
+//!    channels — with scale `γ`, bias `β`, mean 0, variance 1, epsilon 0.
+//! 3. **Backward**: `dγ = Σ dy·x̂` and `dβ = Σ dy` from one batch-norm backward on the feature
+//!    view with `x = x̂`, saved mean 0 and inverse standard deviation 1; `dx̂ = dy·γ` as in
+//!    step 2; then cuDNN's batch-norm backward on the regrouped view with `dy = dx̂` gives `dx`.
+//!
+//! The feature view of a layer norm is the channels-last `[1, D, rows, 1]`, of a group norm the
+//! packed tensor itself: the fastest measured ([`NormMethod::default_for_layer`],
+//! [`NormMethod::default_for_group`], which give the H200 timings).
+//!
+//! Memory: a training forward returns a [`NormSaved`] holding `x̂` (as many elements of `T` as
+//! `x`) and two statistics per group (`T::Param`); the plain forward ([`Cudnn::layer_norm_forward`],
+//! [`Cudnn::group_norm_forward`]) and the backward pass use one scratch tensor of `x`'s size,
+//! kept by the normalization object and reused. The objects also keep small constant/scratch
+//! vectors: four of `R` parameters (scale 1, bias 0, and the discarded per-group gradients of
+//! step 3) and four of `B` (mean 0, variance 1, and `γ`, `β` or their gradients converted
+//! between f16/bf16 and f32).
+//!
+//! ## Other formulations
+//!
+//! The same computation can be put together from other cuDNN calls, set per object with
+//! [`LayerNorm::with_method`] / [`GroupNorm::with_method`] (`benches/norm.rs` times each):
+//!
+//! * [`NormMethod::reductions`], the first formulation: step 2 with [`Cudnn::op_tensor`]
+//!   (multiply by `γ` broadcast) and [`Cudnn::add_tensor`] (add `β`) — in place in `y` for
+//!   the plain forward, which then needs no scratch tensor — and `dγ`, `dβ` with
+//!   [`Cudnn::reduce_tensor`], using the caller's workspace
+//!   ([`LayerNorm::backward_workspace_size`]).
+//! * [`NormStats`]: the view and mode of step 1 — `[1, R, M, 1]` (default), `[1, R, 1, M]`, a
+//!   near-square `[1, R, H, W]`, or the persistent spatial mode.
+//! * [`NormAffine`], [`NormParamGrads`]: each of steps 2 and 3 as batch-norm calls or as
+//!   op-tensor / reductions.
+//! * [`FeatureLayout`]: whether the feature view is described channels-first (the tensor as
+//!   it is) or, for a layer norm, channels-last (`[1, D, rows, 1]`, the same memory).
+use std::ffi::c_void;
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use half::{bf16, f16};
+
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+use crate::handle::Cudnn;
+use crate::tensor::Layout;
+
+mod affine;
+mod batch;
+mod method;
+
+pub use affine::{GroupNorm, LayerNorm, NormSaved};
+pub use batch::{
+    BatchNorm, BatchNormBuilder, BatchNormMode, BatchNormOps, BatchNormSaved, RunningStats,
+};
+pub use method::{FeatureLayout, NormAffine, NormMethod, NormParamGrads, NormStats};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// A data type cuDNN normalizes, with the type of its parameters and statistics.
+///
+/// Sealed: `f32`, `f64`, [`half::f16`] and [`half::bf16`]. `Param` is `f32` except for `f64`
+/// data, as `cudnnDeriveBNTensorDescriptor` decides; alpha/beta for data and for parameters are
+/// then of the same scalar type.
+pub trait NormType: DataType + sealed::Sealed {
+    /// Type of scale, bias, running and saved statistics of batch normalization.
+    type Param: DataType<Scalar = <Self as DataType>::Scalar>;
+}
+
+impl NormType for f32 {
+    type Param = f32;
+}
+impl NormType for f64 {
+    type Param = f64;
+}
+impl NormType for f16 {
+    type Param = f32;
+}
+impl NormType for bf16 {
+    type Param = f32;
+}
+
+/// Smallest epsilon cuDNN accepts (`CUDNN_BN_MIN_EPSILON`, 0 since cuDNN 7.5).
+pub const MIN_EPSILON: f64 = cudnn_safe_sys::CUDNN_BN_MIN_EPSILON;
+
+/// Rejects an epsilon cuDNN would refuse or that makes the result meaningless.
+fn check_epsilon(epsilon: f64) -> Result<()> {
+    if epsilon.is_finite() && epsilon >= MIN_EPSILON {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "normalization epsilon",
+            format!("a finite value ≥ CUDNN_BN_MIN_EPSILON ({MIN_EPSILON})"),
+            epsilon,
+        ))
+    }
+}
+
+/// `Cudnn::check_tensor` for buffers passed as trait objects (optional
+/// arguments): same context as the handle, at least the layout's span, and for outputs a
+/// non-overlapping layout.
+fn check_dyn<T, B: DeviceSlice<T> + ?Sized>(
+    cudnn: &Cudnn,
+    name: &'static str,
+    layout: &Layout,
+    buf: &B,
+    output: bool,
+) -> Result<()> {
+    if output {
+        layout.check_output(name)?;
+    }
+    let ctx = buf.stream().context();
+    if **ctx != **cudnn.context() {
+        return Err(Error::ForeignContext {
+            name,
+            expected: cudnn.context().ordinal(),
+            found: ctx.ordinal(),
+        });
+    }
+    if buf.len() < layout.span() {
+        return Err(Error::BufferTooSmall {
+            name,
+            len: buf.len(),
+            required: layout.span(),
+        });
+    }
+    Ok(())
+}
+
+/// The device address of an optional input (null when absent) and its stream-ordering guard.
+fn opt_ptr<'a, 'b: 'a, T>(
+    buf: Option<&'a (dyn DevicePtr<T> + 'b)>,
+    stream: &'a CudaStream,
+) -> (*const c_void, Option<SyncOnDrop<'a>>) {
+    match buf {
+        Some(b) => {
+            let (p, g) = b.device_ptr(stream);
+            (p as *const c_void, Some(g))
+        }
+        None => (std::ptr::null(), None),
+    }
+}
+
+/// The device address of an optional output (null when absent) and its stream-ordering guard.
+fn opt_ptr_mut<'a, 'b: 'a, T>(
+    buf: Option<&'a mut (dyn DevicePtrMut<T> + 'b)>,
+    stream: &'a CudaStream,
+) -> (*mut c_void, Option<SyncOnDrop<'a>>) {
+    match buf {
+        Some(b) => {
+            let (p, g) = b.device_ptr_mut(stream);
+            (p as *mut c_void, Some(g))
+        }
+        None => (std::ptr::null_mut(), None),
+    }
+}
+
+/// A host pointer to an alpha/beta scalar, as cuDNN takes it.
+fn scalar_ptr<S>(s: &S) -> *const c_void {
+    (s as *const S).cast::<c_void>()
+}
+
+/// The C calls of this family (libcudnn_ops), declared here rather than in `raw`.
+mod ffi {
+    #![allow(non_snake_case)]
+    use std::ffi::{c_int, c_void};
+
+    use cudnn_safe_sys as sys;
+
+    crate::raw::raw_fns! {
+        fn cudnnDeriveBNTensorDescriptor(
+            derived: sys::cudnnTensorDescriptor_t,
+            x_desc: sys::cudnnTensorDescriptor_t,
+            mode: sys::cudnnBatchNormMode_t,
+        );
+        fn cudnnGetTensorNdDescriptor(
+            desc: sys::cudnnTensorDescriptor_t,
+            requested: c_int,
+            data_type: *mut sys::cudnnDataType_t,
+            nb_dims: *mut c_int,
+            dims: *mut c_int,
+            strides: *mut c_int,
+        );
+        fn cudnnBatchNormalizationForwardInference(
+            handle: sys::cudnnHandle_t,
+            mode: sys::cudnnBatchNormMode_t,
+            alpha: *const c_void,
+            beta: *const c_void,
+            x_desc: sys::cudnnTensorDescriptor_t,
+            x: *const c_void,
+            y_desc: sys::cudnnTensorDescriptor_t,
+            y: *mut c_void,
+            param_desc: sys::cudnnTensorDescriptor_t,
+            scale: *const c_void,
+            bias: *const c_void,
+            mean: *const c_void,
+            variance: *const c_void,
+            epsilon: f64,
+        );
+        fn cudnnBatchNormalizationForwardTraining(
+            handle: sys::cudnnHandle_t,
+            mode: sys::cudnnBatchNormMode_t,
+            alpha: *const c_void,
+            beta: *const c_void,
+            x_desc: sys::cudnnTensorDescriptor_t,
+            x: *const c_void,
+            y_desc: sys::cudnnTensorDescriptor_t,
+            y: *mut c_void,
+            param_desc: sys::cudnnTensorDescriptor_t,
+            scale: *const c_void,
+            bias: *const c_void,
+            factor: f64,
+            running_mean: *mut c_void,
+            running_variance: *mut c_void,
+            epsilon: f64,
+            saved_mean: *mut c_void,
+            saved_inv_variance: *mut c_void,
+        );
+        fn cudnnBatchNormalizationForwardTrainingEx(
+            handle: sys::cudnnHandle_t,
+            mode: sys::cudnnBatchNormMode_t,
+            ops: sys::cudnnBatchNormOps_t,
+            alpha: *const c_void,
+            beta: *const c_void,
+            x_desc: sys::cudnnTensorDescriptor_t,
+            x: *const c_void,
+            z_desc: sys::cudnnTensorDescriptor_t,
+            z: *const c_void,
+            y_desc: sys::cudnnTensorDescriptor_t,
+            y: *mut c_void,
+            param_desc: sys::cudnnTensorDescriptor_t,
+            scale: *const c_void,
+            bias: *const c_void,
+            factor: f64,
+            running_mean: *mut c_void,
+            running_variance: *mut c_void,
+            epsilon: f64,
+            saved_mean: *mut c_void,
+            saved_inv_variance: *mut c_void,
+            activation: sys::cudnnActivationDescriptor_t,
+            workspace: *mut c_void,
+            workspace_bytes: usize,
+            reserve: *mut c_void,
+            reserve_bytes: usize,
+        );
+        fn cudnnBatchNormalizationBackward(
+            handle: sys::cudnnHandle_t,
+            mode: sys::cudnnBatchNormMode_t,
+            alpha_data: *const c_void,
+            beta_data: *const c_void,
+            alpha_param: *const c_void,
+            beta_param: *const c_void,
+            x_desc: sys::cudnnTensorDescriptor_t,
+            x: *const c_void,
+            dy_desc: sys::cudnnTensorDescriptor_t,
+            dy: *const c_void,
+            dx_desc: sys::cudnnTensorDescriptor_t,
+            dx: *mut c_void,
+            param_desc: sys::cudnnTensorDescriptor_t,
+            scale: *const c_void,
+            dscale: *mut c_void,
+            dbias: *mut c_void,
+            epsilon: f64,
+            saved_mean: *const c_void,
+            saved_inv_variance: *const c_void,
+        );
+        fn cudnnBatchNormalizationBackwardEx(
+            handle: sys::cudnnHandle_t,
+            mode: sys::cudnnBatchNormMode_t,
+            ops: sys::cudnnBatchNormOps_t,
+            alpha_data: *const c_void,
+            beta_data: *const c_void,
+            alpha_param: *const c_void,
+            beta_param: *const c_void,
+            x_desc: sys::cudnnTensorDescriptor_t,
+            x: *const c_void,
+            y_desc: sys::cudnnTensorDescriptor_t,
+            y: *const c_void,
+            dy_desc: sys::cudnnTensorDescriptor_t,
+            dy: *const c_void,
+            dz_desc: sys::cudnnTensorDescriptor_t,
+            dz: *mut c_void,
+            dx_desc: sys::cudnnTensorDescriptor_t,
+            dx: *mut c_void,
+            param_desc: sys::cudnnTensorDescriptor_t,
+            scale: *const c_void,
+            bias: *const c_void,
+            dscale: *mut c_void,
+            dbias: *mut c_void,
+            epsilon: f64,
+            saved_mean: *const c_void,
+            saved_inv_variance: *const c_void,
+            activation: sys::cudnnActivationDescriptor_t,
+            workspace: *mut c_void,
+            workspace_bytes: usize,
+            reserve: *mut c_void,
+            reserve_bytes: usize,
+        );
+        fn cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+            handle: sys::cudnnHandle_t,
+            mode: sys::cudnnBatchNormMode_t,
+            ops: sys::cudnnBatchNormOps_t,
+            x_desc: sys::cudnnTensorDescriptor_t,
+            z_desc: sys::cudnnTensorDescriptor_t,
+            y_desc: sys::cudnnTensorDescriptor_t,
+            param_desc: sys::cudnnTensorDescriptor_t,
+            activation: sys::cudnnActivationDescriptor_t,
+            bytes: *mut usize,
+        );
+        fn cudnnGetBatchNormalizationBackwardExWorkspaceSize(
+            handle: sys::cudnnHandle_t,
+            mode: sys::cudnnBatchNormMode_t,
+            ops: sys::cudnnBatchNormOps_t,
+            x_desc: sys::cudnnTensorDescriptor_t,
+            y_desc: sys::cudnnTensorDescriptor_t,
+            dy_desc: sys::cudnnTensorDescriptor_t,
+            dz_desc: sys::cudnnTensorDescriptor_t,
+            dx_desc: sys::cudnnTensorDescriptor_t,
+            param_desc: sys::cudnnTensorDescriptor_t,
+            activation: sys::cudnnActivationDescriptor_t,
+            bytes: *mut usize,
+        );
+        fn cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
+            handle: sys::cudnnHandle_t,
+            mode: sys::cudnnBatchNormMode_t,
+            ops: sys::cudnnBatchNormOps_t,
+            activation: sys::cudnnActivationDescriptor_t,
+            x_desc: sys::cudnnTensorDescriptor_t,
+            bytes: *mut usize,
+        );
+    }
+}

@@ -1,0 +1,1927 @@
+//! Tests of the normalization family: batch normalization (inference, training with running
+//! statistics, backward with separate data / parameter alpha and beta, the Ex calls with fused
+//! add + ReLU), and layer, instance and group normalization forward and backward.
+//!
+//! References are computed on the host in `f64` from the values as stored (inputs rounded to
+//! the tensor type first), with the analytic formulas of each layer's forward and backward pass,
+//! on random values from a seeded PRNG. Host data is kept in logical row-major order and reaches
+//! the device through the layouts' own offsets, so NHWC, 5-D, 2-D and padded (strided) inputs
+//! are checked too; gaps of strided outputs hold a sentinel that must survive.
+//!
+//! Outputs are poisoned with NaN before each call that does not read them (`beta = 0`); the
+//! blending tests start from random outputs. A rejected call must leave every output untouched
+//! (sentinel-filled buffers compared after the call).
+//!
+//! Host-only tests (builders and their validation against the real cuDNN library) skip when
+//! cuDNN cannot be loaded, unless `CUDNN_SAFE_REQUIRE_LIBRARY=1`. GPU tests skip without a GPU
+//! (`skipping: ...`), unless `CUDNN_SAFE_REQUIRE_GPU=1`.
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudnn_safe::half::{bf16, f16};
+use cudnn_safe::norm::{
+    BatchNorm, BatchNormMode, BatchNormOps, BatchNormSaved, FeatureLayout, GroupNorm, LayerNorm,
+    NormAffine, NormMethod, NormParamGrads, NormStats, NormType, RunningStats, MIN_EPSILON,
+};
+use cudnn_safe::{sys, Cudnn, DType, DataType, Error, Layout, Workspace};
+
+// ---------------------------------------------------------------------------------------------
+// Shared helpers
+// ---------------------------------------------------------------------------------------------
+
+/// The cuDNN library for host-only tests, or `None` (skipped) when it cannot be loaded.
+fn lib() -> Option<&'static sys::Library> {
+    match sys::library() {
+        Ok(l) => Some(l),
+        Err(e) if std::env::var("CUDNN_SAFE_REQUIRE_LIBRARY").as_deref() == Ok("1") => {
+            panic!("CUDNN_SAFE_REQUIRE_LIBRARY=1 but cuDNN did not load: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            None
+        }
+    }
+}
+
+/// Tolerance for data-type outputs of normalization. f64 gets 1e-10 rather than 1e-12: each
+/// output chains a reduction, a square root and (backward) a second reduction.
+fn dtol<T: DataType>() -> f64 {
+    if T::DTYPE == DType::F64 {
+        1e-10
+    } else {
+        tol::<T>()
+    }
+}
+
+/// Tolerance for the `T::Param` outputs (statistics, running averages, scale and bias
+/// gradients). They are sums over every value of a channel accumulated in f32 (f64 for f64
+/// data), hence 1e-4 rather than 1e-5 for f32; for f16/bf16 data cuDNN may form `x̂` at the data
+/// precision before the products are summed, hence the data type's tolerance.
+fn ptol<T: DataType>() -> f64 {
+    match T::DTYPE {
+        DType::F64 => 1e-10,
+        DType::F32 => 1e-4,
+        _ => tol::<T>(),
+    }
+}
+
+/// The scalar cuDNN reads for `T`, from an `f64`.
+fn sc<T: DataType>(v: f64) -> T::Scalar {
+    scalar::<T>(v).0
+}
+
+/// Logical offsets of a layout as `usize`.
+fn offs(layout: &Layout) -> Vec<usize> {
+    layout.offsets().into_iter().map(|o| o as usize).collect()
+}
+
+/// Uploads logical values `v` through `layout` (gaps hold [`SENTINEL`]); returns the buffer and
+/// its host image.
+fn upload<T: DataType>(
+    stream: &Arc<CudaStream>,
+    layout: &Layout,
+    v: &[T],
+) -> (CudaSlice<T>, Vec<T>) {
+    let img = image(layout.span(), &offs(layout), |i| v[i]);
+    (stream.clone_htod(&img).unwrap(), img)
+}
+
+/// Logical values of a buffer laid out as `layout`.
+fn gather<T: DataType>(layout: &Layout, buf: &[T]) -> Vec<T> {
+    offs(layout).iter().map(|&o| buf[o]).collect()
+}
+
+/// A packed device buffer holding `v`.
+fn dev<T: DataType>(stream: &Arc<CudaStream>, v: &[T]) -> CudaSlice<T> {
+    stream.clone_htod(v).unwrap()
+}
+
+/// `f64` copies of values rounded to `T`.
+fn rounded<T: DataType>(v: &[T]) -> Vec<f64> {
+    to_f64(v)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host-only: builders and validation against the real library
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn param_types_follow_cudnn_rule() {
+    fn param<T: NormType>() -> DType {
+        <T::Param as DataType>::DTYPE
+    }
+    assert_eq!(param::<f32>(), DType::F32);
+    assert_eq!(param::<f64>(), DType::F64);
+    assert_eq!(param::<f16>(), DType::F32);
+    assert_eq!(param::<bf16>(), DType::F32);
+    assert_eq!(MIN_EPSILON, 0.0);
+    assert_send::<BatchNorm<f16>>();
+    assert_send::<BatchNormSaved<f32>>();
+    assert_send::<LayerNorm<f32>>();
+    assert_send::<GroupNorm<bf16>>();
+}
+
+/// Builds a batch norm for `layout` and returns its parameter layout's dims and strides.
+fn derived<T: NormType>(mode: BatchNormMode, layout: &Layout) -> (Vec<i64>, Vec<i64>) {
+    let bn = BatchNorm::builder()
+        .mode(mode)
+        .build::<T>(layout)
+        .unwrap_or_else(|e| panic!("{mode:?} {layout}: {e}"));
+    let p = bn.param_layout();
+    assert_eq!(bn.param_len(), p.span());
+    assert!(p.is_packed());
+    (p.dims().to_vec(), p.strides().to_vec())
+}
+
+#[test]
+fn batch_norm_parameter_layout_is_what_cudnn_derives() {
+    let Some(_) = lib() else { return };
+    fn all<T: NormType>() {
+        use BatchNormMode::*;
+        let nchw = Layout::nchw(4, 6, 5, 7).unwrap();
+        let nhwc = Layout::nhwc(4, 6, 5, 7).unwrap();
+        for l in [&nchw, &nhwc] {
+            for m in [Spatial, SpatialPersistent] {
+                assert_eq!(derived::<T>(m, l), (vec![1, 6, 1, 1], vec![6, 1, 1, 1]));
+            }
+            assert_eq!(
+                derived::<T>(PerActivation, l),
+                (vec![1, 6, 5, 7], vec![210, 35, 7, 1])
+            );
+        }
+        // 2-D and 3-D inputs are padded to 4-D; 5-D stays 5-D.
+        let flat = Layout::nchw_nd(&[16, 12]).unwrap();
+        assert_eq!(derived::<T>(Spatial, &flat).0, vec![1, 12, 1, 1]);
+        assert_eq!(derived::<T>(PerActivation, &flat).0, vec![1, 12, 1, 1]);
+        let seq = Layout::nchw_nd(&[3, 5, 9]).unwrap();
+        assert_eq!(derived::<T>(PerActivation, &seq).0, vec![1, 5, 9, 1]);
+        let vol = Layout::ncdhw(2, 3, 4, 5, 6).unwrap();
+        assert_eq!(derived::<T>(Spatial, &vol).0, vec![1, 3, 1, 1, 1]);
+        assert_eq!(derived::<T>(PerActivation, &vol).0, vec![1, 3, 4, 5, 6]);
+        let bn = BatchNorm::builder().build::<T>(&flat).unwrap();
+        assert_eq!(bn.dims(), &[16, 12]);
+        assert_eq!(bn.layout().dims(), &[16, 12, 1, 1]);
+        assert_eq!(bn.mode(), BatchNormMode::Spatial);
+        assert_eq!(bn.epsilon(), 1e-5);
+    }
+    all::<f32>();
+    all::<f64>();
+    all::<f16>();
+    all::<bf16>();
+}
+
+#[test]
+fn batch_norm_builder_rejects_bad_input() {
+    let Some(_) = lib() else { return };
+    let l = Layout::nchw(2, 3, 4, 4).unwrap();
+    for eps in [-1e-5, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        let r = BatchNorm::builder().epsilon(eps).build::<f32>(&l);
+        assert!(is_err_kind(&r, "InvalidArgument"), "epsilon {eps}: {r:?}");
+    }
+    // Epsilon 0 is CUDNN_BN_MIN_EPSILON and accepted.
+    BatchNorm::builder().epsilon(0.0).build::<f32>(&l).unwrap();
+    for dims in [vec![7i64], vec![2, 3, 4, 5, 6, 7]] {
+        let r = BatchNorm::builder().build::<f32>(&Layout::nchw_nd(&dims).unwrap());
+        assert!(is_err_kind(&r, "InvalidArgument"), "{dims:?}: {r:?}");
+    }
+    // A layout addressing an element twice cannot be written as y or dx.
+    let overlapping = Layout::strided(&[2, 3, 4, 4], &[16, 1, 4, 1]).unwrap();
+    let r = BatchNorm::builder().build::<f32>(&overlapping);
+    assert!(is_err_kind(&r, "OverlappingOutput"), "{r:?}");
+}
+
+#[test]
+fn layer_and_group_norm_constructors_validate() {
+    let Some(_) = lib() else { return };
+    let ln = LayerNorm::<f32>::new(&[3, 4, 20], 2, 1e-5).unwrap();
+    assert_eq!((ln.rows(), ln.features(), ln.len()), (3, 80, 240));
+    assert_eq!(ln.dims(), &[3, 4, 20]);
+    let ln = LayerNorm::<f16>::new(&[64], 1, 1e-6).unwrap();
+    assert_eq!((ln.rows(), ln.features()), (1, 64));
+    for k in [0usize, 4] {
+        let r = LayerNorm::<f32>::new(&[3, 4, 20], k, 1e-5);
+        assert!(is_err_kind(&r, "InvalidArgument"), "normalized {k}: {r:?}");
+    }
+    assert!(is_err_kind(
+        &LayerNorm::<f32>::new(&[3, 0, 20], 1, 1e-5),
+        "InvalidArgument"
+    ));
+    assert!(is_err_kind(
+        &LayerNorm::<f32>::new(&[3, 20], 1, -1.0),
+        "InvalidArgument"
+    ));
+
+    let gn = GroupNorm::<f32>::new(&[4, 8, 5, 6], 2, 1e-5).unwrap();
+    assert_eq!(
+        (gn.groups(), gn.channels(), gn.group_count(), gn.len()),
+        (2, 8, 8, 960)
+    );
+    let inorm = GroupNorm::<bf16>::instance(&[4, 8, 5, 6], 1e-5).unwrap();
+    assert_eq!((inorm.groups(), inorm.group_count()), (8, 32));
+    for g in [0i64, 3, -2, 16] {
+        let r = GroupNorm::<f32>::new(&[4, 8, 5, 6], g, 1e-5);
+        assert!(is_err_kind(&r, "InvalidArgument"), "groups {g}: {r:?}");
+    }
+    assert!(is_err_kind(
+        &GroupNorm::<f32>::new(&[8], 1, 1e-5),
+        "InvalidArgument"
+    ));
+    assert!(is_err_kind(
+        &GroupNorm::<f64>::new(&[4, 8, 5], 4, f64::NAN),
+        "InvalidArgument"
+    ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batch normalization: reference
+// ---------------------------------------------------------------------------------------------
+
+/// Which statistic each logical element (row-major over `dims`) belongs to, how many
+/// statistics there are, and how many values each is computed from.
+fn stat_map(dims: &[i64], mode: BatchNormMode) -> (Vec<usize>, usize, usize) {
+    let per_act = mode == BatchNormMode::PerActivation;
+    let inner: i64 = dims[1..].iter().product();
+    let nstats = if per_act { inner } else { dims[1] } as usize;
+    let mut map = Vec::new();
+    for_each_index(dims, |idx| {
+        let s = if per_act {
+            let mut s = 0i64;
+            for (i, &d) in idx[1..].iter().zip(&dims[1..]) {
+                s = s * d + i;
+            }
+            s
+        } else {
+            idx[1]
+        };
+        map.push(s as usize);
+    });
+    let m = map.len() / nstats;
+    (map, nstats, m)
+}
+
+/// Batch mean and biased variance per statistic.
+fn batch_stats(x: &[f64], map: &[usize], nstats: usize, m: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut mean = vec![0.0; nstats];
+    for (&v, &s) in x.iter().zip(map) {
+        mean[s] += v;
+    }
+    mean.iter_mut().for_each(|v| *v /= m as f64);
+    let mut var = vec![0.0; nstats];
+    for (&v, &s) in x.iter().zip(map) {
+        var[s] += (v - mean[s]).powi(2);
+    }
+    var.iter_mut().for_each(|v| *v /= m as f64);
+    (mean, var)
+}
+
+/// `x̂ = (x − μ)/sqrt(σ² + ε)` per element.
+fn normalized(x: &[f64], map: &[usize], mean: &[f64], var: &[f64], eps: f64) -> Vec<f64> {
+    x.iter()
+        .zip(map)
+        .map(|(&v, &s)| (v - mean[s]) / (var[s] + eps).sqrt())
+        .collect()
+}
+
+/// Batch-norm backward for `x̂`, `dy`: (dx, dscale, dbias) before blending.
+fn bn_backward_ref(
+    xhat: &[f64],
+    dy: &[f64],
+    map: &[usize],
+    nstats: usize,
+    m: usize,
+    scale: &[f64],
+    inv_std: &[f64],
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let mut dscale = vec![0.0; nstats];
+    let mut dbias = vec![0.0; nstats];
+    for ((&xh, &g), &s) in xhat.iter().zip(dy).zip(map) {
+        dscale[s] += g * xh;
+        dbias[s] += g;
+    }
+    let mf = m as f64;
+    let dx = xhat
+        .iter()
+        .zip(dy)
+        .zip(map)
+        .map(|((&xh, &g), &s)| scale[s] * inv_std[s] / mf * (mf * g - dbias[s] - xh * dscale[s]))
+        .collect();
+    (dx, dscale, dbias)
+}
+
+/// `alpha·v + beta·prior`, elementwise.
+fn blend(alpha: f64, v: &[f64], beta: f64, prior: &[f64]) -> Vec<f64> {
+    v.iter()
+        .zip(prior)
+        .map(|(&a, &b)| alpha * a + if beta == 0.0 { 0.0 } else { beta * b })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batch normalization: GPU cases
+// ---------------------------------------------------------------------------------------------
+
+/// The input layouts every mode and type runs on.
+fn bn_layouts() -> Vec<(&'static str, Layout)> {
+    let (n, c, h, w) = (4, 8, 5, 6);
+    // NCHW rows padded to w + 2 elements: gaps must survive.
+    let padded = Layout::strided(&[n, c, h, w], &[c * h * (w + 2), h * (w + 2), w + 2, 1]).unwrap();
+    vec![
+        ("nchw", Layout::nchw(n, c, h, w).unwrap()),
+        ("nhwc", Layout::nhwc(n, c, h, w).unwrap()),
+        ("padded", padded),
+        ("2-d", Layout::nchw_nd(&[16, 12]).unwrap()),
+        ("3-d", Layout::nchw_nd(&[3, 4, 7]).unwrap()),
+        ("ncdhw", Layout::ncdhw(3, 4, 2, 3, 5).unwrap()),
+    ]
+}
+
+const MODES: [BatchNormMode; 3] = [
+    BatchNormMode::PerActivation,
+    BatchNormMode::Spatial,
+    BatchNormMode::SpatialPersistent,
+];
+
+/// Training forward (with running statistics, then with alpha/beta blending), inference and
+/// backward (plain, then blended) of one mode and layout, against the f64 reference.
+fn bn_case<T: NormType>(
+    stream: &Arc<CudaStream>,
+    cudnn: &Cudnn,
+    mode: BatchNormMode,
+    name: &str,
+    layout: &Layout,
+    seed: u64,
+) {
+    let what = format!("{} {mode:?} {name}", T::DTYPE);
+    let eps = 1e-3;
+    let bn = BatchNorm::builder()
+        .mode(mode)
+        .epsilon(eps)
+        .build::<T>(layout)
+        .unwrap();
+    let dims = layout.dims().to_vec();
+    let (map, nstats, m) = stat_map(&dims, mode);
+    assert_eq!(nstats, bn.param_len(), "{what}");
+    let count = map.len();
+    let mut rng = Rng::new(seed);
+    let xv: Vec<T> = rng.values(count);
+    let x64 = rounded(&xv);
+    let scale: Vec<T::Param> = rng.values_in(nstats, 0.5, 1.5);
+    let bias: Vec<T::Param> = rng.values(nstats);
+    let (s64, b64) = (rounded(&scale), rounded(&bias));
+    let rmean0: Vec<T::Param> = rng.values(nstats);
+    let rvar0: Vec<T::Param> = rng.values_in(nstats, 0.5, 2.0);
+    let (x, _) = upload(stream, layout, &xv);
+    let (d_scale, d_bias) = (dev(stream, &scale), dev(stream, &bias));
+    let mut rmean = dev(stream, &rmean0);
+    let mut rvar = dev(stream, &rvar0);
+
+    // Reference statistics.
+    let (mu, var) = batch_stats(&x64, &map, nstats, m);
+    let inv: Vec<f64> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
+    let xhat = normalized(&x64, &map, &mu, &var, eps);
+    let y_ref: Vec<f64> = xhat
+        .iter()
+        .zip(&map)
+        .map(|(&xh, &s)| s64[s] * xh + b64[s])
+        .collect();
+
+    // 1. Training forward, y poisoned, running statistics updated.
+    let ypoison = vec![poison::<T>(); count];
+    let (mut y, y_before) = upload(stream, layout, &ypoison);
+    let factor = 0.3;
+    let saved = cudnn
+        .batch_norm_forward_training(
+            &bn,
+            sc::<T>(1.0),
+            sc::<T>(0.0),
+            &x,
+            &mut y,
+            &d_scale,
+            &d_bias,
+            Some(RunningStats::new(&mut rmean, &mut rvar, factor)),
+        )
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let got = download(stream, &y);
+    check_strided(
+        &format!("{what} y"),
+        &got,
+        &y_before,
+        &offs(layout),
+        &y_ref,
+        dtol::<T>(),
+    );
+    assert_close(
+        &format!("{what} saved mean"),
+        &download(stream, saved.mean()),
+        &mu,
+        ptol::<T>(),
+    );
+    assert_close(
+        &format!("{what} saved inverse std"),
+        &download(stream, saved.inv_variance()),
+        &inv,
+        ptol::<T>(),
+    );
+    let unbiased = m as f64 / (m as f64 - 1.0);
+    let rm_ref: Vec<f64> = rounded(&rmean0)
+        .iter()
+        .zip(&mu)
+        .map(|(&r, &b)| (1.0 - factor) * r + factor * b)
+        .collect();
+    let rv_ref: Vec<f64> = rounded(&rvar0)
+        .iter()
+        .zip(&var)
+        .map(|(&r, &b)| (1.0 - factor) * r + factor * b * unbiased)
+        .collect();
+    assert_close(
+        &format!("{what} running mean"),
+        &download(stream, &rmean),
+        &rm_ref,
+        ptol::<T>(),
+    );
+    assert_close(
+        &format!("{what} running variance (unbiased batch variance)"),
+        &download(stream, &rvar),
+        &rv_ref,
+        ptol::<T>(),
+    );
+
+    // 2. Training forward blended into a random y, without running statistics.
+    let prior: Vec<T> = rng.values(count);
+    let (mut y2, y2_before) = upload(stream, layout, &prior);
+    let (alpha, beta) = (0.75, -0.5);
+    let _saved2 = cudnn
+        .batch_norm_forward_training(
+            &bn,
+            sc::<T>(alpha),
+            sc::<T>(beta),
+            &x,
+            &mut y2,
+            &d_scale,
+            &d_bias,
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let want = blend(alpha, &y_ref, beta, &rounded(&prior));
+    let got = download(stream, &y2);
+    check_strided(
+        &format!("{what} blended y"),
+        &got,
+        &y2_before,
+        &offs(layout),
+        &want,
+        dtol::<T>(),
+    );
+
+    // 3. Inference with given statistics, blended.
+    let emean: Vec<T::Param> = rng.values(nstats);
+    let evar: Vec<T::Param> = rng.values_in(nstats, 0.25, 2.0);
+    let (em64, ev64) = (rounded(&emean), rounded(&evar));
+    let (d_em, d_ev) = (dev(stream, &emean), dev(stream, &evar));
+    let prior: Vec<T> = rng.values(count);
+    let (mut y3, y3_before) = upload(stream, layout, &prior);
+    let (alpha, beta) = (1.25, 0.5);
+    cudnn
+        .batch_norm_forward_inference(
+            &bn,
+            sc::<T>(alpha),
+            sc::<T>(beta),
+            &x,
+            &mut y3,
+            &d_scale,
+            &d_bias,
+            &d_em,
+            &d_ev,
+        )
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let inf: Vec<f64> = x64
+        .iter()
+        .zip(&map)
+        .map(|(&v, &s)| s64[s] * (v - em64[s]) / (ev64[s] + eps).sqrt() + b64[s])
+        .collect();
+    let want = blend(alpha, &inf, beta, &rounded(&prior));
+    let got = download(stream, &y3);
+    check_strided(
+        &format!("{what} inference"),
+        &got,
+        &y3_before,
+        &offs(layout),
+        &want,
+        dtol::<T>(),
+    );
+    // Inference with beta = 0 into a poisoned y.
+    let (mut y4, y4_before) = upload(stream, layout, &ypoison);
+    cudnn
+        .batch_norm_forward_inference(
+            &bn,
+            sc::<T>(1.0),
+            sc::<T>(0.0),
+            &x,
+            &mut y4,
+            &d_scale,
+            &d_bias,
+            &d_em,
+            &d_ev,
+        )
+        .unwrap();
+    let got = download(stream, &y4);
+    check_strided(
+        &format!("{what} inference β=0"),
+        &got,
+        &y4_before,
+        &offs(layout),
+        &inf,
+        dtol::<T>(),
+    );
+
+    // 4. Backward: plain into poisoned outputs, then blended into random ones.
+    let dyv: Vec<T> = rng.values(count);
+    let (dy, _) = upload(stream, layout, &dyv);
+    let (dx_ref, ds_ref, db_ref) =
+        bn_backward_ref(&xhat, &rounded(&dyv), &map, nstats, m, &s64, &inv);
+    let (mut dx, dx_before) = upload(stream, layout, &ypoison);
+    let mut dscale = poisoned_buffer::<T::Param>(stream, nstats);
+    let mut dbias = poisoned_buffer::<T::Param>(stream, nstats);
+    cudnn
+        .batch_norm_backward(
+            &bn,
+            &saved,
+            sc::<T>(1.0),
+            sc::<T>(0.0),
+            sc::<T>(1.0),
+            sc::<T>(0.0),
+            &x,
+            &dy,
+            &mut dx,
+            &d_scale,
+            &mut dscale,
+            &mut dbias,
+        )
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let got = download(stream, &dx);
+    check_strided(
+        &format!("{what} dx"),
+        &got,
+        &dx_before,
+        &offs(layout),
+        &dx_ref,
+        dtol::<T>(),
+    );
+    assert_close(
+        &format!("{what} dscale"),
+        &download(stream, &dscale),
+        &ds_ref,
+        ptol::<T>(),
+    );
+    assert_close(
+        &format!("{what} dbias"),
+        &download(stream, &dbias),
+        &db_ref,
+        ptol::<T>(),
+    );
+
+    let dx_prior: Vec<T> = rng.values(count);
+    let (mut dx2, dx2_before) = upload(stream, layout, &dx_prior);
+    let ds_prior: Vec<T::Param> = rng.values(nstats);
+    let db_prior: Vec<T::Param> = rng.values(nstats);
+    let mut dscale2 = dev(stream, &ds_prior);
+    let mut dbias2 = dev(stream, &db_prior);
+    let (ad, bd, ap, bp) = (0.5, 0.25, 2.0, -1.0);
+    cudnn
+        .batch_norm_backward(
+            &bn,
+            &saved,
+            sc::<T>(ad),
+            sc::<T>(bd),
+            sc::<T>(ap),
+            sc::<T>(bp),
+            &x,
+            &dy,
+            &mut dx2,
+            &d_scale,
+            &mut dscale2,
+            &mut dbias2,
+        )
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let got = download(stream, &dx2);
+    let want = blend(ad, &dx_ref, bd, &rounded(&dx_prior));
+    check_strided(
+        &format!("{what} blended dx"),
+        &got,
+        &dx2_before,
+        &offs(layout),
+        &want,
+        dtol::<T>(),
+    );
+    let want = blend(ap, &ds_ref, bp, &rounded(&ds_prior));
+    assert_close(
+        &format!("{what} blended dscale"),
+        &download(stream, &dscale2),
+        &want,
+        ptol::<T>(),
+    );
+    let want = blend(ap, &db_ref, bp, &rounded(&db_prior));
+    assert_close(
+        &format!("{what} blended dbias"),
+        &download(stream, &dbias2),
+        &want,
+        ptol::<T>(),
+    );
+}
+
+fn bn_all<T: NormType>(seed: u64) {
+    let Some((stream, cudnn)) = gpu() else { return };
+    for (i, (name, layout)) in bn_layouts().iter().enumerate() {
+        for (j, &mode) in MODES.iter().enumerate() {
+            bn_case::<T>(
+                &stream,
+                &cudnn,
+                mode,
+                name,
+                layout,
+                seed + 10 * i as u64 + j as u64,
+            );
+        }
+    }
+}
+
+#[test]
+fn batch_norm_f32() {
+    bn_all::<f32>(100);
+}
+#[test]
+fn batch_norm_f64() {
+    bn_all::<f64>(200);
+}
+#[test]
+fn batch_norm_f16() {
+    bn_all::<f16>(300);
+}
+#[test]
+fn batch_norm_bf16() {
+    bn_all::<bf16>(400);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batch normalization, Ex calls (fused add + ReLU)
+// ---------------------------------------------------------------------------------------------
+
+/// Ex forward and backward of `ops`, against BN (+ z) (+ ReLU) references. With `required`
+/// false the configuration may be one cuDNN does not support: then the call must fail with a
+/// cuDNN status before touching `y`, and the case reports what happened.
+#[allow(clippy::too_many_arguments)]
+fn bn_ex_case<T: NormType>(
+    stream: &Arc<CudaStream>,
+    cudnn: &Cudnn,
+    mode: BatchNormMode,
+    layout: &Layout,
+    ops: BatchNormOps,
+    required: bool,
+    seed: u64,
+) {
+    let what = format!("{} {mode:?} {} {ops:?}", T::DTYPE, layout);
+    let eps = 1e-4;
+    let bn = BatchNorm::builder()
+        .mode(mode)
+        .epsilon(eps)
+        .build::<T>(layout)
+        .unwrap();
+    let (map, nstats, m) = stat_map(layout.dims(), mode);
+    let count = map.len();
+    let mut rng = Rng::new(seed);
+    let xv: Vec<T> = rng.values(count);
+    let zv: Vec<T> = rng.values(count);
+    let scale: Vec<T::Param> = rng.values_in(nstats, 0.5, 1.5);
+    let bias: Vec<T::Param> = rng.values(nstats);
+    let (x64, z64, s64, b64) = (rounded(&xv), rounded(&zv), rounded(&scale), rounded(&bias));
+    let rmean0: Vec<T::Param> = rng.values(nstats);
+    let rvar0: Vec<T::Param> = rng.values_in(nstats, 0.5, 2.0);
+    let (x, _) = upload(stream, layout, &xv);
+    let (z, _) = upload(stream, layout, &zv);
+    let (d_scale, d_bias) = (dev(stream, &scale), dev(stream, &bias));
+    let mut rmean = dev(stream, &rmean0);
+    let mut rvar = dev(stream, &rvar0);
+    let mut ws = Workspace::new(stream.clone());
+
+    let (mut y, y_before) = if required {
+        upload(stream, layout, &vec![poison::<T>(); count])
+    } else {
+        upload(stream, layout, &vec![T::from_f64(SENTINEL); count])
+    };
+    let zarg: Option<&dyn DevicePtr<T>> = if ops.has_add() { Some(&z) } else { None };
+    let factor = 0.125;
+    let r = cudnn.batch_norm_forward_training_ex(
+        &bn,
+        ops,
+        sc::<T>(1.0),
+        sc::<T>(0.0),
+        &x,
+        zarg,
+        &mut y,
+        &d_scale,
+        &d_bias,
+        Some(RunningStats::new(&mut rmean, &mut rvar, factor)),
+        &mut ws,
+    );
+    let mut saved = match r {
+        Ok(s) => s,
+        Err(e) if !required => {
+            assert!(
+                e.status().is_some(),
+                "{what}: expected a cuDNN status, got {e}"
+            );
+            eprintln!("{what}: not supported by this cuDNN: {e}");
+            assert_untouched(&what, stream, &y, &y_before);
+            return;
+        }
+        Err(e) => panic!("{what}: {e}"),
+    };
+    eprintln!(
+        "{what}: supported (workspace {} B, reserve {} B)",
+        ws.capacity(),
+        saved.reserve_bytes()
+    );
+    assert_eq!(saved.ops(), Some(ops));
+
+    let (mu, var) = batch_stats(&x64, &map, nstats, m);
+    let inv: Vec<f64> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
+    let xhat = normalized(&x64, &map, &mu, &var, eps);
+    let y_ref: Vec<f64> = xhat
+        .iter()
+        .zip(&map)
+        .zip(&z64)
+        .map(|((&xh, &s), &zz)| {
+            let v = s64[s] * xh + b64[s] + if ops.has_add() { zz } else { 0.0 };
+            if ops.has_activation() {
+                v.max(0.0)
+            } else {
+                v
+            }
+        })
+        .collect();
+    let ygot = download(stream, &y);
+    check_strided(
+        &format!("{what} y"),
+        &ygot,
+        &y_before,
+        &offs(layout),
+        &y_ref,
+        dtol::<T>(),
+    );
+    assert_close(
+        &format!("{what} saved mean"),
+        &download(stream, saved.mean()),
+        &mu,
+        ptol::<T>(),
+    );
+    assert_close(
+        &format!("{what} saved inverse std"),
+        &download(stream, saved.inv_variance()),
+        &inv,
+        ptol::<T>(),
+    );
+    let unbiased = m as f64 / (m as f64 - 1.0);
+    let rv_ref: Vec<f64> = rounded(&rvar0)
+        .iter()
+        .zip(&var)
+        .map(|(&r, &b)| (1.0 - factor) * r + factor * b * unbiased)
+        .collect();
+    assert_close(
+        &format!("{what} running variance"),
+        &download(stream, &rvar),
+        &rv_ref,
+        ptol::<T>(),
+    );
+    let rm_ref: Vec<f64> = rounded(&rmean0)
+        .iter()
+        .zip(&mu)
+        .map(|(&r, &b)| (1.0 - factor) * r + factor * b)
+        .collect();
+    assert_close(
+        &format!("{what} running mean"),
+        &download(stream, &rmean),
+        &rm_ref,
+        ptol::<T>(),
+    );
+
+    // Backward: the ReLU passes dy where the forward output is positive (the mask is taken from
+    // the GPU's own y, which is what cuDNN differentiates).
+    let dyv: Vec<T> = rng.values(count);
+    let y_logical = gather(layout, &ygot);
+    let dy_eff: Vec<f64> = rounded(&dyv)
+        .iter()
+        .zip(&y_logical)
+        .map(|(&g, &yy)| {
+            if !ops.has_activation() || yy.to_f64() > 0.0 {
+                g
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let (dx_ref, ds_ref, db_ref) = bn_backward_ref(&xhat, &dy_eff, &map, nstats, m, &s64, &inv);
+    let (dy, _) = upload(stream, layout, &dyv);
+    let poisoned = vec![poison::<T>(); count];
+    let (mut dx, dx_before) = upload(stream, layout, &poisoned);
+    let (mut dz, dz_before) = upload(stream, layout, &poisoned);
+    let ds_prior: Vec<T::Param> = rng.values(nstats);
+    let mut dscale = dev(stream, &ds_prior);
+    let db_prior: Vec<T::Param> = rng.values(nstats);
+    let mut dbias = dev(stream, &db_prior);
+    let yarg: Option<&dyn DevicePtr<T>> = if ops.has_activation() { Some(&y) } else { None };
+    let dzarg: Option<&mut dyn cudnn_safe::cudarc::driver::DevicePtrMut<T>> =
+        if ops.has_add() { Some(&mut dz) } else { None };
+    let (ap, bp) = (0.5, 0.25);
+    cudnn
+        .batch_norm_backward_ex(
+            &bn,
+            &mut saved,
+            sc::<T>(1.0),
+            sc::<T>(0.0),
+            sc::<T>(ap),
+            sc::<T>(bp),
+            &x,
+            yarg,
+            &dy,
+            dzarg,
+            &mut dx,
+            &d_scale,
+            &d_bias,
+            &mut dscale,
+            &mut dbias,
+            &mut ws,
+        )
+        .unwrap_or_else(|e| panic!("{what} backward: {e}"));
+    let got = download(stream, &dx);
+    check_strided(
+        &format!("{what} dx"),
+        &got,
+        &dx_before,
+        &offs(layout),
+        &dx_ref,
+        dtol::<T>(),
+    );
+    if ops.has_add() {
+        let got = download(stream, &dz);
+        check_strided(
+            &format!("{what} dz"),
+            &got,
+            &dz_before,
+            &offs(layout),
+            &dy_eff,
+            dtol::<T>(),
+        );
+    } else {
+        assert_untouched(
+            &format!("{what} dz (not an output)"),
+            stream,
+            &dz,
+            &dz_before,
+        );
+    }
+    let want = blend(ap, &ds_ref, bp, &rounded(&ds_prior));
+    assert_close(
+        &format!("{what} dscale"),
+        &download(stream, &dscale),
+        &want,
+        ptol::<T>(),
+    );
+    let want = blend(ap, &db_ref, bp, &rounded(&db_prior));
+    assert_close(
+        &format!("{what} dbias"),
+        &download(stream, &dbias),
+        &want,
+        ptol::<T>(),
+    );
+
+    // Without a fused op, the plain backward takes the Ex forward's statistics too.
+    if !ops.has_activation() {
+        let (mut dx, dx_before) = upload(stream, layout, &poisoned);
+        let mut dscale = poisoned_buffer::<T::Param>(stream, nstats);
+        let mut dbias = poisoned_buffer::<T::Param>(stream, nstats);
+        cudnn
+            .batch_norm_backward(
+                &bn,
+                &saved,
+                sc::<T>(1.0),
+                sc::<T>(0.0),
+                sc::<T>(1.0),
+                sc::<T>(0.0),
+                &x,
+                &dy,
+                &mut dx,
+                &d_scale,
+                &mut dscale,
+                &mut dbias,
+            )
+            .unwrap_or_else(|e| panic!("{what} plain backward: {e}"));
+        let got = download(stream, &dx);
+        check_strided(
+            &format!("{what} plain dx"),
+            &got,
+            &dx_before,
+            &offs(layout),
+            &dx_ref,
+            dtol::<T>(),
+        );
+        assert_close(
+            &format!("{what} plain dscale"),
+            &download(stream, &dscale),
+            &ds_ref,
+            ptol::<T>(),
+        );
+        assert_close(
+            &format!("{what} plain dbias"),
+            &download(stream, &dbias),
+            &db_ref,
+            ptol::<T>(),
+        );
+    }
+}
+
+#[test]
+fn batch_norm_ex_fused_nhwc_f16() {
+    let Some((stream, cudnn)) = gpu() else { return };
+    // cuDNN's fast NHWC path: packed NHWC half, spatial persistent, C a multiple of 4.
+    let layout = Layout::nhwc(4, 8, 5, 6).unwrap();
+    for (i, ops) in [
+        BatchNormOps::Bn,
+        BatchNormOps::BnRelu,
+        BatchNormOps::BnAddRelu,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        bn_ex_case::<f16>(
+            &stream,
+            &cudnn,
+            BatchNormMode::SpatialPersistent,
+            &layout,
+            ops,
+            true,
+            500 + i as u64,
+        );
+    }
+}
+
+#[test]
+fn batch_norm_ex_plain_ops_every_type() {
+    let Some((stream, cudnn)) = gpu() else { return };
+    for (i, (_, layout)) in bn_layouts().iter().enumerate() {
+        for mode in MODES {
+            let seed = 600 + 10 * i as u64;
+            bn_ex_case::<f32>(&stream, &cudnn, mode, layout, BatchNormOps::Bn, true, seed);
+            bn_ex_case::<f64>(
+                &stream,
+                &cudnn,
+                mode,
+                layout,
+                BatchNormOps::Bn,
+                true,
+                seed + 1,
+            );
+            bn_ex_case::<f16>(
+                &stream,
+                &cudnn,
+                mode,
+                layout,
+                BatchNormOps::Bn,
+                true,
+                seed + 2,
+            );
+            bn_ex_case::<bf16>(
+                &stream,
+                &cudnn,
+                mode,
+                layout,
+                BatchNormOps::Bn,
+                true,
+                seed + 3,
+            );
+        }
+    }
+}
+
+#[test]
+fn batch_norm_ex_fused_elsewhere_works_or_is_refused() {
+    let Some((stream, cudnn)) = gpu() else { return };
+    let nhwc = Layout::nhwc(4, 8, 5, 6).unwrap();
+    let nchw = Layout::nchw(4, 8, 5, 6).unwrap();
+    let odd_c = Layout::nhwc(4, 6, 5, 6).unwrap();
+    for (i, ops) in [BatchNormOps::BnRelu, BatchNormOps::BnAddRelu]
+        .into_iter()
+        .enumerate()
+    {
+        let s = 700 + 10 * i as u64;
+        let pers = BatchNormMode::SpatialPersistent;
+        bn_ex_case::<bf16>(&stream, &cudnn, pers, &nhwc, ops, false, s);
+        bn_ex_case::<f32>(&stream, &cudnn, pers, &nhwc, ops, false, s + 1);
+        bn_ex_case::<f16>(&stream, &cudnn, pers, &odd_c, ops, false, s + 2);
+        bn_ex_case::<f16>(
+            &stream,
+            &cudnn,
+            BatchNormMode::Spatial,
+            &nhwc,
+            ops,
+            false,
+            s + 3,
+        );
+        bn_ex_case::<f32>(
+            &stream,
+            &cudnn,
+            BatchNormMode::Spatial,
+            &nchw,
+            ops,
+            false,
+            s + 4,
+        );
+        bn_ex_case::<f64>(&stream, &cudnn, pers, &nhwc, ops, false, s + 5);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batch normalization: rejections
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn batch_norm_rejections_leave_outputs_untouched() {
+    let Some((stream, cudnn)) = gpu() else { return };
+    let layout = Layout::nchw(4, 8, 5, 6).unwrap();
+    let (n, c) = (layout.span(), 8usize);
+    let bn = BatchNorm::builder().build::<f32>(&layout).unwrap();
+    let mut rng = Rng::new(900);
+    let xv: Vec<f32> = rng.values(n);
+    let x = dev(&stream, &xv);
+    let scale = dev(&stream, &rng.values_in::<f32>(c, 0.5, 1.5));
+    let bias = dev(&stream, &rng.values::<f32>(c));
+    let (one, zero) = (1.0f32, 0.0f32);
+
+    // Short y.
+    let (mut y, before) = sentinel_buffer::<f32>(&stream, n - 1);
+    let r = cudnn.batch_norm_forward_training(&bn, one, zero, &x, &mut y, &scale, &bias, None);
+    assert!(is_err_kind(&r, "BufferTooSmall"), "{r:?}");
+    assert_untouched("short y", &stream, &y, &before);
+
+    // Wrong running-statistics size.
+    let (mut y, ybefore) = sentinel_buffer::<f32>(&stream, n);
+    let (mut rm, rmb) = sentinel_buffer::<f32>(&stream, c);
+    let (mut rv, rvb) = sentinel_buffer::<f32>(&stream, c - 1);
+    let r = cudnn.batch_norm_forward_training(
+        &bn,
+        one,
+        zero,
+        &x,
+        &mut y,
+        &scale,
+        &bias,
+        Some(RunningStats::new(&mut rm, &mut rv, 0.1)),
+    );
+    assert!(is_err_kind(&r, "BufferTooSmall"), "{r:?}");
+    assert_untouched("y (short running variance)", &stream, &y, &ybefore);
+    assert_untouched("running mean", &stream, &rm, &rmb);
+    assert_untouched("running variance", &stream, &rv, &rvb);
+
+    // Exponential average factor outside 0..=1.
+    let (mut rv, rvb) = sentinel_buffer::<f32>(&stream, c);
+    for f in [1.5, -0.1, f64::NAN] {
+        let r = cudnn.batch_norm_forward_training(
+            &bn,
+            one,
+            zero,
+            &x,
+            &mut y,
+            &scale,
+            &bias,
+            Some(RunningStats::new(&mut rm, &mut rv, f)),
+        );
+        assert!(is_err_kind(&r, "InvalidArgument"), "factor {f}: {r:?}");
+    }
+    assert_untouched("y (bad factor)", &stream, &y, &ybefore);
+    assert_untouched("running variance (bad factor)", &stream, &rv, &rvb);
+
+    // Short inference statistics.
+    let short = dev(&stream, &vec![1.0f32; c - 1]);
+    let r = cudnn
+        .batch_norm_forward_inference(&bn, one, zero, &x, &mut y, &scale, &bias, &short, &scale);
+    assert!(is_err_kind(&r, "BufferTooSmall"), "{r:?}");
+    assert_untouched("y (short mean)", &stream, &y, &ybefore);
+
+    // One value per statistic: the batch variance is undefined.
+    let single = Layout::nchw(1, 8, 5, 6).unwrap();
+    let bn1 = BatchNorm::builder()
+        .mode(BatchNormMode::PerActivation)
+        .build::<f32>(&single)
+        .unwrap();
+    let scale1 = dev(&stream, &vec![1.0f32; bn1.param_len()]);
+    let r = cudnn.batch_norm_forward_training(&bn1, one, zero, &x, &mut y, &scale1, &scale1, None);
+    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert_untouched("y (one value per statistic)", &stream, &y, &ybefore);
+
+    // Statistics saved by another BatchNorm of the same shape, or for another x buffer.
+    let mut y_ok = dev(&stream, &vec![0.0f32; n]);
+    let saved = cudnn
+        .batch_norm_forward_training(&bn, one, zero, &x, &mut y_ok, &scale, &bias, None)
+        .unwrap();
+    let bn2 = BatchNorm::builder().build::<f32>(&layout).unwrap();
+    let saved2 = cudnn
+        .batch_norm_forward_training(&bn2, one, zero, &x, &mut y_ok, &scale, &bias, None)
+        .unwrap();
+    let dy = dev(&stream, &rng.values::<f32>(n));
+    let (mut dx, dxb) = sentinel_buffer::<f32>(&stream, n);
+    let (mut ds, dsb) = sentinel_buffer::<f32>(&stream, c);
+    let (mut db, dbb) = sentinel_buffer::<f32>(&stream, c);
+    let x_copy = dev(&stream, &xv);
+    let mut backward =
+        |saved: &BatchNormSaved<f32>, x: &CudaSlice<f32>, ds: &mut CudaSlice<f32>| {
+            cudnn.batch_norm_backward(
+                &bn, saved, one, zero, one, zero, x, &dy, &mut dx, &scale, ds, &mut db,
+            )
+        };
+    let r = backward(&saved2, &x, &mut ds);
+    assert!(is_err_kind(&r, "InvalidArgument"), "foreign saved: {r:?}");
+    let r = backward(&saved, &x_copy, &mut ds);
+    assert!(is_err_kind(&r, "InvalidArgument"), "other x: {r:?}");
+    let (mut ds_short, dssb) = sentinel_buffer::<f32>(&stream, c - 1);
+    let r = backward(&saved, &x, &mut ds_short);
+    assert!(is_err_kind(&r, "BufferTooSmall"), "short dscale: {r:?}");
+    assert_untouched("dscale (short)", &stream, &ds_short, &dssb);
+    assert_untouched("dx", &stream, &dx, &dxb);
+    assert_untouched("dscale", &stream, &ds, &dsb);
+    assert_untouched("dbias", &stream, &db, &dbb);
+    // The matching call works.
+    cudnn
+        .batch_norm_backward(
+            &bn, &saved, one, zero, one, zero, &x, &dy, &mut dx, &scale, &mut ds, &mut db,
+        )
+        .unwrap();
+
+    // Ex: z exactly for the add op; the plain saved value has no reserve space.
+    let mut ws = Workspace::new(stream.clone());
+    let r = cudnn.batch_norm_forward_training_ex(
+        &bn,
+        BatchNormOps::Bn,
+        one,
+        zero,
+        &x,
+        Some(&x_copy),
+        &mut y,
+        &scale,
+        &bias,
+        None,
+        &mut ws,
+    );
+    assert!(is_err_kind(&r, "InvalidArgument"), "z with Bn: {r:?}");
+    let r = cudnn.batch_norm_forward_training_ex(
+        &bn,
+        BatchNormOps::BnAddRelu,
+        one,
+        zero,
+        &x,
+        None,
+        &mut y,
+        &scale,
+        &bias,
+        None,
+        &mut ws,
+    );
+    assert!(
+        is_err_kind(&r, "InvalidArgument"),
+        "no z with BnAddRelu: {r:?}"
+    );
+    assert_untouched("y (Ex z rules)", &stream, &y, &ybefore);
+    let mut plain = saved;
+    let (mut dx, dxb) = sentinel_buffer::<f32>(&stream, n);
+    let r = cudnn.batch_norm_backward_ex(
+        &bn, &mut plain, one, zero, one, zero, &x, None, &dy, None, &mut dx, &scale, &bias,
+        &mut ds, &mut db, &mut ws,
+    );
+    assert!(
+        is_err_kind(&r, "InvalidArgument"),
+        "Ex backward of a plain forward: {r:?}"
+    );
+    assert_untouched("dx (Ex backward of a plain forward)", &stream, &dx, &dxb);
+}
+
+#[test]
+fn batch_norm_fused_saved_values_are_checked() {
+    let Some((stream, cudnn)) = gpu() else { return };
+    let layout = Layout::nhwc(4, 8, 5, 6).unwrap();
+    let (n, c) = (layout.span(), 8usize);
+    let bn = BatchNorm::builder()
+        .mode(BatchNormMode::SpatialPersistent)
+        .build::<f16>(&layout)
+        .unwrap();
+    let mut rng = Rng::new(950);
+    let x = dev(&stream, &rng.values::<f16>(n));
+    let scale = dev(&stream, &rng.values_in::<f32>(c, 0.5, 1.5));
+    let bias = dev(&stream, &rng.values::<f32>(c));
+    let mut y = dev(&stream, &vec![f16::ZERO; n]);
+    let mut ws = Workspace::new(stream.clone());
+    let mut saved = cudnn
+        .batch_norm_forward_training_ex(
+            &bn,
+            BatchNormOps::BnRelu,
+            1.0,
+            0.0,
+            &x,
+            None,
+            &mut y,
+            &scale,
+            &bias,
+            None,
+            &mut ws,
+        )
+        .unwrap();
+    let dy = dev(&stream, &rng.values::<f16>(n));
+    let (mut dx, dxb) = sentinel_buffer::<f16>(&stream, n);
+    let (mut ds, dsb) = sentinel_buffer::<f32>(&stream, c);
+    let (mut db, dbb) = sentinel_buffer::<f32>(&stream, c);
+    // The plain backward would ignore the ReLU.
+    let r = cudnn.batch_norm_backward(
+        &bn, &saved, 1.0, 0.0, 1.0, 0.0, &x, &dy, &mut dx, &scale, &mut ds, &mut db,
+    );
+    assert!(
+        is_err_kind(&r, "InvalidArgument"),
+        "plain backward of BnRelu: {r:?}"
+    );
+    // y is needed, and must be the forward's output.
+    let y_copy = dev(&stream, &download(&stream, &y));
+    for yarg in [None, Some(&y_copy as &dyn DevicePtr<f16>)] {
+        let r = cudnn.batch_norm_backward_ex(
+            &bn, &mut saved, 1.0, 0.0, 1.0, 0.0, &x, yarg, &dy, None, &mut dx, &scale, &bias,
+            &mut ds, &mut db, &mut ws,
+        );
+        assert!(
+            is_err_kind(&r, "InvalidArgument"),
+            "y {}: {r:?}",
+            yarg.is_some()
+        );
+    }
+    // dz is not an output of BnRelu.
+    let (mut dz, dzb) = sentinel_buffer::<f16>(&stream, n);
+    let r = cudnn.batch_norm_backward_ex(
+        &bn,
+        &mut saved,
+        1.0,
+        0.0,
+        1.0,
+        0.0,
+        &x,
+        Some(&y),
+        &dy,
+        Some(&mut dz),
+        &mut dx,
+        &scale,
+        &bias,
+        &mut ds,
+        &mut db,
+        &mut ws,
+    );
+    assert!(is_err_kind(&r, "InvalidArgument"), "dz with BnRelu: {r:?}");
+    assert_untouched("dx", &stream, &dx, &dxb);
+    assert_untouched("dz", &stream, &dz, &dzb);
+    assert_untouched("dscale", &stream, &ds, &dsb);
+    assert_untouched("dbias", &stream, &db, &dbb);
+    // The matching call works.
+    cudnn
+        .batch_norm_backward_ex(
+            &bn,
+            &mut saved,
+            1.0,
+            0.0,
+            1.0,
+            0.0,
+            &x,
+            Some(&y),
+            &dy,
+            None,
+            &mut dx,
+            &scale,
+            &bias,
+            &mut ds,
+            &mut db,
+            &mut ws,
+        )
+        .unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layer, instance and group normalization
+// ---------------------------------------------------------------------------------------------
+
+/// A layer or group normalization under test.
+enum Norm<T: NormType> {
+    Layer(LayerNorm<T>),
+    Group(GroupNorm<T>),
+}
+
+/// Group and feature of every logical element, and the group and feature counts.
+struct Maps {
+    group: Vec<usize>,
+    feature: Vec<usize>,
+    groups: usize,
+    features: usize,
+}
+
+impl<T: NormType> Norm<T> {
+    fn maps(&self) -> Maps {
+        match self {
+            Norm::Layer(ln) => {
+                let d = ln.features();
+                let n = ln.len();
+                Maps {
+                    group: (0..n).map(|i| i / d).collect(),
+                    feature: (0..n).map(|i| i % d).collect(),
+                    groups: ln.rows(),
+                    features: d,
+                }
+            }
+            Norm::Group(gn) => {
+                let dims = gn.dims();
+                let c = dims[1] as usize;
+                let per = c / gn.groups() as usize;
+                let (mut group, mut feature) = (Vec::new(), Vec::new());
+                for_each_index(dims, |idx| {
+                    let (n, ch) = (idx[0] as usize, idx[1] as usize);
+                    group.push(n * gn.groups() as usize + ch / per);
+                    feature.push(ch);
+                });
+                Maps {
+                    group,
+                    feature,
+                    groups: gn.group_count(),
+                    features: c,
+                }
+            }
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            Norm::Layer(n) => n.len(),
+            Norm::Group(n) => n.len(),
+        }
+    }
+    fn forward(
+        &self,
+        cudnn: &Cudnn,
+        x: &CudaSlice<T>,
+        g: &CudaSlice<T>,
+        b: &CudaSlice<T>,
+        y: &mut CudaSlice<T>,
+    ) -> Result<(), Error> {
+        match self {
+            Norm::Layer(n) => cudnn.layer_norm_forward(n, x, g, b, y),
+            Norm::Group(n) => cudnn.group_norm_forward(n, x, g, b, y),
+        }
+    }
+    fn forward_training(
+        &self,
+        cudnn: &Cudnn,
+        x: &CudaSlice<T>,
+        g: &CudaSlice<T>,
+        b: &CudaSlice<T>,
+        y: &mut CudaSlice<T>,
+    ) -> Result<cudnn_safe::norm::NormSaved<T>, Error> {
+        match self {
+            Norm::Layer(n) => cudnn.layer_norm_forward_training(n, x, g, b, y),
+            Norm::Group(n) => cudnn.group_norm_forward_training(n, x, g, b, y),
+        }
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn backward(
+        &self,
+        cudnn: &Cudnn,
+        saved: &cudnn_safe::norm::NormSaved<T>,
+        x: &CudaSlice<T>,
+        dy: &CudaSlice<T>,
+        g: &CudaSlice<T>,
+        dx: &mut CudaSlice<T>,
+        dg: &mut CudaSlice<T>,
+        db: &mut CudaSlice<T>,
+        ws: &mut Workspace,
+    ) -> Result<(), Error> {
+        match self {
+            Norm::Layer(n) => cudnn.layer_norm_backward(n, saved, x, dy, g, dx, dg, db, ws),
+            Norm::Group(n) => cudnn.group_norm_backward(n, saved, x, dy, g, dx, dg, db, ws),
+        }
+    }
+}
+
+/// Forward reference: (y, x̂, mean, 1/std) of each group.
+fn affine_forward_ref(
+    x: &[f64],
+    maps: &Maps,
+    gamma: &[f64],
+    beta: &[f64],
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (mean, var) = batch_stats(x, &maps.group, maps.groups, x.len() / maps.groups);
+    let rstd: Vec<f64> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
+    let xhat = normalized(x, &maps.group, &mean, &var, eps);
+    let y = xhat
+        .iter()
+        .zip(&maps.feature)
+        .map(|(&xh, &f)| xh * gamma[f] + beta[f])
+        .collect();
+    (y, xhat, mean, rstd)
+}
+
+/// Backward reference: (dx, dγ, dβ).
+fn affine_backward_ref(
+    xhat: &[f64],
+    dy: &[f64],
+    maps: &Maps,
+    gamma: &[f64],
+    rstd: &[f64],
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let m = (xhat.len() / maps.groups) as f64;
+    let mut dgamma = vec![0.0; maps.features];
+    let mut dbeta = vec![0.0; maps.features];
+    let mut sum = vec![0.0; maps.groups];
+    let mut sum_xh = vec![0.0; maps.groups];
+    let dxhat: Vec<f64> = dy
+        .iter()
+        .zip(&maps.feature)
+        .map(|(&g, &f)| g * gamma[f])
+        .collect();
+    for i in 0..xhat.len() {
+        let (g, f) = (maps.group[i], maps.feature[i]);
+        dgamma[f] += dy[i] * xhat[i];
+        dbeta[f] += dy[i];
+        sum[g] += dxhat[i];
+        sum_xh[g] += dxhat[i] * xhat[i];
+    }
+    let dx = (0..xhat.len())
+        .map(|i| {
+            let g = maps.group[i];
+            rstd[g] / m * (m * dxhat[i] - sum[g] - xhat[i] * sum_xh[g])
+        })
+        .collect();
+    (dx, dgamma, dbeta)
+}
+
+fn affine_case<T: NormType>(
+    stream: &Arc<CudaStream>,
+    cudnn: &Cudnn,
+    what: &str,
+    norm: &Norm<T>,
+    eps: f64,
+    seed: u64,
+) {
+    let what = format!("{} {what}", T::DTYPE);
+    let maps = norm.maps();
+    let n = norm.len();
+    let mut rng = Rng::new(seed);
+    let xv: Vec<T> = rng.values(n);
+    let gv: Vec<T> = rng.values_in(maps.features, 0.5, 1.5);
+    let bv: Vec<T> = rng.values(maps.features);
+    let (x64, g64, b64) = (rounded(&xv), rounded(&gv), rounded(&bv));
+    let (x, gamma, beta) = (dev(stream, &xv), dev(stream, &gv), dev(stream, &bv));
+    let (y_ref, xhat, mean, rstd) = affine_forward_ref(&x64, &maps, &g64, &b64, eps);
+
+    let mut y = poisoned_buffer::<T>(stream, n);
+    norm.forward(cudnn, &x, &gamma, &beta, &mut y)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_close(
+        &format!("{what} forward y"),
+        &download(stream, &y),
+        &y_ref,
+        dtol::<T>(),
+    );
+
+    let mut y = poisoned_buffer::<T>(stream, n);
+    let saved = norm
+        .forward_training(cudnn, &x, &gamma, &beta, &mut y)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_close(
+        &format!("{what} training y"),
+        &download(stream, &y),
+        &y_ref,
+        dtol::<T>(),
+    );
+    assert_close(
+        &format!("{what} x̂"),
+        &download(stream, saved.xhat()),
+        &xhat,
+        dtol::<T>(),
+    );
+    assert_close(
+        &format!("{what} mean"),
+        &download(stream, saved.mean()),
+        &mean,
+        ptol::<T>(),
+    );
+    assert_close(
+        &format!("{what} rstd"),
+        &download(stream, saved.inv_std()),
+        &rstd,
+        ptol::<T>(),
+    );
+
+    let mut ws = Workspace::new(stream.clone());
+    // Twice, with different dy, so that the reused scratch is exercised.
+    for round in 0..2 {
+        let dyv: Vec<T> = rng.values(n);
+        let dy = dev(stream, &dyv);
+        let (dx_ref, dg_ref, db_ref) =
+            affine_backward_ref(&xhat, &rounded(&dyv), &maps, &g64, &rstd);
+        let mut dx = poisoned_buffer::<T>(stream, n);
+        let mut dg = poisoned_buffer::<T>(stream, maps.features);
+        let mut db = poisoned_buffer::<T>(stream, maps.features);
+        norm.backward(
+            cudnn, &saved, &x, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
+        )
+        .unwrap_or_else(|e| panic!("{what} backward: {e}"));
+        assert_close(
+            &format!("{what} dx ({round})"),
+            &download(stream, &dx),
+            &dx_ref,
+            dtol::<T>(),
+        );
+        assert_close(
+            &format!("{what} dγ ({round})"),
+            &download(stream, &dg),
+            &dg_ref,
+            dtol::<T>(),
+        );
+        assert_close(
+            &format!("{what} dβ ({round})"),
+            &download(stream, &db),
+            &db_ref,
+            dtol::<T>(),
+        );
+    }
+}
+
+/// Every case with each kind's default method (the constructors' own).
+fn affine_all<T: NormType>(seed: u64) {
+    affine_all_with::<T>(seed, None);
+}
+
+/// Every layer / group / instance case of [`affine_case`], computed with `method` (or with the
+/// constructors' default when `None`).
+fn affine_all_with<T: NormType>(seed: u64, method: Option<NormMethod>) {
+    let Some((stream, cudnn)) = gpu() else { return };
+    let eps = 1e-5;
+    let with = |n: LayerNorm<T>| match method {
+        Some(m) => n.with_method(m),
+        None => Ok(n),
+    };
+    let with_g = |n: GroupNorm<T>| match method {
+        Some(m) => n.with_method(m),
+        None => Ok(n),
+    };
+    let layer = |dims: &[i64], k: usize| {
+        Norm::Layer(LayerNorm::<T>::new(dims, k, eps).and_then(with).unwrap())
+    };
+    let group = |dims: &[i64], g: i64| {
+        Norm::Group(GroupNorm::<T>::new(dims, g, eps).and_then(with_g).unwrap())
+    };
+    let cases: Vec<(&str, Norm<T>)> = vec![
+        ("layer [6, 40] over 1", layer(&[6, 40], 1)),
+        ("layer [3, 4, 20] over 2", layer(&[3, 4, 20], 2)),
+        ("layer [2, 3, 4, 5] over 1", layer(&[2, 3, 4, 5], 1)),
+        ("layer [37] over 1", layer(&[37], 1)),
+        ("group [4, 8, 5, 6] G=2", group(&[4, 8, 5, 6], 2)),
+        ("group [4, 8, 5, 6] G=1", group(&[4, 8, 5, 6], 1)),
+        (
+            "instance [4, 8, 5, 6]",
+            Norm::Group(
+                GroupNorm::<T>::instance(&[4, 8, 5, 6], eps)
+                    .and_then(with_g)
+                    .unwrap(),
+            ),
+        ),
+        ("group [3, 6, 10] G=3", group(&[3, 6, 10], 3)),
+        ("group [2, 4, 2, 3, 4] G=2", group(&[2, 4, 2, 3, 4], 2)),
+        ("group [5, 12] G=4", group(&[5, 12], 4)),
+    ];
+    for (i, (what, norm)) in cases.iter().enumerate() {
+        let what = match norm {
+            Norm::Layer(n) => format!("{what} {:?}", n.method()),
+            Norm::Group(n) => format!("{what} {:?}", n.method()),
+        };
+        affine_case(&stream, &cudnn, &what, norm, eps, seed + i as u64);
+    }
+}
+
+#[test]
+fn layer_group_instance_norm_f32() {
+    affine_all::<f32>(1000);
+}
+#[test]
+fn layer_group_instance_norm_f64() {
+    affine_all::<f64>(1100);
+}
+#[test]
+fn layer_group_instance_norm_f16() {
+    affine_all::<f16>(1200);
+}
+#[test]
+fn layer_group_instance_norm_bf16() {
+    affine_all::<bf16>(1300);
+}
+
+#[test]
+fn layer_and_group_norm_rejections_leave_outputs_untouched() {
+    let Some((stream, cudnn)) = gpu() else { return };
+    let ln = LayerNorm::<f32>::new(&[6, 40], 1, 1e-5).unwrap();
+    let (n, d) = (ln.len(), ln.features());
+    let mut rng = Rng::new(1400);
+    let xv: Vec<f32> = rng.values(n);
+    let x = dev(&stream, &xv);
+    let gamma = dev(&stream, &rng.values_in::<f32>(d, 0.5, 1.5));
+    let beta = dev(&stream, &rng.values::<f32>(d));
+
+    // Short y, short gamma.
+    let (mut y, yb) = sentinel_buffer::<f32>(&stream, n - 1);
+    let r = cudnn.layer_norm_forward(&ln, &x, &gamma, &beta, &mut y);
+    assert!(is_err_kind(&r, "BufferTooSmall"), "{r:?}");
+    let r = cudnn.layer_norm_forward_training(&ln, &x, &gamma, &beta, &mut y);
+    assert!(is_err_kind(&r, "BufferTooSmall"), "{r:?}");
+    assert_untouched("short y", &stream, &y, &yb);
+    let short_gamma = dev(&stream, &vec![1.0f32; d - 1]);
+    let (mut y, yb) = sentinel_buffer::<f32>(&stream, n);
+    let r = cudnn.layer_norm_forward(&ln, &x, &short_gamma, &beta, &mut y);
+    assert!(is_err_kind(&r, "BufferTooSmall"), "{r:?}");
+    assert_untouched("y (short gamma)", &stream, &y, &yb);
+
+    // Saved values from another object of the same shape, or for another x.
+    let mut y_ok = dev(&stream, &vec![0.0f32; n]);
+    let saved = cudnn
+        .layer_norm_forward_training(&ln, &x, &gamma, &beta, &mut y_ok)
+        .unwrap();
+    let ln2 = LayerNorm::<f32>::new(&[6, 40], 1, 1e-5).unwrap();
+    let saved2 = cudnn
+        .layer_norm_forward_training(&ln2, &x, &gamma, &beta, &mut y_ok)
+        .unwrap();
+    let x_copy = dev(&stream, &xv);
+    let dy = dev(&stream, &rng.values::<f32>(n));
+    let (mut dx, dxb) = sentinel_buffer::<f32>(&stream, n);
+    let (mut dg, dgb) = sentinel_buffer::<f32>(&stream, d);
+    let (mut db, dbb) = sentinel_buffer::<f32>(&stream, d);
+    let mut ws = Workspace::new(stream.clone());
+    let r = cudnn.layer_norm_backward(
+        &ln, &saved2, &x, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
+    );
+    assert!(is_err_kind(&r, "InvalidArgument"), "foreign saved: {r:?}");
+    let r = cudnn.layer_norm_backward(
+        &ln, &saved, &x_copy, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
+    );
+    assert!(is_err_kind(&r, "InvalidArgument"), "other x: {r:?}");
+    // A short dgamma is caught before dβ (computed with or before dγ) is written.
+    let (mut dg_short, dgsb) = sentinel_buffer::<f32>(&stream, d - 1);
+    let r = cudnn.layer_norm_backward(
+        &ln,
+        &saved,
+        &x,
+        &dy,
+        &gamma,
+        &mut dx,
+        &mut dg_short,
+        &mut db,
+        &mut ws,
+    );
+    assert!(is_err_kind(&r, "BufferTooSmall"), "short dgamma: {r:?}");
+    assert_untouched("dx", &stream, &dx, &dxb);
+    assert_untouched("dgamma", &stream, &dg, &dgb);
+    assert_untouched("short dgamma", &stream, &dg_short, &dgsb);
+    assert_untouched("dbeta", &stream, &db, &dbb);
+
+    // Group norm: short dx.
+    let gn = GroupNorm::<f32>::new(&[4, 8, 5, 6], 4, 1e-5).unwrap();
+    let (n, c) = (gn.len(), gn.channels());
+    let x = dev(&stream, &rng.values::<f32>(n));
+    let gamma = dev(&stream, &rng.values_in::<f32>(c, 0.5, 1.5));
+    let beta = dev(&stream, &rng.values::<f32>(c));
+    let mut y = dev(&stream, &vec![0.0f32; n]);
+    let saved = cudnn
+        .group_norm_forward_training(&gn, &x, &gamma, &beta, &mut y)
+        .unwrap();
+    let dy = dev(&stream, &rng.values::<f32>(n));
+    let (mut dx, dxb) = sentinel_buffer::<f32>(&stream, n - 1);
+    let (mut dg, dgb) = sentinel_buffer::<f32>(&stream, c);
+    let (mut db, dbb) = sentinel_buffer::<f32>(&stream, c);
+    let r = cudnn.group_norm_backward(
+        &gn, &saved, &x, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
+    );
+    assert!(is_err_kind(&r, "BufferTooSmall"), "short dx: {r:?}");
+    assert_untouched("group dx", &stream, &dx, &dxb);
+    assert_untouched("group dgamma", &stream, &dg, &dgb);
+    assert_untouched("group dbeta", &stream, &db, &dbb);
+    // Saved values of a layer norm do not fit a group norm.
+    let r = cudnn.group_norm_backward(
+        &gn, &saved2, &x, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
+    );
+    assert!(r.is_err(), "{r:?}");
+    assert_untouched("group dbeta (foreign saved)", &stream, &db, &dbb);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layer / group normalization: the other formulations (NormMethod)
+// ---------------------------------------------------------------------------------------------
+
+/// Every combination of the method knobs.
+fn all_methods() -> Vec<NormMethod> {
+    let mut v = Vec::new();
+    for stats in NormStats::ALL {
+        for affine in [NormAffine::OpTensor, NormAffine::BatchNormInference] {
+            for grads in [NormParamGrads::Reduce, NormParamGrads::BatchNormBackward] {
+                for fl in [FeatureLayout::ChannelsFirst, FeatureLayout::ChannelsLast] {
+                    v.push(
+                        NormMethod::reductions()
+                            .stats(stats)
+                            .affine(affine)
+                            .param_grads(grads)
+                            .feature_layout(fl),
+                    );
+                }
+            }
+        }
+    }
+    v
+}
+
+/// The formulations the f32 GPU tests run besides each kind's default (`affine_all`): the
+/// first formulation (op-tensor + reductions), each knob moved alone from it, and each kind's
+/// default applied to both kinds.
+fn tested_methods() -> Vec<NormMethod> {
+    let d = NormMethod::reductions();
+    let mut v = vec![d];
+    v.extend(NormStats::ALL[1..].iter().map(|&s| d.stats(s)));
+    for fl in [FeatureLayout::ChannelsFirst, FeatureLayout::ChannelsLast] {
+        v.push(d.affine(NormAffine::BatchNormInference).feature_layout(fl));
+        v.push(
+            d.param_grads(NormParamGrads::BatchNormBackward)
+                .feature_layout(fl),
+        );
+    }
+    v.push(NormMethod::default_for_layer());
+    v.push(NormMethod::default_for_group());
+    v
+}
+
+#[test]
+fn layer_and_group_norm_every_method_builds() {
+    let Some(_) = lib() else { return };
+    let methods = all_methods();
+    assert_eq!(methods.len(), 32);
+    for m in methods {
+        let ln = LayerNorm::<f32>::new(&[6, 40], 1, 1e-5)
+            .and_then(|n| n.with_method(m))
+            .unwrap_or_else(|e| panic!("{m:?}: {e}"));
+        assert_eq!(ln.method(), m);
+        assert_eq!((ln.rows(), ln.features(), ln.len()), (6, 40, 240));
+        assert!(format!("{ln:?}").contains("method"));
+        let ln = LayerNorm::<f16>::new(&[37], 1, 1e-5)
+            .and_then(|n| n.with_method(m))
+            .unwrap_or_else(|e| panic!("{m:?}: {e}"));
+        assert_eq!((ln.rows(), ln.features()), (1, 37));
+        let gn = GroupNorm::<bf16>::new(&[4, 8, 5, 6], 2, 1e-5)
+            .and_then(|n| n.with_method(m))
+            .unwrap_or_else(|e| panic!("{m:?}: {e}"));
+        assert_eq!(gn.method(), m);
+        assert_eq!((gn.group_count(), gn.channels(), gn.len()), (8, 8, 960));
+        let gn = GroupNorm::<f64>::instance(&[2, 3, 7], 1e-5)
+            .and_then(|n| n.with_method(m))
+            .unwrap_or_else(|e| panic!("{m:?}: {e}"));
+        assert_eq!(gn.group_count(), 6);
+    }
+    // Each kind's default; rebuilding keeps shape and epsilon.
+    let ln = LayerNorm::<f32>::new(&[3, 4, 20], 2, 1e-3).unwrap();
+    assert_eq!(ln.method(), NormMethod::default_for_layer());
+    let ln = ln.with_method(NormMethod::reductions()).unwrap();
+    assert_eq!(ln.method(), NormMethod::reductions());
+    assert_eq!((ln.rows(), ln.features(), ln.epsilon()), (3, 80, 1e-3));
+    assert_eq!(ln.dims(), &[3, 4, 20]);
+    let gn = GroupNorm::<f16>::new(&[4, 8, 5, 6], 2, 1e-5).unwrap();
+    assert_eq!(gn.method(), NormMethod::default_for_group());
+    let inorm = GroupNorm::<f32>::instance(&[4, 8, 5, 6], 1e-5).unwrap();
+    assert_eq!(inorm.method(), NormMethod::default_for_group());
+}
+
+#[test]
+fn layer_group_instance_norm_methods_f32() {
+    for (i, m) in tested_methods().into_iter().enumerate() {
+        affine_all_with::<f32>(3000 + 100 * i as u64, Some(m));
+    }
+}
+
+/// The first formulation, the other statistics views and both defaults (with their f32
+/// conversions of `γ`, `β`, `dγ`, `dβ` for the half types) in every other data type.
+fn methods_every_view<T: NormType>(seed: u64) {
+    let d = NormMethod::reductions();
+    let mut methods = vec![d];
+    methods.extend(NormStats::ALL[1..].iter().map(|&s| d.stats(s)));
+    methods.push(NormMethod::default_for_layer());
+    methods.push(NormMethod::default_for_group());
+    for (i, m) in methods.into_iter().enumerate() {
+        affine_all_with::<T>(seed + 100 * i as u64, Some(m));
+    }
+}
+
+#[test]
+fn layer_group_instance_norm_methods_f64() {
+    methods_every_view::<f64>(4000);
+}
+#[test]
+fn layer_group_instance_norm_methods_f16() {
+    methods_every_view::<f16>(5000);
+}
+#[test]
+fn layer_group_instance_norm_methods_bf16() {
+    methods_every_view::<bf16>(6000);
+}
+
+#[test]
+fn norm_backward_workspace_is_reserved_before_any_write() {
+    let Some((stream, cudnn)) = gpu() else { return };
+    let mut rng = Rng::new(7000);
+    // One row and no spatial extent: the "reductions" are copies, no workspace.
+    let ln = LayerNorm::<f32>::new(&[37], 1, 1e-5)
+        .and_then(|n| n.with_method(NormMethod::reductions()))
+        .unwrap();
+    assert_eq!(ln.backward_workspace_size(&cudnn).unwrap(), 0);
+    // The defaults compute dγ, dβ with a batch-norm backward: no workspace.
+    let ln = LayerNorm::<f32>::new(&[6, 40], 1, 1e-5).unwrap();
+    assert_eq!(ln.backward_workspace_size(&cudnn).unwrap(), 0);
+    let gn = GroupNorm::<f32>::new(&[4, 8, 5, 6], 2, 1e-5).unwrap();
+    assert_eq!(gn.backward_workspace_size(&cudnn).unwrap(), 0);
+
+    let gn = GroupNorm::<f32>::new(&[4, 8, 5, 6], 2, 1e-5)
+        .and_then(|g| g.with_method(NormMethod::reductions()))
+        .unwrap();
+    let need = gn.backward_workspace_size(&cudnn).unwrap();
+    let gn_bn = GroupNorm::<f32>::new(&[4, 8, 5, 6], 2, 1e-5)
+        .and_then(|g| {
+            g.with_method(NormMethod::reductions().param_grads(NormParamGrads::BatchNormBackward))
+        })
+        .unwrap();
+    assert_eq!(gn_bn.backward_workspace_size(&cudnn).unwrap(), 0);
+
+    let (n, c) = (gn.len(), gn.channels());
+    let x = dev(&stream, &rng.values::<f32>(n));
+    let gamma = dev(&stream, &rng.values_in::<f32>(c, 0.5, 1.5));
+    let beta = dev(&stream, &rng.values::<f32>(c));
+    let dy = dev(&stream, &rng.values::<f32>(n));
+    let mut y = dev(&stream, &vec![0.0f32; n]);
+    let saved = cudnn
+        .group_norm_forward_training(&gn, &x, &gamma, &beta, &mut y)
+        .unwrap();
+    let (mut dx, dxb) = sentinel_buffer::<f32>(&stream, n);
+    let (mut dg, dgb) = sentinel_buffer::<f32>(&stream, c);
+    let (mut db, dbb) = sentinel_buffer::<f32>(&stream, c);
+    if need > 0 {
+        let mut ws = Workspace::new(stream.clone()).with_limit(need - 1);
+        let r = cudnn.group_norm_backward(
+            &gn, &saved, &x, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
+        );
+        assert!(is_err_kind(&r, "WorkspaceLimit"), "{r:?}");
+        assert_untouched("dx (workspace limit)", &stream, &dx, &dxb);
+        assert_untouched("dgamma (workspace limit)", &stream, &dg, &dgb);
+        assert_untouched("dbeta (workspace limit)", &stream, &db, &dbb);
+    } else {
+        eprintln!(
+            "note: cuDNN asks no reduction workspace for {:?}",
+            gn.dims()
+        );
+    }
+    let mut ws = Workspace::new(stream.clone()).with_limit(need);
+    cudnn
+        .group_norm_backward(
+            &gn, &saved, &x, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
+        )
+        .unwrap();
+    assert!(download(&stream, &dx).iter().all(|v| v.is_finite()));
+
+    // The batch-norm gradient formulation runs with no workspace at all, and agrees.
+    let mut y2 = dev(&stream, &vec![0.0f32; n]);
+    let saved2 = cudnn
+        .group_norm_forward_training(&gn_bn, &x, &gamma, &beta, &mut y2)
+        .unwrap();
+    let mut ws0 = Workspace::new(stream.clone()).with_limit(0);
+    let mut dx2 = poisoned_buffer::<f32>(&stream, n);
+    let mut dg2 = poisoned_buffer::<f32>(&stream, c);
+    let mut db2 = poisoned_buffer::<f32>(&stream, c);
+    cudnn
+        .group_norm_backward(
+            &gn_bn, &saved2, &x, &dy, &gamma, &mut dx2, &mut dg2, &mut db2, &mut ws0,
+        )
+        .unwrap();
+    for (what, a, b) in [
+        ("dx", &dx, &dx2),
+        ("dgamma", &dg, &dg2),
+        ("dbeta", &db, &db2),
+    ] {
+        let want = to_f64(&download(&stream, a));
+        assert_close(what, &download(&stream, b), &want, 1e-4);
+    }
+    // Saved values of one formulation do not fit an object built with another.
+    let r = cudnn.group_norm_backward(
+        &gn_bn, &saved, &x, &dy, &gamma, &mut dx2, &mut dg2, &mut db2, &mut ws0,
+    );
+    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+}
