@@ -51,6 +51,7 @@ pub mod ops;
 pub mod pooling;
 mod raw;
 pub mod reduce;
+pub mod rnn;
 pub mod softmax;
 pub mod tensor;
 mod version;
@@ -70,6 +71,7 @@ pub use norm::{
 pub use ops::OpTensorOp;
 pub use pooling::{PoolingDesc, PoolingMode};
 pub use reduce::ReduceOp;
+pub use rnn::{Rnn, SeqDataDesc};
 pub use softmax::{SoftmaxAlgorithm, SoftmaxMode};
 pub use tensor::{FilterDesc, Layout, TensorBuilder, TensorDesc, TensorFormat};
 pub use version::{format_version, versions, Versions};

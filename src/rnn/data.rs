@@ -1,0 +1,314 @@
+//! Sequence data: the RNN data descriptor, its lengths, and their device copy.
+use std::cell::{Ref, RefCell};
+use std::ffi::{c_int, c_void};
+use std::fmt;
+
+use cudarc::driver::CudaSlice;
+use cudnn_safe_sys as sys;
+
+use super::ffi;
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+use crate::handle::Cudnn;
+use crate::raw;
+
+/// How a batch of sequences is laid out in memory (`cudnnRNNDataLayout_t`).
+///
+/// With `T` steps at most, `B` sequences and `V` values per step:
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SeqLayout {
+    /// Padded, `[T, B, V]`: step `t` of sequence `b` at `(t·B + b)·V`
+    /// (`CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED`; PyTorch's default `batch_first=False`).
+    SeqMajor,
+    /// Padded, `[B, T, V]`: step `t` of sequence `b` at `(b·T + t)·V`
+    /// (`CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED`; PyTorch's `batch_first=True`).
+    BatchMajor,
+    /// Packed, sequence-major without padding: the sequences sorted by decreasing length, step
+    /// `t` of every sequence longer than `t` stored one after the other
+    /// (`CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED`; PyTorch's `PackedSequence`).
+    Packed,
+}
+
+impl SeqLayout {
+    fn raw(self) -> sys::cudnnRNNDataLayout_t {
+        match self {
+            SeqLayout::SeqMajor => {
+                sys::cudnnRNNDataLayout_t::CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED
+            }
+            SeqLayout::BatchMajor => {
+                sys::cudnnRNNDataLayout_t::CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED
+            }
+            SeqLayout::Packed => sys::cudnnRNNDataLayout_t::CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED,
+        }
+    }
+    /// Whether the layout has padding (every sequence takes `max_len` steps of storage).
+    pub fn is_padded(self) -> bool {
+        self != SeqLayout::Packed
+    }
+}
+
+/// A batch of sequences of `V`-element vectors (`cudnnRNNDataDescriptor_t`) of type `T`, with
+/// the length of each sequence.
+///
+/// Lengths are in `1..=max_len`; for [`SeqLayout::Packed`] they must not increase and the first
+/// must equal `max_len` (cuDNN's rules, checked here). When the descriptor describes an output
+/// in a padded layout, cuDNN writes `fill` into every padding position (steps `t ≥ length`).
+///
+/// The launches need the lengths in device memory too: the descriptor uploads them on the
+/// launching handle's stream the first time (and again if a handle of another CUDA context
+/// uses it) and keeps the copy. `Send`, not `Sync`.
+///
+/// ```no_run
+/// # fn main() -> cudnn_safe::Result<()> {
+/// use cudnn_safe::rnn::{SeqDataDesc, SeqLayout};
+/// // Sequences of 4, 2 and 1 steps of 8 values, packed: 7 vectors in all.
+/// let x = SeqDataDesc::<f32>::new(SeqLayout::Packed, 4, 8, &[4, 2, 1], 0.0)?;
+/// assert_eq!(x.span(), 7 * 8);
+/// assert_eq!(x.offset(1, 1, 0), Some((3 + 1) * 8)); // step 1 of sequence 1
+/// # Ok(()) }
+/// ```
+pub struct SeqDataDesc<T: DataType> {
+    raw: ffi::OwnedRnnData,
+    layout: SeqLayout,
+    max_len: usize,
+    vector: usize,
+    lengths: Vec<i32>,
+    fill: T,
+    span: usize,
+    /// Start of each step in the packed layout (`steps + 1` entries), empty otherwise.
+    packed_starts: Vec<usize>,
+    dev_lengths: RefCell<Option<CudaSlice<i32>>>,
+}
+
+impl<T: DataType> fmt::Debug for SeqDataDesc<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SeqDataDesc")
+            .field("dtype", &T::DTYPE)
+            .field("layout", &self.layout)
+            .field("max_len", &self.max_len)
+            .field("vector_size", &self.vector)
+            .field("lengths", &self.lengths)
+            .field("fill", &self.fill)
+            .finish()
+    }
+}
+
+fn int_arg(what: &'static str, v: usize) -> Result<c_int> {
+    if v == 0 {
+        return Err(Error::invalid(what, "at least 1", v));
+    }
+    c_int::try_from(v).map_err(|_| Error::Overflow {
+        what,
+        detail: format!("{v} does not fit cuDNN's 32-bit int"),
+    })
+}
+
+impl<T: DataType> SeqDataDesc<T> {
+    /// A batch of `lengths.len()` sequences of `vector_size` values per step, at most `max_len`
+    /// steps, in `layout`; `fill` is written into the padding of outputs.
+    #[doc(alias = "cudnnCreateRNNDataDescriptor")]
+    #[doc(alias = "cudnnSetRNNDataDescriptor")]
+    pub fn new(
+        layout: SeqLayout,
+        max_len: usize,
+        vector_size: usize,
+        lengths: &[usize],
+        fill: T,
+    ) -> Result<Self> {
+        let c_max = int_arg("RNN maximum sequence length", max_len)?;
+        let c_batch = int_arg("RNN batch size", lengths.len())?;
+        let c_vector = int_arg("RNN vector size", vector_size)?;
+        for (b, &len) in lengths.iter().enumerate() {
+            if len == 0 || len > max_len {
+                return Err(Error::invalid(
+                    "sequence length",
+                    format!("1..={max_len} (the maximum length)"),
+                    format!("length {len} for sequence {b}"),
+                ));
+            }
+        }
+        let mut packed_starts = Vec::new();
+        let steps_stored: usize = if layout == SeqLayout::Packed {
+            if let Some(b) = lengths.windows(2).position(|w| w[1] > w[0]) {
+                return Err(Error::invalid(
+                    "packed sequence lengths",
+                    "lengths sorted from longest to shortest",
+                    format!(
+                        "{} then {} at sequence {}",
+                        lengths[b],
+                        lengths[b + 1],
+                        b + 1
+                    ),
+                ));
+            }
+            if lengths[0] != max_len {
+                return Err(Error::invalid(
+                    "packed sequence lengths",
+                    format!("the longest sequence as long as the maximum length {max_len}"),
+                    format!("longest {}", lengths[0]),
+                ));
+            }
+            let mut start = 0usize;
+            for t in 0..max_len {
+                packed_starts.push(start);
+                start += lengths.iter().filter(|&&l| l > t).count();
+            }
+            packed_starts.push(start);
+            start
+        } else {
+            max_len
+                .checked_mul(lengths.len())
+                .ok_or_else(|| Error::Overflow {
+                    what: "RNN data size",
+                    detail: format!("{max_len} steps × {} sequences", lengths.len()),
+                })?
+        };
+        let span = steps_stored
+            .checked_mul(vector_size)
+            .filter(|&s| s <= i32::MAX as usize)
+            .ok_or_else(|| Error::Overflow {
+                what: "RNN data size",
+                detail: format!(
+                    "{steps_stored} vectors of {vector_size} values exceed cuDNN's 32-bit \
+                     addressing"
+                ),
+            })?;
+        let c_lengths: Vec<i32> = lengths.iter().map(|&l| l as i32).collect();
+        let lib = raw::lib()?;
+        let desc = ffi::OwnedRnnData::new(lib)?;
+        let mut fill_value = fill;
+        // SAFETY: live descriptor; `c_lengths` holds `batch` lengths, each in 1..=max (checked,
+        // and sorted for the packed layout); the padding value is a `T` on our stack, of the
+        // descriptor's data type, which cuDNN copies during the call (it reads `sizeof(T)`
+        // bytes: 2 for f16/bf16, 4 for f32, 8 for f64, as `cudnnGetRNNDataDescriptor` shows).
+        unsafe {
+            ffi::cudnnSetRNNDataDescriptor(
+                lib,
+                desc.as_ptr(),
+                T::DTYPE.raw(),
+                layout.raw(),
+                c_max,
+                c_batch,
+                c_vector,
+                c_lengths.as_ptr(),
+                (&mut fill_value as *mut T).cast::<c_void>(),
+            )
+        }?;
+        Ok(SeqDataDesc {
+            raw: desc,
+            layout,
+            max_len,
+            vector: vector_size,
+            lengths: c_lengths,
+            fill,
+            span,
+            packed_starts,
+            dev_lengths: RefCell::new(None),
+        })
+    }
+
+    /// `batch` sequences of `seq_len` steps each (no padding), padding value zero.
+    pub fn uniform(
+        layout: SeqLayout,
+        seq_len: usize,
+        batch: usize,
+        vector_size: usize,
+    ) -> Result<Self> {
+        Self::new(
+            layout,
+            seq_len,
+            vector_size,
+            &vec![seq_len; batch],
+            T::default(),
+        )
+    }
+
+    /// The memory layout.
+    pub fn layout(&self) -> SeqLayout {
+        self.layout
+    }
+    /// Maximum sequence length (steps of storage per sequence in padded layouts).
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+    /// Number of sequences.
+    pub fn batch(&self) -> usize {
+        self.lengths.len()
+    }
+    /// Values per step.
+    pub fn vector_size(&self) -> usize {
+        self.vector
+    }
+    /// Length of each sequence.
+    pub fn lengths(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
+        self.lengths.iter().map(|&l| l as usize)
+    }
+    /// Length of sequence `b`.
+    pub fn length(&self, b: usize) -> usize {
+        self.lengths[b] as usize
+    }
+    /// The value cuDNN writes into the padding of outputs.
+    pub fn fill(&self) -> T {
+        self.fill
+    }
+    /// Elements a buffer must hold: `max_len · batch · vector_size` padded, `Σ lengths ·
+    /// vector_size` packed.
+    pub fn span(&self) -> usize {
+        self.span
+    }
+    /// Where value `v` of step `t` of sequence `b` is stored, in elements; `None` outside the
+    /// shape or, in the packed layout, for a step past the sequence's length (not stored).
+    /// Padded layouts return the padding position for such steps.
+    pub fn offset(&self, t: usize, b: usize, v: usize) -> Option<usize> {
+        let batch = self.batch();
+        if t >= self.max_len || b >= batch || v >= self.vector {
+            return None;
+        }
+        let slot = match self.layout {
+            SeqLayout::SeqMajor => t * batch + b,
+            SeqLayout::BatchMajor => b * self.max_len + t,
+            SeqLayout::Packed => {
+                if t >= self.length(b) {
+                    return None;
+                }
+                // Sorted lengths: the sequences still running at step t are 0..count.
+                self.packed_starts[t] + b
+            }
+        };
+        Some(slot * self.vector + v)
+    }
+    /// Whether step `t` of sequence `b` lies past its length (padding, or not stored).
+    pub fn is_padding(&self, t: usize, b: usize) -> bool {
+        t >= self.length(b)
+    }
+
+    /// The raw descriptor (still owned by `self`).
+    pub fn as_raw(&self) -> sys::cudnnRNNDataDescriptor_t {
+        self.raw.as_ptr()
+    }
+    /// Process-unique id of this descriptor.
+    pub(crate) fn id(&self) -> u64 {
+        self.raw.id()
+    }
+    pub(crate) fn raw_lengths(&self) -> &[i32] {
+        &self.lengths
+    }
+
+    /// The lengths in device memory on `cudnn`'s context, uploaded on its stream when missing.
+    pub(crate) fn device_lengths(&self, cudnn: &Cudnn) -> Result<Ref<'_, CudaSlice<i32>>> {
+        let current = matches!(
+            &*self.dev_lengths.borrow(),
+            Some(d) if **d.stream().context() == **cudnn.context()
+        );
+        if !current {
+            let d = cudnn
+                .stream()
+                .clone_htod(&self.lengths)
+                .map_err(|e| Error::driver("uploading the sequence lengths", e))?;
+            *self.dev_lengths.borrow_mut() = Some(d);
+        }
+        Ok(Ref::map(self.dev_lengths.borrow(), |d| {
+            d.as_ref().expect("device lengths were just uploaded")
+        }))
+    }
+}
