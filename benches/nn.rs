@@ -49,10 +49,12 @@ use common::{
 use criterion::{Criterion, Throughput};
 use cudnn_safe::activation::{ActivationDesc, ActivationMode};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use cudnn_safe::norm::{BatchNorm, BatchNormMode, GroupNorm, LayerNorm, RunningStats};
+use cudnn_safe::norm::{
+    BatchNorm, BatchNormMode, BatchNormOps, GroupNorm, LayerNorm, RunningStats,
+};
 use cudnn_safe::pooling::{PoolingDesc, PoolingMode};
 use cudnn_safe::softmax::{SoftmaxAlgorithm, SoftmaxMode};
-use cudnn_safe::{Cudnn, TensorDesc};
+use cudnn_safe::{Cudnn, TensorDesc, Workspace};
 
 /// Criterion group of every benchmark here.
 const GROUP: &str = "nn";
@@ -72,6 +74,10 @@ const MAXPOOL: &str = "maxpool3x3s2p1_fp32_32x256x56x56";
 const AVGPOOL: &str = "avgpool2x2_fp32_32x256x56x56";
 const BN_INFER: &str = "bn_infer_fp32_32x256x56x56";
 const BN_TRAIN: &str = "bn_train_fwd_fp32_32x256x56x56";
+/// The same training forward through cuDNN's extended call (`OPS_BN`, with a workspace): not in
+/// the PyTorch script (PyTorch's cuDNN batch norm uses the extended call itself), compared with
+/// `bn_train_fwd_…` to pick which call the crate's training forward should use.
+const BN_TRAIN_EX: &str = "bn_train_fwd_ex_fp32_32x256x56x56";
 const SOFTMAX: &str = "softmax_channel_fp32_32x256x56x56";
 const LAYERNORM: &str = "layernorm_fp32_32768x1024";
 const GROUPNORM: &str = "groupnorm32_fp32_32x256x56x56";
@@ -79,9 +85,20 @@ const RELU_FB: &str = "relu_fwd_bwd_fp32_32x256x56x56";
 const BN_FB: &str = "bn_train_fwd_bwd_fp32_32x256x56x56";
 
 /// Every operation, in the order they run (the PyTorch script's order).
-const OPS: [&str; 12] = [
-    COPY, RELU, SIGMOID, MAXPOOL, AVGPOOL, BN_INFER, BN_TRAIN, SOFTMAX, LAYERNORM, GROUPNORM,
-    RELU_FB, BN_FB,
+const OPS: [&str; 13] = [
+    COPY,
+    RELU,
+    SIGMOID,
+    MAXPOOL,
+    AVGPOOL,
+    BN_INFER,
+    BN_TRAIN,
+    BN_TRAIN_EX,
+    SOFTMAX,
+    LAYERNORM,
+    GROUPNORM,
+    RELU_FB,
+    BN_FB,
 ];
 
 /// Criterion group of the ReLU-by-description benchmarks.
@@ -407,6 +424,38 @@ fn run(
                     &d.weight,
                     &d.bias,
                     Some(running),
+                )?;
+                Ok(())
+            },
+        );
+    }
+
+    if let (Some(d), Some(bn)) = (pick(c, args, BN_TRAIN_EX, &mut data), &bn) {
+        let nb = d.bytes();
+        let mut ws = Workspace::new(stream.clone());
+        bench_op(
+            c,
+            args,
+            st,
+            s,
+            GROUP,
+            BN_TRAIN_EX,
+            BN_TRAIN_EX,
+            Some(2.0 * nb),
+            &mut || {
+                let running = RunningStats::new(&mut d.running_mean, &mut d.running_var, MOMENTUM);
+                cudnn.batch_norm_forward_training_ex(
+                    bn,
+                    BatchNormOps::Bn,
+                    1.0,
+                    0.0,
+                    &d.x,
+                    None,
+                    &mut d.y,
+                    &d.weight,
+                    &d.bias,
+                    Some(running),
+                    &mut ws,
                 )?;
                 Ok(())
             },
