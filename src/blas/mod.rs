@@ -7,7 +7,7 @@
 //!   gradient), heuristic candidates and an autotune over them, cached.
 //!
 //! cuBLAS and cuBLASLt are loaded at run time by cudarc. A missing library is
-//! [`Error::LibraryMissing`](crate::Error::LibraryMissing), never a panic: the handles check for
+//! [`Error::LibraryMissing`], never a panic: the handles check for
 //! the library before cudarc first touches it.
 
 mod gemm;
