@@ -31,7 +31,7 @@ mod common;
 use std::ffi::c_void;
 
 use common::{
-    batch_ms, enqueue_loop, list_only, per_call_us, sample_size, setup_cudnn, values, Args,
+    batch_ms, enqueue_loop, list_only, per_call_us, sample_size, setup_or_skip, values, Args,
     BoxResult,
 };
 use criterion::{Criterion, Throughput};
@@ -733,12 +733,8 @@ fn forward_policy(c: &mut Criterion, args: &Args, cudnn: &Cudnn, fwd: ConvForwar
 
 fn main() {
     let _ = env_logger::try_init();
-    let (_stream, cudnn) = match setup_cudnn() {
-        Ok(v) => v,
-        Err(e) => {
-            println!("no GPU: {e}");
-            return;
-        }
+    let Some((_stream, cudnn)) = setup_or_skip() else {
+        return;
     };
     let fwd: ConvForwardFn =
         match sys::library().and_then(|lib| sys::sym!(lib, cudnnConvolutionForward)) {

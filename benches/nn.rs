@@ -44,7 +44,8 @@ use std::sync::Arc;
 use std::ffi::c_void;
 
 use common::{
-    list_only, median_ms, sample_size, setup_cudnn, timed_iters, values, Args, BoxResult,
+    exit_on_error, list_only, median_ms, print_header, print_op_error, print_op_line,
+    print_summary, sample_size, setup_or_skip, timed_iters, values, Args, BoxResult, Summary,
 };
 use criterion::{Criterion, Throughput};
 use cudnn_safe::activation::{ActivationDesc, ActivationMode};
@@ -172,19 +173,6 @@ const SHAPES: [Shape; 8] = [
     },
 ];
 
-/// One operation's own measurement, for the closing table.
-struct Summary {
-    op: &'static str,
-    ms: f64,
-    bytes: Option<f64>,
-}
-
-impl Summary {
-    fn tb_per_s(&self) -> Option<f64> {
-        self.bytes.map(|b| b / self.ms / 1e9)
-    }
-}
-
 /// Runs one selected operation: a checked first call, the JSON line, then criterion. An
 /// operation whose first call fails prints a JSON line with the error instead.
 #[allow(clippy::too_many_arguments)] // the measurement's context, spelled out
@@ -204,16 +192,16 @@ fn bench_op(
         Err(e) => {
             // Not registered with criterion: a stand-in would be measured and reported as if it
             // were the operation.
-            println!("{{\"op\": \"{op}\", \"error\": {:?}}}", e.to_string());
+            print_op_error(op, &e);
             return;
         }
     };
-    let s = Summary { op, ms, bytes };
-    let bandwidth = s
-        .tb_per_s()
-        .map_or_else(String::new, |t| format!(", \"TB/s\": {t:.3}"));
-    println!("{{\"op\": \"{op}\", \"ms\": {ms:.5}{bandwidth}, \"impl\": \"cudnn-safe\"}}");
-    summary.push(s);
+    print_op_line(op, ms, bytes, None);
+    summary.push(Summary {
+        op: op.to_string(),
+        ms,
+        bytes,
+    });
     let mut g = c.benchmark_group(group);
     g.sample_size(sample_size(ms));
     if let Some(b) = bytes {
@@ -599,7 +587,7 @@ fn relu_shapes(
         let desc = match desc {
             Ok(desc) => desc,
             Err(e) => {
-                println!("{{\"op\": \"{}\", \"error\": {:?}}}", sh.op, e.to_string());
+                print_op_error(sh.op, &e);
                 continue;
             }
         };
@@ -654,44 +642,17 @@ fn relu_shapes(
     Ok(())
 }
 
-fn print_summary(summary: &[Summary]) {
-    if summary.is_empty() {
-        return;
-    }
-    println!("\n{:<36} {:>10} {:>8}", "op (cudnn-safe)", "ms", "TB/s");
-    for s in summary {
-        let tb = s
-            .tb_per_s()
-            .map_or_else(|| "-".to_string(), |t| format!("{t:.3}"));
-        println!("{:<36} {:>10.5} {:>8}", s.op, s.ms, tb);
-    }
-}
-
 fn main() {
     let _ = env_logger::try_init();
-    let (stream, cudnn) = match setup_cudnn() {
-        Ok(v) => v,
-        Err(e) => {
-            println!("no GPU: {e}");
-            return;
-        }
+    let Some((stream, cudnn)) = setup_or_skip() else {
+        return;
     };
-    let gpu = stream
-        .context()
-        .name()
-        .unwrap_or_else(|_| "unknown GPU".into());
-    println!(
-        "{{\"cudnn\": {}, \"gpu\": {gpu:?}, \"impl\": \"cudnn-safe\"}}",
-        cudnn.version()
-    );
+    print_header(&stream, &cudnn);
     let args = Args::parse();
     let mut c = Criterion::default().configure_from_args();
     let mut summary = Vec::new();
     let outcome = run(&mut c, &args, &stream, &cudnn, &mut summary);
-    print_summary(&summary);
+    print_summary(&summary, 36);
     c.final_summary();
-    if let Err(e) = outcome {
-        eprintln!("nn bench: {e}");
-        std::process::exit(1);
-    }
+    exit_on_error("nn", outcome);
 }

@@ -11,13 +11,17 @@
 //!   forward (returning the saved values) and backward, for each formulation:
 //!   `reductions` ([`NormMethod::reductions`], op-tensor affine map and reductions for `dγ`,
 //!   `dβ`: the reference), `default` (what [`LayerNorm::new`] / [`GroupNorm::new`] build:
-//!   [`NormMethod::default_for_layer`] — batch-norm affine and gradients on the channels-last
-//!   feature view, the former `fewest_passes_nhwc` — and [`NormMethod::default_for_group`] —
-//!   the same channels-first, the former `fewest_passes_nchw`), and alternatives moved from
-//!   `reductions` (`stats_row`, `stats_square`, `stats_persistent`: the [`NormStats`] views;
-//!   `affine_bn_nchw` / `_nhwc`: [`NormAffine::BatchNormInference`] on the channels-first /
-//!   channels-last feature view; `grads_bn_nchw` / `_nhwc`:
-//!   [`NormParamGrads::BatchNormBackward`]; `_nhwc` variants for the layer norm only, which has
+//!   [`NormMethod::default_for_layer`] — batch-norm affine map on the channels-last feature
+//!   view, two-stage reductions for the gradients — and [`NormMethod::default_for_group`] —
+//!   batch-norm affine map and gradients on the channels-first view, the former
+//!   `fewest_passes_nchw`), the default with its other gradient formulation
+//!   (`default_grads_bn` for the layer norm: batch-norm gradients, its former default, once
+//!   `fewest_passes_nhwc`; `default_grads_2stage` for the group norm), and alternatives moved
+//!   from `reductions` (`stats_row`, `stats_square`, `stats_persistent`: the [`NormStats`]
+//!   views; `affine_bn_nchw` / `_nhwc`: [`NormAffine::BatchNormInference`] on the
+//!   channels-first / channels-last feature view; `grads_bn_nchw` / `_nhwc`:
+//!   [`NormParamGrads::BatchNormBackward`]; `grads_2stage`:
+//!   [`NormParamGrads::TwoStageReduce`]; `_nhwc` variants for the layer norm only, which has
 //!   a channels-last description). `train_bwd-<method>`: training forward then backward.
 //!   Every formulation's first results are compared with those of `reductions`: its JSON
 //!   line carries `max_abs_diff` (largest absolute difference of `y`, or of `dx`, `dγ`, `dβ`),
@@ -60,7 +64,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    list_only, median_ms, sample_size, setup_cudnn, timed_iters, values, Args, BoxResult,
+    exit_on_error, list_only, median_ms, print_header, print_op_error, print_op_line,
+    print_summary, sample_size, setup_or_skip, timed_iters, values, Args, BoxResult, Summary,
 };
 use criterion::{Criterion, Throughput};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
@@ -75,13 +80,6 @@ use cudnn_safe::{Cudnn, Layout, TensorDesc, Workspace};
 /// Criterion group of every benchmark here.
 const GROUP: &str = "norm";
 const EPS: f64 = 1e-5;
-
-/// One measurement, for the closing table.
-struct Summary {
-    op: String,
-    ms: f64,
-    bytes: Option<f64>,
-}
 
 /// Runs the selected measurements: selection, JSON line, criterion.
 struct Runner<'a> {
@@ -122,16 +120,11 @@ impl Runner<'_> {
         let ms = match call().and_then(|()| median_ms(self.stream, self.args.test, &mut *call)) {
             Ok(ms) => ms,
             Err(e) => {
-                println!("{{\"op\": \"{op}\", \"error\": {:?}}}", e.to_string());
+                print_op_error(op, &e);
                 return;
             }
         };
-        let bandwidth =
-            bytes.map_or_else(String::new, |b| format!(", \"TB/s\": {:.3}", b / ms / 1e9));
-        let note = note.map_or_else(String::new, |n| format!(", {n}"));
-        println!(
-            "{{\"op\": \"{op}\", \"ms\": {ms:.5}{bandwidth}{note}, \"impl\": \"cudnn-safe\"}}"
-        );
+        print_op_line(op, ms, bytes, note.as_deref());
         self.summary.push(Summary {
             op: op.to_string(),
             ms,
@@ -257,16 +250,30 @@ impl Problem {
         Ok(v)
     }
     /// The library formulations measured: name, method (`None`: the constructor's default),
-    /// whether only the backward differs from `reductions`.
+    /// whether only the backward differs from `reductions` (from `default` for the
+    /// `default_…` variants).
     fn methods(&self) -> Vec<(&'static str, Option<NormMethod>, bool)> {
         let d = NormMethod::reductions();
         let bn_affine = d.affine(NormAffine::BatchNormInference);
         let bn_grads = d.param_grads(NormParamGrads::BatchNormBackward);
         let first = FeatureLayout::ChannelsFirst;
         let last = FeatureLayout::ChannelsLast;
+        // The default with the gradient formulation it does not use.
+        let other_default = if self.layer {
+            (
+                "default_grads_bn",
+                NormMethod::default_for_layer().param_grads(NormParamGrads::BatchNormBackward),
+            )
+        } else {
+            (
+                "default_grads_2stage",
+                NormMethod::default_for_group().param_grads(NormParamGrads::TwoStageReduce),
+            )
+        };
         let mut v = vec![
             ("reductions", Some(d), false),
             ("default", None, false),
+            (other_default.0, Some(other_default.1), true),
             ("stats_row", Some(d.stats(NormStats::SpatialRow)), false),
             (
                 "stats_square",
@@ -284,6 +291,11 @@ impl Problem {
                 false,
             ),
             ("grads_bn_nchw", Some(bn_grads.feature_layout(first)), true),
+            (
+                "grads_2stage",
+                Some(d.param_grads(NormParamGrads::TwoStageReduce)),
+                true,
+            ),
         ];
         if self.s == 1 {
             v.push((
@@ -466,14 +478,11 @@ struct Reference {
     dbeta: Vec<f32>,
 }
 
-/// Prints an operation's failure as its JSON line.
-fn failed(op: &str, e: &dyn std::fmt::Display) {
-    println!("{{\"op\": \"{op}\", \"error\": {:?}}}", e.to_string());
-}
-
 /// The kinds of library call measured for a formulation.
 fn kinds(name: &str, bwd_only: bool) -> &'static [&'static str] {
-    if bwd_only {
+    if name.starts_with("default_") {
+        &["bwd", "train_bwd"]
+    } else if bwd_only {
         &["bwd"]
     } else if name == "default" || name == "reductions" {
         &["fwd", "train", "bwd", "train_bwd"]
@@ -522,7 +531,7 @@ fn run_methods(
             Ok(n) => n,
             Err(e) => {
                 for op in &ops {
-                    failed(op, &e);
+                    print_op_error(op, &e);
                 }
                 continue;
             }
@@ -565,7 +574,7 @@ fn run_methods(
                     let saved = match norm.train(cudnn, d) {
                         Ok(s) => s,
                         Err(e) => {
-                            failed(op, &e);
+                            print_op_error(op, &e);
                             continue;
                         }
                     };
@@ -624,8 +633,8 @@ fn run_parts(
         let bn = match bn(mode, EPS, &layout) {
             Ok(b) => b,
             Err(e) => {
-                failed(&op, &e);
-                failed(&op_b, &e);
+                print_op_error(&op, &e);
+                print_op_error(&op_b, &e);
                 continue;
             }
         };
@@ -657,7 +666,7 @@ fn run_parts(
                         &mut d.dbias_r,
                     )?)
                 }),
-                Err(e) => failed(&op_b, &e),
+                Err(e) => print_op_error(&op_b, &e),
             }
         }
     }
@@ -766,7 +775,7 @@ fn run_parts(
                     &bn, 1.0, 0.0, &d.xhat, &mut d.y, &d.gamma, &d.beta, &d.zeros_b, &d.ones_b,
                 )?)
             }),
-            Err(e) => failed(&op, &e),
+            Err(e) => print_op_error(&op, &e),
         }
     }
 
@@ -831,7 +840,7 @@ fn run_parts(
         let bn = match bn(BatchNormMode::Spatial, EPS, &layout) {
             Ok(b) => b,
             Err(e) => {
-                failed(&op, &e);
+                print_op_error(&op, &e);
                 continue;
             }
         };
@@ -854,7 +863,7 @@ fn run_parts(
                     &mut d.dbeta,
                 )?)
             }),
-            Err(e) => failed(&op, &e),
+            Err(e) => print_op_error(&op, &e),
         }
     }
     Ok(())
@@ -899,7 +908,7 @@ fn run_reduce_variants(
                 let note = check(d)?;
                 r.bench(&op, Some(nb), note, &mut || call(d));
             }
-            Err(e) => failed(&op, &e),
+            Err(e) => print_op_error(&op, &e),
         }
     }
     // (input view, intermediate, output) of each two-stage split.
@@ -936,7 +945,7 @@ fn run_reduce_variants(
                 let note = check(d)?;
                 r.bench(&op, Some(nb), note, &mut || call(d));
             }
-            Err(e) => failed(&op, &e),
+            Err(e) => print_op_error(&op, &e),
         }
     }
     Ok(())
@@ -969,36 +978,12 @@ fn run_problem(
     run_parts(r, p, cudnn, &mut d, &reference)
 }
 
-fn print_summary(summary: &[Summary]) {
-    if summary.is_empty() {
-        return;
-    }
-    println!("\n{:<56} {:>10} {:>8}", "op (cudnn-safe)", "ms", "TB/s");
-    for s in summary {
-        let tb = s
-            .bytes
-            .map_or_else(|| "-".to_string(), |b| format!("{:.3}", b / s.ms / 1e9));
-        println!("{:<56} {:>10.5} {:>8}", s.op, s.ms, tb);
-    }
-}
-
 fn main() {
     let _ = env_logger::try_init();
-    let (stream, cudnn) = match setup_cudnn() {
-        Ok(v) => v,
-        Err(e) => {
-            println!("no GPU: {e}");
-            return;
-        }
+    let Some((stream, cudnn)) = setup_or_skip() else {
+        return;
     };
-    let gpu = stream
-        .context()
-        .name()
-        .unwrap_or_else(|_| "unknown GPU".into());
-    println!(
-        "{{\"cudnn\": {}, \"gpu\": {gpu:?}, \"impl\": \"cudnn-safe\"}}",
-        cudnn.version()
-    );
+    print_header(&stream, &cudnn);
     let args = Args::parse();
     let mut c = Criterion::default()
         .warm_up_time(Duration::from_millis(300))
@@ -1019,10 +1004,7 @@ fn main() {
             break;
         }
     }
-    print_summary(&runner.summary);
+    print_summary(&runner.summary, 56);
     c.final_summary();
-    if let Err(e) = outcome {
-        eprintln!("norm bench: {e}");
-        std::process::exit(1);
-    }
+    exit_on_error("norm", outcome);
 }

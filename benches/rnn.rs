@@ -28,7 +28,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{
-    list_only, median_ms, sample_size, setup_cudnn, timed_iters, values, Args, BoxResult,
+    exit_on_error, list_only, median_ms, print_header, print_op_error, sample_size, setup_or_skip,
+    timed_iters, values, Args, BoxResult,
 };
 use criterion::Criterion;
 use cudnn_safe::conv::MathType;
@@ -146,7 +147,7 @@ fn bench_op(
     let ms = match call().and_then(|()| median_ms(stream, args.test, &mut *call)) {
         Ok(ms) => ms,
         Err(e) => {
-            println!("{{\"op\": \"{op}\", \"error\": {:?}}}", e.to_string());
+            print_op_error(op, &e);
             return;
         }
     };
@@ -212,27 +213,13 @@ fn run(c: &mut Criterion, args: &Args, stream: &Arc<CudaStream>, cudnn: &Cudnn) 
 
 fn main() {
     let _ = env_logger::try_init();
-    let (stream, cudnn) = match setup_cudnn() {
-        Ok(v) => v,
-        Err(e) => {
-            println!("no GPU: {e}");
-            return;
-        }
+    let Some((stream, cudnn)) = setup_or_skip() else {
+        return;
     };
-    let gpu = stream
-        .context()
-        .name()
-        .unwrap_or_else(|_| "unknown GPU".into());
-    println!(
-        "{{\"cudnn\": {}, \"gpu\": {gpu:?}, \"impl\": \"cudnn-safe\"}}",
-        cudnn.version()
-    );
+    print_header(&stream, &cudnn);
     let args = Args::parse();
     let mut c = Criterion::default().configure_from_args();
     let outcome = run(&mut c, &args, &stream, &cudnn);
     c.final_summary();
-    if let Err(e) = outcome {
-        eprintln!("rnn bench: {e}");
-        std::process::exit(1);
-    }
+    exit_on_error("rnn", outcome);
 }

@@ -8,7 +8,7 @@ mod common;
 use std::hint::black_box;
 use std::sync::Arc;
 
-use common::{enqueue_loop, setup_cudnn};
+use common::{enqueue_loop, setup_or_skip};
 use criterion::{Criterion, Throughput};
 use cudnn_safe::cudarc::driver::CudaStream;
 use cudnn_safe::half::f16;
@@ -150,12 +150,8 @@ fn wrapper_vs_raw(c: &mut Criterion, stream: &Arc<CudaStream>, cudnn: &Cudnn) {
 }
 
 fn main() {
-    let (stream, cudnn) = match setup_cudnn() {
-        Ok(v) => v,
-        Err(e) => {
-            println!("no GPU: {e}");
-            return;
-        }
+    let Some((stream, cudnn)) = setup_or_skip() else {
+        return;
     };
     let mut c = Criterion::default().configure_from_args();
     host_cost(&mut c, &stream, &cudnn);

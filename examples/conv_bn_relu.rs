@@ -99,16 +99,9 @@ const DEFAULT_MODES: [Mode; 3] = [Mode::Fp32, Mode::Tf32, Mode::Fp16];
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("{USAGE}");
-        return ExitCode::SUCCESS;
-    }
-    let opts = match Options::parse(&args) {
+    let opts = match common::options("conv_bn_relu", USAGE, &args, Options::parse) {
         Ok(o) => o,
-        Err(e) => {
-            eprintln!("conv_bn_relu: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let Some((stream, cudnn)) = common::open_gpu("conv_bn_relu") else {
         return ExitCode::from(2);

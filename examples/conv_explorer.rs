@@ -91,16 +91,9 @@ fn main() -> ExitCode {
     if args.first().map(String::as_str) == Some(FIRST_CALL_FLAG) {
         return first_call_child(&args[1..]);
     }
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("{USAGE}");
-        return ExitCode::SUCCESS;
-    }
-    let opts = match Options::parse(&args) {
+    let opts = match common::options("conv_explorer", USAGE, &args, Options::parse) {
         Ok(o) => o,
-        Err(e) => {
-            eprintln!("conv_explorer: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let Some((_stream, cudnn)) = common::open_gpu("conv_explorer") else {
         return ExitCode::from(2);

@@ -409,7 +409,11 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, blas: &Blas) -> Result<bool> {
             pred[t * BATCH + b] + model.head_bias
         );
     }
-    match write_svg(&curve, initial, final_loss) {
+    let caption = format!(
+        "{LAYERS}-layer LSTM (hidden {HIDDEN}), running sum, cuDNN + cuBLAS SGD: loss {initial:.3} → {final_loss:.4}"
+    );
+    let y_desc = "training loss (mean squared error)";
+    match common::write_loss_svg("lstm_loss.svg", &caption, y_desc, &curve) {
         Ok(path) => println!("loss curve: {}", path.display()),
         Err(e) => eprintln!("lstm_train: loss curve not written: {e}"),
     }
@@ -420,37 +424,4 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, blas: &Blas) -> Result<bool> {
         );
     }
     Ok(learned)
-}
-
-fn write_svg(
-    curve: &[(usize, f64)],
-    initial: f64,
-    final_loss: f64,
-) -> std::result::Result<std::path::PathBuf, Box<dyn std::error::Error>> {
-    use plotters::prelude::*;
-    let path = common::out_dir()?.join("lstm_loss.svg");
-    let root = SVGBackend::new(&path, (900, 520)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let y_max = curve.iter().map(|p| p.1).fold(0.0, f64::max) * 1.05;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "{LAYERS}-layer LSTM (hidden {HIDDEN}), running sum, cuDNN + cuBLAS SGD: loss {initial:.3} → {final_loss:.4}"
-            ),
-            ("sans-serif", 20),
-        )
-        .margin(16)
-        .x_label_area_size(40)
-        .y_label_area_size(56)
-        .build_cartesian_2d(0..curve.len(), 0.0..y_max)?;
-    chart
-        .configure_mesh()
-        .x_desc("step")
-        .y_desc("training loss (mean squared error)")
-        .draw()?;
-    chart.draw_series(LineSeries::new(curve.iter().copied(), BLUE.stroke_width(2)))?;
-    root.present()?;
-    drop(chart);
-    drop(root);
-    Ok(path)
 }

@@ -352,7 +352,7 @@ pub(crate) fn same_dims(
 }
 
 /// Errors unless `b` has `a`'s strides (dims are checked separately).
-pub(crate) fn same_strides(
+fn same_strides(
     what: &'static str,
     a: &'static str,
     a_layout: &Layout,
@@ -372,6 +372,23 @@ pub(crate) fn same_strides(
             b_layout.strides()
         ),
     ))
+}
+
+/// The layout rule of cuDNN's legacy backward calls taking `y, dy, x, dx` (activation,
+/// pooling): `dy` has the strides of `y` and `dx` those of `x`; `dy_rule` and `dx_rule` state
+/// it in the error. Checking it here also means no kernel ever addresses one of a pair through
+/// the other's strides.
+pub(crate) fn grad_strides_match(
+    what: &'static str,
+    y: &Layout,
+    dy: &Layout,
+    x: &Layout,
+    dx: &Layout,
+    dy_rule: &'static str,
+    dx_rule: &'static str,
+) -> Result<()> {
+    same_strides(what, "y", y, "dy", dy, dy_rule)?;
+    same_strides(what, "x", x, "dx", dx, dx_rule)
 }
 
 const SAME_DIMS: &str = "activation tensors all have the same dimensions";
@@ -565,22 +582,14 @@ impl Cudnn {
         same_dims("x", x_desc.layout(), "y", y_desc.layout(), SAME_DIMS)?;
         same_dims("y", y_desc.layout(), "dy", dy_desc.layout(), SAME_DIMS)?;
         same_dims("x", x_desc.layout(), "dx", dx_desc.layout(), SAME_DIMS)?;
-        // cuDNN answers NOT_SUPPORTED when these strides differ; checking here also means no
-        // kernel ever addresses one of the pair through the other's strides.
-        same_strides(
+        // cuDNN answers NOT_SUPPORTED when these strides differ.
+        grad_strides_match(
             "activation backward layouts",
-            "y",
             y_desc.layout(),
-            "dy",
             dy_desc.layout(),
-            "dy with the strides of y (cuDNN's rule)",
-        )?;
-        same_strides(
-            "activation backward layouts",
-            "x",
             x_desc.layout(),
-            "dx",
             dx_desc.layout(),
+            "dy with the strides of y (cuDNN's rule)",
             "dx with the strides of x (cuDNN's rule)",
         )
     }

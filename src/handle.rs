@@ -179,10 +179,10 @@ impl Cudnn {
     }
 
     /// Checks that `buf` lives on this handle's context and holds at least `required` elements.
-    pub(crate) fn check_buffer<T>(
+    pub(crate) fn check_buffer<T, B: DeviceSlice<T> + ?Sized>(
         &self,
         name: &'static str,
-        buf: &impl DeviceSlice<T>,
+        buf: &B,
         required: usize,
     ) -> Result<()> {
         let ctx = buf.stream().context();
@@ -204,11 +204,11 @@ impl Cudnn {
     }
 
     /// [`Self::check_buffer`] against a layout's span, plus the no-overlap rule for outputs.
-    pub(crate) fn check_tensor<T>(
+    pub(crate) fn check_tensor<T, B: DeviceSlice<T> + ?Sized>(
         &self,
         name: &'static str,
         layout: &Layout,
-        buf: &impl DeviceSlice<T>,
+        buf: &B,
         output: bool,
     ) -> Result<()> {
         if output {

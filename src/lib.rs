@@ -45,6 +45,7 @@
 pub mod activation;
 mod autotune;
 pub mod blas;
+mod checks;
 pub mod conv;
 pub mod dropout;
 pub mod dtype;

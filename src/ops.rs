@@ -533,6 +533,7 @@ fn set_value_repr<T: DataType>(value: T) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checks::lib_or_skip;
 
     #[test]
     fn set_values_use_the_representation_cudnn_reads() {
@@ -581,20 +582,6 @@ mod tests {
             check_op_tensor_dtype::<u8>(),
             Err(Error::UnsupportedDataType { .. })
         ));
-    }
-
-    /// The real library, or `None` (test skipped) where cuDNN cannot be loaded.
-    fn lib_or_skip() -> Option<()> {
-        match raw::lib() {
-            Ok(_) => Some(()),
-            Err(e) if std::env::var("CUDNN_SAFE_REQUIRE_LIBRARY").as_deref() == Ok("1") => {
-                panic!("CUDNN_SAFE_REQUIRE_LIBRARY=1 but cuDNN did not load: {e}")
-            }
-            Err(e) => {
-                eprintln!("skipping: {e}");
-                None
-            }
-        }
     }
 
     #[test]

@@ -39,7 +39,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut};
 use cudnn_safe_sys as sys;
 
 pub use crate::activation::NanPropagation;
-use crate::activation::{check_float, same_dims, same_strides};
+use crate::activation::{check_float, grad_strides_match, same_dims};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -491,22 +491,14 @@ impl Cudnn {
             dx_desc.layout(),
             "dx has the dims of x",
         )?;
-        // cuDNN answers BAD_PARAM when a pair differs in dims or strides; checking here also
-        // means no kernel ever addresses one of a pair through the other's layout.
-        same_strides(
+        // cuDNN answers BAD_PARAM when a pair differs in dims or strides.
+        grad_strides_match(
             "pooling backward layouts",
-            "y",
             y_desc.layout(),
-            "dy",
             dy_desc.layout(),
-            "dy with the dims and strides of y (cuDNN's rule)",
-        )?;
-        same_strides(
-            "pooling backward layouts",
-            "x",
             x_desc.layout(),
-            "dx",
             dx_desc.layout(),
+            "dy with the dims and strides of y (cuDNN's rule)",
             "dx with the dims and strides of x (cuDNN's rule)",
         )?;
         self.check_tensor("y", y_desc.layout(), y, false)?;

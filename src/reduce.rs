@@ -240,18 +240,6 @@ pub(crate) fn check_reduce_shapes<A: DataType, C: DataType>(
     Ok(())
 }
 
-fn check_workspace_context(cudnn: &Cudnn, ws: &Workspace) -> Result<()> {
-    let ctx = ws.stream().context();
-    if **ctx != **cudnn.context() {
-        return Err(Error::ForeignContext {
-            name: "workspace",
-            expected: cudnn.context().ordinal(),
-            found: ctx.ordinal(),
-        });
-    }
-    Ok(())
-}
-
 /// A size answered by cuDNN, refused when absurd (see [`MAX_WORKSPACE_BYTES`]).
 fn sane_bytes(what: &'static str, bytes: usize) -> Result<usize> {
     if bytes > MAX_WORKSPACE_BYTES {
@@ -346,7 +334,7 @@ fn validate<A: DataType, C: DataType, I: DevicePtrMut<u32>>(
     }
     cudnn.check_tensor("a", a_desc.layout(), a, false)?;
     cudnn.check_tensor("c", c_desc.layout(), c, true)?;
-    check_workspace_context(cudnn, workspace)?;
+    cudnn.check_workspace_context(workspace)?;
     Ok(compute)
 }
 
@@ -1007,6 +995,7 @@ impl Cudnn {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checks::lib_or_skip;
 
     #[test]
     fn ops_map_to_distinct_c_values() {
@@ -1106,20 +1095,6 @@ mod tests {
         assert_eq!(index_elements(4), 1);
         assert_eq!(index_elements(5), 2);
         assert_eq!(index_elements(64), 16);
-    }
-
-    /// The real library, or `None` (test skipped) where cuDNN cannot be loaded.
-    fn lib_or_skip() -> Option<()> {
-        match raw::lib() {
-            Ok(_) => Some(()),
-            Err(e) if std::env::var("CUDNN_SAFE_REQUIRE_LIBRARY").as_deref() == Ok("1") => {
-                panic!("CUDNN_SAFE_REQUIRE_LIBRARY=1 but cuDNN did not load: {e}")
-            }
-            Err(e) => {
-                eprintln!("skipping: {e}");
-                None
-            }
-        }
     }
 
     #[test]

@@ -1615,6 +1615,10 @@ fn affine_all_with<T: NormType>(seed: u64, method: Option<NormMethod>) {
         ("layer [3, 4, 20] over 2", layer(&[3, 4, 20], 2)),
         ("layer [2, 3, 4, 5] over 1", layer(&[2, 3, 4, 5], 1)),
         ("layer [37] over 1", layer(&[37], 1)),
+        // 13 rows (prime): the two-stage sums fall back to one reduction; 26 = 13·2 rows:
+        // the most lopsided split.
+        ("layer [13, 24] over 1", layer(&[13, 24], 1)),
+        ("layer [26, 8] over 1", layer(&[26, 8], 1)),
         ("group [4, 8, 5, 6] G=2", group(&[4, 8, 5, 6], 2)),
         ("group [4, 8, 5, 6] G=1", group(&[4, 8, 5, 6], 1)),
         (
@@ -1628,6 +1632,10 @@ fn affine_all_with<T: NormType>(seed: u64, method: Option<NormMethod>) {
         ("group [3, 6, 10] G=3", group(&[3, 6, 10], 3)),
         ("group [2, 4, 2, 3, 4] G=2", group(&[2, 4, 2, 3, 4], 2)),
         ("group [5, 12] G=4", group(&[5, 12], 4)),
+        // One sample: the two-stage sums split the 20 spatial positions as 5·4; 7 (prime)
+        // positions are summed in one call.
+        ("group [1, 6, 4, 5] G=3", group(&[1, 6, 4, 5], 3)),
+        ("group [1, 4, 7] G=2", group(&[1, 4, 7], 2)),
     ];
     for (i, (what, norm)) in cases.iter().enumerate() {
         let what = match norm {
@@ -1759,7 +1767,7 @@ fn all_methods() -> Vec<NormMethod> {
     let mut v = Vec::new();
     for stats in NormStats::ALL {
         for affine in [NormAffine::OpTensor, NormAffine::BatchNormInference] {
-            for grads in [NormParamGrads::Reduce, NormParamGrads::BatchNormBackward] {
+            for grads in NormParamGrads::ALL {
                 for fl in [FeatureLayout::ChannelsFirst, FeatureLayout::ChannelsLast] {
                     v.push(
                         NormMethod::reductions()
@@ -1776,8 +1784,9 @@ fn all_methods() -> Vec<NormMethod> {
 }
 
 /// The formulations the f32 GPU tests run besides each kind's default (`affine_all`): the
-/// first formulation (op-tensor + reductions), each knob moved alone from it, and each kind's
-/// default applied to both kinds.
+/// first formulation (op-tensor + reductions), each knob moved alone from it, each kind's
+/// default applied to both kinds, and the layer-norm default with batch-norm gradients (the
+/// former default).
 fn tested_methods() -> Vec<NormMethod> {
     let d = NormMethod::reductions();
     let mut v = vec![d];
@@ -1789,8 +1798,10 @@ fn tested_methods() -> Vec<NormMethod> {
                 .feature_layout(fl),
         );
     }
+    v.push(d.param_grads(NormParamGrads::TwoStageReduce));
     v.push(NormMethod::default_for_layer());
     v.push(NormMethod::default_for_group());
+    v.push(NormMethod::default_for_layer().param_grads(NormParamGrads::BatchNormBackward));
     v
 }
 
@@ -1798,7 +1809,7 @@ fn tested_methods() -> Vec<NormMethod> {
 fn layer_and_group_norm_every_method_builds() {
     let Some(_) = lib() else { return };
     let methods = all_methods();
-    assert_eq!(methods.len(), 32);
+    assert_eq!(methods.len(), 48);
     for m in methods {
         let ln = LayerNorm::<f32>::new(&[6, 40], 1, 1e-5)
             .and_then(|n| n.with_method(m))
@@ -1840,14 +1851,17 @@ fn layer_group_instance_norm_methods_f32() {
     }
 }
 
-/// The first formulation, the other statistics views and both defaults (with their f32
-/// conversions of `γ`, `β`, `dγ`, `dβ` for the half types) in every other data type.
+/// The first formulation, the other statistics views, the two-stage sums, both defaults (with
+/// their f32 conversions of `γ`, `β`, `dγ`, `dβ` for the half types) and the layer-norm
+/// default with batch-norm gradients (the former default) in every other data type.
 fn methods_every_view<T: NormType>(seed: u64) {
     let d = NormMethod::reductions();
     let mut methods = vec![d];
     methods.extend(NormStats::ALL[1..].iter().map(|&s| d.stats(s)));
+    methods.push(d.param_grads(NormParamGrads::TwoStageReduce));
     methods.push(NormMethod::default_for_layer());
     methods.push(NormMethod::default_for_group());
+    methods.push(NormMethod::default_for_layer().param_grads(NormParamGrads::BatchNormBackward));
     for (i, m) in methods.into_iter().enumerate() {
         affine_all_with::<T>(seed + 100 * i as u64, Some(m));
     }
@@ -1875,8 +1889,15 @@ fn norm_backward_workspace_is_reserved_before_any_write() {
         .and_then(|n| n.with_method(NormMethod::reductions()))
         .unwrap();
     assert_eq!(ln.backward_workspace_size(&cudnn).unwrap(), 0);
-    // The defaults compute dγ, dβ with a batch-norm backward: no workspace.
-    let ln = LayerNorm::<f32>::new(&[6, 40], 1, 1e-5).unwrap();
+    // dγ, dβ from a batch-norm backward (the group-norm default, the former layer-norm
+    // default): no workspace.
+    let ln = LayerNorm::<f32>::new(&[6, 40], 1, 1e-5)
+        .and_then(|n| {
+            n.with_method(
+                NormMethod::default_for_layer().param_grads(NormParamGrads::BatchNormBackward),
+            )
+        })
+        .unwrap();
     assert_eq!(ln.backward_workspace_size(&cudnn).unwrap(), 0);
     let gn = GroupNorm::<f32>::new(&[4, 8, 5, 6], 2, 1e-5).unwrap();
     assert_eq!(gn.backward_workspace_size(&cudnn).unwrap(), 0);
@@ -1954,4 +1975,76 @@ fn norm_backward_workspace_is_reserved_before_any_write() {
         &gn_bn, &saved, &x, &dy, &gamma, &mut dx2, &mut dg2, &mut db2, &mut ws0,
     );
     assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+}
+
+/// The layer-norm default sums `dγ`, `dβ` in two reductions sharing the caller's workspace:
+/// for bf16 (reduced through an f32 copy of the tensor) its size is at least that copy, a
+/// workspace limited below it is refused before anything is written (every output keeps its
+/// sentinel), and one limited to exactly it gives the reference gradients.
+#[test]
+fn layer_norm_two_stage_workspace_is_reserved_before_any_write() {
+    let Some((stream, cudnn)) = gpu() else { return };
+    let mut rng = Rng::new(7100);
+    let eps = 1e-5;
+    let ln = LayerNorm::<bf16>::new(&[6, 40], 1, eps).unwrap();
+    assert_eq!(ln.method().param_grads, NormParamGrads::TwoStageReduce);
+    let (n, d) = (ln.len(), ln.features());
+    let need = ln.backward_workspace_size(&cudnn).unwrap();
+    assert!(
+        need >= 4 * n,
+        "{need} bytes for the f32 copy of {n} elements"
+    );
+    // The one-call reductions need that copy too; the batch-norm gradients nothing.
+    for (grads, zero) in [
+        (NormParamGrads::Reduce, false),
+        (NormParamGrads::BatchNormBackward, true),
+    ] {
+        let other = LayerNorm::<bf16>::new(&[6, 40], 1, eps)
+            .and_then(|l| l.with_method(NormMethod::default_for_layer().param_grads(grads)))
+            .unwrap();
+        let bytes = other.backward_workspace_size(&cudnn).unwrap();
+        assert_eq!(bytes == 0, zero, "{grads:?}: {bytes} bytes");
+        assert!(zero || bytes >= 4 * n, "{grads:?}: {bytes} bytes");
+    }
+
+    let norm = Norm::Layer(ln);
+    let maps = norm.maps();
+    let xv: Vec<bf16> = rng.values(n);
+    let gv: Vec<bf16> = rng.values_in(d, 0.5, 1.5);
+    let bv: Vec<bf16> = rng.values(d);
+    let dyv: Vec<bf16> = rng.values(n);
+    let (x, gamma, beta, dy) = (
+        dev(&stream, &xv),
+        dev(&stream, &gv),
+        dev(&stream, &bv),
+        dev(&stream, &dyv),
+    );
+    let mut y = dev(&stream, &vec![bf16::ZERO; n]);
+    let saved = norm
+        .forward_training(&cudnn, &x, &gamma, &beta, &mut y)
+        .unwrap();
+    let (mut dx, dxb) = sentinel_buffer::<bf16>(&stream, n);
+    let (mut dg, dgb) = sentinel_buffer::<bf16>(&stream, d);
+    let (mut db, dbb) = sentinel_buffer::<bf16>(&stream, d);
+    let mut ws = Workspace::new(stream.clone()).with_limit(need - 1);
+    let r = norm.backward(
+        &cudnn, &saved, &x, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
+    );
+    assert!(is_err_kind(&r, "WorkspaceLimit"), "{r:?}");
+    assert_untouched("dx (workspace limit)", &stream, &dx, &dxb);
+    assert_untouched("dgamma (workspace limit)", &stream, &dg, &dgb);
+    assert_untouched("dbeta (workspace limit)", &stream, &db, &dbb);
+
+    let mut ws = Workspace::new(stream.clone()).with_limit(need);
+    norm.backward(
+        &cudnn, &saved, &x, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
+    )
+    .unwrap();
+    let g64 = rounded(&gv);
+    let (_, xhat, _, rstd) = affine_forward_ref(&rounded(&xv), &maps, &g64, &rounded(&bv), eps);
+    let (dx_ref, dg_ref, db_ref, dg_mag, db_mag) =
+        affine_backward_ref(&xhat, &rounded(&dyv), &maps, &g64, &rstd);
+    assert_close("bf16 dx", &download(&stream, &dx), &dx_ref, dtol::<bf16>());
+    assert_sum_close("bf16 dγ", &download(&stream, &dg), &dg_ref, &dg_mag);
+    assert_sum_close("bf16 dβ", &download(&stream, &db), &db_ref, &db_mag);
 }

@@ -1,8 +1,8 @@
 //! Helpers shared by the benchmark binaries (each uses a subset, hence the `dead_code`
 //! allowance). Use from a bench with `mod common; use common::*;`.
 //!
-//! * Setup: [`setup_cudnn`] opens device 0's default stream and a cuDNN handle on it; a bench
-//!   prints `no GPU: <why>` and returns when it fails.
+//! * Setup: [`setup_cudnn`] opens device 0's default stream and a cuDNN handle on it;
+//!   [`setup_or_skip`] prints `no GPU: <why>` when it fails, and the bench returns.
 //! * Selection: [`Args`] reads the parts of criterion's command line that decide whether a
 //!   benchmark runs, so that a bench prepares data (and autotune decisions) only for groups
 //!   criterion will run; [`list_only`] registers a group without preparing anything.
@@ -12,6 +12,9 @@
 //!   [`sample_size`] (a criterion sample count that fits slow problems).
 //! * Host time: [`enqueue_loop`] and [`per_call_us`] time back-to-back enqueues with a wall clock.
 //! * Data: [`values`] (deterministic inputs) and [`tflops`].
+//! * Output: [`print_header`] (the opening JSON line), [`print_op_line`] / [`print_op_error`]
+//!   (one JSON line per operation), [`print_summary`] (the closing table of [`Summary`] rows)
+//!   and [`exit_on_error`].
 #![allow(dead_code)]
 
 use std::sync::Arc;
@@ -268,4 +271,89 @@ pub fn values<T: DataType>(n: usize, scale: f64) -> Vec<T> {
 /// TFLOP/s of `flops` floating-point operations in `ms` milliseconds.
 pub fn tflops(flops: f64, ms: f64) -> f64 {
     flops / (ms * 1e-3) / 1e12
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output: JSON lines and the closing summary
+// ---------------------------------------------------------------------------------------------
+
+/// [`setup_cudnn`], or `None` after printing `no GPU: <why>` (the bench then returns, so that
+/// `cargo bench` on a machine without a GPU ends cleanly).
+pub fn setup_or_skip() -> Option<(Arc<CudaStream>, Cudnn)> {
+    match setup_cudnn() {
+        Ok(v) => Some(v),
+        Err(e) => {
+            println!("no GPU: {e}");
+            None
+        }
+    }
+}
+
+/// The JSON line that opens a bench's output: the cuDNN version, the GPU and the implementation.
+pub fn print_header(stream: &CudaStream, cudnn: &Cudnn) {
+    let gpu = stream
+        .context()
+        .name()
+        .unwrap_or_else(|_| "unknown GPU".into());
+    println!(
+        "{{\"cudnn\": {}, \"gpu\": {gpu:?}, \"impl\": \"cudnn-safe\"}}",
+        cudnn.version()
+    );
+}
+
+/// The JSON line of an operation whose first call failed (it is not measured).
+pub fn print_op_error(op: &str, e: &dyn std::fmt::Display) {
+    println!("{{\"op\": \"{op}\", \"error\": {:?}}}", e.to_string());
+}
+
+/// The JSON line of a measured operation: median `ms`, the bandwidth when the bytes it moves
+/// are known, and `note` (extra JSON fields, e.g. `"method": "reduce"`).
+pub fn print_op_line(op: &str, ms: f64, bytes: Option<f64>, note: Option<&str>) {
+    let bandwidth = bytes.map_or_else(String::new, |b| {
+        format!(", \"TB/s\": {:.3}", tb_per_s(b, ms))
+    });
+    let note = note.map_or_else(String::new, |n| format!(", {n}"));
+    println!("{{\"op\": \"{op}\", \"ms\": {ms:.5}{bandwidth}{note}, \"impl\": \"cudnn-safe\"}}");
+}
+
+/// TB/s of `bytes` moved in `ms` milliseconds.
+pub fn tb_per_s(bytes: f64, ms: f64) -> f64 {
+    bytes / ms / 1e9
+}
+
+/// One measured operation, for the table [`print_summary`] prints at the end.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    /// The operation's name (its criterion id within the group).
+    pub op: String,
+    /// Median device milliseconds per call.
+    pub ms: f64,
+    /// Bytes one call reads and writes, when known.
+    pub bytes: Option<f64>,
+}
+
+/// A table of `summary` (nothing when empty), the op column `op_width` characters wide.
+pub fn print_summary(summary: &[Summary], op_width: usize) {
+    if summary.is_empty() {
+        return;
+    }
+    println!(
+        "\n{:<op_width$} {:>10} {:>8}",
+        "op (cudnn-safe)", "ms", "TB/s"
+    );
+    for s in summary {
+        let tb = s
+            .bytes
+            .map_or_else(|| "-".to_string(), |b| format!("{:.3}", tb_per_s(b, s.ms)));
+        println!("{:<op_width$} {:>10.5} {:>8}", s.op, s.ms, tb);
+    }
+}
+
+/// Ends a bench: an error from its run is printed as `<bench> bench: <e>` and exits with
+/// status 1, so that a script running the benches notices.
+pub fn exit_on_error(bench: &str, outcome: BoxResult<()>) {
+    if let Err(e) = outcome {
+        eprintln!("{bench} bench: {e}");
+        std::process::exit(1);
+    }
 }

@@ -1,6 +1,6 @@
-//! Shared by the `conv_explorer` and `conv_manual` examples: the seven benchmark configurations,
-//! the four precision modes, problem setup with random inputs, a CUDA-event timer, and the
-//! "no GPU here" exit.
+//! Shared by the examples: the seven benchmark configurations, the four precision modes,
+//! problem setup with random inputs, a CUDA-event timer, option parsing with `--help`, the
+//! "no GPU here" exit and the loss-curve plot of the training examples.
 //!
 //! Included by each example with `#[path = "common/mod.rs"] mod common;` (Cargo does not build
 //! `examples/common/mod.rs` as an example of its own).
@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use cudnn_safe::conv::{ConvDesc, MathType};
@@ -159,6 +160,25 @@ pub fn drv(context: &'static str) -> impl Fn(DriverError) -> Error {
     move |source| Error::Driver { context, source }
 }
 
+/// The example's options parsed from `args` by `parse`; `--help` / `-h` prints `usage` and
+/// gives the exit code to return (success), a parse error prints it with `usage` and gives
+/// exit code 2.
+pub fn options<O>(
+    example: &str,
+    usage: &str,
+    args: &[String],
+    parse: impl FnOnce(&[String]) -> std::result::Result<O, String>,
+) -> std::result::Result<O, ExitCode> {
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{usage}");
+        return Err(ExitCode::SUCCESS);
+    }
+    parse(args).map_err(|e| {
+        eprintln!("{example}: {e}\n{usage}");
+        ExitCode::from(2)
+    })
+}
+
 /// Opens device 0 and a cuDNN handle on its default stream, or prints
 /// `<example> needs an NVIDIA GPU: <why>` and returns `None`.
 pub fn open_gpu(example: &str) -> Option<(Arc<CudaStream>, Cudnn)> {
@@ -192,6 +212,37 @@ pub fn out_dir() -> std::io::Result<PathBuf> {
         .map_or_else(|| PathBuf::from("."), PathBuf::from);
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+/// Draws a training-loss curve (`(step, loss)` points) as `file` (an SVG) in [`out_dir`], with
+/// `caption` above it and `y_desc` naming the loss; returns the file's path.
+pub fn write_loss_svg(
+    file: &str,
+    caption: &str,
+    y_desc: &str,
+    curve: &[(usize, f64)],
+) -> std::result::Result<PathBuf, Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let path = out_dir()?.join(file);
+    let root = SVGBackend::new(&path, (900, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let y_max = curve.iter().map(|p| p.1).fold(0.0, f64::max) * 1.05;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 20))
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0..curve.len(), 0.0..y_max)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc(y_desc)
+        .draw()?;
+    chart.draw_series(LineSeries::new(curve.iter().copied(), BLUE.stroke_width(2)))?;
+    root.present()?;
+    drop(chart);
+    drop(root);
+    Ok(path)
 }
 
 /// xorshift64* PRNG: deterministic inputs without a dependency.

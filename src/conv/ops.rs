@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::handle::Cudnn;
 use crate::raw;
 use crate::tensor::{FilterDesc, TensorDesc};
-use crate::workspace::{Workspace, MAX_WORKSPACE_BYTES};
+use crate::workspace::Workspace;
 
 fn shape_rule(
     a: &'static str,
@@ -56,38 +56,6 @@ fn collect_perf<S: Copy, A>(
 }
 
 impl Cudnn {
-    fn check_workspace_context(&self, ws: &Workspace) -> Result<()> {
-        let ctx = ws.stream().context();
-        if **ctx != **self.context() {
-            return Err(Error::ForeignContext {
-                name: "workspace",
-                expected: self.context().ordinal(),
-                found: ctx.ordinal(),
-            });
-        }
-        Ok(())
-    }
-
-    fn memo_bytes(
-        &self,
-        key: [u64; 5],
-        query: impl FnOnce(&mut usize) -> Result<()>,
-    ) -> Result<usize> {
-        if let Some(b) = self.ws_memo().borrow().get(&key) {
-            return Ok(b);
-        }
-        let mut bytes = 0usize;
-        query(&mut bytes)?;
-        if bytes > MAX_WORKSPACE_BYTES {
-            return Err(Error::WorkspaceLimit {
-                requested: bytes,
-                limit: MAX_WORKSPACE_BYTES,
-            });
-        }
-        self.ws_memo().borrow_mut().put(key, bytes);
-        Ok(bytes)
-    }
-
     fn max_count(&self, direction: ConvDirection, known: usize) -> usize {
         let mut n: c_int = 0;
         let f = match direction {

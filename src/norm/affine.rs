@@ -10,7 +10,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice
 use cudnn_safe_sys as sys;
 
 use super::method::{
-    near_square, FeatureLayout, NormAffine, NormMethod, NormParamGrads, NormStats,
+    near_square, two_stage_split, FeatureLayout, NormAffine, NormMethod, NormParamGrads, NormStats,
 };
 use super::{check_epsilon, ffi, scalar_ptr, NormType};
 use crate::dtype::{DataType, Scalar};
@@ -39,6 +39,15 @@ struct FeatureScratch<P> {
     second: CudaSlice<P>,
 }
 
+/// Scratch of [`NormParamGrads::TwoStageReduce`].
+struct TwoStageScratch<P> {
+    /// The partial sums of the first reduction.
+    partial: CudaSlice<P>,
+    /// The per-feature sums in the parameter type, converted into `dγ` / `dβ` afterwards,
+    /// when the data type is not its own parameter type (f16, bf16).
+    sums: Option<CudaSlice<P>>,
+}
+
 /// Device buffers a regrouped normalization keeps between calls.
 struct Scratch<T: NormType> {
     /// Scale 1 for the `R` groups of the view.
@@ -53,6 +62,44 @@ struct Scratch<T: NormType> {
     big: Option<CudaSlice<T>>,
     /// Present when the method uses the feature view.
     feat: Option<FeatureScratch<T::Param>>,
+    /// Present when the parameter gradients are summed in two stages.
+    two_stage: Option<TwoStageScratch<T::Param>>,
+}
+
+/// The descriptors of the two-stage sums of [`NormParamGrads::TwoStageReduce`] (dimensions
+/// from [`two_stage_split`]; every one packed, over the memory of the tensor, of the partial
+/// sums scratch and of the `B`-element gradients).
+struct TwoStage<T: NormType> {
+    /// The tensor as the first reduction reads it.
+    data: TensorDesc<T>,
+    /// The partial sums, in the parameter type.
+    partial: TensorDesc<T::Param>,
+    /// The per-feature sums in the parameter type (written by the second reduction when `T`
+    /// is not its own parameter type).
+    sums: TensorDesc<T::Param>,
+    /// The same dimensions in `T`: `dγ`, `dβ`.
+    out: TensorDesc<T>,
+}
+
+impl<T: NormType> TwoStage<T> {
+    fn new(a: i64, b: i64, s: i64) -> Result<Option<Self>> {
+        let Some([data, partial, sums]) = two_stage_split(a, b, s) else {
+            return Ok(None);
+        };
+        Ok(Some(TwoStage {
+            data: TensorDesc::new(packed(&data)?)?,
+            partial: TensorDesc::new(packed(&partial)?)?,
+            sums: TensorDesc::new(packed(&sums)?)?,
+            out: TensorDesc::new(packed(&sums)?)?,
+        }))
+    }
+}
+
+/// How a backward call computes `dγ`, `dβ` ([`Regrouped::grads_plan`]).
+enum GradsPlan<'a, T: NormType> {
+    Reduce,
+    BatchNorm,
+    TwoStage(&'a TwoStage<T>),
 }
 
 /// Whether `T` is its own parameter type (f32, f64): `γ`, `β` and their gradients are then
@@ -81,6 +128,9 @@ struct Regrouped<T: NormType> {
     stats: TensorDesc<T::Param>,
     /// The same memory with the `B` features as batch-norm channels ([`FeatureLayout`]).
     feature: TensorDesc<T>,
+    /// The views of [`NormParamGrads::TwoStageReduce`], when that is the method and the
+    /// tensor has a two-stage split.
+    two_stage: Option<TwoStage<T>>,
     /// `[1, B, 1, 1]` of `T::Param`: the feature view's batch-norm parameters.
     feature_param: TensorDesc<T::Param>,
     rows: usize,
@@ -127,6 +177,10 @@ impl<T: NormType> Regrouped<T> {
             FeatureLayout::ChannelsLast if s == 1 => Layout::nhwc(1, b, a, 1)?,
             _ => full.layout().clone(),
         };
+        let two_stage = match method.param_grads {
+            NormParamGrads::TwoStageReduce => TwoStage::new(a, b, s)?,
+            _ => None,
+        };
         Ok(Regrouped {
             epsilon,
             method,
@@ -136,6 +190,7 @@ impl<T: NormType> Regrouped<T> {
             view_mode,
             stats: TensorDesc::<T::Param>::new(packed(&[1, rows, 1, 1])?)?,
             feature: TensorDesc::<T>::new(feature)?,
+            two_stage,
             feature_param: TensorDesc::<T::Param>::new(packed(&[1, b, 1, 1])?)?,
             full,
             rows: rows as usize,
@@ -157,27 +212,47 @@ impl<T: NormType> Regrouped<T> {
         self.affine.span()
     }
 
-    /// How the parameter gradients are computed: the method's choice, except that a batch
-    /// norm over one value per feature (a single-row layer norm) is not asked of cuDNN — its
-    /// training calls want at least two values per statistic — and the reductions (then plain
-    /// copies) are used.
-    fn param_grads(&self) -> NormParamGrads {
+    /// How the parameter gradients are computed: the method's choice, except that
+    /// * a batch norm over one value per feature (a single-row layer norm) is not asked of
+    ///   cuDNN — its training calls want at least two values per statistic — and the
+    ///   reductions (then plain copies) are used;
+    /// * two-stage sums without a split ([`two_stage_split`]: prime or few rows) are one
+    ///   reduction each.
+    fn grads_plan(&self) -> GradsPlan<'_, T> {
         let (a, _, s, _) = self.shape;
-        if a * s < 2 {
-            NormParamGrads::Reduce
-        } else {
-            self.method.param_grads
+        match self.method.param_grads {
+            _ if a * s < 2 => GradsPlan::Reduce,
+            NormParamGrads::BatchNormBackward => GradsPlan::BatchNorm,
+            NormParamGrads::TwoStageReduce => match &self.two_stage {
+                Some(ts) => GradsPlan::TwoStage(ts),
+                None => GradsPlan::Reduce,
+            },
+            _ => GradsPlan::Reduce,
         }
     }
 
-    /// Workspace bytes of the backward pass: the reductions of [`NormParamGrads::Reduce`].
+    /// Workspace bytes of the backward pass: the reductions of [`NormParamGrads::Reduce`] or
+    /// [`NormParamGrads::TwoStageReduce`] (the larger of its two stages, which share it).
     fn backward_workspace_size(&self, cudnn: &Cudnn) -> Result<usize> {
-        // A "reduction" over nothing (one row, no spatial extent) is a copy that needs no
-        // workspace, and cuDNN refuses to size it.
-        if self.param_grads() != NormParamGrads::Reduce || self.full.dims() == self.affine.dims() {
-            return Ok(0);
+        match self.grads_plan() {
+            GradsPlan::BatchNorm => Ok(0),
+            // A "reduction" over nothing (one row, no spatial extent) is a copy that needs no
+            // workspace, and cuDNN refuses to size it.
+            GradsPlan::Reduce if self.full.dims() == self.affine.dims() => Ok(0),
+            GradsPlan::Reduce => {
+                cudnn.reduce_workspace_size(ReduceOp::Add, &self.full, &self.affine)
+            }
+            GradsPlan::TwoStage(ts) => {
+                let first =
+                    cudnn.reduce_workspace_size_into(ReduceOp::Add, &ts.data, &ts.partial)?;
+                let second = if same_param_type::<T>() {
+                    cudnn.reduce_workspace_size_into(ReduceOp::Add, &ts.partial, &ts.out)?
+                } else {
+                    cudnn.reduce_workspace_size(ReduceOp::Add, &ts.partial, &ts.sums)?
+                };
+                Ok(first.max(second))
+            }
         }
-        cudnn.reduce_workspace_size(ReduceOp::Add, &self.full, &self.affine)
     }
 
     /// The scratch buffers, (re)allocated on the handle's stream when missing or on another
@@ -205,6 +280,7 @@ impl<T: NormType> Regrouped<T> {
                 dbias: stream.alloc_zeros(self.rows).map_err(alloc_err)?,
                 big: None,
                 feat: None,
+                two_stage: None,
             });
         }
         let s = slot.as_mut().expect("filled above");
@@ -225,6 +301,89 @@ impl<T: NormType> Regrouped<T> {
             });
         }
         Ok(s)
+    }
+
+    /// The scratch of the two-stage sums (allocated at the first backward call that needs
+    /// it, on the stream of the other scratch buffers: `s` comes from
+    /// [`ensure_scratch`](Self::ensure_scratch)).
+    fn ensure_two_stage_scratch<'s>(
+        &self,
+        cudnn: &Cudnn,
+        ts: &TwoStage<T>,
+        s: &'s mut Option<TwoStageScratch<T::Param>>,
+    ) -> Result<&'s mut TwoStageScratch<T::Param>> {
+        let alloc_err = |e| Error::driver("allocating normalization scratch", e);
+        Ok(match s {
+            Some(t) => t,
+            slot @ None => {
+                let stream: &Arc<CudaStream> = cudnn.stream();
+                let sums = if same_param_type::<T>() {
+                    None
+                } else {
+                    Some(stream.alloc_zeros(ts.sums.span()).map_err(alloc_err)?)
+                };
+                slot.insert(TwoStageScratch {
+                    partial: stream.alloc_zeros(ts.partial.span()).map_err(alloc_err)?,
+                    sums,
+                })
+            }
+        })
+    }
+
+    /// `dst = Σ src` over every axis but the features, as two reductions through the partial
+    /// sums (see [`NormParamGrads::TwoStageReduce`]): `src` holds the packed element count
+    /// (checked by the caller, or the object's scratch), `dst` the `B` features (checked);
+    /// the workspace was grown to [`backward_workspace_size`](Self::backward_workspace_size)
+    /// before the first launch. Each reduction checks its own buffers again.
+    fn sum_two_stage(
+        &self,
+        cudnn: &Cudnn,
+        ts: &TwoStage<T>,
+        scratch: &mut TwoStageScratch<T::Param>,
+        src: &impl DevicePtr<T>,
+        dst: &mut impl DevicePtrMut<T>,
+        workspace: &mut Workspace,
+    ) -> Result<()> {
+        let one = <T::Scalar as Scalar>::from_f64(1.0);
+        let zero = <T::Scalar as Scalar>::from_f64(0.0);
+        let add = ReduceOp::Add;
+        let TwoStageScratch { partial, sums } = scratch;
+        cudnn.reduce_tensor_into(
+            add,
+            one,
+            &ts.data,
+            src,
+            zero,
+            &ts.partial,
+            partial,
+            workspace,
+        )?;
+        match sums {
+            None => cudnn.reduce_tensor_into(
+                add,
+                one,
+                &ts.partial,
+                &*partial,
+                zero,
+                &ts.out,
+                dst,
+                workspace,
+            ),
+            // f16 / bf16: the sums in f32, rounded once to the data type.
+            Some(sums) => {
+                cudnn.reduce_tensor(
+                    add,
+                    one,
+                    &ts.partial,
+                    &*partial,
+                    zero,
+                    &ts.sums,
+                    sums,
+                    workspace,
+                )?;
+                cudnn.transform_tensor(one, &ts.sums, &*sums, zero, &ts.out, dst)
+            }
+        }
     }
 
     /// Common checks of a forward call.
@@ -630,11 +789,12 @@ impl<T: NormType> Regrouped<T> {
             dbias,
             big,
             feat,
+            two_stage,
             ..
         } = scratch;
         let tmp = big.as_mut().expect("allocated by ensure_scratch(.., true)");
-        match self.param_grads() {
-            NormParamGrads::Reduce => {
+        match self.grads_plan() {
+            GradsPlan::Reduce => {
                 // dβ = Σ dy; dγ = Σ dy·x̂ (over every axis but the feature one).
                 cudnn.reduce_tensor(
                     ReduceOp::Add,
@@ -669,9 +829,28 @@ impl<T: NormType> Regrouped<T> {
                     workspace,
                 )?;
             }
-            NormParamGrads::BatchNormBackward => {
+            GradsPlan::BatchNorm => {
                 let fs = feat.as_mut().expect("allocated for this method");
                 self.param_grads_bn(cudnn, fs, &saved.xhat, dy, tmp, dgamma, dbeta)?;
+            }
+            GradsPlan::TwoStage(ts) => {
+                // Allocated before the first launch, so a failed allocation writes nothing.
+                let t = self.ensure_two_stage_scratch(cudnn, ts, two_stage)?;
+                // dβ = Σ dy; dγ = Σ dy·x̂, the product in the tensor-sized scratch.
+                self.sum_two_stage(cudnn, ts, t, dy, dbeta, workspace)?;
+                cudnn.op_tensor(
+                    OpTensorOp::Mul,
+                    one,
+                    &self.full,
+                    dy,
+                    one,
+                    &self.full,
+                    &saved.xhat,
+                    zero,
+                    &self.full,
+                    tmp,
+                )?;
+                self.sum_two_stage(cudnn, ts, t, &*tmp, dgamma, workspace)?;
             }
         }
         // dx̂ = dy·γ, then the normalization's own backward on the statistics view.
@@ -784,7 +963,8 @@ impl<T: NormType> NormSaved<T> {
 /// Computed by cuDNN as described in the [module documentation](crate::norm): batch-norm
 /// statistics over the regrouped view `[1, rows, D, 1]`, then the affine map, by default
 /// ([`NormMethod::default_for_layer`]) as one batch-norm inference on the channels-last view
-/// `[1, D, rows, 1]` of the same memory; other formulations of the same computation are chosen
+/// `[1, D, rows, 1]` of the same memory, and `dγ`, `dβ` as two-stage reductions over the rows
+/// ([`NormParamGrads::TwoStageReduce`]); other formulations of the same computation are chosen
 /// with [`with_method`](Self::with_method).
 /// Built once for a shape; it owns its descriptors and a few scratch buffers (see the memory
 /// note there). `Send`, not `Sync`.
@@ -896,8 +1076,9 @@ impl<T: NormType> LayerNorm<T> {
         })
     }
     /// Workspace bytes the backward pass grows `workspace` to (the reductions of
-    /// [`NormParamGrads::Reduce`]; 0 with [`NormParamGrads::BatchNormBackward`], the
-    /// default), e.g. to size a [`Workspace::with_limit`]. Queries cuDNN.
+    /// [`NormParamGrads::TwoStageReduce`], the default, and of [`NormParamGrads::Reduce`]; 0
+    /// with [`NormParamGrads::BatchNormBackward`]), e.g. to size a
+    /// [`Workspace::with_limit`]. Queries cuDNN.
     #[doc(alias = "cudnnGetReductionWorkspaceSize")]
     pub fn backward_workspace_size(&self, cudnn: &Cudnn) -> Result<usize> {
         self.core.backward_workspace_size(cudnn)
@@ -1007,8 +1188,9 @@ impl<T: NormType> GroupNorm<T> {
         })
     }
     /// Workspace bytes the backward pass grows `workspace` to (the reductions of
-    /// [`NormParamGrads::Reduce`]; 0 with [`NormParamGrads::BatchNormBackward`], the
-    /// default), e.g. to size a [`Workspace::with_limit`]. Queries cuDNN.
+    /// [`NormParamGrads::Reduce`] and [`NormParamGrads::TwoStageReduce`]; 0 with
+    /// [`NormParamGrads::BatchNormBackward`], the default), e.g. to size a
+    /// [`Workspace::with_limit`]. Queries cuDNN.
     #[doc(alias = "cudnnGetReductionWorkspaceSize")]
     pub fn backward_workspace_size(&self, cudnn: &Cudnn) -> Result<usize> {
         self.core.backward_workspace_size(cudnn)
@@ -1047,10 +1229,11 @@ impl Cudnn {
     /// Layer normalization backward: writes `dx`, `dγ = Σ_rows dy·x̂` and `dβ = Σ_rows dy`
     /// (overwriting them) from `dy` and the values `saved` by
     /// [`layer_norm_forward_training`](Self::layer_norm_forward_training) of this `ln` on this
-    /// `x` (checked). `workspace` serves the reductions of
-    /// [`NormParamGrads::Reduce`] (sized by `backward_workspace_size`; unused by the default
-    /// method).
+    /// `x` (checked). `workspace` serves the reductions of the default
+    /// [`NormParamGrads::TwoStageReduce`] and of [`NormParamGrads::Reduce`], grown (within its
+    /// limit) to [`LayerNorm::backward_workspace_size`] before anything is written.
     #[doc(alias = "cudnnBatchNormalizationBackward")]
+    #[doc(alias = "cudnnReduceTensor")]
     #[allow(clippy::too_many_arguments)] // the layer's inputs and outputs
     pub fn layer_norm_backward<T: NormType>(
         &self,
@@ -1099,9 +1282,10 @@ impl Cudnn {
     /// Group (or instance) normalization backward: writes `dx`, `dγ = Σ_{n,spatial} dy·x̂` and
     /// `dβ = Σ_{n,spatial} dy` per channel (overwriting them) from `dy` and the values `saved`
     /// by [`group_norm_forward_training`](Self::group_norm_forward_training) of this `gn` on
-    /// this `x` (checked). `workspace` serves the reductions of
-    /// [`NormParamGrads::Reduce`] (sized by `backward_workspace_size`; unused by the default
-    /// method).
+    /// this `x` (checked). `workspace` serves the reductions of [`NormParamGrads::Reduce`]
+    /// and [`NormParamGrads::TwoStageReduce`], grown (within its limit) to
+    /// [`GroupNorm::backward_workspace_size`] before anything is written; the default method
+    /// uses none.
     #[doc(alias = "cudnnBatchNormalizationBackward")]
     #[allow(clippy::too_many_arguments)] // the layer's inputs and outputs
     pub fn group_norm_backward<T: NormType>(

@@ -6,13 +6,14 @@ use std::fmt;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use cudnn_safe_sys as sys;
 
-use super::{check_dyn, check_epsilon, ffi, opt_ptr, opt_ptr_mut, scalar_ptr, NormType};
+use super::{check_epsilon, ffi, scalar_ptr, NormType};
+use crate::checks::{opt_ptr, opt_ptr_mut};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
 use crate::raw;
 use crate::tensor::{Layout, TensorDesc, MAX_DIMS};
-use crate::workspace::{Workspace, MAX_WORKSPACE_BYTES};
+use crate::workspace::Workspace;
 
 /// Over which axes batch normalization computes its statistics (`cudnnBatchNormMode_t`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -346,6 +347,26 @@ impl<T: NormType> BatchNorm<T> {
         self.param.span()
     }
 
+    /// The activation descriptor the Ex calls take for `ops`: null without a fused
+    /// activation, as NVIDIA documents.
+    fn ex_activation(&self, ops: BatchNormOps) -> sys::cudnnActivationDescriptor_t {
+        if ops.has_activation() {
+            self.act.as_ptr()
+        } else {
+            std::ptr::null_mut()
+        }
+    }
+
+    /// The data descriptor for an optional tensor of the Ex calls (`z`, `dz`, `y`): null when
+    /// the ops do not use it, as NVIDIA documents.
+    fn ex_data_desc(&self, used: bool) -> sys::cudnnTensorDescriptor_t {
+        if used {
+            self.x.as_raw()
+        } else {
+            std::ptr::null_mut()
+        }
+    }
+
     /// How many input values each statistic is computed from.
     fn values_per_stat(&self) -> i64 {
         let d = self.x.dims();
@@ -455,38 +476,6 @@ impl<T: NormType> BatchNormSaved<T> {
 const TAG_FWD_WS: u64 = u64::MAX - 0x4E_00;
 const TAG_BWD_WS: u64 = u64::MAX - 0x4E_01;
 const TAG_RESERVE: u64 = u64::MAX - 0x4E_02;
-
-fn check_workspace(cudnn: &Cudnn, ws: &Workspace) -> Result<()> {
-    let ctx = ws.stream().context();
-    if **ctx != **cudnn.context() {
-        return Err(Error::ForeignContext {
-            name: "workspace",
-            expected: cudnn.context().ordinal(),
-            found: ctx.ordinal(),
-        });
-    }
-    Ok(())
-}
-
-fn memo_size(
-    cudnn: &Cudnn,
-    key: [u64; 5],
-    query: impl FnOnce(&mut usize) -> Result<()>,
-) -> Result<usize> {
-    if let Some(b) = cudnn.ws_memo().borrow().get(&key) {
-        return Ok(b);
-    }
-    let mut bytes = 0usize;
-    query(&mut bytes)?;
-    if bytes > MAX_WORKSPACE_BYTES {
-        return Err(Error::WorkspaceLimit {
-            requested: bytes,
-            limit: MAX_WORKSPACE_BYTES,
-        });
-    }
-    cudnn.ws_memo().borrow_mut().put(key, bytes);
-    Ok(bytes)
-}
 
 fn mismatch(expected: &'static str, got: String) -> Error {
     Error::invalid("batch-norm saved statistics", expected, got)
@@ -619,8 +608,8 @@ impl Cudnn {
         self.check_tensor("bias", param, bias, false)?;
         let (factor, rmean, rvar) = match running {
             Some(r) => {
-                check_dyn(self, "running mean", param, &*r.mean, true)?;
-                check_dyn(self, "running variance", param, &*r.variance, true)?;
+                self.check_tensor("running mean", param, &*r.mean, true)?;
+                self.check_tensor("running variance", param, &*r.variance, true)?;
                 (r.factor, Some(r.mean), Some(r.variance))
             }
             None => (0.0, None, None),
@@ -770,17 +759,9 @@ impl Cudnn {
         bn: &BatchNorm<T>,
         ops: BatchNormOps,
     ) -> Result<(usize, usize)> {
-        let act = if ops.has_activation() {
-            bn.act.as_ptr()
-        } else {
-            std::ptr::null_mut()
-        };
-        let z = if ops.has_add() {
-            bn.x.as_raw()
-        } else {
-            std::ptr::null_mut()
-        };
-        let ws = memo_size(self, [TAG_FWD_WS, bn.id, ops.code(), 0, 0], |bytes| {
+        let act = bn.ex_activation(ops);
+        let z = bn.ex_data_desc(ops.has_add());
+        let ws = self.memo_bytes([TAG_FWD_WS, bn.id, ops.code(), 0, 0], |bytes| {
             // SAFETY: live handle and descriptors; null z/activation descriptors where `ops`
             // does not use them (as NVIDIA documents); a valid out-pointer.
             unsafe {
@@ -798,7 +779,7 @@ impl Cudnn {
                 )
             }
         })?;
-        let reserve = memo_size(self, [TAG_RESERVE, bn.id, ops.code(), 0, 0], |bytes| {
+        let reserve = self.memo_bytes([TAG_RESERVE, bn.id, ops.code(), 0, 0], |bytes| {
             // SAFETY: as above.
             unsafe {
                 ffi::cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
@@ -821,17 +802,10 @@ impl Cudnn {
         bn: &BatchNorm<T>,
         ops: BatchNormOps,
     ) -> Result<usize> {
-        let (act, y) = if ops.has_activation() {
-            (bn.act.as_ptr(), bn.x.as_raw())
-        } else {
-            (std::ptr::null_mut(), std::ptr::null_mut())
-        };
-        let dz = if ops.has_add() {
-            bn.x.as_raw()
-        } else {
-            std::ptr::null_mut()
-        };
-        memo_size(self, [TAG_BWD_WS, bn.id, ops.code(), 0, 0], |bytes| {
+        let act = bn.ex_activation(ops);
+        let y = bn.ex_data_desc(ops.has_activation());
+        let dz = bn.ex_data_desc(ops.has_add());
+        self.memo_bytes([TAG_BWD_WS, bn.id, ops.code(), 0, 0], |bytes| {
             // SAFETY: live handle and descriptors; null y/dz/activation descriptors where
             // `ops` does not use them; a valid out-pointer.
             unsafe {
@@ -925,20 +899,20 @@ impl Cudnn {
         let (data, param) = (bn.x.layout(), bn.param.layout());
         self.check_tensor("x", data, x, false)?;
         if let Some(z) = z {
-            check_dyn(self, "z", data, z, false)?;
+            self.check_tensor("z", data, z, false)?;
         }
         self.check_tensor("y", data, y, true)?;
         self.check_tensor("scale", param, scale, false)?;
         self.check_tensor("bias", param, bias, false)?;
         let (factor, rmean, rvar) = match running {
             Some(r) => {
-                check_dyn(self, "running mean", param, &*r.mean, true)?;
-                check_dyn(self, "running variance", param, &*r.variance, true)?;
+                self.check_tensor("running mean", param, &*r.mean, true)?;
+                self.check_tensor("running variance", param, &*r.variance, true)?;
                 (r.factor, Some(r.mean), Some(r.variance))
             }
             None => (0.0, None, None),
         };
-        check_workspace(self, workspace)?;
+        self.check_workspace_context(workspace)?;
         self.bind()?;
         let (ws_bytes, reserve_bytes) = self.bn_ex_forward_sizes(bn, ops)?;
         workspace.prepare(ws_bytes)?;
@@ -972,16 +946,8 @@ impl Cudnn {
                 stream,
             );
             (x_addr, y_addr) = (xp, yp);
-            let act = if ops.has_activation() {
-                bn.act.as_ptr()
-            } else {
-                std::ptr::null_mut()
-            };
-            let z_desc = if ops.has_add() {
-                bn.x.as_raw()
-            } else {
-                std::ptr::null_mut()
-            };
+            let act = bn.ex_activation(ops);
+            let z_desc = bn.ex_data_desc(ops.has_add());
             // SAFETY: live handle and descriptors (owned by `bn`); x, z, y, scale, bias and the
             // running statistics hold their descriptors' spans on the handle's context, outputs
             // do not overlap themselves (checked above); z and its descriptor are given exactly
@@ -1082,11 +1048,11 @@ impl Cudnn {
         let (data, param) = (bn.x.layout(), bn.param.layout());
         self.check_tensor("x", data, x, false)?;
         if let Some(y) = y {
-            check_dyn(self, "y", data, y, false)?;
+            self.check_tensor("y", data, y, false)?;
         }
         self.check_tensor("dy", data, dy, false)?;
         if let Some(dz) = dz.as_deref() {
-            check_dyn(self, "dz", data, dz, true)?;
+            self.check_tensor("dz", data, dz, true)?;
         }
         self.check_tensor("dx", data, dx, true)?;
         self.check_tensor("scale", param, scale, false)?;
@@ -1098,7 +1064,7 @@ impl Cudnn {
         if let Some(r) = &saved.reserve {
             self.check_buffer("reserve space", r, saved.reserve_bytes)?;
         }
-        check_workspace(self, workspace)?;
+        self.check_workspace_context(workspace)?;
         self.bind()?;
         let ws_bytes = self.bn_ex_backward_size(bn, ops)?;
         workspace.prepare(ws_bytes)?;
@@ -1124,16 +1090,9 @@ impl Cudnn {
                 .map(|r| r as &mut dyn DevicePtrMut<u8>),
             stream,
         );
-        let (act, y_desc) = if ops.has_activation() {
-            (bn.act.as_ptr(), bn.x.as_raw())
-        } else {
-            (std::ptr::null_mut(), std::ptr::null_mut())
-        };
-        let dz_desc = if ops.has_add() {
-            bn.x.as_raw()
-        } else {
-            std::ptr::null_mut()
-        };
+        let act = bn.ex_activation(ops);
+        let y_desc = bn.ex_data_desc(ops.has_activation());
+        let dz_desc = bn.ex_data_desc(ops.has_add());
         // SAFETY: live handle and descriptors (owned by `bn`); every buffer holds its
         // descriptor's span on the handle's context, outputs do not overlap themselves; y and
         // dz (and their descriptors) are given exactly where `ops` uses them; the saved

@@ -66,6 +66,33 @@ pub enum NormParamGrads {
     /// converted to f16/bf16 for those data types. A layer norm of a single row (one value per
     /// feature, too few for a batch-norm training call) uses [`Reduce`](Self::Reduce).
     BatchNormBackward,
+    /// As [`Reduce`](Self::Reduce), but each sum over the rows is split in two
+    /// `cudnnReduceTensor` calls through an intermediate tensor of partial sums, because
+    /// cuDNN's one-call reduction over many rows into a few features is slow (for `32768`
+    /// rows of `1024` f32 features on an H200: 2.94 ms in one call, 0.187 ms in two).
+    ///
+    /// A layer norm's `R` rows are split as `R = S1·S2` with `S2` the largest divisor of `R`
+    /// not above `√R`, the tensor is viewed as `[S1, S2, D, 1]`, `S2` is summed first (into
+    /// `[S1, 1, D, 1]`), then `S1`. A group norm `[N, C, S]` sums its `S` spatial positions
+    /// first (into `[N, C, 1, 1]`), then `N` (with `N = 1`, `S` is split as the rows above).
+    /// When there is no such split (`R` prime, or below 4; `S` prime with `N = 1`) the sums
+    /// are computed in one call, as [`Reduce`](Self::Reduce) does.
+    ///
+    /// The partial sums are kept in the parameter type ([`NormType::Param`](super::NormType),
+    /// f32 for f16 and bf16 data) in a buffer owned by the normalization object; for f16 and
+    /// bf16 the final sums are also formed in f32, then converted once. Uses the caller's
+    /// workspace (the larger of the two reductions' needs; for bf16 data, which cuDNN
+    /// reduces through f32, it includes an f32 copy of the tensor).
+    TwoStageReduce,
+}
+
+impl NormParamGrads {
+    /// Every variant, in declaration order.
+    pub const ALL: [NormParamGrads; 3] = [
+        NormParamGrads::Reduce,
+        NormParamGrads::BatchNormBackward,
+        NormParamGrads::TwoStageReduce,
+    ];
 }
 
 /// How the feature (affine) axis is described to the batch-norm calls of
@@ -95,14 +122,27 @@ pub enum FeatureLayout {
 /// | part | [`reductions`](Self::reductions) | defaults |
 /// |---|---|---|
 /// | affine map | 2 reads + 2 writes | 1 read + 1 write ([`NormAffine::BatchNormInference`]) |
-/// | `dγ`, `dβ` | 4 reads + 1 write, workspace | one batch-norm backward ([`NormParamGrads::BatchNormBackward`]), no workspace |
+/// | `dγ`, `dβ` | 4 reads + 1 write, workspace | layer norm: the same passes, each sum in two calls ([`NormParamGrads::TwoStageReduce`]), workspace; group norm: one batch-norm backward ([`NormParamGrads::BatchNormBackward`]), no workspace |
 ///
-/// Measured on an H200 (cuDNN 9.14, f32, ms per call, defaults against `reductions`):
+/// Measured on an H200 (cuDNN 9.14, f32, ms per call; "BN grads": `dγ`, `dβ` by
+/// [`NormParamGrads::BatchNormBackward`] with the batch-norm affine map):
 ///
-/// | problem | forward | backward | training forward + backward |
+/// | problem | forward, defaults vs `reductions` | backward, BN grads | backward, `reductions` |
 /// |---|---|---|---|
-/// | layer norm `32768×1024` | 0.500 vs 0.555 | 6.01 vs 6.51 | — |
-/// | group norm, 32 groups, `32×256×56×56` | 0.153 vs 0.244 | 0.410 vs 1.245 | 0.570 vs 1.51 |
+/// | layer norm `32768×1024` | 0.500 vs 0.555 | 5.91 (2.81 in the gradient call) | 6.50 |
+/// | group norm, 32 groups, `32×256×56×56` | 0.153 vs 0.244 | 0.409 | 1.245 |
+///
+/// (Group norm training forward + backward: 0.570 with its default, 1.51 with `reductions`.)
+///
+/// The parameter gradients of that layer norm are where its backward pass lost time: `Σ dy`
+/// over the 32768 rows into 1024 features took 2.94 ms as one `cudnnReduceTensor` and
+/// 0.187 ms as two (`[256, 128, 1024]`, the 128 axis first; the 256 axis first: 0.197 ms),
+/// which agree to 1.8e-5. Hence [`NormParamGrads::TwoStageReduce`] in
+/// [`default_for_layer`](Self::default_for_layer) (its backward is the bench's
+/// `ln_fp32_32768x1024-bwd-default`; the former default, with BN grads, is
+/// `-bwd-default_grads_bn`). For the group norm the two-stage sum took 0.31–0.34 ms against
+/// 0.46 in one call, while its whole default backward takes 0.409 ms: it keeps
+/// [`NormParamGrads::BatchNormBackward`].
 ///
 /// The feature view matters: for that layer norm the batch-norm affine map on the
 /// channels-first view took 20.5 ms (channels-last: 0.500), while its backward with only the
@@ -115,8 +155,12 @@ pub enum FeatureLayout {
 ///     .affine(NormAffine::BatchNormInference)
 ///     .feature_layout(FeatureLayout::ChannelsLast);
 /// assert_eq!(m.param_grads, NormParamGrads::Reduce);
-/// assert_eq!(NormMethod::default_for_layer().affine, NormAffine::BatchNormInference);
-/// assert_eq!(NormMethod::default_for_group().feature_layout, FeatureLayout::ChannelsFirst);
+/// let layer = NormMethod::default_for_layer();
+/// assert_eq!(layer.affine, NormAffine::BatchNormInference);
+/// assert_eq!(layer.param_grads, NormParamGrads::TwoStageReduce);
+/// let group = NormMethod::default_for_group();
+/// assert_eq!(group.feature_layout, FeatureLayout::ChannelsFirst);
+/// assert_eq!(group.param_grads, NormParamGrads::BatchNormBackward);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -144,14 +188,14 @@ impl NormMethod {
             feature_layout: FeatureLayout::ChannelsFirst,
         }
     }
-    /// The default of [`LayerNorm`](super::LayerNorm): batch-norm inference for the affine
-    /// map and batch-norm backward for `dγ`, `dβ`, both on the channels-last feature view
+    /// The default of [`LayerNorm`](super::LayerNorm): batch-norm inference on the
+    /// channels-last feature view for the affine map, two-stage reductions for `dγ`, `dβ`
     /// (the fastest measured for the layer norm; see the table above).
     pub fn default_for_layer() -> Self {
         NormMethod {
             stats: NormStats::SpatialColumn,
             affine: NormAffine::BatchNormInference,
-            param_grads: NormParamGrads::BatchNormBackward,
+            param_grads: NormParamGrads::TwoStageReduce,
             feature_layout: FeatureLayout::ChannelsLast,
         }
     }
@@ -159,7 +203,12 @@ impl NormMethod {
     /// inference for the affine map and batch-norm backward for `dγ`, `dβ`, on the
     /// channels-first feature view (the tensor as it is).
     pub fn default_for_group() -> Self {
-        Self::default_for_layer().feature_layout(FeatureLayout::ChannelsFirst)
+        NormMethod {
+            stats: NormStats::SpatialColumn,
+            affine: NormAffine::BatchNormInference,
+            param_grads: NormParamGrads::BatchNormBackward,
+            feature_layout: FeatureLayout::ChannelsFirst,
+        }
     }
     /// Sets the statistics view.
     pub fn stats(mut self, stats: NormStats) -> Self {
@@ -202,6 +251,33 @@ pub(crate) fn near_square(m: i64) -> (i64, i64) {
     (m / w, w)
 }
 
+/// The dimensions of the views of [`NormParamGrads::TwoStageReduce`] for a packed
+/// `[a, b, s, 1]` tensor (`b` features, summed over `a` and `s`): the tensor as the first
+/// reduction reads it, the partial sums it writes, and the per-feature sums (`b` elements) the
+/// second writes; all packed. `None` when the sum has no two-stage split (it is then one
+/// reduction):
+///
+/// * `s = 1` (layer norm): the `a` rows split as `S1·S2` by [`near_square`] — `[S1, S2, b, 1]`
+///   → `[S1, 1, b, 1]` → `[1, 1, b, 1]` — unless `S2 = 1` (`a` prime or below 4);
+/// * `s > 1`, `a ≥ 2`: the contiguous `s` first — `[a, b, s, 1]` → `[a, b, 1, 1]` →
+///   `[1, b, 1, 1]`;
+/// * `s > 1`, `a = 1`: `s` split as the rows above — `[1, b, S1, S2]` → `[1, b, S1, 1]` →
+///   `[1, b, 1, 1]` — unless `S2 = 1`.
+///
+/// Every reduction of these reduces at least one axis of extent ≥ 2, so none is the "reduce
+/// nothing" copy cuDNN refuses.
+pub(crate) fn two_stage_split(a: i64, b: i64, s: i64) -> Option<[[i64; 4]; 3]> {
+    if s == 1 {
+        let (s1, s2) = near_square(a);
+        (s2 >= 2).then_some([[s1, s2, b, 1], [s1, 1, b, 1], [1, 1, b, 1]])
+    } else if a >= 2 {
+        Some([[a, b, s, 1], [a, b, 1, 1], [1, b, 1, 1]])
+    } else {
+        let (s1, s2) = near_square(s);
+        (s2 >= 2).then_some([[1, b, s1, s2], [1, b, s1, 1], [1, b, 1, 1]])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,17 +314,69 @@ mod tests {
             (
                 NormStats::SpatialColumn,
                 NormAffine::BatchNormInference,
-                NormParamGrads::BatchNormBackward,
+                NormParamGrads::TwoStageReduce,
                 FeatureLayout::ChannelsLast
             )
         );
         assert!(l.uses_feature_view());
         let g = NormMethod::default_for_group();
-        assert_eq!(g, l.feature_layout(FeatureLayout::ChannelsFirst));
+        assert_eq!(
+            g,
+            l.feature_layout(FeatureLayout::ChannelsFirst)
+                .param_grads(NormParamGrads::BatchNormBackward)
+        );
+        assert!(!d
+            .param_grads(NormParamGrads::TwoStageReduce)
+            .uses_feature_view());
+        assert_eq!(NormParamGrads::ALL.len(), 3);
         let m = d.stats(NormStats::SpatialPersistent);
         assert_eq!(m.stats, NormStats::SpatialPersistent);
         assert_eq!(m.affine, NormAffine::OpTensor);
         assert_eq!(NormStats::ALL.len(), 4);
         assert_eq!(NormStats::default(), NormStats::SpatialColumn);
+    }
+
+    #[test]
+    fn two_stage_splits() {
+        // The bench's layer norm: 32768 = 256·128, the 128 axis summed first.
+        assert_eq!(
+            two_stage_split(32768, 1024, 1),
+            Some([[256, 128, 1024, 1], [256, 1, 1024, 1], [1, 1, 1024, 1]])
+        );
+        assert_eq!(
+            two_stage_split(6, 40, 1),
+            Some([[3, 2, 40, 1], [3, 1, 40, 1], [1, 1, 40, 1]])
+        );
+        // Prime or too few rows: one stage.
+        for rows in [1, 2, 3, 5, 13, 37, 8191] {
+            assert_eq!(two_stage_split(rows, 7, 1), None, "{rows} rows");
+        }
+        assert!(two_stage_split(4, 7, 1).is_some());
+        // Group norm: spatial first, then the batch.
+        assert_eq!(
+            two_stage_split(32, 256, 3136),
+            Some([[32, 256, 3136, 1], [32, 256, 1, 1], [1, 256, 1, 1]])
+        );
+        // One sample: the spatial positions split, unless prime.
+        assert_eq!(
+            two_stage_split(1, 6, 20),
+            Some([[1, 6, 5, 4], [1, 6, 5, 1], [1, 6, 1, 1]])
+        );
+        assert_eq!(two_stage_split(1, 6, 7), None);
+        // Every split views the same element count and ends in the features.
+        for a in 1..40i64 {
+            for s in 1..40i64 {
+                if let Some([data, partial, sums]) = two_stage_split(a, 3, s) {
+                    assert_eq!(data.iter().product::<i64>(), a * 3 * s, "{a}, {s}");
+                    assert_eq!(sums.iter().product::<i64>(), 3);
+                    for i in 0..4 {
+                        assert!(partial[i] == data[i] || partial[i] == 1);
+                        assert!(sums[i] == partial[i] || sums[i] == 1);
+                    }
+                    assert_ne!(data, partial, "{a}, {s}: first stage reduces nothing");
+                    assert_ne!(partial, sums, "{a}, {s}: second stage reduces nothing");
+                }
+            }
+        }
     }
 }

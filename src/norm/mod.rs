@@ -62,9 +62,12 @@
 //! 2. **Affine**: `y = x̂·γ + β` as one batch-norm inference on the *feature view* — the
 //!    tensor seen with the `B` features (layer norm) or channels (group norm) as batch-norm
 //!    channels — with scale `γ`, bias `β`, mean 0, variance 1, epsilon 0.
-//! 3. **Backward**: `dγ = Σ dy·x̂` and `dβ = Σ dy` from one batch-norm backward on the feature
-//!    view with `x = x̂`, saved mean 0 and inverse standard deviation 1; `dx̂ = dy·γ` as in
-//!    step 2; then cuDNN's batch-norm backward on the regrouped view with `dy = dx̂` gives `dx`.
+//! 3. **Backward**: `dγ = Σ dy·x̂` and `dβ = Σ dy` — for a group norm from one batch-norm
+//!    backward on the feature view with `x = x̂`, saved mean 0 and inverse standard deviation
+//!    1; for a layer norm as two `cudnnReduceTensor` calls each through partial sums
+//!    ([`NormParamGrads::TwoStageReduce`]: the rows split as `S1·S2`, `S2` summed first), the
+//!    product `dy·x̂` from [`Cudnn::op_tensor`]; `dx̂ = dy·γ` as in step 2; then cuDNN's
+//!    batch-norm backward on the regrouped view with `dy = dx̂` gives `dx`.
 //!
 //! The feature view of a layer norm is the channels-last `[1, D, rows, 1]`, of a group norm the
 //! packed tensor itself: the fastest measured ([`NormMethod::default_for_layer`],
@@ -76,7 +79,12 @@
 //! kept by the normalization object and reused. The objects also keep small constant/scratch
 //! vectors: four of `R` parameters (scale 1, bias 0, and the discarded per-group gradients of
 //! step 3) and four of `B` (mean 0, variance 1, and `γ`, `β` or their gradients converted
-//! between f16/bf16 and f32).
+//! between f16/bf16 and f32); with the two-stage sums, the partial sums (`S1·B` parameters for
+//! a layer norm, `N·C` for a group norm) and, for f16/bf16, `B` more for the sums before their
+//! conversion. The backward pass of the two-stage sums (the layer-norm default) and of the
+//! one-call reductions uses the caller's [`Workspace`](crate::Workspace)
+//! ([`LayerNorm::backward_workspace_size`]): for bf16 data, which cuDNN reduces through f32,
+//! it holds an f32 copy of the tensor.
 //!
 //! ## Other formulations
 //!
@@ -91,18 +99,15 @@
 //! * [`NormStats`]: the view and mode of step 1 — `[1, R, M, 1]` (default), `[1, R, 1, M]`, a
 //!   near-square `[1, R, H, W]`, or the persistent spatial mode.
 //! * [`NormAffine`], [`NormParamGrads`]: each of steps 2 and 3 as batch-norm calls or as
-//!   op-tensor / reductions.
+//!   op-tensor / reductions (in one call or two per sum).
 //! * [`FeatureLayout`]: whether the feature view is described channels-first (the tensor as
 //!   it is) or, for a layer norm, channels-last (`[1, D, rows, 1]`, the same memory).
 use std::ffi::c_void;
 
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use half::{bf16, f16};
 
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
-use crate::handle::Cudnn;
-use crate::tensor::Layout;
 
 mod affine;
 mod batch;
@@ -158,65 +163,6 @@ fn check_epsilon(epsilon: f64) -> Result<()> {
             format!("a finite value ≥ CUDNN_BN_MIN_EPSILON ({MIN_EPSILON})"),
             epsilon,
         ))
-    }
-}
-
-/// `Cudnn::check_tensor` for buffers passed as trait objects (optional
-/// arguments): same context as the handle, at least the layout's span, and for outputs a
-/// non-overlapping layout.
-fn check_dyn<T, B: DeviceSlice<T> + ?Sized>(
-    cudnn: &Cudnn,
-    name: &'static str,
-    layout: &Layout,
-    buf: &B,
-    output: bool,
-) -> Result<()> {
-    if output {
-        layout.check_output(name)?;
-    }
-    let ctx = buf.stream().context();
-    if **ctx != **cudnn.context() {
-        return Err(Error::ForeignContext {
-            name,
-            expected: cudnn.context().ordinal(),
-            found: ctx.ordinal(),
-        });
-    }
-    if buf.len() < layout.span() {
-        return Err(Error::BufferTooSmall {
-            name,
-            len: buf.len(),
-            required: layout.span(),
-        });
-    }
-    Ok(())
-}
-
-/// The device address of an optional input (null when absent) and its stream-ordering guard.
-fn opt_ptr<'a, 'b: 'a, T>(
-    buf: Option<&'a (dyn DevicePtr<T> + 'b)>,
-    stream: &'a CudaStream,
-) -> (*const c_void, Option<SyncOnDrop<'a>>) {
-    match buf {
-        Some(b) => {
-            let (p, g) = b.device_ptr(stream);
-            (p as *const c_void, Some(g))
-        }
-        None => (std::ptr::null(), None),
-    }
-}
-
-/// The device address of an optional output (null when absent) and its stream-ordering guard.
-fn opt_ptr_mut<'a, 'b: 'a, T>(
-    buf: Option<&'a mut (dyn DevicePtrMut<T> + 'b)>,
-    stream: &'a CudaStream,
-) -> (*mut c_void, Option<SyncOnDrop<'a>>) {
-    match buf {
-        Some(b) => {
-            let (p, g) = b.device_ptr_mut(stream);
-            (p as *mut c_void, Some(g))
-        }
-        None => (std::ptr::null_mut(), None),
     }
 }
 

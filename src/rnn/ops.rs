@@ -9,10 +9,11 @@
 use std::ffi::c_void;
 use std::marker::PhantomData;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
 use cudnn_safe_sys as sys;
 
 use super::{ffi, CellMode, DropoutSlot, Rnn, SeqDataDesc};
+use crate::checks::{opt_ptr, opt_ptr_mut};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -314,21 +315,7 @@ fn check_buf<T, B: DeviceSlice<T> + ?Sized>(
     required: usize,
     exact: bool,
 ) -> Result<()> {
-    let ctx = buf.stream().context();
-    if **ctx != **cudnn.context() {
-        return Err(Error::ForeignContext {
-            name,
-            expected: cudnn.context().ordinal(),
-            found: ctx.ordinal(),
-        });
-    }
-    if buf.len() < required {
-        return Err(Error::BufferTooSmall {
-            name,
-            len: buf.len(),
-            required,
-        });
-    }
+    cudnn.check_buffer(name, buf, required)?;
     if exact && buf.len() != required {
         return Err(Error::InvalidArgument {
             what: "weight-space length",
@@ -348,44 +335,6 @@ fn check_opt<T, B: DeviceSlice<T> + ?Sized>(
     match buf {
         Some(b) => check_buf(cudnn, name, b, required, false),
         None => Ok(()),
-    }
-}
-
-fn check_workspace_context(cudnn: &Cudnn, ws: &Workspace) -> Result<()> {
-    let ctx = ws.stream().context();
-    if **ctx != **cudnn.context() {
-        return Err(Error::ForeignContext {
-            name: "workspace",
-            expected: cudnn.context().ordinal(),
-            found: ctx.ordinal(),
-        });
-    }
-    Ok(())
-}
-
-fn ptr<'a, T>(
-    buf: Option<&'a dyn DevicePtr<T>>,
-    stream: &'a CudaStream,
-) -> (*const c_void, Option<SyncOnDrop<'a>>) {
-    match buf {
-        Some(b) => {
-            let (p, g) = b.device_ptr(stream);
-            (p as *const c_void, Some(g))
-        }
-        None => (std::ptr::null(), None),
-    }
-}
-
-fn ptr_mut<'a, 'b: 'a, T>(
-    buf: Option<&'a mut (dyn DevicePtrMut<T> + 'b)>,
-    stream: &'a CudaStream,
-) -> (*mut c_void, Option<SyncOnDrop<'a>>) {
-    match buf {
-        Some(b) => {
-            let (p, g) = b.device_ptr_mut(stream);
-            (p as *mut c_void, Some(g))
-        }
-        None => (std::ptr::null_mut(), None),
     }
 }
 
@@ -596,7 +545,7 @@ impl<T: DataType> Rnn<T> {
         check_opt(cudnn, "cx", cx, c_len)?;
         check_opt(cudnn, "hy", hy.as_deref(), h_len)?;
         check_opt(cudnn, "cy", cy.as_deref(), c_len)?;
-        check_workspace_context(cudnn, workspace)?;
+        cudnn.check_workspace_context(workspace)?;
         let sizes = self.temp_space_sizes(cudnn, mode, x_desc)?;
         workspace.prepare(sizes.workspace)?;
         let states = self.state_descs(batch)?;
@@ -664,10 +613,10 @@ impl<T: DataType> Rnn<T> {
             let (xp, _gx) = x.device_ptr(stream);
             let (yp, _gy) = y.device_ptr_mut(stream);
             let (wp, _gw) = weights.device_ptr(stream);
-            let (hxp, _ghx) = ptr(hx, stream);
-            let (cxp, _gcx) = ptr(cx, stream);
-            let (hyp, _ghy) = ptr_mut(hy, stream);
-            let (cyp, _gcy) = ptr_mut(cy, stream);
+            let (hxp, _ghx) = opt_ptr(hx, stream);
+            let (cxp, _gcx) = opt_ptr(cx, stream);
+            let (hyp, _ghy) = opt_ptr_mut(hy, stream);
+            let (cyp, _gcy) = opt_ptr_mut(cy, stream);
             let (wsp, _gws) = workspace.device_ptr_mut(stream);
             let (rp, _gr) = match reserve.as_mut().and_then(|r| r.buf.as_mut()) {
                 Some(b) => {
@@ -835,7 +784,7 @@ impl<T: DataType> Rnn<T> {
         check_opt(cudnn, "dcy", dcy, c_len)?;
         check_opt(cudnn, "dhx", dhx.as_deref(), h_len)?;
         check_opt(cudnn, "dcx", dcx.as_deref(), c_len)?;
-        check_workspace_context(cudnn, workspace)?;
+        cudnn.check_workspace_context(workspace)?;
         let sizes = self.temp_space_sizes(cudnn, ForwardMode::Training, x_desc)?;
         workspace.prepare(sizes.workspace)?;
         let states = self.state_descs(batch)?;
@@ -848,12 +797,12 @@ impl<T: DataType> Rnn<T> {
         let (dyp, _gdy) = dy.device_ptr(stream);
         let (dxp, _gdx) = dx.device_ptr_mut(stream);
         let (wp, _gw) = weights.device_ptr(stream);
-        let (hxp, _ghx) = ptr(hx, stream);
-        let (cxp, _gcx) = ptr(cx, stream);
-        let (dhyp, _gdhy) = ptr(dhy, stream);
-        let (dcyp, _gdcy) = ptr(dcy, stream);
-        let (dhxp, _gdhx) = ptr_mut(dhx, stream);
-        let (dcxp, _gdcx) = ptr_mut(dcx, stream);
+        let (hxp, _ghx) = opt_ptr(hx, stream);
+        let (cxp, _gcx) = opt_ptr(cx, stream);
+        let (dhyp, _gdhy) = opt_ptr(dhy, stream);
+        let (dcyp, _gdcy) = opt_ptr(dcy, stream);
+        let (dhxp, _gdhx) = opt_ptr_mut(dhx, stream);
+        let (dcxp, _gdcx) = opt_ptr_mut(dcx, stream);
         let (wsp, _gws) = workspace.device_ptr_mut(stream);
         let reserve_bytes = reserve.bytes;
         let (rp, _gr) = match reserve.buf.as_mut() {
@@ -946,7 +895,7 @@ impl<T: DataType> Rnn<T> {
         check_buf(cudnn, "y", y, y_desc.span(), false)?;
         check_buf(cudnn, "dweights", dweights, self.weight_space_len(), true)?;
         check_opt(cudnn, "hx", hx, self.hidden_state_len(batch))?;
-        check_workspace_context(cudnn, workspace)?;
+        cudnn.check_workspace_context(workspace)?;
         let sizes = self.temp_space_sizes(cudnn, ForwardMode::Training, x_desc)?;
         workspace.prepare(sizes.workspace)?;
         let states = self.state_descs(batch)?;
@@ -973,7 +922,7 @@ impl<T: DataType> Rnn<T> {
             }
             .map_err(|e| Error::driver("zeroing the weight gradient", e))?;
         }
-        let (hxp, _ghx) = ptr(hx, stream);
+        let (hxp, _ghx) = opt_ptr(hx, stream);
         let (wsp, _gws) = workspace.device_ptr_mut(stream);
         let reserve_bytes = reserve.bytes;
         let (rp, _gr) = match reserve.buf.as_mut() {
