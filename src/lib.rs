@@ -51,6 +51,7 @@ pub mod dropout;
 pub mod dtype;
 pub mod error;
 mod fast;
+pub mod graph;
 mod handle;
 pub mod norm;
 pub mod ops;

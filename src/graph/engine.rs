@@ -1,0 +1,723 @@
+//! Engines, engine configurations and execution plans: heuristics, enumeration, filtering by
+//! numerical and behaviour notes and by workspace, plan building.
+use std::cell::RefCell;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use cudnn_safe_sys as sys;
+use cudnn_safe_sys::Library;
+
+use super::backend::{attr, kind, Desc};
+use super::build::{GraphInner, OperationGraph};
+use crate::error::{Error, Result};
+use crate::handle::Cudnn;
+use crate::workspace::MAX_WORKSPACE_BYTES;
+
+/// A heuristic mode (`cudnnBackendHeurMode_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum HeurMode {
+    /// The fastest query, least accurate ranking.
+    Instant,
+    /// The default heuristic (decision tree).
+    A,
+    /// A neural-network heuristic: slower to query, more accurate.
+    B,
+    /// Engines that run most graphs, without regard to speed.
+    Fallback,
+}
+
+impl HeurMode {
+    fn raw(self) -> sys::cudnnBackendHeurMode_t {
+        use sys::cudnnBackendHeurMode_t as H;
+        match self {
+            HeurMode::Instant => H::CUDNN_HEUR_MODE_INSTANT,
+            HeurMode::A => H::CUDNN_HEUR_MODE_A,
+            HeurMode::B => H::CUDNN_HEUR_MODE_B,
+            HeurMode::Fallback => H::CUDNN_HEUR_MODE_FALLBACK,
+        }
+    }
+}
+
+/// A numerical property of an engine (`cudnnBackendNumericalNote_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum NumericalNote {
+    /// Uses tensor cores (TF32 for f32 data: not strict fp32).
+    TensorCore,
+    /// Converts inputs to a narrower type before computing.
+    DownConvertInputs,
+    /// Accumulates in a narrower type than the compute type.
+    ReducedPrecisionReduction,
+    /// Uses an FFT.
+    Fft,
+    /// Results may differ from run to run (e.g. atomics).
+    Nondeterministic,
+    /// Uses a Winograd transform.
+    Winograd,
+    /// Propagates NaN strictly.
+    StrictNanProp,
+    /// A note this crate does not name (its raw value).
+    Other(u32),
+}
+
+impl NumericalNote {
+    fn from_raw(n: sys::cudnnBackendNumericalNote_t) -> NumericalNote {
+        use sys::cudnnBackendNumericalNote_t as N;
+        match n {
+            N::CUDNN_NUMERICAL_NOTE_TENSOR_CORE => NumericalNote::TensorCore,
+            N::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS => NumericalNote::DownConvertInputs,
+            N::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION => {
+                NumericalNote::ReducedPrecisionReduction
+            }
+            N::CUDNN_NUMERICAL_NOTE_FFT => NumericalNote::Fft,
+            N::CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC => NumericalNote::Nondeterministic,
+            N::CUDNN_NUMERICAL_NOTE_WINOGRAD => NumericalNote::Winograd,
+            N::CUDNN_NUMERICAL_NOTE_STRICT_NAN_PROP => NumericalNote::StrictNanProp,
+            other => NumericalNote::Other(other.0),
+        }
+    }
+}
+
+/// A behavioural property of an engine (`cudnnBackendBehaviorNote_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BehaviorNote {
+    /// Compiles kernels at run time (the first plan build is slow).
+    RuntimeCompilation,
+    /// Supports cuDNN's native CUDA-graph API.
+    SupportsCudaGraphNativeApi,
+    /// A note this crate does not name (its raw value).
+    Other(u32),
+}
+
+impl BehaviorNote {
+    fn from_raw(n: sys::cudnnBackendBehaviorNote_t) -> BehaviorNote {
+        use sys::cudnnBackendBehaviorNote_t as B;
+        match n {
+            B::CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION => BehaviorNote::RuntimeCompilation,
+            B::CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API => {
+                BehaviorNote::SupportsCudaGraphNativeApi
+            }
+            other => BehaviorNote::Other(other.0),
+        }
+    }
+}
+
+/// An engine and its knob settings: what identifies a plan of a given graph, and all that needs
+/// persisting to rebuild it ([`OperationGraph::plan_from_config`]).
+///
+/// Written as cudnn-frontend writes plan tags: `eng12_k2=1_k5=0` (engine global index, then
+/// `knob type = value` pairs); [`FromStr`] reads that form back.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EngineConfig {
+    /// The engine's global index (`CUDNN_ATTR_ENGINE_GLOBAL_INDEX`).
+    pub engine: i64,
+    /// Knob choices: (`cudnnBackendKnobType_t` value, knob value).
+    pub knobs: Vec<(u32, i64)>,
+}
+
+impl fmt::Display for EngineConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "eng{}", self.engine)?;
+        for (t, v) in &self.knobs {
+            write!(f, "_k{t}={v}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for EngineConfig {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<EngineConfig> {
+        let bad = || Error::invalid("engine configuration", "eng<index>[_k<type>=<value>]...", s);
+        let mut parts = s.split('_');
+        let engine = parts
+            .next()
+            .and_then(|p| p.strip_prefix("eng"))
+            .and_then(|n| n.parse::<i64>().ok())
+            .filter(|&n| n >= 0)
+            .ok_or_else(bad)?;
+        let mut knobs = Vec::new();
+        for p in parts {
+            let (t, v) = p
+                .strip_prefix('k')
+                .and_then(|kv| kv.split_once('='))
+                .ok_or_else(bad)?;
+            knobs.push((
+                t.parse::<u32>().map_err(|_| bad())?,
+                v.parse::<i64>().map_err(|_| bad())?,
+            ));
+        }
+        Ok(EngineConfig { engine, knobs })
+    }
+}
+
+/// Which engine configurations [`OperationGraph::plans`] proposes and keeps.
+///
+/// The default asks heuristics A then fallback, keeps every configuration, and caps the
+/// workspace at [`MAX_WORKSPACE_BYTES`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PlanFilter {
+    modes: Vec<HeurMode>,
+    all_engines: bool,
+    deterministic: bool,
+    no_tensor_cores: bool,
+    no_down_conversion: bool,
+    no_reduced_precision: bool,
+    no_runtime_compilation: bool,
+    max_workspace: usize,
+    max_plans: Option<usize>,
+}
+
+impl Default for PlanFilter {
+    fn default() -> Self {
+        PlanFilter {
+            modes: vec![HeurMode::A, HeurMode::Fallback],
+            all_engines: false,
+            deterministic: false,
+            no_tensor_cores: false,
+            no_down_conversion: false,
+            no_reduced_precision: false,
+            no_runtime_compilation: false,
+            max_workspace: MAX_WORKSPACE_BYTES,
+            max_plans: None,
+        }
+    }
+}
+
+impl PlanFilter {
+    /// The default filter.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// The heuristic modes asked, in order (their proposals are concatenated, duplicates
+    /// dropped).
+    #[must_use]
+    pub fn heuristics(mut self, modes: &[HeurMode]) -> Self {
+        self.modes = modes.to_vec();
+        self
+    }
+    /// Also enumerates every engine of the graph (`0..engine_count`) with default knobs, after
+    /// the heuristics' proposals.
+    #[must_use]
+    pub fn all_engines(mut self, yes: bool) -> Self {
+        self.all_engines = yes;
+        self
+    }
+    /// Keeps only deterministic engines (no [`NumericalNote::Nondeterministic`]).
+    #[must_use]
+    pub fn deterministic(mut self, yes: bool) -> Self {
+        self.deterministic = yes;
+        self
+    }
+    /// Drops tensor-core engines: strict fp32 for f32 data (PyTorch's `allow_tf32 = False`).
+    #[must_use]
+    pub fn no_tensor_cores(mut self, yes: bool) -> Self {
+        self.no_tensor_cores = yes;
+        self
+    }
+    /// Drops engines that convert inputs to a narrower type.
+    #[must_use]
+    pub fn no_down_conversion(mut self, yes: bool) -> Self {
+        self.no_down_conversion = yes;
+        self
+    }
+    /// Drops engines that accumulate in a narrower type than the compute type.
+    #[must_use]
+    pub fn no_reduced_precision(mut self, yes: bool) -> Self {
+        self.no_reduced_precision = yes;
+        self
+    }
+    /// Drops engines that compile kernels at run time.
+    #[must_use]
+    pub fn no_runtime_compilation(mut self, yes: bool) -> Self {
+        self.no_runtime_compilation = yes;
+        self
+    }
+    /// Drops plans needing more workspace than `bytes` (capped at [`MAX_WORKSPACE_BYTES`]).
+    #[must_use]
+    pub fn max_workspace(mut self, bytes: usize) -> Self {
+        self.max_workspace = bytes.min(MAX_WORKSPACE_BYTES);
+        self
+    }
+    /// Stops after this many plans are built (`None`: all).
+    #[must_use]
+    pub fn max_plans(mut self, n: Option<usize>) -> Self {
+        self.max_plans = n;
+        self
+    }
+    /// The workspace cap in bytes.
+    pub fn workspace_limit(&self) -> usize {
+        self.max_workspace
+    }
+
+    /// Why a configuration with these notes is refused, if it is.
+    fn refuse(&self, notes: &[NumericalNote], behavior: &[BehaviorNote]) -> Option<&'static str> {
+        let has = |n: NumericalNote| notes.contains(&n);
+        if self.deterministic && has(NumericalNote::Nondeterministic) {
+            return Some("nondeterministic");
+        }
+        if self.no_tensor_cores && has(NumericalNote::TensorCore) {
+            return Some("uses tensor cores");
+        }
+        if self.no_down_conversion && has(NumericalNote::DownConvertInputs) {
+            return Some("down-converts inputs");
+        }
+        if self.no_reduced_precision && has(NumericalNote::ReducedPrecisionReduction) {
+            return Some("reduced-precision reduction");
+        }
+        if self.no_runtime_compilation && behavior.contains(&BehaviorNote::RuntimeCompilation) {
+            return Some("compiles at run time");
+        }
+        None
+    }
+}
+
+/// A configuration or plan that [`OperationGraph::plans`] did not keep, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// The configuration ([`EngineConfig`]'s form), or the heuristic mode that failed.
+    pub name: String,
+    /// Why: a filter, the workspace limit, or the cuDNN error of a plan that did not finalize.
+    pub reason: String,
+}
+
+/// The result of [`OperationGraph::plans`]: the plans built, in proposal order, and what was
+/// skipped.
+#[derive(Debug)]
+pub struct PlanList {
+    /// Finalized plans, in the order the heuristics ranked them.
+    pub plans: Vec<Plan>,
+    /// Configurations refused by the filter or that failed to build.
+    pub skipped: Vec<Skipped>,
+}
+
+/// An engine configuration with the descriptors it refers to.
+struct Candidate {
+    cfg: Desc,
+    knobs: Vec<Desc>,
+    engine: Desc,
+    config: EngineConfig,
+    notes: Vec<NumericalNote>,
+    behavior: Vec<BehaviorNote>,
+}
+
+/// Room for notes: more than cuDNN 9.14 defines of either kind.
+const MAX_NOTES: usize = 64;
+
+fn knob_count() -> usize {
+    sys::cudnnBackendKnobType_t::CUDNN_KNOB_TYPE_COUNTS.0 as usize
+}
+
+/// Reads an engine's notes.
+fn engine_notes(engine: &Desc) -> Result<(Vec<NumericalNote>, Vec<BehaviorNote>)> {
+    let notes = engine
+        .get(
+            attr!(CUDNN_ATTR_ENGINE_NUMERICAL_NOTE),
+            MAX_NOTES,
+            sys::cudnnBackendNumericalNote_t(u32::MAX),
+        )?
+        .into_iter()
+        .map(NumericalNote::from_raw)
+        .collect();
+    // Behaviour notes are informational; an engine that cannot report them has none we filter.
+    let behavior = engine
+        .get(
+            attr!(CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE),
+            MAX_NOTES,
+            sys::cudnnBackendBehaviorNote_t(u32::MAX),
+        )
+        .unwrap_or_default()
+        .into_iter()
+        .map(BehaviorNote::from_raw)
+        .collect();
+    Ok((notes, behavior))
+}
+
+/// Describes a finalized engine configuration proposed by a heuristic.
+fn describe(lib: &'static Library, cfg: Desc) -> Result<Candidate> {
+    let mut engine = vec![Desc::new(lib, kind!(CUDNN_BACKEND_ENGINE_DESCRIPTOR))?];
+    if cfg.get_descs(attr!(CUDNN_ATTR_ENGINECFG_ENGINE), &mut engine)? != 1 {
+        return Err(Error::Cudnn {
+            status: crate::Status::BAD_PARAM,
+            function: "cudnnBackendGetAttribute",
+            message: "CUDNN_ATTR_ENGINECFG_ENGINE returned no engine".into(),
+        });
+    }
+    let engine = engine.pop().expect("one engine");
+    let id = engine.get_i64(attr!(CUDNN_ATTR_ENGINE_GLOBAL_INDEX))?;
+    let (notes, behavior) = engine_notes(&engine)?;
+    let mut knobs = (0..knob_count())
+        .map(|_| Desc::new(lib, kind!(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR)))
+        .collect::<Result<Vec<_>>>()?;
+    let n = cfg.get_descs(attr!(CUDNN_ATTR_ENGINECFG_KNOB_CHOICES), &mut knobs)?;
+    knobs.truncate(n);
+    let mut pairs = Vec::with_capacity(n);
+    for k in &knobs {
+        let t = k.get(
+            attr!(CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE),
+            1,
+            sys::cudnnBackendKnobType_t(u32::MAX),
+        )?;
+        let v = k.get_i64(attr!(CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE))?;
+        if let Some(t) = t.first() {
+            pairs.push((t.0, v));
+        }
+    }
+    Ok(Candidate {
+        cfg,
+        knobs,
+        engine,
+        config: EngineConfig {
+            engine: id,
+            knobs: pairs,
+        },
+        notes,
+        behavior,
+    })
+}
+
+/// An execution plan (`CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR`): a graph bound to one engine
+/// configuration on one handle, ready for [`Cudnn::execute`].
+///
+/// It keeps its graph, engine and configuration alive. It is `Send` but not `Sync` (it caches
+/// the variant pack of its last execution); it runs only on the handle it was built on.
+pub struct Plan {
+    pub(crate) plan: Desc,
+    #[allow(dead_code)] // kept alive: the plan refers to it
+    cfg: Desc,
+    #[allow(dead_code)] // kept alive: the configuration refers to them
+    knobs: Vec<Desc>,
+    #[allow(dead_code)] // kept alive: the configuration refers to it
+    engine: Desc,
+    pub(crate) graph: Arc<GraphInner>,
+    workspace: usize,
+    config: EngineConfig,
+    notes: Vec<NumericalNote>,
+    behavior: Vec<BehaviorNote>,
+    /// The variant pack of the last execution, reused while its pointers stay the same.
+    pub(crate) pack: RefCell<Option<super::exec::PackCache>>,
+}
+
+impl fmt::Debug for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Plan")
+            .field("config", &self.config.to_string())
+            .field("workspace", &self.workspace)
+            .field("notes", &self.notes)
+            .finish()
+    }
+}
+
+impl Plan {
+    /// Workspace bytes an execution needs (`CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE`).
+    #[doc(alias = "CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE")]
+    pub fn workspace_size(&self) -> usize {
+        self.workspace
+    }
+    /// The engine's global index.
+    pub fn engine_id(&self) -> i64 {
+        self.config.engine
+    }
+    /// The engine configuration (engine and knobs).
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+    /// The plan's tag, cudnn-frontend style (`eng12_k2=1_k5=0`).
+    pub fn name(&self) -> String {
+        self.config.to_string()
+    }
+    /// The engine's numerical notes.
+    pub fn numerical_notes(&self) -> &[NumericalNote] {
+        &self.notes
+    }
+    /// The engine's behaviour notes.
+    pub fn behavior_notes(&self) -> &[BehaviorNote] {
+        &self.behavior
+    }
+    /// Whether the engine is deterministic.
+    pub fn is_deterministic(&self) -> bool {
+        !self.notes.contains(&NumericalNote::Nondeterministic)
+    }
+    /// Whether the engine uses tensor cores.
+    pub fn uses_tensor_cores(&self) -> bool {
+        self.notes.contains(&NumericalNote::TensorCore)
+    }
+    /// The signature of the graph the plan runs.
+    pub fn signature(&self) -> &str {
+        &self.graph.signature
+    }
+
+    /// Lets the plan execute with the tensor ids of `og`, another graph of the same signature
+    /// (e.g. the same layer's graph rebuilt, receiving a plan from a [`super::PlanCache`], which
+    /// calls this on every hit). Errors if the signatures differ.
+    pub fn share_with(&self, og: &OperationGraph) -> Result<()> {
+        self.graph.add_alias(&og.inner)
+    }
+
+    /// cuDNN's JSON serialization of the plan (`CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION`).
+    #[doc(alias = "CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION")]
+    pub fn json(&self, cudnn: &Cudnn) -> Result<String> {
+        self.graph.check_handle(cudnn)?;
+        let a = attr!(CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION);
+        let n = self
+            .plan
+            .count(a, sys::cudnnBackendAttributeType_t::CUDNN_TYPE_CHAR)?;
+        let bytes = self.plan.get::<u8>(a, n, 0)?;
+        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+        Ok(String::from_utf8_lossy(&bytes[..end]).into_owned())
+    }
+
+    /// The raw plan descriptor, for backend calls this crate does not wrap. It stays owned by
+    /// `self`.
+    pub fn as_raw(&self) -> sys::cudnnBackendDescriptor_t {
+        self.plan.as_raw()
+    }
+}
+
+impl OperationGraph {
+    /// Engine configurations proposed by one heuristic mode.
+    fn heuristic(&self, lib: &'static Library, mode: HeurMode) -> Result<Vec<Desc>> {
+        let mut h = Desc::new(lib, kind!(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR))?;
+        h.set_descs(
+            attr!(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH),
+            &[&self.inner.graph],
+        )?;
+        h.set1(attr!(CUDNN_ATTR_ENGINEHEUR_MODE), mode.raw())?;
+        h.finalize()?;
+        let a = attr!(CUDNN_ATTR_ENGINEHEUR_RESULTS);
+        let n = h.count(
+            a,
+            sys::cudnnBackendAttributeType_t::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+        )?;
+        let mut cfgs = (0..n)
+            .map(|_| Desc::new(lib, kind!(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)))
+            .collect::<Result<Vec<_>>>()?;
+        if n > 0 {
+            let got = h.get_descs(a, &mut cfgs)?;
+            cfgs.truncate(got);
+        }
+        Ok(cfgs)
+    }
+
+    /// An engine configuration built here: engine `id` of this graph with the given knobs.
+    fn configure(&self, lib: &'static Library, config: &EngineConfig) -> Result<Candidate> {
+        let mut engine = Desc::new(lib, kind!(CUDNN_BACKEND_ENGINE_DESCRIPTOR))?;
+        engine.set_descs(
+            attr!(CUDNN_ATTR_ENGINE_OPERATION_GRAPH),
+            &[&self.inner.graph],
+        )?;
+        engine.set1(attr!(CUDNN_ATTR_ENGINE_GLOBAL_INDEX), config.engine)?;
+        engine.finalize()?;
+        let mut knobs = Vec::with_capacity(config.knobs.len());
+        for &(t, v) in &config.knobs {
+            let mut k = Desc::new(lib, kind!(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR))?;
+            k.set1(
+                attr!(CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE),
+                sys::cudnnBackendKnobType_t(t),
+            )?;
+            k.set1(attr!(CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE), v)?;
+            k.finalize()?;
+            knobs.push(k);
+        }
+        let mut cfg = Desc::new(lib, kind!(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))?;
+        cfg.set_descs(attr!(CUDNN_ATTR_ENGINECFG_ENGINE), &[&engine])?;
+        if !knobs.is_empty() {
+            let refs: Vec<&Desc> = knobs.iter().collect();
+            cfg.set_descs(attr!(CUDNN_ATTR_ENGINECFG_KNOB_CHOICES), &refs)?;
+        }
+        cfg.finalize()?;
+        let (notes, behavior) = engine_notes(&engine)?;
+        Ok(Candidate {
+            cfg,
+            knobs,
+            engine,
+            config: config.clone(),
+            notes,
+            behavior,
+        })
+    }
+
+    /// Finalizes a plan for a candidate on `cudnn`.
+    fn finish(&self, cudnn: &Cudnn, c: Candidate) -> Result<Plan> {
+        let mut p = Desc::new(cudnn.lib(), kind!(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR))?;
+        p.set1(attr!(CUDNN_ATTR_EXECUTION_PLAN_HANDLE), cudnn.as_raw())?;
+        p.set_descs(attr!(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG), &[&c.cfg])?;
+        p.finalize()?;
+        let ws = p.get_i64(attr!(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE))?;
+        let workspace = usize::try_from(ws)
+            .ok()
+            .filter(|&w| w <= MAX_WORKSPACE_BYTES)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "plan workspace size",
+                    format!("0 to {MAX_WORKSPACE_BYTES} bytes"),
+                    ws,
+                )
+            })?;
+        Ok(Plan {
+            plan: p,
+            cfg: c.cfg,
+            knobs: c.knobs,
+            engine: c.engine,
+            graph: self.inner.clone(),
+            workspace,
+            config: c.config,
+            notes: c.notes,
+            behavior: c.behavior,
+            pack: RefCell::new(None),
+        })
+    }
+
+    /// Asks the heuristics (and, if the filter says so, every engine) for configurations, drops
+    /// those the filter refuses, and builds a plan for each of the others; configurations whose
+    /// plan does not finalize or needs more workspace than the filter allows are skipped (logged
+    /// at debug level and listed in [`PlanList::skipped`]).
+    ///
+    /// Returns [`Error::NoAlgorithm`] (listing what was skipped and why) when no plan remains.
+    #[doc(alias = "CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR")]
+    #[doc(alias = "CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR")]
+    pub fn plans(&self, cudnn: &Cudnn, filter: &PlanFilter) -> Result<PlanList> {
+        self.inner.check_handle(cudnn)?;
+        cudnn.bind()?;
+        let lib = cudnn.lib();
+        let mut plans: Vec<Plan> = Vec::new();
+        let mut skipped = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut last_error: Option<Error> = None;
+        let full = |plans: &Vec<Plan>| filter.max_plans.is_some_and(|m| plans.len() >= m);
+
+        let mut consider = |c: Candidate,
+                            plans: &mut Vec<Plan>,
+                            skipped: &mut Vec<Skipped>,
+                            last_error: &mut Option<Error>| {
+            let name = c.config.to_string();
+            if !seen.insert(name.clone()) {
+                return;
+            }
+            if let Some(why) = filter.refuse(&c.notes, &c.behavior) {
+                log::debug!("graph plan {name} skipped: {why}");
+                skipped.push(Skipped {
+                    name,
+                    reason: why.into(),
+                });
+                return;
+            }
+            match self.finish(cudnn, c) {
+                Ok(p) if p.workspace > filter.max_workspace => {
+                    let reason = format!(
+                        "needs {} workspace bytes, limit {}",
+                        p.workspace, filter.max_workspace
+                    );
+                    log::debug!("graph plan {name} skipped: {reason}");
+                    skipped.push(Skipped { name, reason });
+                }
+                Ok(p) => plans.push(p),
+                Err(e) => {
+                    log::debug!("graph plan {name} skipped: {e}");
+                    skipped.push(Skipped {
+                        name,
+                        reason: e.to_string(),
+                    });
+                    *last_error = Some(e);
+                }
+            }
+        };
+
+        for &mode in &filter.modes {
+            if full(&plans) {
+                break;
+            }
+            let cfgs = match self.heuristic(lib, mode) {
+                Ok(c) => c,
+                Err(e) => {
+                    log::debug!("graph heuristic {mode:?} failed: {e}");
+                    skipped.push(Skipped {
+                        name: format!("heuristic {mode:?}"),
+                        reason: e.to_string(),
+                    });
+                    last_error = Some(e);
+                    continue;
+                }
+            };
+            for cfg in cfgs {
+                if full(&plans) {
+                    break;
+                }
+                match describe(lib, cfg) {
+                    Ok(c) => consider(c, &mut plans, &mut skipped, &mut last_error),
+                    Err(e) => {
+                        skipped.push(Skipped {
+                            name: format!("a {mode:?} configuration"),
+                            reason: e.to_string(),
+                        });
+                    }
+                }
+            }
+        }
+        if filter.all_engines && !full(&plans) {
+            let count = self
+                .inner
+                .graph
+                .get_i64(attr!(CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT))?;
+            for id in 0..count {
+                if full(&plans) {
+                    break;
+                }
+                let config = EngineConfig {
+                    engine: id,
+                    knobs: Vec::new(),
+                };
+                // Most engines do not support a given graph: their engine descriptor does not
+                // finalize, which is not worth reporting.
+                if let Ok(c) = self.configure(lib, &config) {
+                    consider(c, &mut plans, &mut skipped, &mut last_error);
+                }
+            }
+        }
+        if plans.is_empty() {
+            let mut detail: Vec<String> = skipped
+                .iter()
+                .map(|s| format!("{}: {}", s.name, s.reason))
+                .collect();
+            if detail.is_empty() {
+                detail.push("the heuristics proposed no engine configuration".into());
+            }
+            // A graph no engine supports is reported as cuDNN's own error when there is one
+            // (e.g. CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN), so callers can match its status.
+            if let Some(Error::Cudnn {
+                status,
+                function,
+                message,
+            }) = last_error
+            {
+                if skipped.iter().all(|s| !s.reason.contains("workspace")) {
+                    return Err(Error::Cudnn {
+                        status,
+                        function,
+                        message: format!(
+                            "no plan for the graph: {message} (all tried: {})",
+                            detail.join("; ")
+                        ),
+                    });
+                }
+            }
+            return Err(Error::NoAlgorithm {
+                op: "graph",
+                detail: detail.join("; "),
+            });
+        }
+        Ok(PlanList { plans, skipped })
+    }
+
+    /// Rebuilds the plan of a known engine configuration (e.g. one persisted by a
+    /// [`super::PlanCache`] or read from [`Plan::config`]) without asking the heuristics.
+    pub fn plan_from_config(&self, cudnn: &Cudnn, config: &EngineConfig) -> Result<Plan> {
+        self.inner.check_handle(cudnn)?;
+        cudnn.bind()?;
+        let c = self.configure(cudnn.lib(), config)?;
+        self.finish(cudnn, c)
+    }
+}

@@ -1,0 +1,673 @@
+//! Execution: buffers bound to tensors ([`Args`]), checked execution with a reused variant pack,
+//! autotuning by timing, and the plan cache.
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+
+use super::backend::{attr, ffi, kind, Desc};
+use super::build::OperationGraph;
+use super::engine::{EngineConfig, Plan, PlanFilter, Skipped};
+use super::TensorId;
+use crate::dtype::{DType, DataType};
+use crate::error::{Error, Result};
+use crate::handle::Cudnn;
+use crate::workspace::Workspace;
+
+/// Byte alignment every bound pointer must have (what the tensor descriptors declare).
+const ALIGNMENT: u64 = 16;
+
+struct Entry<'a> {
+    id: TensorId,
+    ptr: u64,
+    len: usize,
+    dtype: DType,
+    output: bool,
+    /// Device ordinal of the buffer's context when it is not the handle's.
+    foreign: Option<usize>,
+    _guard: SyncOnDrop<'a>,
+}
+
+/// Buffers bound to the tensors of a graph for [`Cudnn::execute`] and [`autotune`].
+///
+/// Binding takes the device pointer through cudarc (keeping its guard until `Args` is dropped, so
+/// frees and other streams are ordered after the work enqueued with it). Every check against the
+/// graph (tensor known, data type, length ≥ span, context, alignment, outputs bound mutably) runs
+/// at execution, before anything is enqueued.
+pub struct Args<'a> {
+    stream: &'a CudaStream,
+    ctx: &'a cudarc::driver::CudaContext,
+    entries: Vec<Entry<'a>>,
+}
+
+impl<'a> Args<'a> {
+    /// Empty bindings for executions on `cudnn`.
+    pub fn new(cudnn: &'a Cudnn) -> Args<'a> {
+        Args {
+            stream: cudnn.stream(),
+            ctx: cudnn.context(),
+            entries: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, e: Entry<'a>) -> Result<&mut Self> {
+        if self.entries.iter().any(|x| x.id == e.id) {
+            return Err(Error::invalid(
+                "graph buffer binding",
+                "one buffer per tensor",
+                format!("tensor uid {} bound twice", e.id.uid()),
+            ));
+        }
+        self.entries.push(e);
+        Ok(self)
+    }
+
+    /// Binds a buffer the graph reads.
+    pub fn input<T: DataType>(
+        &mut self,
+        t: TensorId,
+        buf: &'a impl DevicePtr<T>,
+    ) -> Result<&mut Self> {
+        let ctx = buf.stream().context();
+        let foreign = (**ctx != *self.ctx).then(|| ctx.ordinal());
+        let len = buf.len();
+        let (ptr, guard) = buf.device_ptr(self.stream);
+        self.push(Entry {
+            id: t,
+            ptr,
+            len,
+            dtype: T::DTYPE,
+            output: false,
+            foreign,
+            _guard: guard,
+        })
+    }
+
+    /// Binds a buffer the graph writes (a tensor marked as an output).
+    pub fn output<T: DataType>(
+        &mut self,
+        t: TensorId,
+        buf: &'a mut impl DevicePtrMut<T>,
+    ) -> Result<&mut Self> {
+        let ctx = buf.stream().context();
+        let foreign = (**ctx != *self.ctx).then(|| ctx.ordinal());
+        let len = buf.len();
+        let (ptr, guard) = buf.device_ptr_mut(self.stream);
+        self.push(Entry {
+            id: t,
+            ptr,
+            len,
+            dtype: T::DTYPE,
+            output: true,
+            foreign,
+            _guard: guard,
+        })
+    }
+
+    /// Checks the bindings against the plan's graph and returns the device pointers in the
+    /// graph's pack order (the scalars' host addresses after them).
+    fn pointers(&self, cudnn: &Cudnn, plan: &Plan) -> Result<Vec<usize>> {
+        let g = &plan.graph;
+        // The guards order work on the stream the pointers were taken for: it must be the one
+        // the execution is enqueued on.
+        if !std::ptr::eq(self.stream, &**cudnn.stream()) {
+            return Err(Error::invalid(
+                "graph bindings",
+                "Args created for the executing handle's stream",
+                "Args of another stream",
+            ));
+        }
+        let mut ptrs = Vec::with_capacity(g.pack_uids.len());
+        for &i in &g.io {
+            let m = &g.meta[i];
+            let Some(e) = self
+                .entries
+                .iter()
+                .find(|e| e.id.index == i && g.accepts(e.id.graph))
+            else {
+                return Err(Error::invalid(
+                    "graph buffer binding",
+                    format!("a buffer bound to tensor `{}` (uid {})", m.name, m.uid),
+                    "none",
+                ));
+            };
+            if let Some(found) = e.foreign {
+                return Err(Error::ForeignContext {
+                    name: m.name,
+                    expected: cudnn.context().ordinal(),
+                    found,
+                });
+            }
+            if e.dtype != m.dtype {
+                return Err(Error::UnsupportedDataType {
+                    op: "graph execution",
+                    detail: format!(
+                        "tensor `{}` is {}, the buffer bound to it holds {}",
+                        m.name, m.dtype, e.dtype
+                    ),
+                });
+            }
+            if m.is_output && !e.output {
+                return Err(Error::invalid(
+                    "graph buffer binding",
+                    format!("output `{}` bound with Args::output", m.name),
+                    "bound with Args::input",
+                ));
+            }
+            if !m.is_output && e.output {
+                return Err(Error::invalid(
+                    "graph buffer binding",
+                    format!("input `{}` bound with Args::input", m.name),
+                    "bound with Args::output",
+                ));
+            }
+            let layout = m.layout.as_ref().expect("bound tensors have a layout");
+            if m.is_output {
+                layout.check_output(m.name)?;
+            }
+            if e.len < layout.span() {
+                return Err(Error::BufferTooSmall {
+                    name: m.name,
+                    len: e.len,
+                    required: layout.span(),
+                });
+            }
+            if e.ptr % ALIGNMENT != 0 {
+                return Err(Error::invalid(
+                    "graph buffer alignment",
+                    format!("`{}` at a multiple of {ALIGNMENT} bytes", m.name),
+                    format!("address {:#x}", e.ptr),
+                ));
+            }
+            ptrs.push(e.ptr as usize);
+        }
+        for e in &self.entries {
+            let accepted = g.accepts(e.id.graph);
+            if !(accepted && g.io.contains(&e.id.index)) {
+                return Err(Error::invalid(
+                    "graph buffer binding",
+                    "buffers bound only to tensors of the plan's graph that take one",
+                    format!(
+                        "a buffer bound to uid {}{}",
+                        e.id.uid(),
+                        g.meta
+                            .get(e.id.index)
+                            .filter(|_| accepted)
+                            .map(|m| format!(" (`{}`, virtual or scalar)", m.name))
+                            .unwrap_or_else(|| " of another graph".into())
+                    ),
+                ));
+            }
+        }
+        // Each tensor found a buffer above; more accepted entries than tensors means one was
+        // bound twice (through the ids of two graphs sharing the plan).
+        if self.entries.len() != g.io.len() {
+            return Err(Error::invalid(
+                "graph buffer binding",
+                "one buffer per tensor",
+                format!("{} buffers for {} tensors", self.entries.len(), g.io.len()),
+            ));
+        }
+        ptrs.extend(g.scalars.iter().map(|w| w as *const u64 as usize));
+        Ok(ptrs)
+    }
+}
+
+/// The variant pack of a plan's last execution and the pointers it holds.
+pub(crate) struct PackCache {
+    desc: Desc,
+    ptrs: Vec<usize>,
+    workspace: usize,
+}
+
+fn variant_pack(
+    lib: &'static cudnn_safe_sys::Library,
+    uids: &[i64],
+    ptrs: &[usize],
+    ws: usize,
+) -> Result<Desc> {
+    let mut v = Desc::new(lib, kind!(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR))?;
+    let raw: Vec<*mut c_void> = ptrs.iter().map(|&p| p as *mut c_void).collect();
+    v.set(attr!(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS), &raw)?;
+    v.set(attr!(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS), uids)?;
+    v.set1(attr!(CUDNN_ATTR_VARIANT_PACK_WORKSPACE), ws as *mut c_void)?;
+    v.finalize()?;
+    Ok(v)
+}
+
+impl Cudnn {
+    /// Executes a plan on the buffers bound in `args`, with workspace from `ws` (grown to the
+    /// plan's [`Plan::workspace_size`] if its limit allows).
+    ///
+    /// Checks first, returning an error with nothing enqueued: the plan was built on this handle;
+    /// every tensor of the graph that takes a buffer has exactly one bound, on this handle's
+    /// context, of the tensor's data type, holding at least its span, 16-byte aligned; outputs are
+    /// bound with [`Args::output`] and do not overlap themselves; nothing else is bound; the
+    /// workspace is on this context and large enough. The backend variant pack is rebuilt only
+    /// when a pointer differs from the previous execution's.
+    #[doc(alias = "cudnnBackendExecute")]
+    pub fn execute(&self, plan: &Plan, args: &Args<'_>, ws: &mut Workspace) -> Result<()> {
+        plan.graph.check_handle(self)?;
+        let ptrs = args.pointers(self, plan)?;
+        if **ws.stream().context() != **self.context() {
+            return Err(Error::ForeignContext {
+                name: "workspace",
+                expected: self.context().ordinal(),
+                found: ws.stream().context().ordinal(),
+            });
+        }
+        ws.prepare(plan.workspace_size())?;
+        self.bind()?;
+        let stream: &CudaStream = self.stream();
+        let (wp, _gw) = ws.device_ptr_mut(stream);
+        let wp = wp as usize;
+        let mut cache = plan.pack.borrow_mut();
+        let reuse = cache
+            .as_ref()
+            .is_some_and(|c| c.workspace == wp && c.ptrs == ptrs);
+        if !reuse {
+            let desc = variant_pack(self.lib(), &plan.graph.pack_uids, &ptrs, wp)?;
+            *cache = Some(PackCache {
+                desc,
+                ptrs,
+                workspace: wp,
+            });
+        }
+        let pack = &cache.as_ref().expect("set above").desc;
+        // SAFETY: live handle, and the plan was built on it (checked); the plan keeps its graph,
+        // engine configuration and every descriptor they refer to alive. The variant pack holds
+        // exactly the pointers checked above for this call (rebuilt unless equal): each device
+        // buffer is on this handle's context, of the tensor's data type, holds at least its
+        // tensor's span, is 16-byte aligned, and outputs do not overlap themselves; the guards in
+        // `args` and `_gw` keep the buffers alive and ordered until the work is enqueued. Scalars
+        // point to 8-byte host words of the graph (alive in `plan`), holding the tensor's type.
+        // The workspace holds at least the plan's workspace size (`prepare` above).
+        unsafe {
+            ffi::cudnnBackendExecute(self.lib(), self.as_raw(), plan.plan.as_raw(), pack.as_raw())
+        }
+    }
+}
+
+/// How [`autotune`] times candidates.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AutotuneOptions {
+    rounds: usize,
+    iterations: usize,
+}
+
+impl Default for AutotuneOptions {
+    fn default() -> Self {
+        AutotuneOptions {
+            rounds: 3,
+            iterations: 5,
+        }
+    }
+}
+
+impl AutotuneOptions {
+    /// Defaults: 3 rounds of 5 executions, after one warm-up execution.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Timed rounds per candidate (the best round counts), at least 1.
+    #[must_use]
+    pub fn rounds(mut self, n: usize) -> Self {
+        self.rounds = n.max(1);
+        self
+    }
+    /// Executions per round, at least 1.
+    #[must_use]
+    pub fn iterations(mut self, n: usize) -> Self {
+        self.iterations = n.max(1);
+        self
+    }
+}
+
+/// The measured time of one candidate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timing {
+    /// The plan's name ([`Plan::name`]).
+    pub name: String,
+    /// Milliseconds per execution, best round.
+    pub ms: f32,
+}
+
+/// The result of [`autotune`].
+#[derive(Debug)]
+pub struct Tuned {
+    /// The fastest plan.
+    pub plan: Plan,
+    /// Every candidate that ran, fastest first.
+    pub timings: Vec<Timing>,
+    /// Candidates that could not run (workspace limit, execution error).
+    pub failed: Vec<Skipped>,
+}
+
+/// Times each plan on the bound buffers (CUDA events around `iterations` executions, best of
+/// `rounds`, after a warm-up) and returns the fastest.
+///
+/// The outputs bound in `args` are overwritten by every candidate: bind scratch buffers if their
+/// contents matter. A candidate whose workspace does not fit `ws`'s limit, or that fails to
+/// execute, is skipped; [`Error::NoAlgorithm`] when none runs.
+pub fn autotune(
+    cudnn: &Cudnn,
+    plans: Vec<Plan>,
+    args: &Args<'_>,
+    ws: &mut Workspace,
+    opts: &AutotuneOptions,
+) -> Result<Tuned> {
+    let stream = cudnn.stream();
+    let event = || {
+        stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| Error::driver("recording a graph autotune event", e))
+    };
+    let mut best: Option<(f32, Plan)> = None;
+    let mut timings = Vec::new();
+    let mut failed = Vec::new();
+    for plan in plans {
+        let name = plan.name();
+        let run = |ws: &mut Workspace| -> Result<f32> {
+            cudnn.execute(&plan, args, ws)?;
+            let mut fastest = f32::INFINITY;
+            for _ in 0..opts.rounds {
+                let start = event()?;
+                for _ in 0..opts.iterations {
+                    cudnn.execute(&plan, args, ws)?;
+                }
+                let end = event()?;
+                let ms = start
+                    .elapsed_ms(&end)
+                    .map_err(|e| Error::driver("timing a graph plan", e))?;
+                fastest = fastest.min(ms / opts.iterations as f32);
+            }
+            Ok(fastest)
+        };
+        match run(ws) {
+            Ok(ms) => {
+                log::debug!("graph autotune: {name} {ms:.4} ms");
+                timings.push(Timing { name, ms });
+                if best.as_ref().map_or(true, |(b, _)| ms < *b) {
+                    best = Some((ms, plan));
+                }
+            }
+            Err(e) => {
+                // An argument error is the caller's, not the candidate's: report it.
+                if matches!(
+                    e,
+                    Error::BufferTooSmall { .. }
+                        | Error::ForeignContext { .. }
+                        | Error::OverlappingOutput { .. }
+                        | Error::UnsupportedDataType { .. }
+                ) || matches!(e, Error::InvalidArgument { what, .. } if what.starts_with("graph") || what == "cuDNN handle")
+                {
+                    return Err(e);
+                }
+                log::debug!("graph autotune: {name} failed: {e}");
+                failed.push(Skipped {
+                    name,
+                    reason: e.to_string(),
+                });
+            }
+        }
+    }
+    timings.sort_by(|a, b| a.ms.total_cmp(&b.ms));
+    match best {
+        Some((_, plan)) => Ok(Tuned {
+            plan,
+            timings,
+            failed,
+        }),
+        None => Err(Error::NoAlgorithm {
+            op: "graph autotune",
+            detail: failed
+                .iter()
+                .map(|s| format!("{}: {}", s.name, s.reason))
+                .collect::<Vec<_>>()
+                .join("; "),
+        }),
+    }
+}
+
+/// Plans kept by graph signature, filter, GPU and cuDNN version, so that a graph seen before
+/// reuses its plan instead of asking the heuristics (or autotuning) again.
+///
+/// Plans run only on the handle they were built on: an entry built on another handle counts as
+/// a miss and is replaced. With a file ([`PlanCache::with_file`]) the chosen engine
+/// configurations persist, and a new process rebuilds only the chosen plan
+/// ([`OperationGraph::plan_from_config`]) — never trusting the file for anything but the choice:
+/// the plan is built from the graph at hand.
+///
+/// ```no_run
+/// # use cudnn_safe::graph::{Graph, PlanCache, PlanFilter};
+/// # fn f(cudnn: &cudnn_safe::Cudnn, g: &Graph) -> cudnn_safe::Result<()> {
+/// let mut cache = PlanCache::with_file("/tmp/graph-plans.txt")?;
+/// let og = g.build(cudnn)?;
+/// let plan = cache.get_or_build(cudnn, &og, &PlanFilter::default())?;
+/// println!("{} needs {} workspace bytes", plan.name(), plan.workspace_size());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Default)]
+pub struct PlanCache {
+    plans: HashMap<String, Plan>,
+    configs: HashMap<String, EngineConfig>,
+    path: Option<PathBuf>,
+    hits: u64,
+    misses: u64,
+}
+
+impl PlanCache {
+    /// An empty in-memory cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A cache persisting its choices to `path` (read now if it exists; written after each new
+    /// choice). Lines are `<engine config>\t<key>`; malformed lines are ignored.
+    pub fn with_file(path: impl Into<PathBuf>) -> Result<Self> {
+        let path = path.into();
+        let mut configs = HashMap::new();
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                for line in text.lines() {
+                    if let Some((cfg, key)) = line.split_once('\t') {
+                        if let Ok(c) = cfg.parse::<EngineConfig>() {
+                            configs.insert(key.to_string(), c);
+                        }
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(Error::invalid(
+                    "graph plan cache file",
+                    "a readable file",
+                    format!("{}: {e}", path.display()),
+                ))
+            }
+        }
+        Ok(PlanCache {
+            configs,
+            path: Some(path),
+            ..Default::default()
+        })
+    }
+
+    /// The key of a graph under a filter on this handle's GPU and cuDNN version.
+    pub fn key(cudnn: &Cudnn, og: &OperationGraph, filter: &PlanFilter) -> String {
+        let ctx = cudnn.context();
+        let name = ctx
+            .name()
+            .unwrap_or_else(|_| format!("device{}", ctx.ordinal()));
+        let (major, minor) = ctx.compute_capability().unwrap_or((0, 0));
+        format!(
+            "{} sm{major}{minor} cudnn{} | {filter:?} | {}",
+            name.replace(['\t', '\n'], " "),
+            cudnn.version(),
+            og.signature()
+        )
+    }
+
+    /// The cached plan for this graph and filter on this handle, if any (counts a hit or a miss).
+    /// A plan found for another graph of the same signature is shared with `og`
+    /// ([`Plan::share_with`]), so it executes with `og`'s tensor ids.
+    pub fn get(
+        &mut self,
+        cudnn: &Cudnn,
+        og: &OperationGraph,
+        filter: &PlanFilter,
+    ) -> Option<&Plan> {
+        let key = Self::key(cudnn, og, filter);
+        let hit = self
+            .plans
+            .get(&key)
+            .is_some_and(|p| p.graph.check_handle(cudnn).is_ok() && p.share_with(og).is_ok());
+        if hit {
+            self.hits += 1;
+            self.plans.get(&key)
+        } else {
+            self.misses += 1;
+            None
+        }
+    }
+
+    /// Stores a plan for this graph and filter (replacing any), persisting its configuration when
+    /// the cache has a file.
+    pub fn insert(
+        &mut self,
+        cudnn: &Cudnn,
+        og: &OperationGraph,
+        filter: &PlanFilter,
+        plan: Plan,
+    ) -> Result<&Plan> {
+        if plan.signature() != og.signature() {
+            return Err(Error::invalid(
+                "graph plan cache entry",
+                "a plan of the graph it is stored under",
+                "a plan of another graph",
+            ));
+        }
+        let key = Self::key(cudnn, og, filter);
+        let changed = self.configs.get(&key) != Some(plan.config());
+        self.configs.insert(key.clone(), plan.config().clone());
+        if changed {
+            self.save()?;
+        }
+        self.plans.insert(key.clone(), plan);
+        Ok(&self.plans[&key])
+    }
+
+    /// The cached plan, or the persisted configuration's plan, or the first plan the filter
+    /// yields (the heuristics' favourite), stored for next time.
+    pub fn get_or_build(
+        &mut self,
+        cudnn: &Cudnn,
+        og: &OperationGraph,
+        filter: &PlanFilter,
+    ) -> Result<&Plan> {
+        let key = Self::key(cudnn, og, filter);
+        if self.get(cudnn, og, filter).is_some() {
+            return Ok(&self.plans[&key]);
+        }
+        let plan = match self.persisted(cudnn, og, &key) {
+            Some(p) => p,
+            None => og
+                .plans(cudnn, &filter.clone().max_plans(Some(1)))?
+                .plans
+                .swap_remove(0),
+        };
+        self.insert(cudnn, og, filter, plan)
+    }
+
+    /// The cached plan, or the persisted configuration's plan, or the fastest of the filter's
+    /// plans timed by [`autotune`] on `args` (whose outputs are overwritten), stored for next
+    /// time.
+    pub fn get_or_autotune(
+        &mut self,
+        cudnn: &Cudnn,
+        og: &OperationGraph,
+        filter: &PlanFilter,
+        args: &Args<'_>,
+        ws: &mut Workspace,
+        opts: &AutotuneOptions,
+    ) -> Result<&Plan> {
+        let key = Self::key(cudnn, og, filter);
+        if self.get(cudnn, og, filter).is_some() {
+            return Ok(&self.plans[&key]);
+        }
+        let plan = match self.persisted(cudnn, og, &key) {
+            Some(p) => p,
+            None => autotune(cudnn, og.plans(cudnn, filter)?.plans, args, ws, opts)?.plan,
+        };
+        self.insert(cudnn, og, filter, plan)
+    }
+
+    /// The plan of the persisted configuration for `key`, if there is one and it still builds.
+    fn persisted(&self, cudnn: &Cudnn, og: &OperationGraph, key: &str) -> Option<Plan> {
+        let cfg = self.configs.get(key)?;
+        match og.plan_from_config(cudnn, cfg) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                log::warn!("graph plan cache: persisted {cfg} no longer builds: {e}");
+                None
+            }
+        }
+    }
+
+    /// Writes the persisted configurations (no-op without a file).
+    pub fn save(&self) -> Result<()> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        save_configs(path, &self.configs)
+    }
+
+    /// Number of plans held in memory.
+    pub fn len(&self) -> usize {
+        self.plans.len()
+    }
+    /// Whether no plan is held in memory.
+    pub fn is_empty(&self) -> bool {
+        self.plans.is_empty()
+    }
+    /// Lookups that found a plan.
+    pub fn hits(&self) -> u64 {
+        self.hits
+    }
+    /// Lookups that found none.
+    pub fn misses(&self) -> u64 {
+        self.misses
+    }
+    /// Drops the plans held in memory (persisted configurations stay).
+    pub fn clear(&mut self) {
+        self.plans.clear();
+    }
+}
+
+fn save_configs(path: &Path, configs: &HashMap<String, EngineConfig>) -> Result<()> {
+    use std::fmt::Write;
+    let io = |e: std::io::Error| {
+        Error::invalid(
+            "graph plan cache file",
+            "a writable path",
+            format!("{}: {e}", path.display()),
+        )
+    };
+    let mut lines: Vec<String> = configs
+        .iter()
+        .map(|(k, c)| format!("{c}\t{}", k.replace('\n', " ")))
+        .collect();
+    lines.sort();
+    let mut text = String::new();
+    for l in lines {
+        let _ = writeln!(text, "{l}");
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, text).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}

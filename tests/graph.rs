@@ -1,0 +1,1799 @@
+//! Tests of the backend (graph) API: the host-side graph builder (shapes, layouts, validation
+//! with the real cuDNN library, no GPU needed) and, on a GPU, every operation kind and fused
+//! graphs against f64 CPU references, the plan filters, the workspace limit, rejected bindings
+//! (outputs untouched), variant-pack reuse, autotuning and the plan cache.
+//!
+//! Host data is kept in logical row-major order and reaches the device through the graph's
+//! strides (gaps hold a sentinel); outputs are poisoned with NaN before each execution.
+//! Without a GPU every GPU test prints `skipping: <why>` and passes (unless
+//! `CUDNN_SAFE_REQUIRE_GPU=1`). Host tests need the cuDNN library (`CUDNN_SAFE_LIBRARY`); without
+//! it they skip too.
+mod common;
+
+use std::sync::Arc;
+
+use common::{
+    assert_untouched, download, gpu, image, is_err_kind, offsets, poison, sentinel_buffer, tol,
+    Rng, SENTINEL,
+};
+use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
+use cudnn_safe::graph::{
+    autotune, Args, AutotuneOptions, ConvParams, EngineConfig, Graph, HeurMode, NumericalNote,
+    OperationGraph, Plan, PlanCache, PlanFilter, PointwiseMode, TensorId,
+};
+use cudnn_safe::half::{bf16, f16};
+use cudnn_safe::reduce::ReduceOp;
+use cudnn_safe::{Cudnn, DType, DataType, Error, Status, Workspace};
+
+// ---------------------------------------------------------------------------------------------
+// Host-only tests
+// ---------------------------------------------------------------------------------------------
+
+/// Whether the cuDNN library loads (host tests that finalize descriptors need it).
+fn have_cudnn() -> bool {
+    let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+    let x = g.tensor_nchw("x", &[1, 1, 1, 4], DType::F32).unwrap();
+    let y = g.pointwise(PointwiseMode::Relu, x, None).unwrap();
+    g.mark_output(y).unwrap();
+    match g.check() {
+        Err(Error::Load(e)) => {
+            if common::gpu_required() {
+                panic!("cuDNN not loadable: {e}");
+            }
+            eprintln!("skipping: {e}");
+            false
+        }
+        _ => true,
+    }
+}
+
+fn conv_graph(dtype: DType, nhwc: bool) -> (Graph, TensorId, TensorId, TensorId) {
+    let mut g = Graph::new(dtype, DType::F32, DType::F32);
+    let (x, w) = if nhwc {
+        (
+            g.tensor_nhwc("x", &[2, 8, 10, 9], dtype).unwrap(),
+            g.tensor_nhwc("w", &[16, 8, 3, 3], dtype).unwrap(),
+        )
+    } else {
+        (
+            g.tensor_nchw("x", &[2, 8, 10, 9], dtype).unwrap(),
+            g.tensor_nchw("w", &[16, 8, 3, 3], dtype).unwrap(),
+        )
+    };
+    let y = g
+        .conv_fprop(x, w, &ConvParams::new(2).padding(&[1, 1]).stride(&[2, 1]))
+        .unwrap();
+    g.mark_output(y).unwrap();
+    (g, x, w, y)
+}
+
+#[test]
+fn host_output_dims_and_layouts() {
+    // Output extent (i + pre + post - ((k - 1)·d + 1)) / s + 1, in x's memory order.
+    let (g, _, _, y) = conv_graph(DType::F16, true);
+    assert_eq!(g.dims(y).unwrap(), &[2, 16, 5, 9]);
+    assert_eq!(g.strides(y).unwrap(), &[5 * 9 * 16, 1, 9 * 16, 16]);
+    assert_eq!(g.dtype(y).unwrap(), DType::F16);
+    assert!(!g.is_virtual(y).unwrap());
+    let (g, _, _, y) = conv_graph(DType::F32, false);
+    assert_eq!(g.strides(y).unwrap(), &[16 * 45, 45, 9, 1]);
+
+    let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+    let x = g.tensor_nchw("x", &[1, 2, 9, 9], DType::F32).unwrap();
+    let w = g.tensor_nchw("w", &[3, 2, 3, 3], DType::F32).unwrap();
+    let p = ConvParams::new(2)
+        .pre_padding(&[0, 2])
+        .post_padding(&[1, 0])
+        .dilation(&[2, 3])
+        .stride(&[3, 1]);
+    let y = g.conv_fprop(x, w, &p).unwrap();
+    // h: (9 + 0 + 1 - 5) / 3 + 1 = 2; w: (9 + 2 + 0 - 7) / 1 + 1 = 5.
+    assert_eq!(g.dims(y).unwrap(), &[1, 3, 2, 5]);
+    assert!(g.is_virtual(y).unwrap());
+    assert_eq!(g.dtype(y).unwrap(), DType::F32);
+
+    // Backward filter of an NHWC x is KRSC.
+    let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
+    let x = g.tensor_nhwc("x", &[2, 4, 6, 6], DType::F16).unwrap();
+    let dy = g.tensor_nhwc("dy", &[2, 8, 6, 6], DType::F16).unwrap();
+    let p = ConvParams::new(2).padding(&[1, 1]);
+    let dw = g.conv_wgrad(x, dy, &[8, 4, 3, 3], &p).unwrap();
+    assert_eq!(g.strides(dw).unwrap(), &[36, 1, 12, 4]);
+    let w = g.tensor_nhwc("w", &[8, 4, 3, 3], DType::F16).unwrap();
+    let dx = g.conv_dgrad(dy, w, &[2, 4, 6, 6], &p).unwrap();
+    assert_eq!(g.strides(dx).unwrap(), &[144, 1, 24, 4]);
+
+    // Matmul with a broadcast batch; pointwise broadcast; reduction.
+    let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+    let a = g.tensor_nchw("a", &[4, 5, 6], DType::F32).unwrap();
+    let b = g.tensor_nchw("b", &[1, 6, 7], DType::F32).unwrap();
+    let c = g.matmul(a, b).unwrap();
+    assert_eq!(g.dims(c).unwrap(), &[4, 5, 7]);
+    assert_eq!(g.strides(c).unwrap(), &[35, 7, 1]);
+    let bias = g.tensor_nchw("bias", &[1, 1, 7], DType::F32).unwrap();
+    let cb = g.bias(c, bias).unwrap();
+    assert_eq!(g.dims(cb).unwrap(), &[4, 5, 7]);
+    let r = g.reduction(ReduceOp::Add, cb, &[1, 5, 1]).unwrap();
+    assert_eq!(g.dims(r).unwrap(), &[1, 5, 1]);
+    // Unique ids follow creation order: a, b, c, bias, cb, r.
+    assert_eq!(r.uid(), 6);
+}
+
+#[test]
+fn host_shape_errors_name_the_tensors() {
+    let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+    let x = g.tensor_nchw("x", &[2, 6, 8, 8], DType::F32).unwrap();
+    let w_bad_c = g.tensor_nchw("w_bad_c", &[4, 4, 3, 3], DType::F32).unwrap();
+    let w_big = g.tensor_nchw("w_big", &[4, 6, 9, 9], DType::F32).unwrap();
+    let w3 = g.tensor_nchw("w3", &[4, 6, 3], DType::F32).unwrap();
+    let p = ConvParams::new(2);
+    let r = g.conv_fprop(x, w_bad_c, &p);
+    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    assert!(format!("{:?}", r.unwrap_err()).contains("w_bad_c"));
+    let r = g.conv_fprop(x, w_big, &p);
+    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    let r = g.conv_fprop(x, w3, &p);
+    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(is_err_kind(
+        &g.conv_fprop(x, w_big, &ConvParams::new(3)),
+        "ShapeMismatch"
+    ));
+    for bad in [
+        ConvParams::new(2).padding(&[-1, 0]),
+        ConvParams::new(2).stride(&[0, 1]),
+        ConvParams::new(2).dilation(&[1]),
+    ] {
+        let r = g.conv_fprop(x, w_big, &bad);
+        assert!(is_err_kind(&r, "InvalidArgument"), "{bad:?}: {r:?}");
+    }
+    // Backward shapes must be consistent with the forward relation.
+    let w = g.tensor_nchw("w", &[4, 6, 3, 3], DType::F32).unwrap();
+    let dy = g.tensor_nchw("dy", &[2, 4, 6, 6], DType::F32).unwrap();
+    assert!(g.conv_dgrad(dy, w, &[2, 6, 8, 8], &p).is_ok());
+    let r = g.conv_dgrad(dy, w, &[2, 6, 9, 8], &p);
+    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    let r = g.conv_wgrad(x, dy, &[4, 6, 5, 3], &p);
+    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+
+    let a = g.tensor_nchw("a", &[2, 3, 4], DType::F32).unwrap();
+    let b = g.tensor_nchw("b", &[2, 5, 6], DType::F32).unwrap();
+    let r = g.matmul(a, b);
+    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    let e = format!("{:?}", r.unwrap_err());
+    assert!(e.contains("\"a\"") && e.contains("\"b\""), "{e}");
+    let b2 = g.tensor_nchw("b2", &[3, 4, 6], DType::F32).unwrap();
+    assert!(is_err_kind(&g.matmul(a, b2), "ShapeMismatch"));
+    let m2 = g.tensor_nchw("m2", &[3, 4], DType::F32).unwrap();
+    assert!(is_err_kind(&g.matmul(m2, m2), "ShapeMismatch"));
+
+    let c = g.tensor_nchw("c", &[2, 3, 5], DType::F32).unwrap();
+    let r = g.pointwise(PointwiseMode::Add, a, Some(c));
+    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    // Arity mistakes.
+    assert!(is_err_kind(
+        &g.pointwise(PointwiseMode::Add, a, None),
+        "InvalidArgument"
+    ));
+    assert!(is_err_kind(
+        &g.pointwise(PointwiseMode::Relu, a, Some(a)),
+        "InvalidArgument"
+    ));
+    assert!(is_err_kind(
+        &g.pointwise(PointwiseMode::ReluBwd, a, Some(a)),
+        "InvalidArgument"
+    ));
+    assert!(is_err_kind(
+        &g.pointwise_bwd(PointwiseMode::Relu, a, a),
+        "InvalidArgument"
+    ));
+    assert!(is_err_kind(
+        &g.pointwise_bwd(PointwiseMode::ReluBwd, a, c),
+        "ShapeMismatch"
+    ));
+    assert!(is_err_kind(
+        &g.reduction(ReduceOp::Add, a, &[2, 2, 1]),
+        "ShapeMismatch"
+    ));
+    assert!(is_err_kind(
+        &g.reduction(ReduceOp::Add, a, &[2, 1]),
+        "ShapeMismatch"
+    ));
+
+    // Layout and data type validation.
+    assert!(is_err_kind(
+        &g.tensor("z", &[2, 3], &[0, 1], DType::F32),
+        "InvalidArgument"
+    ));
+    assert!(is_err_kind(
+        &g.tensor("z", &[2, 0], &[1, 1], DType::F32),
+        "InvalidArgument"
+    ));
+    assert!(is_err_kind(
+        &g.tensor("z", &[2, 3], &[1], DType::F32),
+        "InvalidArgument"
+    ));
+    assert!(is_err_kind(
+        &g.tensor_nchw("z", &[4], DType::I8),
+        "UnsupportedDataType"
+    ));
+    assert!(is_err_kind(
+        &g.tensor("big", &[1 << 20, 1 << 12], &[1 << 12, 1], DType::F32),
+        "Overflow"
+    ));
+
+    // Ids of another graph; outputs must be operation outputs.
+    let mut other = Graph::new(DType::F32, DType::F32, DType::F32);
+    let o = other.tensor_nchw("o", &[2, 3, 4], DType::F32).unwrap();
+    assert!(is_err_kind(
+        &g.pointwise(PointwiseMode::Add, a, Some(o)),
+        "InvalidArgument"
+    ));
+    assert!(is_err_kind(&g.dims(o), "InvalidArgument"));
+    assert!(is_err_kind(&g.mark_output(a), "InvalidArgument"));
+    let mut other2 = other.clone();
+    let oy = other2.pointwise(PointwiseMode::Exp, o, None).unwrap();
+    assert!(is_err_kind(
+        &other2.mark_output_as(oy, DType::I32),
+        "UnsupportedDataType"
+    ));
+    assert!(is_err_kind(
+        &other2.mark_output_strided(oy, DType::F32, &[1, 1, 1]),
+        "OverlappingOutput"
+    ));
+    other2
+        .mark_output_strided(oy, DType::F32, &[24, 8, 2])
+        .unwrap();
+    assert_eq!(other2.strides(oy).unwrap(), &[24, 8, 2]);
+}
+
+#[test]
+fn host_scalars_take_the_rank_of_their_first_use() {
+    let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+    let x = g.tensor_nchw("x", &[2, 3, 4, 5], DType::F32).unwrap();
+    let s = g.scalar("s", 0.5, DType::F32).unwrap();
+    assert!(g.dims(s).unwrap().is_empty());
+    let y = g.scale(x, s).unwrap();
+    assert_eq!(g.dims(s).unwrap(), &[1, 1, 1, 1]);
+    assert_eq!(g.dims(y).unwrap(), &[2, 3, 4, 5]);
+    let v = g.tensor_nchw("v", &[2, 3], DType::F32).unwrap();
+    let r = g.scale(v, s);
+    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    // A scalar is never the first operand of a pointwise operation, nor a conv or matmul input.
+    assert!(is_err_kind(
+        &g.pointwise(PointwiseMode::Relu, s, None),
+        "InvalidArgument"
+    ));
+    let mut g2 = Graph::new(DType::F32, DType::F32, DType::F32);
+    let s2 = g2.scalar("s2", 1.0, DType::F16).unwrap();
+    let w = g2.tensor_nchw("w", &[1, 1, 1, 1], DType::F32).unwrap();
+    assert!(g2.conv_fprop(s2, w, &ConvParams::new(2)).is_err());
+    assert!(is_err_kind(
+        &g2.scalar("bad", 1.0, DType::I32),
+        "UnsupportedDataType"
+    ));
+}
+
+#[test]
+fn host_structure_is_checked_before_cudnn() {
+    if !have_cudnn() {
+        return;
+    }
+    // No operation.
+    let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+    let x = g.tensor_nchw("x", &[1, 2, 3, 4], DType::F32).unwrap();
+    assert!(is_err_kind(&g.check(), "InvalidArgument"));
+    // An unused input.
+    let y = g.pointwise(PointwiseMode::Tanh, x, None).unwrap();
+    g.mark_output(y).unwrap();
+    assert!(g.check().is_ok());
+    let mut g2 = g.clone();
+    g2.tensor_nchw("unused", &[4], DType::F32).unwrap();
+    let e = g2.check().unwrap_err();
+    assert!(e.to_string().contains("unused"), "{e}");
+    // An operation output neither read nor marked as an output.
+    let mut g3 = g.clone();
+    g3.pointwise(PointwiseMode::Exp, x, None).unwrap();
+    let e = g3.check().unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    // An unused scalar.
+    let mut g4 = g.clone();
+    g4.scalar("lonely", 2.0, DType::F32).unwrap();
+    assert!(g4.check().unwrap_err().to_string().contains("lonely"));
+}
+
+#[test]
+fn host_every_operation_kind_finalizes() {
+    if !have_cudnn() {
+        return;
+    }
+    // Conv forward (NCHW f32, NHWC f16 / bf16) fused with bias and relu.
+    for (dt, nhwc) in [(DType::F32, false), (DType::F16, true), (DType::BF16, true)] {
+        let (g, ..) = conv_graph(dt, nhwc);
+        g.check().unwrap();
+        let mut g = Graph::new(dt, DType::F32, DType::F32);
+        let x = g.tensor_nhwc("x", &[2, 8, 6, 6], dt).unwrap();
+        let w = g.tensor_nhwc("w", &[16, 8, 3, 3], dt).unwrap();
+        let b = g.tensor_nhwc("b", &[1, 16, 1, 1], dt).unwrap();
+        let y = g
+            .conv_fprop(x, w, &ConvParams::new(2).padding(&[1, 1]))
+            .unwrap();
+        let y = g.bias(y, b).unwrap();
+        let y = g.pointwise(PointwiseMode::Relu, y, None).unwrap();
+        g.mark_output(y).unwrap();
+        g.check().unwrap();
+    }
+    // Backward data and filter.
+    let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+    let dy = g.tensor_nchw("dy", &[2, 4, 5, 5], DType::F32).unwrap();
+    let w = g.tensor_nchw("w", &[4, 3, 3, 3], DType::F32).unwrap();
+    let x = g.tensor_nchw("x", &[2, 3, 5, 5], DType::F32).unwrap();
+    let p = ConvParams::new(2).padding(&[1, 1]);
+    let dx = g.conv_dgrad(dy, w, &[2, 3, 5, 5], &p).unwrap();
+    let dw = g.conv_wgrad(x, dy, &[4, 3, 3, 3], &p).unwrap();
+    g.mark_output(dx).unwrap();
+    g.mark_output(dw).unwrap();
+    g.check().unwrap();
+    // Matmul + bias + gelu, reduction, every pointwise mode.
+    let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
+    let a = g.tensor_nchw("a", &[2, 8, 16], DType::F16).unwrap();
+    let b = g.tensor_nchw("b", &[2, 16, 8], DType::F16).unwrap();
+    let bias = g.tensor_nchw("bias", &[1, 1, 8], DType::F16).unwrap();
+    let c = g.matmul(a, b).unwrap();
+    let c = g.bias(c, bias).unwrap();
+    let c = g.pointwise(PointwiseMode::Gelu, c, None).unwrap();
+    g.mark_output(c).unwrap();
+    let r = g.reduction(ReduceOp::Max, c, &[1, 8, 1]).unwrap();
+    g.mark_output_as(r, DType::F32).unwrap();
+    g.check().unwrap();
+    for mode in UNARY.iter().chain(BINARY).chain(BACKWARD) {
+        let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+        let x = g.tensor_nchw("x", &[2, 3, 4], DType::F32).unwrap();
+        let y = match mode.is_backward() {
+            true => {
+                let dy = g.tensor_nchw("dy", &[2, 3, 4], DType::F32).unwrap();
+                g.pointwise_bwd(*mode, dy, x).unwrap()
+            }
+            false if mode.is_binary() => {
+                let b = g.tensor_nchw("b", &[1, 3, 1], DType::F32).unwrap();
+                g.pointwise(*mode, x, Some(b)).unwrap()
+            }
+            false => g.pointwise(*mode, x, None).unwrap(),
+        };
+        g.mark_output(y).unwrap();
+        g.check().unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+    }
+}
+
+#[test]
+fn host_types_are_send() {
+    common::assert_send::<Graph>();
+    common::assert_send::<OperationGraph>();
+    common::assert_send::<Plan>();
+    common::assert_send::<PlanCache>();
+}
+
+#[test]
+fn host_signatures_and_engine_configs() {
+    let (a, ..) = conv_graph(DType::F16, true);
+    let (b, ..) = conv_graph(DType::F16, true);
+    let (c, ..) = conv_graph(DType::F16, false);
+    assert_eq!(a.signature(), b.signature());
+    assert_ne!(a.signature(), c.signature());
+    let scaled = |v: f64| {
+        let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+        let x = g.tensor_nchw("x", &[4], DType::F32).unwrap();
+        let s = g.scalar("s", v, DType::F32).unwrap();
+        let y = g.scale(x, s).unwrap();
+        g.mark_output(y).unwrap();
+        g.signature()
+    };
+    assert_eq!(scaled(2.0), scaled(2.0));
+    assert_ne!(scaled(2.0), scaled(3.0));
+
+    let cfg: EngineConfig = "eng12_k2=1_k5=-3".parse().unwrap();
+    assert_eq!(cfg.engine, 12);
+    assert_eq!(cfg.knobs, vec![(2, 1), (5, -3)]);
+    assert_eq!(cfg.to_string(), "eng12_k2=1_k5=-3");
+    assert_eq!("eng7".parse::<EngineConfig>().unwrap().knobs, vec![]);
+    for bad in [
+        "",
+        "eng",
+        "engx",
+        "eng-1",
+        "eng1_k2",
+        "eng1_kx=1",
+        "eng1_2=3",
+    ] {
+        assert!(bad.parse::<EngineConfig>().is_err(), "{bad}");
+    }
+    let f = PlanFilter::new()
+        .heuristics(&[HeurMode::B])
+        .deterministic(true)
+        .max_workspace(usize::MAX);
+    assert_eq!(f.workspace_limit(), cudnn_safe::MAX_WORKSPACE_BYTES);
+    assert_ne!(f, PlanFilter::default());
+}
+
+// ---------------------------------------------------------------------------------------------
+// References
+// ---------------------------------------------------------------------------------------------
+
+/// The pointwise modes tested, by kind.
+const UNARY: &[PointwiseMode] = &[
+    PointwiseMode::Relu,
+    PointwiseMode::LeakyRelu { slope: 0.1 },
+    PointwiseMode::Gelu,
+    PointwiseMode::GeluTanh,
+    PointwiseMode::Sigmoid,
+    PointwiseMode::Tanh,
+    PointwiseMode::Swish { beta: 1.0 },
+    PointwiseMode::Elu { alpha: 0.7 },
+    PointwiseMode::Softplus { beta: 1.0 },
+    PointwiseMode::Exp,
+    PointwiseMode::Log,
+    PointwiseMode::Sqrt,
+    PointwiseMode::Rsqrt,
+    PointwiseMode::Neg,
+    PointwiseMode::Abs,
+    PointwiseMode::Reciprocal,
+    PointwiseMode::Erf,
+    PointwiseMode::Identity,
+];
+const BINARY: &[PointwiseMode] = &[
+    PointwiseMode::Add,
+    PointwiseMode::Sub,
+    PointwiseMode::Mul,
+    PointwiseMode::Div,
+    PointwiseMode::Min,
+    PointwiseMode::Max,
+];
+const BACKWARD: &[PointwiseMode] = &[
+    PointwiseMode::ReluBwd,
+    PointwiseMode::GeluBwd,
+    PointwiseMode::GeluTanhBwd,
+    PointwiseMode::SigmoidBwd,
+    PointwiseMode::TanhBwd,
+    PointwiseMode::SwishBwd { beta: 1.0 },
+    PointwiseMode::EluBwd { alpha: 0.7 },
+    PointwiseMode::SoftplusBwd { beta: 1.0 },
+];
+
+/// erf by its Maclaurin series (|x| < 5: error far below 1e-12 in f64), ±1 beyond.
+fn erf(x: f64) -> f64 {
+    if x.abs() >= 5.0 {
+        return x.signum();
+    }
+    let (mut term, mut sum) = (x, x);
+    for n in 1..200 {
+        term *= -x * x / n as f64;
+        let add = term / (2 * n + 1) as f64;
+        sum += add;
+        if add.abs() < 1e-17 {
+            break;
+        }
+    }
+    sum * 2.0 / std::f64::consts::PI.sqrt()
+}
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+const GELU_C: f64 = 0.797_884_560_802_865_4; // sqrt(2 / pi)
+
+/// The forward value of a unary mode.
+fn unary_ref(m: PointwiseMode, x: f64) -> f64 {
+    use PointwiseMode as P;
+    match m {
+        P::Relu => x.max(0.0),
+        P::LeakyRelu { slope } => {
+            if x > 0.0 {
+                x
+            } else {
+                slope * x
+            }
+        }
+        P::Gelu => 0.5 * x * (1.0 + erf(x / 2f64.sqrt())),
+        P::GeluTanh => 0.5 * x * (1.0 + (GELU_C * (x + 0.044715 * x * x * x)).tanh()),
+        P::Sigmoid => sigmoid(x),
+        P::Tanh => x.tanh(),
+        P::Swish { beta } => x * sigmoid(beta * x),
+        P::Elu { alpha } => {
+            if x > 0.0 {
+                x
+            } else {
+                alpha * (x.exp() - 1.0)
+            }
+        }
+        P::Softplus { beta } => (1.0 + (beta * x).exp()).ln() / beta,
+        P::Exp => x.exp(),
+        P::Log => x.ln(),
+        P::Sqrt => x.sqrt(),
+        P::Rsqrt => 1.0 / x.sqrt(),
+        P::Neg => -x,
+        P::Abs => x.abs(),
+        P::Reciprocal => 1.0 / x,
+        P::Erf => erf(x),
+        P::Identity => x,
+        other => panic!("not unary: {other:?}"),
+    }
+}
+
+fn binary_ref(m: PointwiseMode, x: f64, b: f64) -> f64 {
+    use PointwiseMode as P;
+    match m {
+        P::Add => x + b,
+        P::Sub => x - b,
+        P::Mul => x * b,
+        P::Div => x / b,
+        P::Min => x.min(b),
+        P::Max => x.max(b),
+        other => panic!("not binary: {other:?}"),
+    }
+}
+
+/// `dx` of a backward mode: the forward mode's derivative at `x`, times `dy`.
+fn backward_ref(m: PointwiseMode, dy: f64, x: f64) -> f64 {
+    use PointwiseMode as P;
+    let d = match m {
+        P::ReluBwd => {
+            if x > 0.0 {
+                1.0
+            } else {
+                0.0
+            }
+        }
+        P::GeluBwd => {
+            let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+            0.5 * (1.0 + erf(x / 2f64.sqrt())) + x * pdf
+        }
+        P::GeluTanhBwd => {
+            let t = (GELU_C * (x + 0.044715 * x * x * x)).tanh();
+            0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * 0.044715 * x * x)
+        }
+        P::SigmoidBwd => sigmoid(x) * (1.0 - sigmoid(x)),
+        P::TanhBwd => 1.0 - x.tanh() * x.tanh(),
+        P::SwishBwd { beta } => {
+            let s = sigmoid(beta * x);
+            s + beta * x * s * (1.0 - s)
+        }
+        P::EluBwd { alpha } => {
+            if x > 0.0 {
+                1.0
+            } else {
+                alpha * x.exp()
+            }
+        }
+        P::SoftplusBwd { beta } => sigmoid(beta * x),
+        other => panic!("not backward: {other:?}"),
+    };
+    dy * d
+}
+
+/// Modes computed exactly up to one rounding in f32 (the others may go through approximate
+/// intrinsics in runtime-compiled kernels).
+fn is_exact(m: PointwiseMode) -> bool {
+    use PointwiseMode as P;
+    matches!(
+        m,
+        P::Relu
+            | P::LeakyRelu { .. }
+            | P::Neg
+            | P::Abs
+            | P::Identity
+            | P::Add
+            | P::Sub
+            | P::Mul
+            | P::Min
+            | P::Max
+            | P::ReluBwd
+    )
+}
+
+/// 2-D convolution geometry (cross-correlation, one group), logical NCHW / KCRS indexing.
+struct Conv {
+    x: [i64; 4],
+    w: [i64; 4],
+    pad: [i64; 2],
+    stride: [i64; 2],
+    dil: [i64; 2],
+}
+
+impl Conv {
+    fn params(&self) -> ConvParams {
+        ConvParams::new(2)
+            .padding(&self.pad)
+            .stride(&self.stride)
+            .dilation(&self.dil)
+    }
+    fn y(&self) -> [i64; 4] {
+        let o = |a: usize| {
+            (self.x[a + 2] + 2 * self.pad[a] - ((self.w[a + 2] - 1) * self.dil[a] + 1))
+                / self.stride[a]
+                + 1
+        };
+        [self.x[0], self.w[0], o(0), o(1)]
+    }
+    /// Calls `f(x_index, w_index, y_index)` (flat logical indices) for every term of the sum.
+    fn for_each_term(&self, mut f: impl FnMut(usize, usize, usize)) {
+        let [n, c, h, w] = self.x;
+        let [k, _, r, s] = self.w;
+        let [_, _, oh, ow] = self.y();
+        for ni in 0..n {
+            for ki in 0..k {
+                for p in 0..oh {
+                    for q in 0..ow {
+                        let yi = ((ni * k + ki) * oh + p) * ow + q;
+                        for ci in 0..c {
+                            for ri in 0..r {
+                                let hi = p * self.stride[0] - self.pad[0] + ri * self.dil[0];
+                                if hi < 0 || hi >= h {
+                                    continue;
+                                }
+                                for si in 0..s {
+                                    let wi = q * self.stride[1] - self.pad[1] + si * self.dil[1];
+                                    if wi < 0 || wi >= w {
+                                        continue;
+                                    }
+                                    let xi = ((ni * c + ci) * h + hi) * w + wi;
+                                    let fi = ((ki * c + ci) * r + ri) * s + si;
+                                    f(xi as usize, fi as usize, yi as usize);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn count(d: &[i64]) -> usize {
+    d.iter().product::<i64>() as usize
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device helpers
+// ---------------------------------------------------------------------------------------------
+
+fn logical_offsets(og: &OperationGraph, t: TensorId) -> (usize, Vec<usize>) {
+    let l = og.layout(t).unwrap().expect("a bound tensor");
+    (l.span(), offsets(l.dims(), l.strides()))
+}
+
+/// A device buffer holding `logical` (row-major logical order) in `t`'s layout, sentinel in gaps.
+fn upload<T: DataType>(
+    s: &Arc<CudaStream>,
+    og: &OperationGraph,
+    t: TensorId,
+    logical: &[T],
+) -> CudaSlice<T> {
+    let (span, offs) = logical_offsets(og, t);
+    assert_eq!(offs.len(), logical.len());
+    s.clone_htod(&image(span, &offs, |i| logical[i])).unwrap()
+}
+
+/// An output buffer for `t`: NaN at addressed elements, sentinel in gaps.
+fn poisoned<T: DataType>(s: &Arc<CudaStream>, og: &OperationGraph, t: TensorId) -> CudaSlice<T> {
+    let (span, offs) = logical_offsets(og, t);
+    s.clone_htod(&image(span, &offs, |_| poison::<T>()))
+        .unwrap()
+}
+
+/// The logical elements of an output, after checking its gaps kept the sentinel.
+fn fetch<T: DataType>(
+    s: &Arc<CudaStream>,
+    og: &OperationGraph,
+    t: TensorId,
+    buf: &CudaSlice<T>,
+) -> Vec<T> {
+    let host = download(s, buf);
+    let (_, offs) = logical_offsets(og, t);
+    let mut addressed = vec![false; host.len()];
+    for &o in &offs {
+        addressed[o] = true;
+    }
+    for (i, v) in host.iter().enumerate() {
+        if !addressed[i] {
+            assert_eq!(v.to_f64(), SENTINEL, "gap element {i} overwritten");
+        }
+    }
+    offs.iter().map(|&o| host[o]).collect()
+}
+
+/// Checks `got` against `want`: `|g − w| ≤ tol·(1 + |w|)`, finite.
+fn check<T: DataType>(what: &str, got: &[T], want: &[f64], tol: f64) {
+    common::assert_close(what, got, want, tol)
+}
+
+/// Tolerance for a plan's results stored as `T`: the type's, or TF32's (~5e-3) for f32 data on
+/// tensor cores, or 1e-3 for Winograd / FFT engines (their transforms lose a few bits in f32).
+fn plan_tol<T: DataType>(plan: &Plan) -> f64 {
+    let mut t = tol::<T>();
+    if T::DTYPE == DType::F32 {
+        if plan.uses_tensor_cores() {
+            t = t.max(5e-3);
+        }
+        let n = plan.numerical_notes();
+        if n.contains(&NumericalNote::Winograd) || n.contains(&NumericalNote::Fft) {
+            t = t.max(1e-3);
+        }
+    }
+    t
+}
+
+fn values<T: DataType>(rng: &mut Rng, n: usize) -> (Vec<T>, Vec<f64>) {
+    let v: Vec<T> = rng.values(n);
+    let f = v.iter().map(|x| x.to_f64()).collect();
+    (v, f)
+}
+
+/// Builds the graph's plans under `filter`, at most `max` of them.
+fn some_plans(cudnn: &Cudnn, og: &OperationGraph, filter: PlanFilter, max: usize) -> Vec<Plan> {
+    let list = og
+        .plans(cudnn, &filter.max_plans(Some(max)))
+        .unwrap_or_else(|e| panic!("no plan: {e}"));
+    assert!(!list.plans.is_empty());
+    for p in &list.plans {
+        eprintln!(
+            "  plan {} ws {} notes {:?}",
+            p.name(),
+            p.workspace_size(),
+            p.numerical_notes()
+        );
+    }
+    list.plans
+}
+
+/// Binds `ins` and `outs` and executes `plan`.
+fn run<T: DataType>(
+    cudnn: &Cudnn,
+    plan: &Plan,
+    ins: &[(TensorId, &CudaSlice<T>)],
+    outs: &mut [(TensorId, &mut CudaSlice<T>)],
+    ws: &mut Workspace,
+) -> cudnn_safe::Result<()> {
+    let mut args = Args::new(cudnn);
+    for (t, b) in ins {
+        args.input(*t, *b)?;
+    }
+    for (t, b) in outs.iter_mut() {
+        args.output(*t, &mut **b)?;
+    }
+    cudnn.execute(plan, &args, ws)
+}
+
+fn conv_geometry() -> Conv {
+    Conv {
+        x: [2, 8, 7, 6],
+        w: [8, 8, 3, 3],
+        pad: [1, 1],
+        stride: [1, 2],
+        dil: [1, 1],
+    }
+}
+
+fn input<T: DataType>(g: &mut Graph, name: &'static str, dims: &[i64], nhwc: bool) -> TensorId {
+    if nhwc {
+        g.tensor_nhwc(name, dims, T::DTYPE).unwrap()
+    } else {
+        g.tensor_nchw(name, dims, T::DTYPE).unwrap()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU: convolution
+// ---------------------------------------------------------------------------------------------
+
+fn conv_fprop_case<T: DataType>(nhwc: bool, filter: PlanFilter, seed: u64) {
+    let Some((s, cudnn)) = gpu() else { return };
+    let geo = conv_geometry();
+    let mut rng = Rng::new(seed);
+    let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
+    let x = input::<T>(&mut g, "x", &geo.x, nhwc);
+    let w = input::<T>(&mut g, "w", &geo.w, nhwc);
+    let y = g.conv_fprop(x, w, &geo.params()).unwrap();
+    g.mark_output(y).unwrap();
+    assert_eq!(g.dims(y).unwrap(), &geo.y());
+    let og = g.build(&cudnn).unwrap();
+    let (xv, xf) = values::<T>(&mut rng, count(&geo.x));
+    let (wv, wf) = values::<T>(&mut rng, count(&geo.w));
+    let mut want = vec![0.0; count(&geo.y())];
+    geo.for_each_term(|xi, fi, yi| want[yi] += xf[xi] * wf[fi]);
+    let xb = upload(&s, &og, x, &xv);
+    let wb = upload(&s, &og, w, &wv);
+    let mut ws = Workspace::new(s.clone());
+    for plan in some_plans(&cudnn, &og, filter.clone(), 3) {
+        let mut yb = poisoned::<T>(&s, &og, y);
+        run(
+            &cudnn,
+            &plan,
+            &[(x, &xb), (w, &wb)],
+            &mut [(y, &mut yb)],
+            &mut ws,
+        )
+        .unwrap();
+        let got = fetch(&s, &og, y, &yb);
+        check(
+            &format!("conv fprop {} {}", T::DTYPE, plan.name()),
+            &got,
+            &want,
+            plan_tol::<T>(&plan),
+        );
+    }
+}
+
+#[test]
+fn gpu_conv_fprop_f32_strict() {
+    // No tensor cores: strict fp32 (FMA), so the fp32 tolerance holds.
+    let f = PlanFilter::new()
+        .no_tensor_cores(true)
+        .deterministic(true)
+        .all_engines(true);
+    conv_fprop_case::<f32>(false, f, 1);
+}
+
+#[test]
+fn gpu_conv_fprop_f32_nhwc_any_engine() {
+    conv_fprop_case::<f32>(true, PlanFilter::new(), 2);
+}
+
+#[test]
+fn gpu_conv_fprop_f16_nhwc() {
+    conv_fprop_case::<f16>(true, PlanFilter::new(), 3);
+}
+
+#[test]
+fn gpu_conv_fprop_bf16_nhwc() {
+    conv_fprop_case::<bf16>(true, PlanFilter::new(), 4);
+}
+
+fn conv_backward_case<T: DataType>(nhwc: bool, filter: PlanFilter, seed: u64) {
+    let Some((s, cudnn)) = gpu() else { return };
+    let geo = conv_geometry();
+    let yd = geo.y();
+    let mut rng = Rng::new(seed);
+    let (xv, xf) = values::<T>(&mut rng, count(&geo.x));
+    let (wv, wf) = values::<T>(&mut rng, count(&geo.w));
+    let (dyv, dyf) = values::<T>(&mut rng, count(&yd));
+    let mut want_dx = vec![0.0; count(&geo.x)];
+    let mut want_dw = vec![0.0; count(&geo.w)];
+    geo.for_each_term(|xi, fi, yi| {
+        want_dx[xi] += dyf[yi] * wf[fi];
+        want_dw[fi] += xf[xi] * dyf[yi];
+    });
+
+    // Backward data.
+    let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
+    let dy = input::<T>(&mut g, "dy", &yd, nhwc);
+    let w = input::<T>(&mut g, "w", &geo.w, nhwc);
+    let dx = g.conv_dgrad(dy, w, &geo.x, &geo.params()).unwrap();
+    g.mark_output(dx).unwrap();
+    let og = g.build(&cudnn).unwrap();
+    let dyb = upload(&s, &og, dy, &dyv);
+    let wb = upload(&s, &og, w, &wv);
+    let mut ws = Workspace::new(s.clone());
+    for plan in some_plans(&cudnn, &og, filter.clone(), 3) {
+        let mut dxb = poisoned::<T>(&s, &og, dx);
+        run(
+            &cudnn,
+            &plan,
+            &[(dy, &dyb), (w, &wb)],
+            &mut [(dx, &mut dxb)],
+            &mut ws,
+        )
+        .unwrap();
+        let got = fetch(&s, &og, dx, &dxb);
+        check(
+            &format!("dgrad {} {}", T::DTYPE, plan.name()),
+            &got,
+            &want_dx,
+            plan_tol::<T>(&plan),
+        );
+    }
+
+    // Backward filter.
+    let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
+    let x = input::<T>(&mut g, "x", &geo.x, nhwc);
+    let dy = input::<T>(&mut g, "dy", &yd, nhwc);
+    let dw = g.conv_wgrad(x, dy, &geo.w, &geo.params()).unwrap();
+    g.mark_output(dw).unwrap();
+    let og = g.build(&cudnn).unwrap();
+    let xb = upload(&s, &og, x, &xv);
+    let dyb = upload(&s, &og, dy, &dyv);
+    for plan in some_plans(&cudnn, &og, filter, 3) {
+        let mut dwb = poisoned::<T>(&s, &og, dw);
+        run(
+            &cudnn,
+            &plan,
+            &[(x, &xb), (dy, &dyb)],
+            &mut [(dw, &mut dwb)],
+            &mut ws,
+        )
+        .unwrap();
+        let got = fetch(&s, &og, dw, &dwb);
+        check(
+            &format!("wgrad {} {}", T::DTYPE, plan.name()),
+            &got,
+            &want_dw,
+            plan_tol::<T>(&plan),
+        );
+    }
+}
+
+#[test]
+fn gpu_conv_backward_f32_strict() {
+    // Strict fp32; determinism not required (some backward engines use atomics).
+    let f = PlanFilter::new().no_tensor_cores(true).all_engines(true);
+    conv_backward_case::<f32>(false, f, 5);
+}
+
+#[test]
+fn gpu_conv_backward_f16_nhwc() {
+    conv_backward_case::<f16>(true, PlanFilter::new(), 6);
+}
+
+#[test]
+fn gpu_conv_backward_bf16_nhwc() {
+    conv_backward_case::<bf16>(true, PlanFilter::new(), 7);
+}
+
+/// conv + per-channel bias + relu as one graph, half in and out, f32 inside.
+fn fused_conv_case<T: DataType>(seed: u64) {
+    let Some((s, cudnn)) = gpu() else { return };
+    let geo = conv_geometry();
+    let yd = geo.y();
+    let mut rng = Rng::new(seed);
+    let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
+    let x = input::<T>(&mut g, "x", &geo.x, true);
+    let w = input::<T>(&mut g, "w", &geo.w, true);
+    let b = input::<T>(&mut g, "b", &[1, geo.w[0], 1, 1], true);
+    let c = g.conv_fprop(x, w, &geo.params()).unwrap();
+    let cb = g.bias(c, b).unwrap();
+    let y = g.pointwise(PointwiseMode::Relu, cb, None).unwrap();
+    g.set_name(y, "y").unwrap();
+    g.mark_output(y).unwrap();
+    let og = g.build(&cudnn).unwrap();
+    let (xv, xf) = values::<T>(&mut rng, count(&geo.x));
+    let (wv, wf) = values::<T>(&mut rng, count(&geo.w));
+    let (bv, bf) = values::<T>(&mut rng, geo.w[0] as usize);
+    let mut acc = vec![0.0; count(&yd)];
+    geo.for_each_term(|xi, fi, yi| acc[yi] += xf[xi] * wf[fi]);
+    let plane = (yd[2] * yd[3]) as usize;
+    let want: Vec<f64> = acc
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (v + bf[(i / plane) % yd[1] as usize]).max(0.0))
+        .collect();
+    let (xb, wb, bb) = (
+        upload(&s, &og, x, &xv),
+        upload(&s, &og, w, &wv),
+        upload(&s, &og, b, &bv),
+    );
+    let mut ws = Workspace::new(s.clone());
+    for plan in some_plans(&cudnn, &og, PlanFilter::new(), 3) {
+        let mut yb = poisoned::<T>(&s, &og, y);
+        run(
+            &cudnn,
+            &plan,
+            &[(x, &xb), (w, &wb), (b, &bb)],
+            &mut [(y, &mut yb)],
+            &mut ws,
+        )
+        .unwrap();
+        let got = fetch(&s, &og, y, &yb);
+        check(
+            &format!("conv+bias+relu {} {}", T::DTYPE, plan.name()),
+            &got,
+            &want,
+            tol::<T>(),
+        );
+    }
+}
+
+#[test]
+fn gpu_fused_conv_bias_relu_f16() {
+    fused_conv_case::<f16>(8);
+}
+
+#[test]
+fn gpu_fused_conv_bias_relu_bf16() {
+    fused_conv_case::<bf16>(9);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU: matmul, pointwise, reduction
+// ---------------------------------------------------------------------------------------------
+
+/// c = a·b (b's batch broadcast), optionally + bias and gelu.
+fn matmul_case<T: DataType>(fused: bool, seed: u64) {
+    let Some((s, cudnn)) = gpu() else { return };
+    let (bt, m, k, n) = (3i64, 16i64, 32i64, 24i64);
+    let mut rng = Rng::new(seed);
+    let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
+    let a = g.tensor_nchw("a", &[bt, m, k], T::DTYPE).unwrap();
+    let b = g.tensor_nchw("b", &[1, k, n], T::DTYPE).unwrap();
+    let mut c = g.matmul(a, b).unwrap();
+    let bias = if fused {
+        let bias = g.tensor_nchw("bias", &[1, 1, n], T::DTYPE).unwrap();
+        c = g.bias(c, bias).unwrap();
+        c = g.pointwise(PointwiseMode::Gelu, c, None).unwrap();
+        Some(bias)
+    } else {
+        None
+    };
+    g.mark_output(c).unwrap();
+    matmul_run::<T>(&s, &cudnn, g, a, b, bias, c, &mut rng, fused)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matmul_run<T: DataType>(
+    s: &Arc<CudaStream>,
+    cudnn: &Cudnn,
+    g: Graph,
+    a: TensorId,
+    b: TensorId,
+    bias: Option<TensorId>,
+    c: TensorId,
+    rng: &mut Rng,
+    fused: bool,
+) {
+    let ad = g.dims(a).unwrap().to_vec();
+    let bd = g.dims(b).unwrap().to_vec();
+    let (bt, m, k, n) = (
+        ad[0] as usize,
+        ad[1] as usize,
+        ad[2] as usize,
+        bd[2] as usize,
+    );
+    let og = g.build(cudnn).unwrap();
+    let (av, af) = values::<T>(rng, bt * m * k);
+    let (bv, bf) = values::<T>(rng, k * n);
+    let (biasv, biasf) = values::<T>(rng, n);
+    let mut want = vec![0.0; bt * m * n];
+    for p in 0..bt {
+        for i in 0..m {
+            for j in 0..n {
+                let mut acc = 0.0;
+                for q in 0..k {
+                    acc += af[(p * m + i) * k + q] * bf[q * n + j];
+                }
+                want[(p * m + i) * n + j] = if fused {
+                    unary_ref(PointwiseMode::Gelu, acc + biasf[j])
+                } else {
+                    acc
+                };
+            }
+        }
+    }
+    let ab = upload(s, &og, a, &av);
+    let bb = upload(s, &og, b, &bv);
+    let biasb = bias.map(|t| upload(s, &og, t, &biasv));
+    let mut ws = Workspace::new(s.clone());
+    for plan in some_plans(cudnn, &og, PlanFilter::new(), 3) {
+        let mut cb = poisoned::<T>(s, &og, c);
+        let mut ins = vec![(a, &ab), (b, &bb)];
+        if let (Some(t), Some(buf)) = (bias, biasb.as_ref()) {
+            ins.push((t, buf));
+        }
+        run(cudnn, &plan, &ins, &mut [(c, &mut cb)], &mut ws).unwrap();
+        let got = fetch(s, &og, c, &cb);
+        // K = 32 products per element: an f32 sum, rounded once to T; TF32 for f32 data.
+        check(
+            &format!("matmul {} fused={fused} {}", T::DTYPE, plan.name()),
+            &got,
+            &want,
+            plan_tol::<T>(&plan),
+        );
+    }
+}
+
+#[test]
+fn gpu_matmul_bias_gelu_f16() {
+    matmul_case::<f16>(true, 10);
+}
+
+#[test]
+fn gpu_matmul_bias_gelu_bf16() {
+    matmul_case::<bf16>(true, 11);
+}
+
+#[test]
+fn gpu_matmul_batched_f16_and_f32() {
+    matmul_case::<f16>(false, 12);
+    matmul_case::<f32>(false, 13);
+}
+
+#[test]
+fn gpu_pointwise_modes_f32() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let dims = [2i64, 3, 4, 5];
+    let bdims = [1i64, 3, 1, 5];
+    let n = count(&dims);
+    let mut rng = Rng::new(14);
+    let mut ws = Workspace::new(s.clone());
+    let mut failures = Vec::new();
+    for &mode in UNARY.iter().chain(BINARY).chain(BACKWARD) {
+        let positive = matches!(
+            mode,
+            PointwiseMode::Log
+                | PointwiseMode::Sqrt
+                | PointwiseMode::Rsqrt
+                | PointwiseMode::Reciprocal
+        );
+        let xv: Vec<f32> = if positive {
+            rng.values_in(n, 0.5, 2.0)
+        } else {
+            rng.values(n)
+        };
+        // Divisors away from zero.
+        let bv: Vec<f32> = if mode == PointwiseMode::Div {
+            rng.values_in(count(&bdims), 0.5, 2.0)
+        } else {
+            rng.values(count(&bdims))
+        };
+        let dyv: Vec<f32> = rng.values(n);
+        let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+        let x = g.tensor_nchw("x", &dims, DType::F32).unwrap();
+        let (y, other) = if mode.is_backward() {
+            let dy = g.tensor_nchw("dy", &dims, DType::F32).unwrap();
+            (
+                g.pointwise_bwd(mode, dy, x).unwrap(),
+                Some((dy, dyv.clone())),
+            )
+        } else if mode.is_binary() {
+            let b = g.tensor_nchw("b", &bdims, DType::F32).unwrap();
+            (
+                g.pointwise(mode, x, Some(b)).unwrap(),
+                Some((b, bv.clone())),
+            )
+        } else {
+            (g.pointwise(mode, x, None).unwrap(), None)
+        };
+        g.mark_output(y).unwrap();
+        let og = g.build(&cudnn).unwrap();
+        let mut want = Vec::with_capacity(n);
+        common::for_each_index(&dims, |idx| {
+            let i = idx.iter().zip(&dims).fold(0i64, |a, (&j, &d)| a * d + j) as usize;
+            let xf = xv[i] as f64;
+            want.push(if mode.is_backward() {
+                backward_ref(mode, dyv[i] as f64, xf)
+            } else if mode.is_binary() {
+                let bi = (idx[1] * bdims[3] + idx[3]) as usize;
+                binary_ref(mode, xf, bv[bi] as f64)
+            } else {
+                unary_ref(mode, xf)
+            });
+        });
+        let xb = upload(&s, &og, x, &xv);
+        let ob = other.as_ref().map(|(t, v)| (*t, upload(&s, &og, *t, v)));
+        let plans = match og.plans(&cudnn, &PlanFilter::new().max_plans(Some(1))) {
+            Ok(p) => p.plans,
+            Err(e) => {
+                failures.push(format!("{mode:?}: no plan: {e}"));
+                continue;
+            }
+        };
+        let mut yb = poisoned::<f32>(&s, &og, y);
+        let mut ins = vec![(x, &xb)];
+        if let Some((t, b)) = ob.as_ref() {
+            ins.push((*t, b));
+        }
+        run(&cudnn, &plans[0], &ins, &mut [(y, &mut yb)], &mut ws).unwrap();
+        let got = fetch(&s, &og, y, &yb);
+        // Transcendental modes may use approximate intrinsics (e.g. tanh.approx, ~2^-11
+        // relative) in the runtime-compiled kernels.
+        let t = if is_exact(mode) { tol::<f32>() } else { 1e-3 };
+        let r = std::panic::catch_unwind(|| check(&format!("{mode:?}"), &got, &want, t));
+        if r.is_err() {
+            failures.push(format!("{mode:?}: wrong values"));
+        }
+    }
+    assert!(failures.is_empty(), "pointwise failures: {failures:#?}");
+}
+
+#[test]
+fn gpu_by_value_scalars() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let dims = [2i64, 8, 3, 5];
+    let mut rng = Rng::new(15);
+    let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
+    let x = g.tensor_nhwc("x", &dims, DType::F16).unwrap();
+    let scale = g.scalar("scale", 1.5, DType::F32).unwrap();
+    let shift = g.scalar("shift", -0.25, DType::F32).unwrap();
+    let y = g.scale(x, scale).unwrap();
+    let y = g.pointwise(PointwiseMode::Add, y, Some(shift)).unwrap();
+    g.mark_output(y).unwrap();
+    let og = g.build(&cudnn).unwrap();
+    assert!(og.span(scale).is_err(), "a scalar takes no buffer");
+    let (xv, xf) = values::<f16>(&mut rng, count(&dims));
+    let want: Vec<f64> = xf.iter().map(|v| v * 1.5 - 0.25).collect();
+    let xb = upload(&s, &og, x, &xv);
+    let mut ws = Workspace::new(s.clone());
+    let plans = some_plans(&cudnn, &og, PlanFilter::new(), 1);
+    let mut yb = poisoned::<f16>(&s, &og, y);
+    run(&cudnn, &plans[0], &[(x, &xb)], &mut [(y, &mut yb)], &mut ws).unwrap();
+    check("x*1.5-0.25", &fetch(&s, &og, y, &yb), &want, tol::<f16>());
+    // Binding a buffer to a scalar is refused.
+    let junk = s.alloc_zeros::<f32>(4).unwrap();
+    let mut yb2 = poisoned::<f16>(&s, &og, y);
+    let mut args = Args::new(&cudnn);
+    args.input(x, &xb).unwrap().output(y, &mut yb2).unwrap();
+    args.input(scale, &junk).unwrap();
+    let r = cudnn.execute(&plans[0], &args, &mut ws);
+    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+}
+
+#[test]
+fn gpu_reduction_f32() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let dims = [4i64, 6, 5, 3];
+    let mut rng = Rng::new(16);
+    let (xv, xf) = values::<f32>(&mut rng, count(&dims));
+    for (op, out) in [
+        (ReduceOp::Add, [1i64, 6, 1, 1]),
+        (ReduceOp::Max, [4i64, 1, 1, 1]),
+        (ReduceOp::Add, [4i64, 6, 5, 1]),
+    ] {
+        let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+        let x = g.tensor_nchw("x", &dims, DType::F32).unwrap();
+        let y = g.reduction(op, x, &out).unwrap();
+        g.mark_output(y).unwrap();
+        let og = g.build(&cudnn).unwrap();
+        let mut want = vec![
+            if op == ReduceOp::Max {
+                f64::NEG_INFINITY
+            } else {
+                0.0
+            };
+            count(&out)
+        ];
+        let mut i = 0;
+        common::for_each_index(&dims, |idx| {
+            let o = idx
+                .iter()
+                .zip(&out)
+                .fold(0i64, |a, (&j, &d)| a * d + if d == 1 { 0 } else { j })
+                as usize;
+            want[o] = if op == ReduceOp::Max {
+                want[o].max(xf[i])
+            } else {
+                want[o] + xf[i]
+            };
+            i += 1;
+        });
+        let xb = upload(&s, &og, x, &xv);
+        let mut ws = Workspace::new(s.clone());
+        for plan in some_plans(&cudnn, &og, PlanFilter::new(), 2) {
+            let mut yb = poisoned::<f32>(&s, &og, y);
+            run(&cudnn, &plan, &[(x, &xb)], &mut [(y, &mut yb)], &mut ws).unwrap();
+            check(
+                &format!("reduce {op:?} to {out:?} {}", plan.name()),
+                &fetch(&s, &og, y, &yb),
+                &want,
+                tol::<f32>(),
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU: filters, workspace, rejected bindings, reuse, autotune, cache
+// ---------------------------------------------------------------------------------------------
+
+/// An f32 NCHW conv graph with its inputs uploaded and the reference output.
+struct ConvCase {
+    og: OperationGraph,
+    x: TensorId,
+    w: TensorId,
+    y: TensorId,
+    xb: CudaSlice<f32>,
+    wb: CudaSlice<f32>,
+    want: Vec<f64>,
+}
+
+fn conv_case(s: &Arc<CudaStream>, cudnn: &Cudnn, seed: u64) -> ConvCase {
+    let geo = conv_geometry();
+    let mut rng = Rng::new(seed);
+    let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+    let x = g.tensor_nchw("x", &geo.x, DType::F32).unwrap();
+    let w = g.tensor_nchw("w", &geo.w, DType::F32).unwrap();
+    let y = g.conv_fprop(x, w, &geo.params()).unwrap();
+    g.set_name(y, "y").unwrap();
+    g.mark_output(y).unwrap();
+    let og = g.build(cudnn).unwrap();
+    let (xv, xf) = values::<f32>(&mut rng, count(&geo.x));
+    let (wv, wf) = values::<f32>(&mut rng, count(&geo.w));
+    let mut want = vec![0.0; count(&geo.y())];
+    geo.for_each_term(|xi, fi, yi| want[yi] += xf[xi] * wf[fi]);
+    let xb = upload(s, &og, x, &xv);
+    let wb = upload(s, &og, w, &wv);
+    ConvCase {
+        og,
+        x,
+        w,
+        y,
+        xb,
+        wb,
+        want,
+    }
+}
+
+impl ConvCase {
+    fn run_check(
+        &self,
+        s: &Arc<CudaStream>,
+        cudnn: &Cudnn,
+        plan: &Plan,
+        ws: &mut Workspace,
+        what: &str,
+    ) {
+        let mut yb = poisoned::<f32>(s, &self.og, self.y);
+        run(
+            cudnn,
+            plan,
+            &[(self.x, &self.xb), (self.w, &self.wb)],
+            &mut [(self.y, &mut yb)],
+            ws,
+        )
+        .unwrap();
+        check(
+            what,
+            &fetch(s, &self.og, self.y, &yb),
+            &self.want,
+            plan_tol::<f32>(plan),
+        );
+    }
+}
+
+#[test]
+fn gpu_filters_and_workspace_limit() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let c = conv_case(&s, &cudnn, 20);
+    let strict = PlanFilter::new()
+        .deterministic(true)
+        .no_tensor_cores(true)
+        .no_down_conversion(true)
+        .all_engines(true)
+        .max_plans(Some(6));
+    let list = c.og.plans(&cudnn, &strict).unwrap();
+    assert!(!list.plans.is_empty());
+    for p in &list.plans {
+        assert!(p.is_deterministic() && !p.uses_tensor_cores(), "{p:?}");
+        assert!(!p
+            .numerical_notes()
+            .contains(&NumericalNote::DownConvertInputs));
+    }
+    let all =
+        c.og.plans(
+            &cudnn,
+            &PlanFilter::new().all_engines(true).max_plans(Some(12)),
+        )
+        .unwrap();
+    eprintln!(
+        "{} plans in all, {} strict, {} skipped; engines: {}",
+        all.plans.len(),
+        list.plans.len(),
+        all.skipped.len(),
+        c.og.engine_count(&cudnn).unwrap()
+    );
+    // Names are unique (duplicates between heuristics and enumeration are dropped).
+    let mut names: Vec<String> = all.plans.iter().map(Plan::name).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), all.plans.len());
+
+    // A zero workspace limit keeps only plans needing none.
+    match c.og.plans(
+        &cudnn,
+        &PlanFilter::new()
+            .all_engines(true)
+            .max_workspace(0)
+            .max_plans(Some(12)),
+    ) {
+        Ok(l) => {
+            for p in &l.plans {
+                assert_eq!(p.workspace_size(), 0);
+            }
+            assert!(
+                l.skipped.iter().any(|s| s.reason.contains("workspace"))
+                    || all.plans.iter().all(|p| p.workspace_size() == 0)
+            );
+        }
+        Err(e) => assert!(matches!(e, Error::NoAlgorithm { .. }), "{e}"),
+    }
+
+    // A plan that needs workspace, run with a workspace capped below it: refused, output untouched.
+    let mut ws = Workspace::new(s.clone());
+    match all.plans.iter().find(|p| p.workspace_size() > 0) {
+        Some(p) => {
+            let mut small = Workspace::new(s.clone()).with_limit(p.workspace_size() - 1);
+            let (mut yb, before) = sentinel_buffer::<f32>(&s, c.og.span(c.y).unwrap());
+            let r = run(
+                &cudnn,
+                p,
+                &[(c.x, &c.xb), (c.w, &c.wb)],
+                &mut [(c.y, &mut yb)],
+                &mut small,
+            );
+            assert!(is_err_kind(&r, "WorkspaceLimit"), "{r:?}");
+            assert_untouched("y", &s, &yb, &before);
+            c.run_check(&s, &cudnn, p, &mut ws, "with enough workspace");
+        }
+        None => eprintln!("note: no plan of this graph needs workspace"),
+    }
+    for p in list.plans.iter().take(4) {
+        c.run_check(&s, &cudnn, p, &mut ws, &format!("strict {}", p.name()));
+    }
+}
+
+#[test]
+fn gpu_rejected_bindings_leave_outputs_untouched() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let c = conv_case(&s, &cudnn, 21);
+    let plan = some_plans(&cudnn, &c.og, PlanFilter::new(), 1).remove(0);
+    let span = c.og.span(c.y).unwrap();
+    let mut ws = Workspace::new(s.clone());
+    let (mut yb, before) = sentinel_buffer::<f32>(&s, span);
+
+    // Short output, short input.
+    let (mut short_y, short_before) = sentinel_buffer::<f32>(&s, span - 1);
+    let r = run(
+        &cudnn,
+        &plan,
+        &[(c.x, &c.xb), (c.w, &c.wb)],
+        &mut [(c.y, &mut short_y)],
+        &mut ws,
+    );
+    assert!(
+        matches!(r, Err(Error::BufferTooSmall { name: "y", .. })),
+        "{r:?}"
+    );
+    assert_untouched("short y", &s, &short_y, &short_before);
+    let short_w = s.alloc_zeros::<f32>(c.og.span(c.w).unwrap() - 1).unwrap();
+    let r = run(
+        &cudnn,
+        &plan,
+        &[(c.x, &c.xb), (c.w, &short_w)],
+        &mut [(c.y, &mut yb)],
+        &mut ws,
+    );
+    assert!(
+        matches!(r, Err(Error::BufferTooSmall { name: "w", .. })),
+        "{r:?}"
+    );
+
+    // Missing binding.
+    let r = run(
+        &cudnn,
+        &plan,
+        &[(c.x, &c.xb)],
+        &mut [(c.y, &mut yb)],
+        &mut ws,
+    );
+    assert!(
+        is_err_kind(&r, "InvalidArgument") && format!("{r:?}").contains("`w`"),
+        "{r:?}"
+    );
+
+    // Wrong data type.
+    let x16 = s.alloc_zeros::<f16>(c.og.span(c.x).unwrap()).unwrap();
+    {
+        let mut args = Args::new(&cudnn);
+        args.input(c.x, &x16)
+            .unwrap()
+            .input(c.w, &c.wb)
+            .unwrap()
+            .output(c.y, &mut yb)
+            .unwrap();
+        let r = cudnn.execute(&plan, &args, &mut ws);
+        assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+    }
+
+    // An output bound as an input, an input bound as an output, a tensor bound twice.
+    {
+        let mut args = Args::new(&cudnn);
+        args.input(c.x, &c.xb)
+            .unwrap()
+            .input(c.w, &c.wb)
+            .unwrap()
+            .input(c.y, &yb)
+            .unwrap();
+        let r = cudnn.execute(&plan, &args, &mut ws);
+        assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    }
+    {
+        let mut xcopy = s.clone_htod(&download(&s, &c.xb)).unwrap();
+        let mut args = Args::new(&cudnn);
+        args.output(c.x, &mut xcopy)
+            .unwrap()
+            .input(c.w, &c.wb)
+            .unwrap()
+            .output(c.y, &mut yb)
+            .unwrap();
+        let r = cudnn.execute(&plan, &args, &mut ws);
+        assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+        let r2 = args.input(c.w, &c.wb).map(|_| ());
+        assert!(is_err_kind(&r2, "InvalidArgument"), "bound twice: {r2:?}");
+    }
+
+    // A tensor of another graph.
+    let other = conv_case(&s, &cudnn, 22);
+    {
+        let mut args = Args::new(&cudnn);
+        args.input(c.x, &c.xb)
+            .unwrap()
+            .input(c.w, &c.wb)
+            .unwrap()
+            .output(c.y, &mut yb)
+            .unwrap();
+        args.input(other.x, &other.xb).unwrap();
+        let r = cudnn.execute(&plan, &args, &mut ws);
+        assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    }
+
+    // Misaligned output (4 bytes into the buffer).
+    {
+        let (mut big, big_before) = sentinel_buffer::<f32>(&s, span + 1);
+        {
+            let mut view = big.slice_mut(1..);
+            let mut args = Args::new(&cudnn);
+            args.input(c.x, &c.xb)
+                .unwrap()
+                .input(c.w, &c.wb)
+                .unwrap()
+                .output(c.y, &mut view)
+                .unwrap();
+            let r = cudnn.execute(&plan, &args, &mut ws);
+            assert!(
+                is_err_kind(&r, "InvalidArgument") && format!("{r:?}").contains("align"),
+                "{r:?}"
+            );
+        }
+        assert_untouched("misaligned y", &s, &big, &big_before);
+    }
+
+    // Another handle (same stream): the plan runs only on its own.
+    let cudnn2 = Cudnn::new(s.clone()).unwrap();
+    {
+        let mut args = Args::new(&cudnn2);
+        args.input(c.x, &c.xb)
+            .unwrap()
+            .input(c.w, &c.wb)
+            .unwrap()
+            .output(c.y, &mut yb)
+            .unwrap();
+        let r = cudnn2.execute(&plan, &args, &mut ws);
+        assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+        assert!(is_err_kind(
+            &c.og.plans(&cudnn2, &PlanFilter::new()).map(|_| ()),
+            "InvalidArgument"
+        ));
+    }
+    // Args of another stream.
+    let s2 = s.context().new_stream().unwrap();
+    let cudnn3 = Cudnn::new(s2.clone()).unwrap();
+    {
+        let mut args = Args::new(&cudnn3);
+        args.input(c.x, &c.xb)
+            .unwrap()
+            .input(c.w, &c.wb)
+            .unwrap()
+            .output(c.y, &mut yb)
+            .unwrap();
+        let r = cudnn.execute(&plan, &args, &mut ws);
+        assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    }
+    assert_untouched("y", &s, &yb, &before);
+
+    // And the same bindings done right work.
+    c.run_check(&s, &cudnn, &plan, &mut ws, "after rejections");
+}
+
+#[test]
+fn gpu_variant_pack_reused_and_rebuilt() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let c = conv_case(&s, &cudnn, 23);
+    let plan = some_plans(&cudnn, &c.og, PlanFilter::new(), 1).remove(0);
+    let mut ws = Workspace::new(s.clone());
+    let mut y1 = poisoned::<f32>(&s, &c.og, c.y);
+    let mut y2 = poisoned::<f32>(&s, &c.og, c.y);
+    let tol = plan_tol::<f32>(&plan);
+    for round in 0..3 {
+        // y1, y2, y1 (pointer changes each time), and twice the same in a row.
+        let target = if round == 1 { &mut y2 } else { &mut y1 };
+        s.memcpy_htod(&vec![f32::NAN; c.og.span(c.y).unwrap()], target)
+            .unwrap();
+        for _ in 0..2 {
+            run(
+                &cudnn,
+                &plan,
+                &[(c.x, &c.xb), (c.w, &c.wb)],
+                &mut [(c.y, &mut *target)],
+                &mut ws,
+            )
+            .unwrap();
+        }
+        check(
+            &format!("round {round}"),
+            &fetch(&s, &c.og, c.y, target),
+            &c.want,
+            tol,
+        );
+    }
+    // New input contents at the same address: the pack is reused, the result follows the data.
+    let doubled: Vec<f32> = download(&s, &c.xb).iter().map(|v| v * 2.0).collect();
+    let mut xb = c.xb.clone();
+    s.memcpy_htod(&doubled, &mut xb).unwrap();
+    let want2: Vec<f64> = c.want.iter().map(|v| v * 2.0).collect();
+    run(
+        &cudnn,
+        &plan,
+        &[(c.x, &xb), (c.w, &c.wb)],
+        &mut [(c.y, &mut y1)],
+        &mut ws,
+    )
+    .unwrap();
+    check("doubled x", &fetch(&s, &c.og, c.y, &y1), &want2, tol);
+}
+
+#[test]
+fn gpu_autotune_json_and_config_rebuild() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let c = conv_case(&s, &cudnn, 24);
+    let plans = some_plans(&cudnn, &c.og, PlanFilter::new(), 4);
+    let names: Vec<String> = plans.iter().map(Plan::name).collect();
+    let mut ws = Workspace::new(s.clone());
+    let mut scratch = poisoned::<f32>(&s, &c.og, c.y);
+    let tuned = {
+        let mut args = Args::new(&cudnn);
+        args.input(c.x, &c.xb)
+            .unwrap()
+            .input(c.w, &c.wb)
+            .unwrap()
+            .output(c.y, &mut scratch)
+            .unwrap();
+        autotune(
+            &cudnn,
+            plans,
+            &args,
+            &mut ws,
+            &AutotuneOptions::new().rounds(2).iterations(3),
+        )
+        .unwrap()
+    };
+    assert!(names.contains(&tuned.plan.name()));
+    assert!(!tuned.timings.is_empty());
+    assert!(tuned.timings.windows(2).all(|t| t[0].ms <= t[1].ms));
+    assert_eq!(tuned.timings[0].name, tuned.plan.name());
+    c.run_check(&s, &cudnn, &tuned.plan, &mut ws, "autotuned");
+
+    let json = tuned.plan.json(&cudnn).unwrap();
+    assert!(json.len() > 2 && json.contains('{'), "{json}");
+    let rebuilt = c.og.plan_from_config(&cudnn, tuned.plan.config()).unwrap();
+    assert_eq!(rebuilt.name(), tuned.plan.name());
+    assert_eq!(rebuilt.workspace_size(), tuned.plan.workspace_size());
+    c.run_check(&s, &cudnn, &rebuilt, &mut ws, "rebuilt from config");
+    // A configuration of an engine that does not exist is an error, not a plan.
+    let bogus = EngineConfig {
+        engine: 1 << 40,
+        knobs: vec![],
+    };
+    assert!(c.og.plan_from_config(&cudnn, &bogus).is_err());
+}
+
+#[test]
+fn gpu_plan_cache_hits_and_persists() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let c = conv_case(&s, &cudnn, 25);
+    let filter = PlanFilter::new();
+    let mut cache = PlanCache::new();
+    let first = cache.get_or_build(&cudnn, &c.og, &filter).unwrap().as_raw() as usize;
+    let again = cache.get_or_build(&cudnn, &c.og, &filter).unwrap().as_raw() as usize;
+    assert_eq!(first, again, "a hit returns the same plan");
+    assert_eq!((cache.hits(), cache.misses(), cache.len()), (1, 1, 1));
+    // Another graph with the same signature hits too; another filter misses.
+    // It runs with the twin's own tensor ids and buffers.
+    let twin = conv_case(&s, &cudnn, 26);
+    let mut ws = Workspace::new(s.clone());
+    {
+        let shared = cache
+            .get(&cudnn, &twin.og, &filter)
+            .expect("same signature hits");
+        assert_eq!(shared.as_raw() as usize, first);
+        twin.run_check(&s, &cudnn, shared, &mut ws, "plan shared with a twin graph");
+        // Binding one tensor through both graphs' ids is refused.
+        let mut yb = poisoned::<f32>(&s, &c.og, c.y);
+        let mut args = Args::new(&cudnn);
+        args.input(twin.x, &twin.xb)
+            .unwrap()
+            .input(twin.w, &twin.wb)
+            .unwrap();
+        args.input(c.w, &c.wb)
+            .unwrap()
+            .output(twin.y, &mut yb)
+            .unwrap();
+        let r = cudnn.execute(shared, &args, &mut ws);
+        assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    }
+    assert!(cache
+        .get(&cudnn, &c.og, &filter.clone().deterministic(true))
+        .is_none());
+    // On another handle, the entry does not count.
+    let cudnn2 = Cudnn::new(s.clone()).unwrap();
+    let og2 = {
+        let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+        let geo = conv_geometry();
+        let x = g.tensor_nchw("x", &geo.x, DType::F32).unwrap();
+        let w = g.tensor_nchw("w", &geo.w, DType::F32).unwrap();
+        let y = g.conv_fprop(x, w, &geo.params()).unwrap();
+        g.set_name(y, "y").unwrap();
+        g.mark_output(y).unwrap();
+        g.build(&cudnn2).unwrap()
+    };
+    assert_eq!(og2.signature(), c.og.signature());
+    assert!(cache.get(&cudnn2, &og2, &filter).is_none());
+
+    // Persistence: a new cache on the same file rebuilds the same configuration.
+    let path =
+        std::env::temp_dir().join(format!("cudnn-safe-graph-cache-{}.txt", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let name = {
+        let mut persisted = PlanCache::with_file(&path).unwrap();
+        let mut ws = Workspace::new(s.clone());
+        let mut scratch = poisoned::<f32>(&s, &c.og, c.y);
+        let mut args = Args::new(&cudnn);
+        args.input(c.x, &c.xb)
+            .unwrap()
+            .input(c.w, &c.wb)
+            .unwrap()
+            .output(c.y, &mut scratch)
+            .unwrap();
+        persisted
+            .get_or_autotune(
+                &cudnn,
+                &c.og,
+                &filter,
+                &args,
+                &mut ws,
+                &AutotuneOptions::new(),
+            )
+            .unwrap()
+            .name()
+    };
+    drop(ws);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.starts_with(&name), "{text}");
+    let mut fresh = PlanCache::with_file(&path).unwrap();
+    let plan_name = fresh.get_or_build(&cudnn, &c.og, &filter).unwrap().name();
+    assert_eq!(plan_name, name);
+    let mut ws = Workspace::new(s.clone());
+    let plan = fresh.get(&cudnn, &c.og, &filter).unwrap();
+    c.run_check(&s, &cudnn, plan, &mut ws, "persisted plan");
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn gpu_unsupported_graph_is_a_typed_error() {
+    let Some((_s, cudnn)) = gpu() else { return };
+    // Two convolutions chained inside one graph: no engine fuses that.
+    let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
+    let x = g.tensor_nhwc("x", &[1, 8, 8, 8], DType::F16).unwrap();
+    let w1 = g.tensor_nhwc("w1", &[8, 8, 3, 3], DType::F16).unwrap();
+    let w2 = g.tensor_nhwc("w2", &[8, 8, 3, 3], DType::F16).unwrap();
+    let p = ConvParams::new(2).padding(&[1, 1]);
+    let y1 = g.conv_fprop(x, w1, &p).unwrap();
+    let y2 = g.conv_fprop(y1, w2, &p).unwrap();
+    g.mark_output(y2).unwrap();
+    let r = g
+        .build(&cudnn)
+        .and_then(|og| og.plans(&cudnn, &PlanFilter::new()).map(|_| ()));
+    match r {
+        Err(Error::Cudnn { status, .. }) => {
+            eprintln!("rejected with {status}");
+            assert_ne!(status, Status::SUCCESS);
+        }
+        Err(Error::NoAlgorithm { .. }) => {}
+        other => panic!("expected a typed rejection, got {other:?}"),
+    }
+}
