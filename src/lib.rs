@@ -19,6 +19,9 @@
 //!   backward; [`rnn`] (RNN, LSTM, GRU on the v8 API). Values a backward pass needs from its
 //!   forward pass are owned values returned by the forward call.
 //! * cuBLAS and cuBLASLt ([`blas`]) on cudarc's bindings, with checked GEMM and fused epilogues.
+//! * The graph (backend) API ([`graph`]): a graph builder for convolutions, matmuls, pointwise
+//!   operations and reductions, engine heuristics with filters, autotuned and cached plans, and
+//!   checked execution.
 //!
 //! ```no_run
 //! use cudnn_safe::{cuda_context, Cudnn, TensorDesc};

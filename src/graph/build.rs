@@ -67,11 +67,25 @@ pub(crate) fn scalar_word(v: f64, dtype: DType) -> u64 {
     u64::from_ne_bytes(b)
 }
 
-fn tensor_desc(lib: &'static Library, uid: i64, t: &TensorInfo) -> Result<Desc> {
+/// Dimensions and strides cuDNN is told for a tensor when they differ from the graph's: a
+/// matmul operand broadcast along batch dimensions.
+type View = (Vec<i64>, Vec<i64>);
+
+/// `view` replaces the tensor's dims and strides in the descriptor (see [`Graph::matmul_views`]).
+fn tensor_desc(
+    lib: &'static Library,
+    uid: i64,
+    t: &TensorInfo,
+    view: Option<&View>,
+) -> Result<Desc> {
+    let (dims, strides) = match view {
+        Some((d, s)) => (d, s),
+        None => (&t.dims, &t.strides),
+    };
     let mut d = Desc::new(lib, kind!(CUDNN_BACKEND_TENSOR_DESCRIPTOR))?;
     d.set1(attr!(CUDNN_ATTR_TENSOR_DATA_TYPE), t.dtype.raw())?;
-    d.set(attr!(CUDNN_ATTR_TENSOR_DIMENSIONS), &t.dims)?;
-    d.set(attr!(CUDNN_ATTR_TENSOR_STRIDES), &t.strides)?;
+    d.set(attr!(CUDNN_ATTR_TENSOR_DIMENSIONS), dims)?;
+    d.set(attr!(CUDNN_ATTR_TENSOR_STRIDES), strides)?;
     d.set1(attr!(CUDNN_ATTR_TENSOR_UNIQUE_ID), uid)?;
     // 16 bytes, as cudnn-frontend sets; execution checks every pointer against it.
     d.set1(attr!(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT), 16i64)?;
@@ -108,6 +122,58 @@ fn reduce_op(op: ReduceOp) -> sys::cudnnReduceTensorOp_t {
 }
 
 impl Graph {
+    /// How cuDNN is told about matmul operands broadcast along batch dimensions: with the
+    /// output's batch extents and stride 0 there (the element read is the same for every batch
+    /// index, which is what the broadcast means), so that no engine has to infer the batch count
+    /// from the operands. On an H200 with cuDNN 9.14 a plain matmul engine given `[1, K, N]`
+    /// against `a` `[3, M, K]` wrote only the first batch of the output; with this description
+    /// every engine sees equal batch extents. Buffers keep the tensor's own layout (same span).
+    ///
+    /// Such an operand must be read by no other operation (its one descriptor carries the
+    /// expanded dimensions); [`Graph::matmul`] already refused virtual ones.
+    pub(crate) fn matmul_views(&self) -> Result<Vec<Option<View>>> {
+        let mut views: Vec<Option<View>> = vec![None; self.tensors.len()];
+        let mut reads = vec![0usize; self.tensors.len()];
+        for op in &self.ops {
+            for i in op.reads() {
+                reads[i] += 1;
+            }
+        }
+        for op in &self.ops {
+            let Op::Matmul { a, b, c } = *op else {
+                continue;
+            };
+            let out = &self.tensors[c].dims;
+            let r = out.len();
+            for i in [a, b] {
+                let t = &self.tensors[i];
+                if (0..r - 2).all(|d| t.dims[d] == out[d]) {
+                    continue;
+                }
+                if reads[i] != 1 {
+                    return Err(Error::invalid(
+                        "matmul operand",
+                        "an operand broadcast along a batch dimension is read by this matmul only",
+                        format!(
+                            "`{}` {:?} is read by {} operations",
+                            t.name, t.dims, reads[i]
+                        ),
+                    ));
+                }
+                let mut dims = t.dims.clone();
+                let mut strides = t.strides.clone();
+                for d in 0..r - 2 {
+                    if dims[d] != out[d] {
+                        dims[d] = out[d];
+                        strides[d] = 0;
+                    }
+                }
+                views[i] = Some((dims, strides));
+            }
+        }
+        Ok(views)
+    }
+
     /// Creates and finalizes every tensor and operation descriptor (host only).
     fn build_parts(&self, lib: &'static Library) -> Result<Parts> {
         self.check_structure()?;
@@ -120,9 +186,10 @@ impl Graph {
                 ));
             }
         }
+        let views = self.matmul_views()?;
         let mut tensors = Vec::with_capacity(self.tensors.len());
         for (i, t) in self.tensors.iter().enumerate() {
-            let d = tensor_desc(lib, i as i64 + 1, t)
+            let d = tensor_desc(lib, i as i64 + 1, t, views[i].as_ref())
                 .map_err(|e| context(e, || format!("tensor `{}`", t.name)))?;
             tensors.push(d);
         }

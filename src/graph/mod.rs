@@ -11,10 +11,11 @@
 //!   [`OperationGraph`]. [`OperationGraph::plans`] runs the heuristics (modes A, B, fallback,
 //!   instant) or enumerates every engine, filters by numerical notes and a workspace limit, and
 //!   builds the plans that finalize ([`PlanFilter`]).
-//! * [`Cudnn::execute`] runs a [`Plan`] on buffers bound in [`Args`]: every tensor of the graph
-//!   must be bound to a buffer on the handle's context, of the tensor's data type, holding at
-//!   least the tensor's span, 16-byte aligned; outputs must not overlap themselves. The backend
-//!   variant pack is built once and reused while the pointers stay the same.
+//! * [`Cudnn::execute`](crate::Cudnn::execute) runs a [`Plan`] on buffers bound in [`Args`]:
+//!   every tensor of the graph must be bound to a buffer on the handle's context, of the
+//!   tensor's data type, holding at least the tensor's span, 16-byte aligned; outputs must not
+//!   overlap themselves. The backend variant pack is built once and reused while the pointers
+//!   stay the same.
 //! * [`autotune`] times candidate plans with CUDA events and keeps the fastest; [`PlanCache`]
 //!   keeps plans by graph signature, filter, GPU and cuDNN version, and can persist the winning
 //!   engine configurations to a file so that a new process builds only the winner.
@@ -252,7 +253,10 @@ pub enum PointwiseMode {
     Pow,
     /// `max(x, 0)`.
     Relu,
-    /// `x` for `x > 0`, `slope · x` otherwise.
+    /// `x` for `x > 0`, `slope · x` otherwise. [`Graph::pointwise`] refuses a slope other than
+    /// 0: on an H200 with cuDNN 9.14 a matmul epilogue with
+    /// `CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP_SLOPE` = 0.1 returned 0 for negative inputs, i.e.
+    /// the engine ignored the slope, and a safe graph must not compute something else silently.
     LeakyRelu {
         /// Slope below zero.
         slope: f64,
@@ -484,6 +488,19 @@ pub(crate) enum Op {
 }
 
 impl Op {
+    /// The tensors the operation reads (with repetition if it reads one twice).
+    pub(crate) fn reads(&self) -> Vec<usize> {
+        match *self {
+            Op::ConvFprop { x, w, .. } => vec![x, w],
+            Op::ConvDgrad { dy, w, .. } => vec![dy, w],
+            Op::ConvWgrad { x, dy, .. } => vec![x, dy],
+            Op::Matmul { a, b, .. } => vec![a, b],
+            Op::Pointwise { x, b, .. } => std::iter::once(x).chain(b).collect(),
+            Op::PointwiseBwd { dy, x, .. } => vec![dy, x],
+            Op::Reduction { x, .. } => vec![x],
+        }
+    }
+
     pub(crate) fn name(&self) -> &'static str {
         match self {
             Op::ConvFprop { .. } => "convolution forward",
@@ -933,7 +950,14 @@ impl Graph {
 
     /// Batched matrix product (`CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR`): a `[B..., M, K]`
     /// times b `[B..., K, N]` gives c `[B..., M, N]` (row-major, packed). At least 3 dimensions
-    /// (use a batch of 1); each batch dimension of a and b equal or 1 (broadcast).
+    /// (use a batch of 1; cuDNN's own matmul engines take rank 3, runtime-fusion engines more).
+    ///
+    /// Each batch dimension of a and b is equal, or 1 on one of them (broadcast: c has the
+    /// larger extent). A broadcast operand is described to cuDNN with c's batch extents and
+    /// stride 0 on those dimensions, which every engine reads correctly; its buffer keeps the
+    /// tensor's own layout. For that it must be a graph input (not an operation's output) that
+    /// no other operation reads: otherwise [`Error::InvalidArgument`] (here for an operation's
+    /// output, at [`Graph::build`] / [`Graph::check`] for a second reader).
     #[doc(alias = "CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR")]
     pub fn matmul(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
         const OP: &str = "matmul";
@@ -972,6 +996,16 @@ impl Graph {
             }
             dims.push(ad[i].max(bd[i]));
         }
+        for t in [at, bt] {
+            let broadcast = (0..r - 2).any(|i| t.dims[i] != dims[i]);
+            if broadcast && t.producer.is_some() {
+                return Err(Error::invalid(
+                    "matmul operand",
+                    "an operand broadcast along a batch dimension is a graph input",
+                    format!("`{}` {:?} is an operation's output", t.name, t.dims),
+                ));
+            }
+        }
         dims.push(ad[r - 2]);
         dims.push(bd[r - 1]);
         let order: Vec<usize> = (0..r).collect();
@@ -991,6 +1025,12 @@ impl Graph {
     /// dimension equal or 1; or a [`Graph::scalar`]). The output has the broadcast shape, laid out
     /// in the memory order of the full-shaped operand. Backward modes go through
     /// [`Graph::pointwise_bwd`].
+    ///
+    /// Engines: cuDNN 9 runs pointwise operations in its runtime-fusion engines, best as the
+    /// epilogue of a convolution or matmul (`conv → bias → relu`, `matmul → bias → gelu`). On an
+    /// H200 with cuDNN 9.14, standalone graphs of one f32 NCHW pointwise operation got no engine
+    /// configuration from the heuristics ([`OperationGraph::plans`] then returns a typed error),
+    /// while f16 channels-last standalone graphs (scale and shift by scalars) ran.
     #[doc(alias = "CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR")]
     pub fn pointwise(
         &mut self,
@@ -1000,6 +1040,15 @@ impl Graph {
     ) -> Result<TensorId> {
         const OP: &str = "pointwise";
         let xi = self.index(x)?;
+        if let PointwiseMode::LeakyRelu { slope } = mode {
+            if slope != 0.0 {
+                return Err(Error::invalid(
+                    "pointwise mode",
+                    "LeakyRelu with slope 0 (cuDNN 9.14's engines ignored the slope on the H200)",
+                    format!("slope {slope} on `{}`", self.tensors[xi].name),
+                ));
+            }
+        }
         match (mode.arity(), b) {
             (Arity::Unary, None) | (Arity::Binary, Some(_)) => {}
             (arity, _) => {
@@ -1142,6 +1191,12 @@ impl Graph {
     /// A reduction (`CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR`) of x to `out_dims` (same
     /// rank; each dimension equal to x's or 1 — the dimensions of extent 1 are reduced). Laid out
     /// in x's memory order.
+    ///
+    /// Engines: cuDNN 9 runs reductions fused at the end of a convolution or matmul graph
+    /// (e.g. NVIDIA's `matmul → gelu backward → bias-gradient reduction` pattern, the reduction's
+    /// output in f32). On an H200 with cuDNN 9.14, standalone f32 NCHW reduction graphs got no
+    /// engine configuration from the heuristics ([`OperationGraph::plans`] then returns a typed
+    /// error).
     #[doc(alias = "CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR")]
     pub fn reduction(&mut self, op: ReduceOp, x: TensorId, out_dims: &[i64]) -> Result<TensorId> {
         const OP: &str = "reduction";

@@ -1,0 +1,1249 @@
+//! Graph (backend) API benchmarks: what [`cudnn_safe::graph`] costs and gains against the legacy
+//! convolution calls in the same process.
+//!
+//! * **Convolution forward** on the seven reference configurations of `benches/conv.rs` (padding
+//!   `r / 2`), per mode: `fp16` (f16 NHWC), `bf16` (bf16 NHWC), `tf32` (f32 NCHW, tensor cores
+//!   allowed: PyTorch's `allow_tf32 = True`) and `fp32` (f32 NCHW, strict: the graph through
+//!   [`PlanFilter::no_tensor_cores`], the legacy call with [`MathType::Fma`]); `tf32_nhwc` and
+//!   `fp32_nhwc` on request. The graph side asks heuristics A then fallback for up to
+//!   [`MAX_PLANS`] plans, [`autotune`]s them and times the winner; the legacy side takes the
+//!   algorithm [`Cudnn::conv_forward_find`] ranks first (the math type PyTorch sets for the mode)
+//!   and times the checked [`Cudnn::conv_forward`]. JSON ops
+//!   `graph_conv_fwd_<mode>_<n>x<c>x<h>x<w>_k<k>_r<r>_s<s>` (with the engine configuration, plan
+//!   count, build and autotune times) and `legacy_conv_fwd_…` (with the algorithm, the graph's
+//!   time and `legacy_over_graph`), so they line up with PyTorch's `benchmark_tf32=True` numbers
+//!   of `shared/gpu/reference/torch_baseline.py`. Both write separate outputs from the same
+//!   inputs; the legacy line carries their largest difference relative to the largest output
+//!   (`max_diff_rel`), a guard against comparing different computations.
+//! * **Host cost** of the tiny convolution of `benches/conv.rs` (x `[1,8,4,4]` f32 NCHW, w
+//!   `[8,8,3,3]`, pad 1), µs per call enqueued back to back with a synchronize every 1000 calls
+//!   ([`per_call_us`], best of two rounds of 20000): `host_graph_execute_…` (a plan built once,
+//!   the first of heuristic A as `shared/gpu/reference/graphconv.cu` takes it, [`Args`] bound
+//!   once: the variant pack is reused), `host_graph_args_per_call_…` ([`Args`] bound afresh every
+//!   call: same pointers, so the pack is still reused, but every binding takes cudarc's guards),
+//!   `host_graph_cache_get_…` (a [`PlanCache::get`] lookup before every execution) and
+//!   `host_legacy_conv_fwd_…` (the checked [`Cudnn::conv_forward`], `IMPLICIT_GEMM`). Targets
+//!   from the raw C anchors: plan execution 6.9 µs, legacy call 25 µs, PyTorch 32.7 µs.
+//! * **Fused conv + bias + ReLU**, f16 NHWC `32×64×56×56 → 64`, 3×3, pad 1: one graph (autotuned)
+//!   vs the legacy unfused sequence (`conv_forward` with the `find` winner, `add_tensor`,
+//!   in-place ReLU) vs the legacy fused `conv_bias_activation_forward` (every algorithm cuDNN
+//!   accepts timed, the fastest kept), on the same inputs. Each legacy line carries its output's
+//!   `max_diff_rel` against the graph's.
+//!
+//! Device times are CUDA-event medians ([`median_ms`]: 5 batches of about 25 ms after a warm-up
+//! call). Each measurement prints one JSON line (`{"op": …, "ms": …, "impl": "cudnn-safe", …}`);
+//! the run ends with a comparison table of the convolutions (geometric mean of legacy/graph per
+//! mode) and the table of every line. Criterion measures the same calls under ids `graph/<op>`
+//! (CUDA events through `iter_custom`; wall clock for the host-cost loops).
+//!
+//! Environment:
+//! * `GRAPH_BENCH_MODES`: comma-separated modes measured (default `fp16,bf16,tf32,fp32`; `all`
+//!   adds `tf32_nhwc,fp32_nhwc`).
+//! * `GRAPH_BENCH_CRITERION`: the modes whose convolutions criterion also measures (default
+//!   `fp16`; `all`, `none` or a list) — the JSON lines cover every measured mode either way.
+//!
+//! With `--warm-up-time 1 --measurement-time 2` the default run is 21 criterion benchmarks plus
+//! 28 autotuned convolution cases; building plans may compile kernels at run time (up to about a
+//! second per configuration the first time), which is why progress goes to stderr. Under
+//! `cargo test --benches` every measurement is one call and autotuning tries 2 plans.
+//!
+//! A filter argument selects benchmarks as criterion does; cases are only set up when the
+//! filter can select one of their ops, and `--list` sets up nothing. Without a GPU (no driver,
+//! no device, no cuDNN) it prints `no GPU: <why>` and exits cleanly.
+mod common;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use common::{
+    batch_ms, enqueue_loop, exit_on_error, list_only, median_ms, per_call_us, print_header,
+    print_op_error, print_op_line, print_summary, sample_size, setup_or_skip, tflops, timed_iters,
+    values, Args, BoxResult, Summary,
+};
+use criterion::{Criterion, Throughput};
+use cudnn_safe::conv::{ConvAlgorithm, ConvDesc, ConvFwdAlgo, FusedActivation, MathType};
+use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
+use cudnn_safe::graph::{
+    autotune, Args as Bindings, AutotuneOptions, ConvParams, Graph, HeurMode, OperationGraph, Plan,
+    PlanCache, PlanFilter, PointwiseMode, TensorId,
+};
+use cudnn_safe::half::{bf16, f16};
+use cudnn_safe::{
+    ActivationDesc, ActivationMode, Cudnn, DType, DataType, FilterDesc, Layout, TensorDesc,
+    TensorFormat, Workspace,
+};
+
+/// Criterion group of every benchmark here.
+const GROUP: &str = "graph";
+/// Plans built and autotuned per convolution case (heuristics A then fallback, in their order).
+const MAX_PLANS: usize = 12;
+/// Calls enqueued between two synchronizes in the host-cost loops (as `benches/conv.rs`).
+const SYNC_EVERY: u64 = 1000;
+/// Calls per host-cost measurement round.
+const HOST_CALLS: u64 = 20_000;
+
+// ---------------------------------------------------------------------------------------------
+// Configurations and modes
+// ---------------------------------------------------------------------------------------------
+
+/// A 2-D convolution `N,C,H,W -> K` with an `R x R` kernel, stride `S` and padding `R / 2`.
+#[derive(Debug, Clone, Copy)]
+struct Cfg {
+    n: i64,
+    c: i64,
+    h: i64,
+    w: i64,
+    k: i64,
+    r: i64,
+    s: i64,
+}
+
+impl Cfg {
+    const fn new(n: i64, c: i64, h: i64, w: i64, k: i64, r: i64, s: i64) -> Cfg {
+        Cfg {
+            n,
+            c,
+            h,
+            w,
+            k,
+            r,
+            s,
+        }
+    }
+
+    /// `32x64x56x56_k128_r3_s1`.
+    fn name(&self) -> String {
+        format!(
+            "{}x{}x{}x{}_k{}_r{}_s{}",
+            self.n, self.c, self.h, self.w, self.k, self.r, self.s
+        )
+    }
+
+    fn x_dims(&self) -> [i64; 4] {
+        [self.n, self.c, self.h, self.w]
+    }
+
+    fn w_dims(&self) -> [i64; 4] {
+        [self.k, self.c, self.r, self.r]
+    }
+
+    fn params(&self) -> ConvParams {
+        ConvParams::new(2)
+            .padding(&[self.r / 2, self.r / 2])
+            .stride(&[self.s, self.s])
+    }
+
+    fn legacy_desc<T: DataType>(&self, math: MathType) -> cudnn_safe::Result<ConvDesc> {
+        ConvDesc::builder(2)
+            .pads(&[self.r / 2, self.r / 2])
+            .strides(&[self.s, self.s])
+            .math(math)
+            .build::<T>()
+    }
+}
+
+/// The seven reference configurations (`benches/conv.rs`, `examples/conv_explorer.rs`,
+/// `shared/gpu/reference/torch_baseline.py`).
+const CONFIGS: [Cfg; 7] = [
+    Cfg::new(32, 64, 56, 56, 128, 3, 1),
+    Cfg::new(16, 256, 28, 28, 512, 3, 1),
+    Cfg::new(1, 3, 224, 224, 64, 7, 2),
+    Cfg::new(8, 512, 14, 14, 1024, 3, 2),
+    Cfg::new(32, 256, 56, 56, 256, 3, 1),
+    Cfg::new(64, 64, 56, 56, 64, 1, 1),
+    Cfg::new(32, 128, 28, 28, 128, 5, 1),
+];
+
+/// The tiny convolution of the host-cost measurements (`benches/conv.rs`'s).
+const TINY: Cfg = Cfg::new(1, 8, 4, 4, 8, 3, 1);
+/// The fused conv + bias + ReLU case.
+const FUSED: Cfg = Cfg::new(32, 64, 56, 56, 64, 3, 1);
+
+/// A data type, layout and math mode of the convolution comparison.
+#[derive(Debug, Clone, Copy)]
+struct Mode {
+    /// The name in ops (`fp16`, `tf32_nhwc`, ...).
+    name: &'static str,
+    dtype: DType,
+    nhwc: bool,
+    /// No tensor cores: [`PlanFilter::no_tensor_cores`] and [`MathType::Fma`].
+    strict: bool,
+    /// The legacy convolution's math type (PyTorch's choice for the mode).
+    math: MathType,
+}
+
+impl Mode {
+    /// Every mode, in the order they run.
+    const ALL: [Mode; 6] = [
+        Mode {
+            name: "fp16",
+            dtype: DType::F16,
+            nhwc: true,
+            strict: false,
+            math: MathType::TensorOp,
+        },
+        Mode {
+            name: "bf16",
+            dtype: DType::BF16,
+            nhwc: true,
+            strict: false,
+            math: MathType::TensorOp,
+        },
+        Mode {
+            name: "tf32",
+            dtype: DType::F32,
+            nhwc: false,
+            strict: false,
+            math: MathType::Default,
+        },
+        Mode {
+            name: "fp32",
+            dtype: DType::F32,
+            nhwc: false,
+            strict: true,
+            math: MathType::Fma,
+        },
+        Mode {
+            name: "tf32_nhwc",
+            dtype: DType::F32,
+            nhwc: true,
+            strict: false,
+            math: MathType::Default,
+        },
+        Mode {
+            name: "fp32_nhwc",
+            dtype: DType::F32,
+            nhwc: true,
+            strict: true,
+            math: MathType::Fma,
+        },
+    ];
+    /// Measured unless `GRAPH_BENCH_MODES` says otherwise.
+    const DEFAULT: &'static str = "fp16,bf16,tf32,fp32";
+
+    fn filter(&self) -> PlanFilter {
+        PlanFilter::new().no_tensor_cores(self.strict)
+    }
+}
+
+/// The modes named by the environment variable `var` (`all`, `none`, or a comma-separated list;
+/// `default` when unset or empty). An unknown name is reported and ignored.
+fn modes_from_env(var: &str, default: &str) -> Vec<Mode> {
+    let value = std::env::var(var).unwrap_or_default();
+    let value = match value.trim() {
+        "" => default.to_string(),
+        "all" => return Mode::ALL.to_vec(),
+        "none" | "0" => return Vec::new(),
+        v => v.to_string(),
+    };
+    let mut out = Vec::new();
+    for name in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        match Mode::ALL.iter().find(|m| m.name == name) {
+            Some(m) => out.push(*m),
+            None => eprintln!(
+                "{var}: unknown mode {name:?} (known: {})",
+                Mode::ALL.map(|m| m.name).join(", ")
+            ),
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared state and output
+// ---------------------------------------------------------------------------------------------
+
+/// What every measurement needs: criterion, the command line, the handle, and the lines printed
+/// so far (for the closing table).
+struct Run<'a> {
+    c: &'a mut Criterion,
+    args: &'a Args,
+    cudnn: &'a Cudnn,
+    stream: &'a Arc<CudaStream>,
+    summary: Vec<Summary>,
+}
+
+impl Run<'_> {
+    /// Prints the JSON line of a measured operation and keeps it for the closing table.
+    fn record(&mut self, op: &str, ms: f64, note: &str) {
+        print_op_line(op, ms, None, (!note.is_empty()).then_some(note));
+        self.summary.push(Summary {
+            op: op.to_string(),
+            ms,
+            bytes: None,
+        });
+    }
+
+    /// Criterion's measurement of `call` (device time from CUDA events) as `graph/<op>`.
+    fn criterion_device(
+        &mut self,
+        op: &str,
+        ms: f64,
+        flops: Option<u64>,
+        mut call: impl FnMut() -> BoxResult<()>,
+    ) {
+        let stream: &CudaStream = self.stream;
+        let mut g = self.c.benchmark_group(GROUP);
+        g.sample_size(sample_size(ms));
+        if let Some(f) = flops {
+            g.throughput(Throughput::Elements(f));
+        }
+        g.bench_function(op, |b| {
+            b.iter_custom(|iters| timed_iters(stream, iters, &mut call))
+        });
+        g.finish();
+    }
+}
+
+/// Registers `ops` for `--list` and filters without preparing anything (see [`list_only`]).
+fn list_ops(c: &mut Criterion, ops: &[String]) {
+    let names: Vec<&str> = ops.iter().map(String::as_str).collect();
+    list_only(c, GROUP, &names);
+}
+
+/// The largest `|a − b|` divided by the largest `|b|`, after waiting for the stream: how far two
+/// computations of the same output differ. Non-finite values give NaN.
+fn max_diff_rel<T: DataType>(
+    stream: &Arc<CudaStream>,
+    a: &CudaSlice<T>,
+    b: &CudaSlice<T>,
+) -> BoxResult<f64> {
+    stream.synchronize()?;
+    let (a, b) = (stream.clone_dtoh(a)?, stream.clone_dtoh(b)?);
+    let (mut diff, mut scale) = (0.0f64, 0.0f64);
+    for (&p, &q) in a.iter().zip(&b) {
+        let (p, q) = (p.to_f64(), q.to_f64());
+        if !(p.is_finite() && q.is_finite()) {
+            return Ok(f64::NAN);
+        }
+        diff = diff.max((p - q).abs());
+        scale = scale.max(q.abs());
+    }
+    Ok(diff / scale.max(f64::MIN_POSITIVE))
+}
+
+/// Whether a graph tensor's layout addresses memory as a legacy descriptor's does (same
+/// dimensions and strides; the graph's layouts are all "strided", whatever their order).
+fn same_layout(graph: Option<&Layout>, legacy: &Layout) -> bool {
+    graph.is_some_and(|g| g.dims() == legacy.dims() && g.strides() == legacy.strides())
+}
+
+/// The largest [`max_diff_rel`] expected between two correct computations: different
+/// algorithms round differently (Winograd, FFT, split reductions), and TF32 or half precision
+/// round each product; above it a warning goes to stderr.
+fn expected_diff(dtype: DType, strict: bool) -> f64 {
+    match dtype {
+        DType::F32 if strict => 1e-4,
+        DType::BF16 => 5e-2,
+        _ => 1e-2,
+    }
+}
+
+/// Warns on stderr when `op`'s output differs from the graph's by more than `tol`.
+fn warn_diff(op: &str, d: &BoxResult<f64>, tol: f64) {
+    if let Ok(v) = d {
+        if v.is_nan() || *v > tol {
+            eprintln!(
+                "graph bench: WARNING {op}: output differs from the graph's by {v:.3e} of the \
+                 largest value (expected <= {tol:.0e})"
+            );
+        }
+    }
+}
+
+/// The JSON fragment of a difference (`null` when it could not be computed).
+fn diff_note(d: &BoxResult<f64>) -> String {
+    match d {
+        Ok(v) if v.is_finite() => format!("\"max_diff_rel\": {v:.3e}"),
+        Ok(_) => "\"max_diff_rel\": \"non-finite output\"".into(),
+        Err(e) => format!("\"max_diff_rel\": {:?}", format!("not computed: {e}")),
+    }
+}
+
+/// Autotuning effort: a real run times every candidate 3 × 5 times; `cargo test` once.
+fn autotune_options(test: bool) -> AutotuneOptions {
+    if test {
+        AutotuneOptions::new().rounds(1).iterations(1)
+    } else {
+        AutotuneOptions::new()
+    }
+}
+
+/// Plans to build and autotune per case (2 under `cargo test`).
+fn max_plans(test: bool) -> usize {
+    if test {
+        2
+    } else {
+        MAX_PLANS
+    }
+}
+
+/// A graph plan picked by [`autotune`], with what it took to get there.
+struct Picked {
+    plan: Plan,
+    /// Plans built (heuristics A then fallback, up to [`max_plans`]), configurations skipped
+    /// (filtered out or not finalizing) and plans that failed to execute while autotuning.
+    built: usize,
+    skipped: usize,
+    failed: usize,
+    build_s: f64,
+    tune_s: f64,
+    /// The winner's time in the autotune loop.
+    tuned_ms: f32,
+}
+
+impl Picked {
+    /// Builds the plans `filter` (capped at [`max_plans`]) yields for `og` and autotunes them on
+    /// `bindings`.
+    fn new(
+        cudnn: &Cudnn,
+        og: &OperationGraph,
+        filter: PlanFilter,
+        bindings: &Bindings<'_>,
+        ws: &mut Workspace,
+        test: bool,
+    ) -> BoxResult<Picked> {
+        let t = Instant::now();
+        let list = og.plans(cudnn, &filter.max_plans(Some(max_plans(test))))?;
+        let build_s = t.elapsed().as_secs_f64();
+        let (built, skipped) = (list.plans.len(), list.skipped.len());
+        let t = Instant::now();
+        let tuned = autotune(cudnn, list.plans, bindings, ws, &autotune_options(test))?;
+        let tune_s = t.elapsed().as_secs_f64();
+        let tuned_ms = tuned.timings.first().map_or(f32::NAN, |t| t.ms);
+        Ok(Picked {
+            failed: tuned.failed.len(),
+            plan: tuned.plan,
+            built,
+            skipped,
+            build_s,
+            tune_s,
+            tuned_ms,
+        })
+    }
+
+    /// The JSON fragment describing the pick.
+    fn note(&self) -> String {
+        format!(
+            "\"engine\": {:?}, \"workspace_bytes\": {}, \"plans\": {}, \"skipped\": {}, \
+             \"failed\": {}, \"build_s\": {:.3}, \"autotune_s\": {:.3}, \"autotune_ms\": {:.5}",
+            self.plan.name(),
+            self.plan.workspace_size(),
+            self.built,
+            self.skipped,
+            self.failed,
+            self.build_s,
+            self.tune_s,
+            self.tuned_ms
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Convolution forward: graph (autotuned) vs legacy (find)
+// ---------------------------------------------------------------------------------------------
+
+/// One line of the closing comparison table: each side's time and pick, or why it has none.
+struct Row {
+    mode: &'static str,
+    cfg: String,
+    graph: Result<(f64, String), String>,
+    legacy: Result<(f64, String), String>,
+}
+
+/// The legacy descriptors and the buffers both sides use (inputs shared, one output each).
+struct ConvData<T: DataType> {
+    x_d: TensorDesc<T>,
+    w_d: FilterDesc<T>,
+    conv: ConvDesc,
+    y_d: TensorDesc<T>,
+    og: OperationGraph,
+    x: TensorId,
+    w: TensorId,
+    y: TensorId,
+    xb: CudaSlice<T>,
+    wb: CudaSlice<T>,
+    y_graph: CudaSlice<T>,
+    y_legacy: CudaSlice<T>,
+    /// `2·N·K·P·Q·C·R·S`.
+    flops: u64,
+}
+
+impl<T: DataType<Scalar = f32>> ConvData<T> {
+    fn new(cudnn: &Cudnn, mode: &Mode, cfg: &Cfg) -> BoxResult<Self> {
+        let stream = cudnn.stream();
+        let [n, c, h, w] = cfg.x_dims();
+        let (x_d, format) = if mode.nhwc {
+            (TensorDesc::<T>::nhwc(n, c, h, w)?, TensorFormat::Nhwc)
+        } else {
+            (TensorDesc::<T>::nchw(n, c, h, w)?, TensorFormat::Nchw)
+        };
+        let w_d = FilterDesc::<T>::new(&cfg.w_dims(), format)?;
+        let conv = cfg.legacy_desc::<T>(mode.math)?;
+        let y_dims = conv.output_dims(x_d.dims(), w_d.dims())?;
+        let y_d = if mode.nhwc {
+            TensorDesc::<T>::nhwc_nd(&y_dims)?
+        } else {
+            TensorDesc::<T>::nchw_nd(&y_dims)?
+        };
+
+        let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
+        let (x, w) = if mode.nhwc {
+            (
+                g.tensor_nhwc("x", &cfg.x_dims(), T::DTYPE)?,
+                g.tensor_nhwc("w", &cfg.w_dims(), T::DTYPE)?,
+            )
+        } else {
+            (
+                g.tensor_nchw("x", &cfg.x_dims(), T::DTYPE)?,
+                g.tensor_nchw("w", &cfg.w_dims(), T::DTYPE)?,
+            )
+        };
+        let y = g.conv_fprop(x, w, &cfg.params())?;
+        g.set_name(y, "y")?;
+        g.mark_output(y)?;
+        let og = g.build(cudnn)?;
+        // Both sides read the same input buffers and their outputs are compared element by
+        // element: the graph must lay every tensor out as the legacy descriptors do.
+        for (name, graph, legacy) in [
+            ("x", og.layout(x)?, x_d.layout()),
+            ("w", og.layout(w)?, w_d.layout()),
+            ("y", og.layout(y)?, y_d.layout()),
+        ] {
+            if !same_layout(graph, legacy) {
+                return Err(format!(
+                    "the graph lays `{name}` out as {graph:?}, the legacy descriptor as {legacy:?}"
+                )
+                .into());
+            }
+        }
+
+        let flops = 2 * y_dims.iter().product::<i64>() * cfg.c * cfg.r * cfg.r;
+        Ok(ConvData {
+            xb: stream.clone_htod(&values::<T>(x_d.span(), 1.0))?,
+            wb: stream.clone_htod(&values::<T>(w_d.span(), 0.05))?,
+            y_graph: stream.alloc_zeros::<T>(y_d.span())?,
+            y_legacy: stream.alloc_zeros::<T>(y_d.span())?,
+            x_d,
+            w_d,
+            conv,
+            y_d,
+            og,
+            x,
+            w,
+            y,
+            flops: flops as u64,
+        })
+    }
+}
+
+/// The graph side of a case: autotune, time the winner, print its line, criterion.
+fn graph_conv<T: DataType<Scalar = f32>>(
+    run: &mut Run,
+    d: &mut ConvData<T>,
+    mode: &Mode,
+    op: &str,
+    in_criterion: bool,
+) -> BoxResult<(f64, String)> {
+    let (cudnn, stream, test) = (run.cudnn, run.stream, run.args.test);
+    let mut ws = Workspace::new(stream.clone());
+    let mut b = Bindings::new(cudnn);
+    b.input(d.x, &d.xb)?
+        .input(d.w, &d.wb)?
+        .output(d.y, &mut d.y_graph)?;
+    let picked = Picked::new(cudnn, &d.og, mode.filter(), &b, &mut ws, test)?;
+    let mut call = || -> BoxResult<()> {
+        cudnn.execute(&picked.plan, &b, &mut ws)?;
+        Ok(())
+    };
+    let ms = median_ms(stream, test, &mut call)?;
+    run.record(
+        op,
+        ms,
+        &format!(
+            "\"TFLOP/s\": {:.1}, {}",
+            tflops(d.flops as f64, ms),
+            picked.note()
+        ),
+    );
+    if in_criterion {
+        run.criterion_device(op, ms, Some(d.flops), call);
+    }
+    Ok((ms, picked.plan.name()))
+}
+
+/// The legacy side of a case: the `find` winner, timed; its line carries the ratio to the graph
+/// and the difference of the two outputs.
+fn legacy_conv<T: DataType<Scalar = f32>>(
+    run: &mut Run,
+    d: &mut ConvData<T>,
+    op: &str,
+    graph: &Result<(f64, String), String>,
+    tol: f64,
+    in_criterion: bool,
+) -> BoxResult<(f64, String)> {
+    let (cudnn, stream, test) = (run.cudnn, run.stream, run.args.test);
+    let mut ws = Workspace::new(stream.clone());
+    let perf = cudnn.conv_forward_find(
+        &d.x_d,
+        &d.xb,
+        &d.w_d,
+        &d.wb,
+        &d.conv,
+        &d.y_d,
+        &mut d.y_legacy,
+        &mut ws,
+    )?;
+    let best = perf
+        .iter()
+        .find(|p| p.is_supported())
+        .ok_or("conv_forward_find: no supported algorithm")?;
+    let (algo, find_ms) = (best.algo, best.time_ms);
+    let ConvData {
+        x_d,
+        w_d,
+        conv,
+        y_d,
+        xb,
+        wb,
+        y_legacy,
+        ..
+    } = d;
+    let mut call = |y: &mut CudaSlice<T>| -> BoxResult<()> {
+        cudnn.conv_forward(1.0, x_d, &*xb, w_d, &*wb, conv, algo, &mut ws, 0.0, y_d, y)?;
+        Ok(())
+    };
+    let ms = median_ms(stream, test, || call(y_legacy))?;
+    let diff = match graph {
+        Ok(_) => max_diff_rel(stream, y_legacy, &d.y_graph),
+        Err(_) => Err("no graph output".into()),
+    };
+    warn_diff(op, &diff, tol);
+    let ratio = match graph {
+        Ok((g, _)) => format!("\"graph_ms\": {g:.5}, \"legacy_over_graph\": {:.3}", ms / g),
+        Err(_) => "\"graph_ms\": null".into(),
+    };
+    run.record(
+        op,
+        ms,
+        &format!(
+            "\"TFLOP/s\": {:.1}, \"algo\": \"{algo}\", \"find_ms\": {find_ms:.5}, {ratio}, {}",
+            tflops(d.flops as f64, ms),
+            diff_note(&diff)
+        ),
+    );
+    if in_criterion {
+        run.criterion_device(op, ms, Some(d.flops), || call(y_legacy));
+    }
+    Ok((ms, algo.to_string()))
+}
+
+/// One configuration in one mode: the graph and the legacy side, each reporting its own error.
+fn conv_case<T: DataType<Scalar = f32>>(
+    run: &mut Run,
+    mode: &Mode,
+    cfg: &Cfg,
+    in_criterion: bool,
+    progress: &str,
+) -> Option<Row> {
+    let gop = format!("graph_conv_fwd_{}_{}", mode.name, cfg.name());
+    let lop = format!("legacy_conv_fwd_{}_{}", mode.name, cfg.name());
+    if !run.args.runs_any(GROUP, &[&gop, &lop]) {
+        if in_criterion {
+            list_ops(run.c, &[gop, lop]);
+        }
+        return None;
+    }
+    eprintln!("graph bench: {progress} {} {}", mode.name, cfg.name());
+    let t = Instant::now();
+    let mut d = match ConvData::<T>::new(run.cudnn, mode, cfg) {
+        Ok(d) => d,
+        Err(e) => {
+            print_op_error(&gop, &e);
+            print_op_error(&lop, &e);
+            let e = e.to_string();
+            return Some(Row {
+                mode: mode.name,
+                cfg: cfg.name(),
+                graph: Err(e.clone()),
+                legacy: Err(e),
+            });
+        }
+    };
+    let graph = graph_conv(run, &mut d, mode, &gop, in_criterion).map_err(|e| {
+        print_op_error(&gop, &e);
+        e.to_string()
+    });
+    let legacy = legacy_conv(
+        run,
+        &mut d,
+        &lop,
+        &graph,
+        expected_diff(mode.dtype, mode.strict),
+        in_criterion,
+    )
+    .map_err(|e| {
+        print_op_error(&lop, &e);
+        e.to_string()
+    });
+    eprintln!(
+        "graph bench: {progress} done in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    Some(Row {
+        mode: mode.name,
+        cfg: cfg.name(),
+        graph,
+        legacy,
+    })
+}
+
+/// Every selected configuration in every measured mode.
+fn conv_forward(run: &mut Run, rows: &mut Vec<Row>) {
+    let modes = modes_from_env("GRAPH_BENCH_MODES", Mode::DEFAULT);
+    let in_criterion = modes_from_env("GRAPH_BENCH_CRITERION", "fp16");
+    let total = modes.len() * CONFIGS.len();
+    let mut i = 0;
+    for mode in &modes {
+        let crit = in_criterion.iter().any(|m| m.name == mode.name);
+        for cfg in &CONFIGS {
+            i += 1;
+            let progress = format!("[{i}/{total}]");
+            let row = match mode.dtype {
+                DType::F16 => conv_case::<f16>(run, mode, cfg, crit, &progress),
+                DType::BF16 => conv_case::<bf16>(run, mode, cfg, crit, &progress),
+                _ => conv_case::<f32>(run, mode, cfg, crit, &progress),
+            };
+            rows.extend(row);
+        }
+    }
+}
+
+/// The comparison table and, per mode, the geometric mean of legacy/graph over the
+/// configurations where both ran.
+fn print_conv_table(rows: &[Row]) {
+    if rows.is_empty() {
+        return;
+    }
+    println!(
+        "\n{:<10} {:<26} {:>10} {:<28} {:>10} {:<22} {:>8}",
+        "mode", "config", "graph ms", "graph engine", "legacy ms", "legacy algo", "leg/gr"
+    );
+    let cell = |side: &Result<(f64, String), String>| match side {
+        Ok((ms, pick)) => (format!("{ms:.5}"), pick.clone()),
+        Err(e) => ("n/a".to_string(), e.chars().take(60).collect()),
+    };
+    for r in rows {
+        let (gms, gpick) = cell(&r.graph);
+        let (lms, lpick) = cell(&r.legacy);
+        let ratio = match (&r.graph, &r.legacy) {
+            (Ok((g, _)), Ok((l, _))) => format!("{:.3}", l / g),
+            _ => "-".into(),
+        };
+        println!(
+            "{:<10} {:<26} {gms:>10} {gpick:<28} {lms:>10} {lpick:<22} {ratio:>8}",
+            r.mode, r.cfg
+        );
+    }
+    let mut seen: Vec<&str> = Vec::new();
+    for r in rows {
+        if seen.contains(&r.mode) {
+            continue;
+        }
+        seen.push(r.mode);
+        let logs: Vec<f64> = rows
+            .iter()
+            .filter(|q| q.mode == r.mode)
+            .filter_map(|q| match (&q.graph, &q.legacy) {
+                (Ok((g, _)), Ok((l, _))) => Some((l / g).ln()),
+                _ => None,
+            })
+            .collect();
+        if !logs.is_empty() {
+            println!(
+                "legacy/graph geomean {}: {:.3} over {} configurations",
+                r.mode,
+                (logs.iter().sum::<f64>() / logs.len() as f64).exp(),
+                logs.len()
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host cost of a tiny convolution
+// ---------------------------------------------------------------------------------------------
+
+/// The paths whose per-call host cost is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HostPath {
+    /// A plan held, bindings made once.
+    Execute,
+    /// A plan held, bindings made at every call.
+    ArgsPerCall,
+    /// A [`PlanCache`] lookup at every call, bindings made once.
+    CacheGet,
+    /// The checked legacy [`Cudnn::conv_forward`].
+    Legacy,
+}
+
+impl HostPath {
+    const ALL: [HostPath; 4] = [
+        HostPath::Execute,
+        HostPath::ArgsPerCall,
+        HostPath::CacheGet,
+        HostPath::Legacy,
+    ];
+
+    fn op(self) -> String {
+        let what = match self {
+            HostPath::Execute => "graph_execute",
+            HostPath::ArgsPerCall => "graph_args_per_call",
+            HostPath::CacheGet => "graph_cache_get",
+            HostPath::Legacy => "legacy_conv_fwd",
+        };
+        format!("host_{what}_f32_{}", TINY.name())
+    }
+}
+
+/// The tiny convolution, f32 NCHW, for both APIs; the graph's plan lives in `cache`.
+struct Tiny {
+    og: OperationGraph,
+    x: TensorId,
+    w: TensorId,
+    y: TensorId,
+    filter: PlanFilter,
+    cache: PlanCache,
+    x_d: TensorDesc<f32>,
+    w_d: FilterDesc<f32>,
+    conv: ConvDesc,
+    y_d: TensorDesc<f32>,
+    xb: CudaSlice<f32>,
+    wb: CudaSlice<f32>,
+    y_graph: CudaSlice<f32>,
+    y_legacy: CudaSlice<f32>,
+    ws_graph: Workspace,
+    ws_legacy: Workspace,
+}
+
+/// The legacy algorithm of the host-cost comparison (`benches/conv.rs`'s, no workspace).
+const TINY_ALGO: ConvFwdAlgo = ConvFwdAlgo::ImplicitGemm;
+
+impl Tiny {
+    fn new(cudnn: &Cudnn) -> BoxResult<Tiny> {
+        let stream = cudnn.stream();
+        let cfg = TINY;
+        let [n, c, h, w] = cfg.x_dims();
+        let x_d = TensorDesc::<f32>::nchw(n, c, h, w)?;
+        let w_d = FilterDesc::<f32>::new(&cfg.w_dims(), TensorFormat::Nchw)?;
+        // Default math, as the reference harness (which sets no math type).
+        let conv = cfg.legacy_desc::<f32>(MathType::Default)?;
+        let y_d = TensorDesc::<f32>::nchw_nd(&conv.output_dims(x_d.dims(), w_d.dims())?)?;
+
+        let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+        let x = g.tensor_nchw("x", &cfg.x_dims(), DType::F32)?;
+        let wt = g.tensor_nchw("w", &cfg.w_dims(), DType::F32)?;
+        let y = g.conv_fprop(x, wt, &cfg.params())?;
+        g.mark_output(y)?;
+        let og = g.build(cudnn)?;
+        // The first plan heuristic A proposes, as `shared/gpu/reference/graphconv.cu` takes it.
+        let filter = PlanFilter::new().heuristics(&[HeurMode::A]);
+        let mut cache = PlanCache::new();
+        cache.get_or_build(cudnn, &og, &filter)?;
+        Ok(Tiny {
+            xb: stream.clone_htod(&values::<f32>(x_d.span(), 1.0))?,
+            wb: stream.clone_htod(&values::<f32>(w_d.span(), 0.05))?,
+            y_graph: stream.alloc_zeros::<f32>(og.span(y)?)?,
+            y_legacy: stream.alloc_zeros::<f32>(y_d.span())?,
+            ws_graph: Workspace::new(stream.clone()),
+            ws_legacy: Workspace::new(stream.clone()),
+            og,
+            x,
+            w: wt,
+            y,
+            filter,
+            cache,
+            x_d,
+            w_d,
+            conv,
+            y_d,
+        })
+    }
+
+    /// The engine configuration of the cached plan.
+    fn engine(&mut self, cudnn: &Cudnn) -> String {
+        self.cache
+            .get(cudnn, &self.og, &self.filter)
+            .map_or_else(|| "none".into(), Plan::name)
+    }
+
+    /// Calls `body` with one call of `path` (checked once first, so that `body` may unwrap).
+    fn with_call<R>(
+        &mut self,
+        cudnn: &Cudnn,
+        path: HostPath,
+        body: impl FnOnce(&mut dyn FnMut() -> cudnn_safe::Result<()>) -> R,
+    ) -> BoxResult<R> {
+        let Tiny {
+            og,
+            x,
+            w,
+            y,
+            filter,
+            cache,
+            x_d,
+            w_d,
+            conv,
+            y_d,
+            xb,
+            wb,
+            y_graph,
+            y_legacy,
+            ws_graph,
+            ws_legacy,
+        } = self;
+        let (x, w, y) = (*x, *w, *y);
+        match path {
+            HostPath::Execute => {
+                let plan = cache.get(cudnn, og, filter).ok_or("no cached plan")?;
+                let mut b = Bindings::new(cudnn);
+                b.input(x, &*xb)?.input(w, &*wb)?.output(y, y_graph)?;
+                let mut call = || cudnn.execute(plan, &b, ws_graph);
+                call()?;
+                Ok(body(&mut call))
+            }
+            HostPath::ArgsPerCall => {
+                let plan = cache.get(cudnn, og, filter).ok_or("no cached plan")?;
+                let mut call = || {
+                    let mut b = Bindings::new(cudnn);
+                    b.input(x, &*xb)?.input(w, &*wb)?.output(y, &mut *y_graph)?;
+                    cudnn.execute(plan, &b, ws_graph)
+                };
+                call()?;
+                Ok(body(&mut call))
+            }
+            HostPath::CacheGet => {
+                let mut b = Bindings::new(cudnn);
+                b.input(x, &*xb)?.input(w, &*wb)?.output(y, y_graph)?;
+                let mut call = || {
+                    // `ok_or_else`: the error's string must not be built on every hit.
+                    let plan = cache.get(cudnn, og, filter).ok_or_else(|| {
+                        cudnn_safe::Error::NoAlgorithm {
+                            op: "graph plan cache",
+                            detail: "the cached plan is gone".into(),
+                        }
+                    })?;
+                    cudnn.execute(plan, &b, ws_graph)
+                };
+                call()?;
+                Ok(body(&mut call))
+            }
+            HostPath::Legacy => {
+                let mut call = || {
+                    cudnn.conv_forward(
+                        1.0,
+                        x_d,
+                        &*xb,
+                        w_d,
+                        &*wb,
+                        conv,
+                        TINY_ALGO,
+                        ws_legacy,
+                        0.0,
+                        y_d,
+                        &mut *y_legacy,
+                    )
+                };
+                call()?;
+                Ok(body(&mut call))
+            }
+        }
+    }
+}
+
+/// Per-call host cost of the tiny convolution through each [`HostPath`]: JSON lines from a
+/// plain measurement (best of two interleaved rounds), then criterion.
+fn host_cost(run: &mut Run) -> BoxResult<()> {
+    let ops: Vec<String> = HostPath::ALL.iter().map(|p| p.op()).collect();
+    let names: Vec<&str> = ops.iter().map(String::as_str).collect();
+    if !run.args.runs_any(GROUP, &names) {
+        list_ops(run.c, &ops);
+        return Ok(());
+    }
+    eprintln!("graph bench: host cost of {}", TINY.name());
+    let (cudnn, stream, test) = (run.cudnn, run.stream, run.args.test);
+    let s: &CudaStream = stream;
+    let mut tiny = Tiny::new(cudnn)?;
+    let engine = tiny.engine(cudnn);
+    let n = if test { 200 } else { HOST_CALLS };
+    let mut best = [f64::INFINITY; 4];
+    for _ in 0..2 {
+        for (path, best) in HostPath::ALL.iter().zip(&mut best) {
+            let us = tiny.with_call(cudnn, *path, |call| {
+                per_call_us(s, n, SYNC_EVERY, || call().unwrap())
+            })?;
+            *best = best.min(us);
+        }
+    }
+    for (path, us) in HostPath::ALL.iter().zip(best) {
+        let note = match path {
+            HostPath::Legacy => format!("\"algo\": \"{TINY_ALGO}\""),
+            _ => format!("\"engine\": {engine:?}"),
+        };
+        run.record(
+            &path.op(),
+            us / 1e3,
+            &format!(
+                "\"measure\": \"host wall clock\", \"us_per_call\": {us:.3}, \"calls\": {n}, \
+                 \"sync_every\": {SYNC_EVERY}, {note}"
+            ),
+        );
+    }
+    let [exec, per_call, cache_get, legacy] = best;
+    println!(
+        "host-cost graph conv {} [{engine}]: execute {exec:.2} us/call, bindings per call \
+         {per_call:.2} us/call, cache lookup per call {cache_get:.2} us/call; legacy conv_forward \
+         [{TINY_ALGO}] {legacy:.2} us/call (legacy/execute = {:.2}); anchors: raw C plan 6.9, \
+         raw C legacy 25.0, PyTorch 32.7 us/call; target <= 8",
+        TINY.name(),
+        legacy / exec
+    );
+
+    let mut g = run.c.benchmark_group(GROUP);
+    for path in HostPath::ALL {
+        g.bench_function(path.op(), |b| {
+            b.iter_custom(|iters| {
+                // Every path ran above: an error now is a bug worth a panic, as in `timed_iters`.
+                tiny.with_call(cudnn, path, |call| {
+                    enqueue_loop(s, iters, SYNC_EVERY, || call().unwrap())
+                })
+                .unwrap_or_else(|e| panic!("{e}"))
+            })
+        });
+    }
+    g.finish();
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fused conv + bias + ReLU
+// ---------------------------------------------------------------------------------------------
+
+/// `y = relu(conv(x, w) + b)`, f16 NHWC, through one graph, the legacy unfused sequence and the
+/// legacy fused call, on the same inputs.
+fn fused(run: &mut Run) -> BoxResult<()> {
+    let cfg = FUSED;
+    let name = format!("fp16_{}", cfg.name());
+    let gop = format!("graph_conv_bias_relu_{name}");
+    let uop = format!("legacy_conv_bias_relu_unfused_{name}");
+    let fop = format!("legacy_conv_bias_relu_fused_{name}");
+    let ops = [gop.clone(), uop.clone(), fop.clone()];
+    if !run.args.runs_any(GROUP, &[&gop, &uop, &fop]) {
+        list_ops(run.c, &ops);
+        return Ok(());
+    }
+    eprintln!("graph bench: fused conv + bias + relu {name}");
+    let (cudnn, stream, test) = (run.cudnn, run.stream, run.args.test);
+    let s: &CudaStream = stream;
+
+    // Legacy descriptors; the bias is [1, K, 1, 1] (NCHW and NHWC strides describe the same
+    // K contiguous values).
+    let [n, c, h, w] = cfg.x_dims();
+    let x_d = TensorDesc::<f16>::nhwc(n, c, h, w)?;
+    let w_d = FilterDesc::<f16>::new(&cfg.w_dims(), TensorFormat::Nhwc)?;
+    let conv = cfg.legacy_desc::<f16>(MathType::TensorOp)?;
+    let y_d = TensorDesc::<f16>::nhwc_nd(&conv.output_dims(x_d.dims(), w_d.dims())?)?;
+    let bias_d = TensorDesc::<f16>::nchw(1, cfg.k, 1, 1)?;
+    let relu = ActivationDesc::new(ActivationMode::Relu)?;
+
+    let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
+    let x = g.tensor_nhwc("x", &cfg.x_dims(), DType::F16)?;
+    let wt = g.tensor_nhwc("w", &cfg.w_dims(), DType::F16)?;
+    let bt = g.tensor_nhwc("b", &[1, cfg.k, 1, 1], DType::F16)?;
+    let conv_out = g.conv_fprop(x, wt, &cfg.params())?;
+    let biased = g.bias(conv_out, bt)?;
+    let y = g.pointwise(PointwiseMode::Relu, biased, None)?;
+    g.set_name(y, "y")?;
+    g.mark_output(y)?;
+    let og = g.build(cudnn)?;
+    if !same_layout(og.layout(y)?, y_d.layout()) || og.span(bt)? != bias_d.span() {
+        return Err("the graph lays y or b out unlike the legacy descriptors".into());
+    }
+
+    let xb = stream.clone_htod(&values::<f16>(x_d.span(), 1.0))?;
+    let wb = stream.clone_htod(&values::<f16>(w_d.span(), 0.05))?;
+    // Around zero, so that the ReLU clips about half of the outputs.
+    let bb = stream.clone_htod(&values::<f16>(bias_d.span(), 0.5))?;
+    let mut y_graph = stream.alloc_zeros::<f16>(y_d.span())?;
+    let mut y_unfused = stream.alloc_zeros::<f16>(y_d.span())?;
+    let mut y_fused = stream.alloc_zeros::<f16>(y_d.span())?;
+    let flops = 2 * y_d.dims().iter().product::<i64>() as u64 * (cfg.c * cfg.r * cfg.r) as u64;
+
+    // One graph.
+    let graph_ms = (|| -> BoxResult<f64> {
+        let mut ws = Workspace::new(stream.clone());
+        let mut b = Bindings::new(cudnn);
+        b.input(x, &xb)?
+            .input(wt, &wb)?
+            .input(bt, &bb)?
+            .output(y, &mut y_graph)?;
+        let picked = Picked::new(cudnn, &og, PlanFilter::new(), &b, &mut ws, test)?;
+        let mut call = || -> BoxResult<()> {
+            cudnn.execute(&picked.plan, &b, &mut ws)?;
+            Ok(())
+        };
+        let ms = median_ms(s, test, &mut call)?;
+        run.record(&gop, ms, &picked.note());
+        run.criterion_device(&gop, ms, Some(flops), call);
+        Ok(ms)
+    })()
+    .map_err(|e| {
+        print_op_error(&gop, &e);
+        e.to_string()
+    });
+    let vs_graph = |legacy_ms: f64| match &graph_ms {
+        Ok(g) => format!(
+            "\"graph_ms\": {g:.5}, \"legacy_over_graph\": {:.3}",
+            legacy_ms / g
+        ),
+        Err(_) => "\"graph_ms\": null".into(),
+    };
+    let diff = |y: &CudaSlice<f16>| match &graph_ms {
+        Ok(_) => max_diff_rel(stream, y, &y_graph),
+        Err(_) => Err("no graph output".into()),
+    };
+
+    // The legacy sequence: convolution with the `find` winner, bias, in-place ReLU.
+    if let Err(e) = (|| -> BoxResult<()> {
+        let mut ws = Workspace::new(stream.clone());
+        let perf =
+            cudnn.conv_forward_find(&x_d, &xb, &w_d, &wb, &conv, &y_d, &mut y_unfused, &mut ws)?;
+        let algo = perf
+            .iter()
+            .find(|p| p.is_supported())
+            .ok_or("conv_forward_find: no supported algorithm")?
+            .algo;
+        let mut call = |y: &mut CudaSlice<f16>| -> BoxResult<()> {
+            cudnn.conv_forward(
+                1.0, &x_d, &xb, &w_d, &wb, &conv, algo, &mut ws, 0.0, &y_d, y,
+            )?;
+            cudnn.add_tensor(1.0, &bias_d, &bb, 1.0, &y_d, y)?;
+            cudnn.activation_forward_in_place(&relu, 1.0, 0.0, &y_d, y)?;
+            Ok(())
+        };
+        let ms = median_ms(s, test, || call(&mut y_unfused))?;
+        let d = diff(&y_unfused);
+        warn_diff(&uop, &d, expected_diff(DType::F16, false));
+        run.record(
+            &uop,
+            ms,
+            &format!(
+                "\"algo\": \"{algo}\", \"calls\": 3, {}, {}",
+                vs_graph(ms),
+                diff_note(&d)
+            ),
+        );
+        run.criterion_device(&uop, ms, Some(flops), || call(&mut y_unfused));
+        Ok(())
+    })() {
+        print_op_error(&uop, &e);
+    }
+
+    // The legacy fused call: every algorithm cuDNN accepts, timed, the fastest kept (`find`
+    // ranks plain convolutions, not the fused call).
+    if let Err(e) = (|| -> BoxResult<()> {
+        let mut ws = Workspace::new(stream.clone());
+        let mut call = |algo: ConvFwdAlgo, y: &mut CudaSlice<f16>| -> BoxResult<()> {
+            cudnn.conv_bias_activation_forward(
+                1.0,
+                &x_d,
+                &xb,
+                &w_d,
+                &wb,
+                &conv,
+                algo,
+                &mut ws,
+                0.0,
+                None,
+                &bias_d,
+                &bb,
+                FusedActivation::Relu,
+                &y_d,
+                y,
+            )?;
+            Ok(())
+        };
+        let mut best: Option<(ConvFwdAlgo, f64)> = None;
+        let mut refused = Vec::new();
+        for &algo in ConvFwdAlgo::ALL {
+            match call(algo, &mut y_fused)
+                .and_then(|()| batch_ms(s, if test { 1 } else { 5 }, || call(algo, &mut y_fused)))
+            {
+                Ok(ms) if best.map_or(true, |(_, b)| ms < b) => best = Some((algo, ms)),
+                Ok(_) => {}
+                Err(e) => refused.push(format!("{algo}: {e}")),
+            }
+        }
+        let Some((algo, _)) = best else {
+            return Err(format!("no algorithm accepted: {}", refused.join("; ")).into());
+        };
+        if !refused.is_empty() {
+            eprintln!(
+                "graph bench: fused legacy call refused {}",
+                refused.join("; ")
+            );
+        }
+        let ms = median_ms(s, test, || call(algo, &mut y_fused))?;
+        let d = diff(&y_fused);
+        warn_diff(&fop, &d, expected_diff(DType::F16, false));
+        run.record(
+            &fop,
+            ms,
+            &format!(
+                "\"algo\": \"{algo}\", \"algos_refused\": {}, {}, {}",
+                refused.len(),
+                vs_graph(ms),
+                diff_note(&d)
+            ),
+        );
+        run.criterion_device(&fop, ms, Some(flops), || call(algo, &mut y_fused));
+        Ok(())
+    })() {
+        print_op_error(&fop, &e);
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Main
+// ---------------------------------------------------------------------------------------------
+
+fn main() {
+    let _ = env_logger::try_init();
+    let Some((stream, cudnn)) = setup_or_skip() else {
+        return;
+    };
+    print_header(&stream, &cudnn);
+    let args = Args::parse();
+    let mut c = Criterion::default().configure_from_args();
+    let mut run = Run {
+        c: &mut c,
+        args: &args,
+        cudnn: &cudnn,
+        stream: &stream,
+        summary: Vec::new(),
+    };
+    let t = Instant::now();
+    let mut rows = Vec::new();
+    let outcome = (|| -> BoxResult<()> {
+        host_cost(&mut run)?;
+        fused(&mut run)?;
+        conv_forward(&mut run, &mut rows);
+        Ok(())
+    })();
+    print_conv_table(&rows);
+    print_summary(&run.summary, 60);
+    eprintln!("graph bench: {:.1} s", t.elapsed().as_secs_f64());
+    c.final_summary();
+    exit_on_error("graph", outcome);
+}
