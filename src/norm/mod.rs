@@ -4,8 +4,8 @@
 //!
 //! * [`BatchNorm`] is built once for an input layout (it holds the data descriptor, the parameter
 //!   descriptor cuDNN derives for it and a ReLU descriptor for the fused ops), then used by
-//!   [`Cudnn::batch_norm_forward_inference`], [`Cudnn::batch_norm_forward_training`],
-//!   [`Cudnn::batch_norm_backward`] and their `_ex` forms.
+//!   [`Cudnn::batch_norm_forward_inference`](crate::Cudnn::batch_norm_forward_inference), [`Cudnn::batch_norm_forward_training`](crate::Cudnn::batch_norm_forward_training),
+//!   [`Cudnn::batch_norm_backward`](crate::Cudnn::batch_norm_backward) and their `_ex` forms.
 //! * Training forward calls return an owned [`BatchNormSaved`] (saved mean, inverse variance and,
 //!   for the Ex form, the reserve space). The backward calls take it and check that it came from
 //!   the same [`BatchNorm`] and the same `x` buffer, so the statistics of one call cannot be used
@@ -66,7 +66,7 @@
 //!    backward on the feature view with `x = x̂`, saved mean 0 and inverse standard deviation
 //!    1; for a layer norm as two `cudnnReduceTensor` calls each through partial sums
 //!    ([`NormParamGrads::TwoStageReduce`]: the rows split as `S1·S2`, `S2` summed first), the
-//!    product `dy·x̂` from [`Cudnn::op_tensor`]; `dx̂ = dy·γ` as in step 2; then cuDNN's
+//!    product `dy·x̂` from [`Cudnn::op_tensor`](crate::Cudnn::op_tensor); `dx̂ = dy·γ` as in step 2; then cuDNN's
 //!    batch-norm backward on the regrouped view with `dy = dx̂` gives `dx`.
 //!
 //! The feature view of a layer norm is the channels-last `[1, D, rows, 1]`, of a group norm the
@@ -74,8 +74,8 @@
 //! [`NormMethod::default_for_group`], which give the H200 timings).
 //!
 //! Memory: a training forward returns a [`NormSaved`] holding `x̂` (as many elements of `T` as
-//! `x`) and two statistics per group (`T::Param`); the plain forward ([`Cudnn::layer_norm_forward`],
-//! [`Cudnn::group_norm_forward`]) and the backward pass use one scratch tensor of `x`'s size,
+//! `x`) and two statistics per group (`T::Param`); the plain forward ([`Cudnn::layer_norm_forward`](crate::Cudnn::layer_norm_forward),
+//! [`Cudnn::group_norm_forward`](crate::Cudnn::group_norm_forward)) and the backward pass use one scratch tensor of `x`'s size,
 //! kept by the normalization object and reused. The objects also keep small constant/scratch
 //! vectors: four of `R` parameters (scale 1, bias 0, and the discarded per-group gradients of
 //! step 3) and four of `B` (mean 0, variance 1, and `γ`, `β` or their gradients converted
@@ -91,10 +91,10 @@
 //! The same computation can be put together from other cuDNN calls, set per object with
 //! [`LayerNorm::with_method`] / [`GroupNorm::with_method`] (`benches/norm.rs` times each):
 //!
-//! * [`NormMethod::reductions`], the first formulation: step 2 with [`Cudnn::op_tensor`]
-//!   (multiply by `γ` broadcast) and [`Cudnn::add_tensor`] (add `β`) — in place in `y` for
+//! * [`NormMethod::reductions`], the first formulation: step 2 with [`Cudnn::op_tensor`](crate::Cudnn::op_tensor)
+//!   (multiply by `γ` broadcast) and [`Cudnn::add_tensor`](crate::Cudnn::add_tensor) (add `β`) — in place in `y` for
 //!   the plain forward, which then needs no scratch tensor — and `dγ`, `dβ` with
-//!   [`Cudnn::reduce_tensor`], using the caller's workspace
+//!   [`Cudnn::reduce_tensor`](crate::Cudnn::reduce_tensor), using the caller's workspace
 //!   ([`LayerNorm::backward_workspace_size`]).
 //! * [`NormStats`]: the view and mode of step 1 — `[1, R, M, 1]` (default), `[1, R, 1, M]`, a
 //!   near-square `[1, R, H, W]`, or the persistent spatial mode.
