@@ -30,6 +30,14 @@
 //!   accepts timed, the fastest kept), on the same inputs. Each legacy line carries its output's
 //!   `max_diff_rel` against the graph's.
 //!
+//! * **Union autotune** (ops `union_conv_fwd_<mode>_<cfg>`, same modes and configurations as the
+//!   convolution lines): the steady-state call of [`Autotuner::forward`] under
+//!   [`Policy::Benchmark`], which times legacy algorithms and graph engines together and runs the
+//!   faster; each line says what ran (`"source": "legacy ALGO"` or `"graph engN…"`), and a
+//!   `union_conv_fwd_<mode>_geomean` line per mode gives the geometric mean, the number of graph
+//!   wins and the ratio to the better of the graph and legacy lines of the same run. Under
+//!   `cargo test --benches` only the tiny configuration runs.
+//!
 //! Device times are CUDA-event medians ([`median_ms`]: 5 batches of about 25 ms after a warm-up
 //! call). Each measurement prints one JSON line (`{"op": …, "ms": …, "impl": "cudnn-safe", …}`);
 //! the run ends with a comparison table of the convolutions (geometric mean of legacy/graph per
@@ -69,8 +77,8 @@ use cudnn_safe::graph::{
 };
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::{
-    ActivationDesc, ActivationMode, Cudnn, DType, DataType, FilterDesc, Layout, TensorDesc,
-    TensorFormat, Workspace,
+    ActivationDesc, ActivationMode, Autotuner, Choice, Cudnn, DType, DataType, FilterDesc, Layout,
+    Policy, TensorDesc, TensorFormat, Workspace,
 };
 
 /// Criterion group of every benchmark here.
@@ -1215,6 +1223,142 @@ fn fused(run: &mut Run) -> BoxResult<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Union autotune: the Autotuner's Benchmark policy searching legacy algorithms and graph engines
+// ---------------------------------------------------------------------------------------------
+
+/// One configuration in one mode through [`Autotuner::forward`] under [`Policy::Benchmark`]
+/// (union search on, no cache file): the first call decides, then the steady-state call is
+/// timed as the other lines are. Returns the time and whether a graph engine ran.
+fn union_case<T: DataType<Scalar = f32>>(
+    run: &mut Run,
+    mode: &Mode,
+    cfg: &Cfg,
+    progress: &str,
+) -> Option<Result<(f64, bool), String>> {
+    let op = format!("union_conv_fwd_{}_{}", mode.name, cfg.name());
+    if !run.args.runs_any(GROUP, &[&op]) {
+        return None;
+    }
+    eprintln!("graph bench: union {progress} {} {}", mode.name, cfg.name());
+    let (cudnn, stream, test) = (run.cudnn, run.stream, run.args.test);
+    let measured = (|| -> BoxResult<(f64, Choice<ConvFwdAlgo>, u64)> {
+        let mut d = ConvData::<T>::new(cudnn, mode, cfg)?;
+        let mut tuner = Autotuner::new(Policy::Benchmark).without_cache_file();
+        let ConvData {
+            x_d,
+            w_d,
+            conv,
+            y_d,
+            xb,
+            wb,
+            y_legacy,
+            flops,
+            ..
+        } = &mut d;
+        let mut call = || {
+            tuner.forward(
+                cudnn,
+                1.0,
+                x_d,
+                &*xb,
+                w_d,
+                &*wb,
+                conv,
+                0.0,
+                y_d,
+                &mut *y_legacy,
+            )
+        };
+        let first = call()?;
+        let ms = median_ms(stream, test, || {
+            call()?;
+            Ok(())
+        })?;
+        Ok((ms, first, *flops))
+    })();
+    match measured {
+        Ok((ms, choice, flops)) => {
+            run.record(
+                &op,
+                ms,
+                &format!(
+                    "\"source\": \"{}\", \"TFLOP/s\": {:.1}",
+                    choice.describe(),
+                    tflops(flops as f64, ms)
+                ),
+            );
+            Some(Ok((ms, choice.api.is_graph())))
+        }
+        Err(e) => {
+            print_op_error(&op, &e);
+            Some(Err(e.to_string()))
+        }
+    }
+}
+
+/// The union group: every measured mode and configuration (the tiny one under
+/// `cargo test --benches`), then per mode the geometric mean of the union times and, where the
+/// graph and legacy lines of the same run exist, of their better time (`best_of_both`).
+fn union(run: &mut Run, rows: &[Row]) {
+    let modes = modes_from_env("GRAPH_BENCH_MODES", Mode::DEFAULT);
+    let cfgs: Vec<Cfg> = if run.args.test {
+        vec![TINY]
+    } else {
+        CONFIGS.to_vec()
+    };
+    let total = modes.len() * cfgs.len();
+    let mut i = 0;
+    for mode in &modes {
+        let mut times = Vec::new();
+        let mut best = Vec::new();
+        let mut graph_wins = 0;
+        for cfg in &cfgs {
+            i += 1;
+            let progress = format!("[{i}/{total}]");
+            let r = match mode.dtype {
+                DType::F16 => union_case::<f16>(run, mode, cfg, &progress),
+                DType::BF16 => union_case::<bf16>(run, mode, cfg, &progress),
+                _ => union_case::<f32>(run, mode, cfg, &progress),
+            };
+            if let Some(Ok((ms, graph))) = r {
+                times.push(ms);
+                graph_wins += usize::from(graph);
+                let both = rows
+                    .iter()
+                    .find(|r| r.mode == mode.name && r.cfg == cfg.name())
+                    .and_then(|r| match (&r.graph, &r.legacy) {
+                        (Ok((g, _)), Ok((l, _))) => Some(g.min(*l)),
+                        _ => None,
+                    });
+                best.extend(both.map(|b| (ms, b)));
+            }
+        }
+        if times.is_empty() {
+            continue;
+        }
+        let geomean = |v: &mut dyn Iterator<Item = f64>| {
+            let (sum, n) = v.fold((0.0, 0usize), |(s, n), x| (s + x.ln(), n + 1));
+            (sum / n.max(1) as f64).exp()
+        };
+        let g = geomean(&mut times.iter().copied());
+        let vs_best = if best.len() == times.len() {
+            let b = geomean(&mut best.iter().map(|(_, b)| *b));
+            format!(
+                "\"best_of_both_geomean_ms\": {b:.5}, \"union_over_best_of_both\": {:.3}",
+                g / b
+            )
+        } else {
+            "\"best_of_both_geomean_ms\": null".into()
+        };
+        println!(
+            "{{\"op\": \"union_conv_fwd_{}_geomean\", \"ms\": {g:.5}, \"configs\": {}, \"graph_wins\": {graph_wins}, {vs_best}, \"impl\": \"cudnn-safe\"}}",
+            mode.name,
+            times.len()
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Main
 // ---------------------------------------------------------------------------------------------
 
@@ -1239,6 +1383,7 @@ fn main() {
         host_cost(&mut run)?;
         fused(&mut run)?;
         conv_forward(&mut run, &mut rows);
+        union(&mut run, &rows);
         Ok(())
     })();
     print_conv_table(&rows);

@@ -12,6 +12,10 @@
 //! | `CUDNN_CONV_WSCAP_DBG` (workspace cap)   | [`Autotuner::workspace_limit`]                  |
 //! | in-memory benchmark cache (per process)  | cache keyed by problem, GPU and cuDNN version, persisted with [`Autotuner::cache_file`] or `CUDNN_SAFE_AUTOTUNE_CACHE` |
 //!
+//! Under the benchmark policies a convolution forward also searches the backend (graph)
+//! engines ([`Autotuner::graph_search`], on by default): legacy algorithms and graph plans are
+//! timed alike and the faster runs; [`Choice::api`] says which API ran.
+//!
 //! A decision is made once per problem (direction, dims, strides, data types, convolution
 //! parameters, math type, policy, workspace limit, GPU model and cuDNN version) and logged with
 //! the `log` crate at `info` level. When the chosen algorithm cannot run (its workspace cannot
@@ -52,6 +56,8 @@ use crate::conv::{
 };
 use crate::dtype::{DType, DataType, Scalar};
 use crate::error::{Error, Result};
+use crate::graph::union as gunion;
+use crate::graph::{Args, ConvApi, EngineConfig, GraphSearch, Plan, TensorId};
 use crate::handle::Cudnn;
 use crate::tensor::{FilterDesc, Layout, TensorDesc, TensorFormat};
 use crate::workspace::{Workspace, MAX_WORKSPACE_BYTES};
@@ -59,8 +65,10 @@ use crate::workspace::{Workspace, MAX_WORKSPACE_BYTES};
 /// Environment variable naming the autotune cache file used by [`Autotuner::new`].
 pub const CACHE_ENV: &str = "CUDNN_SAFE_AUTOTUNE_CACHE";
 
-const FILE_HEADER: &str =
-    "# cudnn-safe autotune cache v1: device<TAB>problem key<TAB>algo:workspace_bytes:ms,...";
+const FILE_HEADER: &str = "# cudnn-safe autotune cache v1: device<TAB>problem key<TAB>algo:workspace_bytes:ms,...[<TAB>graph=<engine config>:workspace_bytes:ms]";
+
+/// Most graph plans a union search builds and times (heuristics A then fallback, in order).
+const GRAPH_MAX_PLANS: usize = 12;
 
 /// How an [`Autotuner`] picks a convolution algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -157,9 +165,11 @@ impl Source {
 }
 
 /// What an [`Autotuner`] call ran.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Choice<A> {
-    /// The algorithm that ran.
+    /// The legacy algorithm that ran; when a graph engine ran instead ([`Choice::api`] is
+    /// [`ConvApi::Graph`]), the legacy algorithm ranked first for the problem (the one that runs
+    /// whenever the graph path does not apply, e.g. with `beta ≠ 0`).
     pub algo: A,
     /// Where the ranking came from.
     pub source: Source,
@@ -168,6 +178,20 @@ pub struct Choice<A> {
     /// Bytes of workspace the tuner holds after the call: at least what the algorithm used (the
     /// workspace only grows, so an earlier, larger request can make it bigger).
     pub workspace: usize,
+    /// The API that ran: [`ConvApi::Legacy`] (`algo`), or [`ConvApi::Graph`] with the engine
+    /// configuration of the graph plan a union search chose
+    /// ([`Autotuner::graph_search`]; convolution forward only).
+    pub api: ConvApi,
+}
+
+impl<A: std::fmt::Display> Choice<A> {
+    /// What ran, in words: `legacy IMPLICIT_PRECOMP_GEMM` or `graph eng12_k2=1`.
+    pub fn describe(&self) -> String {
+        match &self.api {
+            ConvApi::Graph(c) => format!("graph {c}"),
+            _ => format!("legacy {}", self.algo),
+        }
+    }
 }
 
 /// Counters of an [`Autotuner`].
@@ -179,8 +203,12 @@ pub struct TunerStats {
     pub misses: u64,
     /// Benchmarks run.
     pub benchmarks: u64,
-    /// Times a later candidate ran because an earlier one could not.
+    /// Times a later candidate ran because an earlier one could not (including a graph plan
+    /// that could not run, replaced by the legacy ranking).
     pub fallbacks: u64,
+    /// Graph plans rebuilt from a remembered engine configuration (a decision read from the cache
+    /// file, or used on another handle) without timing anything.
+    pub plan_builds: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -191,8 +219,54 @@ struct Key {
 
 type Ranking = Vec<(u32, usize, f32)>;
 
-/// A ranking, where it came from, and its cache key (none under a fixed policy).
-type Decision<A> = (Vec<Candidate<A>>, Source, Option<Arc<Key>>);
+/// The graph engine a union search chose: what is persisted of it.
+#[derive(Debug, Clone, PartialEq)]
+struct GraphPick {
+    config: EngineConfig,
+    workspace: usize,
+    ms: f32,
+}
+
+/// A cached decision: the legacy ranking (never empty), and the graph engine that beat its first
+/// candidate, if a union search found one.
+#[derive(Debug, Clone, PartialEq)]
+struct Entry {
+    ranking: Ranking,
+    graph: Option<GraphPick>,
+}
+
+impl Entry {
+    fn legacy(ranking: Ranking) -> Entry {
+        Entry {
+            ranking,
+            graph: None,
+        }
+    }
+}
+
+/// A ranking, where it came from, its cache key (none under a fixed policy), and the graph
+/// engine chosen for it, if any.
+type Decision<A> = (
+    Vec<Candidate<A>>,
+    Source,
+    Option<Arc<Key>>,
+    Option<GraphPick>,
+);
+
+/// A built plan of a graph decision, kept so that repeated calls build nothing: the plan caches
+/// its variant pack, rebuilt only when a buffer address changes.
+struct HeldPlan {
+    plan: Plan,
+    x: TensorId,
+    w: TensorId,
+    y: TensorId,
+}
+
+impl std::fmt::Debug for HeldPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.plan.fmt(f)
+    }
+}
 
 /// Chooses convolution algorithms under a [`Policy`], remembers each decision, and runs the
 /// convolution with fallback to the next candidate. Owns the workspace it launches with.
@@ -203,13 +277,16 @@ pub struct Autotuner {
     policy: Policy,
     limit: usize,
     workspace: Option<Workspace>,
-    cache: HashMap<Key, Ranking>,
+    graph: GraphSearch,
+    cache: HashMap<Key, Entry>,
+    /// Plans of graph decisions, built on the handle they last ran on.
+    held: HashMap<Key, HeldPlan>,
     path: Option<PathBuf>,
     devices: Vec<(usize, usize, Arc<str>)>,
     /// Recently used problems by descriptor ids (never reused, descriptors immutable) → key and
     /// ranking, so a repeated call builds and hashes no key. Cleared whenever a ranking or the
     /// policy or limit changes.
-    recent: std::collections::VecDeque<([u64; 7], Arc<Key>, Ranking)>,
+    recent: std::collections::VecDeque<([u64; 7], Arc<Key>, Entry)>,
     stats: TunerStats,
 }
 
@@ -217,8 +294,8 @@ pub struct Autotuner {
 enum Prepared {
     /// `Policy::Fixed`: nothing to decide or cache.
     Fixed,
-    /// A cached ranking.
-    Known(Arc<Key>, Ranking),
+    /// A cached decision.
+    Known(Arc<Key>, Entry),
     /// Not decided yet.
     Unknown(Arc<Key>),
 }
@@ -233,7 +310,9 @@ impl Autotuner {
             policy,
             limit: MAX_WORKSPACE_BYTES,
             workspace: None,
+            graph: GraphSearch::default(),
             cache: HashMap::new(),
+            held: HashMap::new(),
             path: None,
             devices: Vec::new(),
             recent: Default::default(),
@@ -268,6 +347,7 @@ impl Autotuner {
     pub fn without_cache_file(mut self) -> Self {
         if self.path.take().is_some() {
             self.cache.clear();
+            self.held.clear();
             self.recent.clear();
         }
         self
@@ -279,8 +359,44 @@ impl Autotuner {
     pub fn workspace_limit(mut self, bytes: usize) -> Self {
         self.limit = bytes.min(MAX_WORKSPACE_BYTES);
         self.workspace = None;
+        self.held.clear();
         self.recent.clear();
         self
+    }
+
+    /// Whether [`Policy::Benchmark`] and [`Policy::Deterministic`] also search the backend
+    /// (graph) engines for a convolution forward ([`GraphSearch::Union`] by default).
+    ///
+    /// The union search runs after the legacy benchmark of a new problem: the problem is rebuilt
+    /// as a one-operation graph (same dims, strides, data types, padding, strides, dilations,
+    /// mode and compute type), up to 12 plans are built (heuristics A, then fallback) under a
+    /// filter matching the legacy numerics (no tensor cores with
+    /// [`MathType::Fma`](crate::conv::MathType::Fma), no input down-conversion unless
+    /// `TensorOpAllowConversion`, no reduced-precision accumulation with an f32 compute type,
+    /// deterministic engines only under [`Policy::Deterministic`], the workspace limit), and each
+    /// plan and the legacy favourite are timed alike with CUDA events (on the caller's output,
+    /// or on scratch memory when `beta ≠ 0`). A faster graph plan is remembered in the decision
+    /// (and in the cache file as its engine configuration) and runs for every later call with
+    /// `alpha = 1, beta = 0` (the graph computes `y = conv(x, w)` only); other calls,
+    /// [`Autotuner::bias_activation_forward`], and problems the graph cannot express (f64,
+    /// int8, mixed input/output types, vectorized filters) use the legacy ranking. When no plan
+    /// builds or runs, the legacy decision stands (logged). A problem no legacy algorithm can run
+    /// within the limit stays [`Error::NoAlgorithm`]. The backward directions, and
+    /// [`Policy::Heuristic`] and [`Policy::Fixed`], are legacy only.
+    ///
+    /// Part of the cache key under the benchmark policies; [`GraphSearch::Union`] shares its key
+    /// with the decisions of earlier versions, which searched legacy algorithms only: those keep
+    /// working (legacy only).
+    #[must_use]
+    pub fn graph_search(mut self, mode: GraphSearch) -> Self {
+        self.graph = mode;
+        self.recent.clear();
+        self
+    }
+
+    /// The graph search mode.
+    pub fn graph_search_mode(&self) -> GraphSearch {
+        self.graph
     }
 
     /// The policy.
@@ -311,6 +427,7 @@ impl Autotuner {
     /// Forgets every decision in memory (the file is left as it is).
     pub fn clear(&mut self) {
         self.cache.clear();
+        self.held.clear();
         self.recent.clear();
     }
     /// Bytes of workspace currently held.
@@ -335,10 +452,21 @@ impl Autotuner {
             .map(|(k, v)| {
                 let problem: Vec<String> = k.problem.iter().map(i64::to_string).collect();
                 let ranking: Vec<String> = v
+                    .ranking
                     .iter()
                     .map(|(a, ws, ms)| format!("{a}:{ws}:{ms}"))
                     .collect();
-                format!("{}\t{}\t{}", k.device, problem.join(","), ranking.join(","))
+                let graph = v
+                    .graph
+                    .as_ref()
+                    .map(|g| format!("\tgraph={}:{}:{}", g.config, g.workspace, g.ms))
+                    .unwrap_or_default();
+                format!(
+                    "{}\t{}\t{}{graph}",
+                    k.device,
+                    problem.join(","),
+                    ranking.join(",")
+                )
             })
             .collect();
         lines.sort();
@@ -444,23 +572,14 @@ impl Autotuner {
         conv: &ConvDesc,
         y_desc: &TensorDesc<Y>,
     ) -> Option<Vec<Candidate<ConvFwdAlgo>>> {
+        let gmode = self.graph;
         let prepared = self.prepare(
             cudnn,
             [0, x_desc.id(), w_desc.id(), conv.id(), y_desc.id()],
-            |policy, limit| {
-                problem_key(
-                    ConvDirection::Forward,
-                    (x_desc.layout(), X::DTYPE),
-                    w_desc,
-                    (y_desc.layout(), Y::DTYPE),
-                    conv,
-                    policy,
-                    limit,
-                )
-            },
+            |policy, limit| forward_key(x_desc, w_desc, conv, y_desc, policy, limit, gmode),
         );
         match prepared {
-            Prepared::Known(_, r) => Some(decode(&r)),
+            Prepared::Known(_, r) => Some(decode(&r.ranking)),
             _ => None,
         }
     }
@@ -482,11 +601,16 @@ impl Autotuner {
                     workspace: 0,
                     time_ms: -1.0,
                 };
-                return Ok((vec![only], Source::Fixed, None));
+                return Ok((vec![only], Source::Fixed, None, None));
             }
-            Prepared::Known(key, ranking) => {
+            Prepared::Known(key, entry) => {
                 self.stats.hits += 1;
-                return Ok((decode(&ranking), Source::Cache, Some(key)));
+                return Ok((
+                    decode(&entry.ranking),
+                    Source::Cache,
+                    Some(key),
+                    entry.graph,
+                ));
             }
             Prepared::Unknown(key) => key,
         };
@@ -576,13 +700,10 @@ impl Autotuner {
                 format!("; refused {}", refused.join(", "))
             }
         );
-        self.cache.insert((*key).clone(), encode(&ranking));
-        if self.path.is_some() {
-            if let Err(e) = self.save() {
-                log::warn!("autotune cache not saved: {e}");
-            }
-        }
-        Ok((ranking, source, Some(key)))
+        self.cache
+            .insert((*key).clone(), Entry::legacy(encode(&ranking)));
+        self.persist();
+        Ok((ranking, source, Some(key), None))
     }
 
     /// Runs the candidates in order until one succeeds. Errors from this crate's argument
@@ -613,7 +734,7 @@ impl Autotuner {
                     }
                     if let (Some(key), false) = (key, refused.is_empty()) {
                         if let Some(r) = self.cache.get_mut(&*key) {
-                            r.retain(|(a, _, _)| !refused.contains(a));
+                            r.ranking.retain(|(a, _, _)| !refused.contains(a));
                         }
                         self.recent.clear();
                     }
@@ -623,6 +744,7 @@ impl Autotuner {
                         source,
                         rank,
                         workspace,
+                        api: ConvApi::Legacy,
                     });
                 }
                 Err(e) if falls_back(&e) => {
@@ -643,6 +765,11 @@ impl Autotuner {
     /// `y = alpha·conv(x, w) + beta·y` with the algorithm the policy picks (see
     /// [`Cudnn::conv_forward`] for the types and checks). With `beta ≠ 0` a benchmark runs on
     /// scratch memory, so `y`'s contents are preserved for the accumulation.
+    ///
+    /// Under [`Policy::Benchmark`] and [`Policy::Deterministic`] the graph engines are searched
+    /// too ([`Autotuner::graph_search`]); [`Choice::api`] says which API ran. A graph plan runs
+    /// only for `alpha = 1, beta = 0`, after the same checks as the legacy call (buffer spans,
+    /// data types, contexts, output layout not overlapping itself, workspace within the limit).
     #[allow(clippy::too_many_arguments)] // mirrors the C call
     pub fn forward<X: DataType, Y: DataType<Scalar = X::Scalar>>(
         &mut self,
@@ -661,23 +788,14 @@ impl Autotuner {
             Policy::Fixed(f) => f.forward,
             _ => ConvFwdAlgo::ImplicitGemm,
         };
+        let gmode = self.graph;
         let prepared = self.prepare(
             cudnn,
             [0, x_desc.id(), w_desc.id(), conv.id(), y_desc.id()],
-            |policy, limit| {
-                problem_key(
-                    ConvDirection::Forward,
-                    (x_desc.layout(), X::DTYPE),
-                    w_desc,
-                    (y_desc.layout(), Y::DTYPE),
-                    conv,
-                    policy,
-                    limit,
-                )
-            },
+            |policy, limit| forward_key(x_desc, w_desc, conv, y_desc, policy, limit, gmode),
         );
         let accumulate = beta.to_f64() != 0.0;
-        let (ranking, source, key) = self.decide(
+        let (ranking, source, key, mut pick) = self.decide(
             cudnn,
             prepared,
             || cudnn.conv_forward_heuristics(x_desc, w_desc, conv, y_desc),
@@ -691,9 +809,261 @@ impl Autotuner {
             },
             fixed,
         )?;
+        let union = gmode != GraphSearch::Off
+            && matches!(self.policy, Policy::Benchmark | Policy::Deterministic)
+            && gunion::eligible(x_desc, w_desc, conv, y_desc);
+        if let (true, Some(key)) = (union, &key) {
+            let p = Problem {
+                x_desc,
+                x,
+                w_desc,
+                w,
+                conv,
+                y_desc,
+            };
+            if source == Source::Benchmark {
+                pick = self.union_search(cudnn, key, &ranking[0], accumulate, &p, y);
+            }
+            // The graph computes y = conv(x, w): other scalings take the legacy call.
+            if pick.is_some() && alpha.to_f64() == 1.0 && !accumulate {
+                if let Some(config) = self.run_graph(cudnn, key, &ranking[0], &p, y)? {
+                    return Ok(Choice {
+                        algo: ranking[0].algo,
+                        source,
+                        rank: 0,
+                        workspace: self.workspace_bytes(),
+                        api: ConvApi::Graph(config),
+                    });
+                }
+            }
+        }
         self.run(cudnn, key, ranking, source, |algo, ws| {
             cudnn.conv_forward(alpha, x_desc, x, w_desc, w, conv, algo, ws, beta, y_desc, y)
         })
+    }
+
+    /// Times up to [`GRAPH_MAX_PLANS`] graph plans of a forward problem against the legacy
+    /// favourite `best` (both with CUDA events, on `y` or, when `accumulate`, on scratch memory),
+    /// and records a faster plan (any plan that runs, under [`GraphSearch::Prefer`]) in the
+    /// decision under `key`, keeping the plan built. Never fails the call: when the graph side
+    /// cannot build or run, the legacy decision stands (logged).
+    fn union_search<X: DataType, Y: DataType<Scalar = X::Scalar>>(
+        &mut self,
+        cudnn: &Cudnn,
+        key: &Arc<Key>,
+        best: &Candidate<ConvFwdAlgo>,
+        accumulate: bool,
+        p: &Problem<'_, X, impl DevicePtr<X>, impl DevicePtr<X>, Y>,
+        y: &mut impl DevicePtrMut<Y>,
+    ) -> Option<GraphPick> {
+        let started = Instant::now();
+        let policy = self.policy;
+        let prefer = self.graph == GraphSearch::Prefer;
+        let found = (|| -> Result<Option<(GraphPick, HeldPlan)>> {
+            let cg = gunion::conv_graph(cudnn, p.x_desc, p.w_desc, p.conv, p.y_desc)?;
+            let filter = gunion::filter(
+                p.conv,
+                policy == Policy::Deterministic,
+                self.limit,
+                GRAPH_MAX_PLANS,
+            );
+            let list = cg.og.plans(cudnn, &filter)?;
+            let (built, skipped) = (list.plans.len(), list.skipped.len());
+            let mut scratch = if accumulate {
+                Some(alloc::<Y>(cudnn, p.y_desc.span())?)
+            } else {
+                None
+            };
+            let ws = self.workspace(cudnn);
+            let (graph, legacy) = match scratch.as_mut() {
+                Some(s) => (
+                    time_plans(cudnn, list.plans, &cg, p, s, ws)?,
+                    time_legacy(cudnn, best.algo, p, s, ws),
+                ),
+                None => (
+                    time_plans(cudnn, list.plans, &cg, p, y, ws)?,
+                    time_legacy(cudnn, best.algo, p, y, ws),
+                ),
+            };
+            let legacy_ms = match legacy {
+                Ok(ms) => ms,
+                Err(e) => {
+                    log::debug!("union search: legacy {} not timed: {e}", best.algo);
+                    best.time_ms
+                }
+            };
+            let Some((ms, plan)) = graph else {
+                log::info!(
+                    "conv forward union search: no graph plan ran ({built} built, {skipped} skipped); legacy {} stands",
+                    best.algo
+                );
+                return Ok(None);
+            };
+            let wins = prefer || legacy_ms < 0.0 || ms < legacy_ms;
+            log::info!(
+                "conv forward union search ({}, {:.1} ms): graph {} {ms:.4} ms vs legacy {} {legacy_ms:.4} ms: {} wins ({built} plans built, {skipped} skipped)",
+                policy.name(),
+                started.elapsed().as_secs_f64() * 1e3,
+                plan.name(),
+                best.algo,
+                if wins { "graph" } else { "legacy" },
+            );
+            if !wins {
+                return Ok(None);
+            }
+            let pick = GraphPick {
+                config: plan.config().clone(),
+                workspace: plan.workspace_size(),
+                ms,
+            };
+            let held = HeldPlan {
+                plan,
+                x: cg.x,
+                w: cg.w,
+                y: cg.y,
+            };
+            Ok(Some((pick, held)))
+        })();
+        let (pick, held) = match found {
+            Ok(Some(found)) => found,
+            Ok(None) => return None,
+            Err(e) => {
+                log::info!(
+                    "conv forward union search: graph side failed ({e}); legacy {} stands",
+                    best.algo
+                );
+                return None;
+            }
+        };
+        self.held.insert((**key).clone(), held);
+        if let Some(entry) = self.cache.get_mut(&**key) {
+            entry.graph = Some(pick.clone());
+        }
+        self.recent.clear();
+        self.persist();
+        Some(pick)
+    }
+
+    /// Runs the graph plan of the decision under `key` on the caller's buffers, building it first
+    /// when this tuner holds none for `cudnn`'s handle (from the remembered engine configuration;
+    /// if that no longer builds or passes the filter, the union search runs again).
+    ///
+    /// Returns the configuration that ran, or `None` when the legacy ranking must run instead
+    /// (no plan, or cuDNN refused the plan: the graph choice is then dropped from the decision).
+    /// Argument errors (short buffers, foreign contexts, ...) are returned: no algorithm can fix
+    /// them.
+    fn run_graph<X: DataType, Y: DataType<Scalar = X::Scalar>>(
+        &mut self,
+        cudnn: &Cudnn,
+        key: &Arc<Key>,
+        best: &Candidate<ConvFwdAlgo>,
+        p: &Problem<'_, X, impl DevicePtr<X>, impl DevicePtr<X>, Y>,
+        y: &mut impl DevicePtrMut<Y>,
+    ) -> Result<Option<EngineConfig>> {
+        let ready = self
+            .held
+            .get(&**key)
+            .is_some_and(|h| gunion::built_on(&h.plan, cudnn));
+        if !ready {
+            let pick = self.cache.get(&**key).and_then(|e| e.graph.clone());
+            let rebuilt = pick
+                .as_ref()
+                .map(|pick| self.rebuild(cudnn, p, &pick.config));
+            match rebuilt {
+                Some(Ok(h)) => {
+                    self.stats.plan_builds += 1;
+                    log::info!("conv forward: graph plan {} rebuilt", h.plan.name());
+                    self.held.insert((**key).clone(), h);
+                }
+                other => {
+                    if let Some(Err(e)) = other {
+                        log::warn!(
+                            "conv forward: remembered graph plan not rebuilt ({e}); tuning again"
+                        );
+                    }
+                    self.held.remove(&**key);
+                    if let Some(entry) = self.cache.get_mut(&**key) {
+                        entry.graph = None;
+                    }
+                    self.recent.clear();
+                    self.stats.benchmarks += 1;
+                    if self.union_search(cudnn, key, best, false, p, y).is_none() {
+                        self.persist();
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+        self.workspace(cudnn);
+        let (Some(ws), Some(h)) = (self.workspace.as_mut(), self.held.get(&**key)) else {
+            return Ok(None);
+        };
+        let mut args = Args::new(cudnn);
+        args.input(h.x, p.x)?.input(h.w, p.w)?.output(h.y, y)?;
+        match cudnn.execute(&h.plan, &args, ws) {
+            Ok(()) => Ok(Some(h.plan.config().clone())),
+            Err(e) if falls_back(&e) || is_graph_only_refusal(&e) => {
+                log::warn!(
+                    "conv forward: graph plan {} did not run ({e}); legacy ranking instead",
+                    h.plan.name()
+                );
+                self.stats.fallbacks += 1;
+                self.held.remove(&**key);
+                if let Some(entry) = self.cache.get_mut(&**key) {
+                    entry.graph = None;
+                }
+                self.recent.clear();
+                self.persist();
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The plan of a remembered engine configuration for this problem, checked against the
+    /// current filter (the cache file is trusted for the choice only).
+    fn rebuild<X: DataType, Y: DataType>(
+        &self,
+        cudnn: &Cudnn,
+        p: &Problem<'_, X, impl DevicePtr<X>, impl DevicePtr<X>, Y>,
+        config: &EngineConfig,
+    ) -> Result<HeldPlan> {
+        let cg = gunion::conv_graph(cudnn, p.x_desc, p.w_desc, p.conv, p.y_desc)?;
+        let plan = cg.og.plan_from_config(cudnn, config)?;
+        let filter = gunion::filter(
+            p.conv,
+            self.policy == Policy::Deterministic,
+            self.limit,
+            GRAPH_MAX_PLANS,
+        );
+        if let Some(why) = filter.refuse(plan.numerical_notes(), plan.behavior_notes()) {
+            return Err(Error::invalid(
+                "remembered graph plan",
+                "a plan the policy's filter accepts",
+                format!("{config}: {why}"),
+            ));
+        }
+        if plan.workspace_size() > self.limit {
+            return Err(Error::WorkspaceLimit {
+                requested: plan.workspace_size(),
+                limit: self.limit,
+            });
+        }
+        Ok(HeldPlan {
+            plan,
+            x: cg.x,
+            w: cg.w,
+            y: cg.y,
+        })
+    }
+
+    /// Saves the cache file if there is one (a failure is logged: the decision stays in memory).
+    fn persist(&self) {
+        if self.path.is_some() {
+            if let Err(e) = self.save() {
+                log::warn!("autotune cache not saved: {e}");
+            }
+        }
     }
 
     /// The fused `y = act(alpha1·conv(x, w) + alpha2·z + bias)` (see
@@ -739,24 +1109,15 @@ impl Autotuner {
             Policy::Fixed(f) => f.forward,
             _ => ConvFwdAlgo::ImplicitGemm,
         };
+        let gmode = self.graph;
         let prepared = self.prepare(
             cudnn,
             [0, x_desc.id(), w_desc.id(), conv.id(), y_desc.id()],
-            |policy, limit| {
-                problem_key(
-                    ConvDirection::Forward,
-                    (x_desc.layout(), X::DTYPE),
-                    w_desc,
-                    (y_desc.layout(), Y::DTYPE),
-                    conv,
-                    policy,
-                    limit,
-                )
-            },
+            |policy, limit| forward_key(x_desc, w_desc, conv, y_desc, policy, limit, gmode),
         );
         // The fused output is written, never read (z is a separate buffer), so a benchmark may
         // use `y` itself as its trial output.
-        let (ranking, source, key) = self.decide(
+        let (ranking, source, key, _) = self.decide(
             cudnn,
             prepared,
             || cudnn.conv_forward_heuristics(x_desc, w_desc, conv, y_desc),
@@ -802,7 +1163,7 @@ impl Autotuner {
             },
         );
         let accumulate = beta.to_f64() != 0.0;
-        let (ranking, source, key) = self.decide(
+        let (ranking, source, key, _) = self.decide(
             cudnn,
             prepared,
             || cudnn.conv_backward_data_heuristics(w_desc, dy_desc, conv, dx_desc),
@@ -869,7 +1230,7 @@ impl Autotuner {
             },
         );
         let accumulate = beta.to_f64() != 0.0;
-        let (ranking, source, key) = self.decide(
+        let (ranking, source, key, _) = self.decide(
             cudnn,
             prepared,
             || cudnn.conv_backward_filter_heuristics(x_desc, dy_desc, conv, dw_desc),
@@ -905,6 +1266,100 @@ impl Drop for Autotuner {
         // Decisions are saved as they are made; nothing can fail here.
         self.workspace = None;
     }
+}
+
+/// The inputs of a forward problem, passed together to the union search.
+struct Problem<'a, X: DataType, XB, WB, Y: DataType> {
+    x_desc: &'a TensorDesc<X>,
+    x: &'a XB,
+    w_desc: &'a FilterDesc<X>,
+    w: &'a WB,
+    conv: &'a ConvDesc,
+    y_desc: &'a TensorDesc<Y>,
+}
+
+/// Times each plan on `out` and returns the fastest with its time (`None` if none ran). A
+/// candidate that fails is skipped; an error in the bindings themselves (the caller's buffers) is
+/// returned, as no plan can fix it.
+fn time_plans<X: DataType, Y: DataType>(
+    cudnn: &Cudnn,
+    plans: Vec<Plan>,
+    cg: &gunion::ConvGraph,
+    p: &Problem<'_, X, impl DevicePtr<X>, impl DevicePtr<X>, Y>,
+    out: &mut impl DevicePtrMut<Y>,
+    ws: &mut Workspace,
+) -> Result<Option<(f32, Plan)>> {
+    let mut args = Args::new(cudnn);
+    args.input(cg.x, p.x)?.input(cg.w, p.w)?.output(cg.y, out)?;
+    let mut best: Option<(f32, Plan)> = None;
+    for plan in plans {
+        match gunion::time_ms(cudnn, || cudnn.execute(&plan, &args, ws)) {
+            Ok(ms) => {
+                log::debug!("union search: graph {} {ms:.4} ms", plan.name());
+                if best.as_ref().map_or(true, |(b, _)| ms < *b) {
+                    best = Some((ms, plan));
+                }
+            }
+            Err(e) if falls_back(&e) => {
+                log::debug!("union search: graph {} failed: {e}", plan.name());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(best)
+}
+
+/// Times the legacy algorithm `algo` with `alpha = 1, beta = 0` on `out`, as graph plans are.
+fn time_legacy<X: DataType, Y: DataType<Scalar = X::Scalar>>(
+    cudnn: &Cudnn,
+    algo: ConvFwdAlgo,
+    p: &Problem<'_, X, impl DevicePtr<X>, impl DevicePtr<X>, Y>,
+    out: &mut impl DevicePtrMut<Y>,
+    ws: &mut Workspace,
+) -> Result<f32> {
+    let (one, zero) = (X::Scalar::from_f64(1.0), X::Scalar::from_f64(0.0));
+    gunion::time_ms(cudnn, || {
+        cudnn.conv_forward(
+            one, p.x_desc, p.x, p.w_desc, p.w, p.conv, algo, ws, zero, p.y_desc, out,
+        )
+    })
+}
+
+/// A refusal specific to the graph path, after which the legacy call can still run: the
+/// backend's 16-byte alignment of every buffer (legacy calls take element-aligned views).
+fn is_graph_only_refusal(e: &Error) -> bool {
+    matches!(e, Error::InvalidArgument { what, .. } if *what == "graph buffer alignment")
+}
+
+/// The key of a forward problem: [`problem_key`], and under the benchmark policies the graph
+/// search mode unless it is the default (so that union decisions share the keys of the
+/// legacy-only decisions earlier versions wrote; a union key never ends in a negative value).
+fn forward_key<X: DataType, Y: DataType>(
+    x_desc: &TensorDesc<X>,
+    w_desc: &FilterDesc<X>,
+    conv: &ConvDesc,
+    y_desc: &TensorDesc<Y>,
+    policy: Policy,
+    limit: usize,
+    graph: GraphSearch,
+) -> Vec<i64> {
+    let mut k = problem_key(
+        ConvDirection::Forward,
+        (x_desc.layout(), X::DTYPE),
+        w_desc,
+        (y_desc.layout(), Y::DTYPE),
+        conv,
+        policy,
+        limit,
+    );
+    if matches!(policy, Policy::Benchmark | Policy::Deterministic) {
+        match graph {
+            GraphSearch::Union => {}
+            GraphSearch::Off => k.push(-1),
+            GraphSearch::Prefer => k.push(-2),
+        }
+    }
+    k
 }
 
 fn alloc<T: DataType>(cudnn: &Cudnn, len: usize) -> Result<cudarc::driver::CudaSlice<T>> {
@@ -998,7 +1453,7 @@ fn problem_key<T: DataType>(
     k
 }
 
-fn load_file(path: &Path) -> HashMap<Key, Ranking> {
+fn load_file(path: &Path) -> HashMap<Key, Entry> {
     let mut map = HashMap::new();
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
@@ -1026,7 +1481,7 @@ fn load_file(path: &Path) -> HashMap<Key, Ranking> {
     map
 }
 
-fn parse_line(line: &str) -> Option<(Key, Ranking)> {
+fn parse_line(line: &str) -> Option<(Key, Entry)> {
     let mut parts = line.split('\t');
     let device = parts.next()?;
     let problem = parts
@@ -1045,6 +1500,21 @@ fn parse_line(line: &str) -> Option<(Key, Ranking)> {
             Some((a, ws, ms))
         })
         .collect::<Option<Vec<_>>>()?;
+    // Optional (files written before the union search have none): the graph engine chosen.
+    let graph = match parts.next() {
+        None => None,
+        Some(g) => {
+            let mut f = g.strip_prefix("graph=")?.rsplitn(3, ':');
+            let ms = f.next()?.parse::<f32>().ok()?;
+            let workspace = f.next()?.parse::<usize>().ok()?;
+            let config = f.next()?.parse::<EngineConfig>().ok()?;
+            Some(GraphPick {
+                config,
+                workspace,
+                ms,
+            })
+        }
+    };
     if parts.next().is_some() || device.is_empty() || problem.is_empty() || ranking.is_empty() {
         return None;
     }
@@ -1053,7 +1523,7 @@ fn parse_line(line: &str) -> Option<(Key, Ranking)> {
             device: device.into(),
             problem,
         },
-        ranking,
+        Entry { ranking, graph },
     ))
 }
 
@@ -1074,19 +1544,60 @@ mod tests {
             device: "GPU X|sm90|cudnn91400".into(),
             problem: vec![0, 1, 2, -3],
         };
-        t.cache
-            .insert(key.clone(), vec![(7, 1024, 0.25), (1, 0, 0.5)]);
+        t.cache.insert(
+            key.clone(),
+            Entry::legacy(vec![(7, 1024, 0.25), (1, 0, 0.5)]),
+        );
+        let graph_key = Key {
+            device: "GPU X|sm90|cudnn91400".into(),
+            problem: vec![0, 1, 2, -4],
+        };
+        let pick = GraphPick {
+            config: "eng12_k2=1_k5=0".parse().unwrap(),
+            workspace: 4096,
+            ms: 0.125,
+        };
+        t.cache.insert(
+            graph_key.clone(),
+            Entry {
+                ranking: vec![(1, 0, 0.5)],
+                graph: Some(pick.clone()),
+            },
+        );
         t.save().unwrap();
         let mut text = std::fs::read_to_string(&path).unwrap();
-        text.push_str("garbage line\nGPU\t1,x\t1:2:3\n");
+        assert!(
+            text.contains("\tgraph=eng12_k2=1_k5=0:4096:0.125\n"),
+            "{text}"
+        );
+        // A line as written before the union search (three fields) still reads; a bad graph
+        // field makes the line unreadable.
+        text.push_str("garbage line\nGPU\t1,x\t1:2:3\nGPU Y\t5,6\t1:0:0.5\n");
+        text.push_str("GPU Z\t5,6\t1:0:0.5\tgraph=engX:1:1\n");
         std::fs::write(&path, text).unwrap();
         let t2 = Autotuner::new(Policy::Benchmark).cache_file(&path);
-        assert_eq!(t2.cached_decisions(), 1);
-        assert_eq!(t2.cache[&key], vec![(7, 1024, 0.25), (1, 0, 0.5)]);
-        let r: Vec<Candidate<ConvFwdAlgo>> = decode(&t2.cache[&key]);
+        assert_eq!(t2.cached_decisions(), 3);
+        assert_eq!(
+            t2.cache[&key],
+            Entry::legacy(vec![(7, 1024, 0.25), (1, 0, 0.5)])
+        );
+        assert_eq!(t2.cache[&graph_key].graph, Some(pick));
+        let old = Key {
+            device: "GPU Y".into(),
+            problem: vec![5, 6],
+        };
+        assert_eq!(t2.cache[&old], Entry::legacy(vec![(1, 0, 0.5)]));
+        let r: Vec<Candidate<ConvFwdAlgo>> = decode(&t2.cache[&key].ranking);
         assert_eq!(r[0].algo, ConvFwdAlgo::WinogradNonfused);
         assert_eq!(r[1].algo, ConvFwdAlgo::ImplicitPrecompGemm);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn tuner_is_send() {
+        fn send<T: Send>() {}
+        send::<Autotuner>();
+        send::<Choice<ConvFwdAlgo>>();
     }
 
     #[test]

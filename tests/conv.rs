@@ -33,7 +33,9 @@ use cudnn_safe::conv::{
     FusedActivation, MathType,
 };
 use cudnn_safe::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudnn_safe::graph::{ConvApi, ConvParams, Graph, GraphSearch};
 use cudnn_safe::half::{bf16, f16};
+use cudnn_safe::DType;
 use cudnn_safe::{
     cuda_context, Autotuner, Choice, Cudnn, DataType, Error, FilterDesc, FixedAlgos, Policy,
     Source, StatusFamily, TensorDesc, TensorFormat, Workspace,
@@ -3051,9 +3053,11 @@ impl Tuned {
         let c = tuner.forward(
             &g.cudnn, alpha, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, beta, &self.y_d, &mut y,
         )?;
-        let what = format!("{} with {}", self.what(tuner, "forward"), c.algo);
+        let what = format!("{} with {}", self.what(tuner, "forward"), c.describe());
         let ab = (f64::from(alpha), f64::from(beta));
-        let transform = is_transform(c.algo);
+        // A graph engine chosen by the union search may transform the data (Winograd, FFT) and
+        // the choice does not carry its notes: it gets the transform allowance.
+        let transform = is_transform(c.algo) || c.api.is_graph();
         verify(
             g,
             &what,
@@ -3484,4 +3488,300 @@ fn autotuner_fixed_algorithm_that_cannot_run_is_no_algorithm() {
         &dw_before,
     );
     println!("autotuner fixed: forward {algo} and backward filter {wino} on stride 2 / dilation 2 give NoAlgorithm, outputs untouched");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Union autotune: legacy algorithms and graph engines searched together (forward)
+// ---------------------------------------------------------------------------------------------
+
+/// A data type, layout and math mode of the union tests, with its tolerance.
+struct UnionMode {
+    name: &'static str,
+    fmt: Fmt,
+    math: MathType,
+    tol: Tol,
+}
+
+const UNION_F16: UnionMode = UnionMode {
+    name: "f16 nhwc",
+    fmt: Fmt::Nhwc,
+    math: MathType::Default,
+    tol: FP16,
+};
+const UNION_BF16: UnionMode = UnionMode {
+    name: "bf16 nhwc",
+    fmt: Fmt::Nhwc,
+    math: MathType::Default,
+    tol: BF16,
+};
+const UNION_FP32: UnionMode = UnionMode {
+    name: "f32 strict",
+    fmt: Fmt::Nchw,
+    math: MathType::Fma,
+    tol: FP32,
+};
+const UNION_TF32: UnionMode = UnionMode {
+    name: "f32 tf32",
+    fmt: Fmt::Nchw,
+    math: MathType::Default,
+    tol: TF32,
+};
+
+/// A padded, strided problem with channel counts tensor-core engines take (multiples of 8).
+fn union_case(fmt: Fmt) -> Case {
+    Case {
+        strides: vec![1, 2],
+        ..Case::square(2, 8, 9, 16, 3, 1, 1, 1, fmt)
+    }
+}
+
+fn union_setup<T: DataType>(g: &Gpu, rng: &mut Rng, mode: &UnionMode) -> Setup<T> {
+    Setup::<T>::new(g, rng, &union_case(mode.fmt), mode.math, Gen::Uniform)
+}
+
+/// `y = alpha·conv(x, w) + beta·y` through `tuner` (y NaN-poisoned when `beta = 0`, random
+/// otherwise), checked against the f64 reference; returns the choice and `y`.
+#[allow(clippy::too_many_arguments)]
+fn union_call<T: DataType>(
+    g: &Gpu,
+    rng: &mut Rng,
+    tuner: &mut Autotuner,
+    s: &Setup<T>,
+    mode: &UnionMode,
+    alpha: f64,
+    beta: f64,
+) -> (Choice<ConvFwdAlgo>, Vec<T>) {
+    let y_d = s.y_lay.desc::<T>();
+    let r = s.geo.forward(&s.xf, &s.wf);
+    let (alpha_s, alpha) = scalar::<T>(alpha);
+    let (beta_s, beta) = scalar::<T>(beta);
+    let old: Option<Vec<T>> = (beta != 0.0).then(|| rng.values(s.y_lay.count()));
+    let before = s.y_lay.output_image(old.as_deref());
+    let mut y = g.stream.clone_htod(&before).unwrap();
+    let what = format!(
+        "union {} {} (search {}) alpha {alpha} beta {beta}",
+        mode.name,
+        tuner.policy().name(),
+        tuner.graph_search_mode().name()
+    );
+    let c = tuner
+        .forward(
+            &g.cudnn, alpha_s, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, beta_s, &y_d, &mut y,
+        )
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let what = format!("{what}: {} ({:?})", c.describe(), c.source);
+    // A graph engine may transform the data (Winograd, FFT); the choice does not carry its
+    // notes, so it gets the transform allowance of the mode.
+    let transform = is_transform(c.algo) || c.api.is_graph();
+    verify(
+        g,
+        &what,
+        &s.y_lay,
+        &y,
+        &before,
+        &r,
+        mode.tol,
+        (alpha, beta),
+        transform,
+    );
+    (c, download(&g.stream, &y))
+}
+
+fn union_mode_case<T: DataType>(g: &Gpu, seed: u64, mode: &UnionMode) -> String {
+    let mut rng = Rng::new(seed);
+    let s = union_setup::<T>(g, &mut rng, mode);
+    let mut report = Vec::new();
+    for search in [GraphSearch::Union, GraphSearch::Prefer, GraphSearch::Off] {
+        let mut tuner = fresh(Policy::Benchmark).graph_search(search);
+        let (first, _) = union_call(g, &mut rng, &mut tuner, &s, mode, 1.0, 0.0);
+        let (second, _) = union_call(g, &mut rng, &mut tuner, &s, mode, 1.0, 0.0);
+        assert_eq!(first.source, Source::Benchmark, "{}", mode.name);
+        assert_eq!(second.source, Source::Cache, "{}", mode.name);
+        assert_eq!(first.api, second.api, "{}: the cached decision", mode.name);
+        assert_eq!(first.algo, second.algo, "{}", mode.name);
+        let stats = tuner.stats();
+        assert_eq!((stats.benchmarks, stats.hits), (1, 1), "{stats:?}");
+        if search == GraphSearch::Off {
+            assert_eq!(first.api, ConvApi::Legacy, "{}: search off", mode.name);
+        }
+        report.push(format!("{} → {}", search.name(), first.describe()));
+    }
+    // The heuristic policy stays legacy whatever the search mode.
+    let mut tuner = fresh(Policy::Heuristic).graph_search(GraphSearch::Prefer);
+    let (c, _) = union_call(g, &mut rng, &mut tuner, &s, mode, 1.0, 0.0);
+    assert_eq!(c.api, ConvApi::Legacy, "{} heuristic", mode.name);
+    format!("{}: {}", mode.name, report.join(", "))
+}
+
+#[test]
+fn union_benchmark_matches_reference_in_every_mode() {
+    let Some(g) = gpu() else { return };
+    let lines = [
+        union_mode_case::<f16>(&g, 1001, &UNION_F16),
+        union_mode_case::<bf16>(&g, 1002, &UNION_BF16),
+        union_mode_case::<f32>(&g, 1003, &UNION_FP32),
+        union_mode_case::<f32>(&g, 1004, &UNION_TF32),
+    ];
+    for l in lines {
+        println!("union autotune {l}");
+    }
+}
+
+#[test]
+fn union_prefer_runs_a_graph_engine_for_half_nhwc() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(1005);
+    for (mode, is_bf16) in [(&UNION_F16, false), (&UNION_BF16, true)] {
+        let mut tuner = fresh(Policy::Benchmark).graph_search(GraphSearch::Prefer);
+        let c = if is_bf16 {
+            let s = union_setup::<bf16>(&g, &mut rng, mode);
+            union_call(&g, &mut rng, &mut tuner, &s, mode, 1.0, 0.0).0
+        } else {
+            let s = union_setup::<f16>(&g, &mut rng, mode);
+            union_call(&g, &mut rng, &mut tuner, &s, mode, 1.0, 0.0).0
+        };
+        // The graph tests run conv fprop graphs of these layouts: a plan exists and must win.
+        assert!(c.api.is_graph(), "{}: {}", mode.name, c.describe());
+        println!("union prefer {}: {}", mode.name, c.describe());
+    }
+}
+
+#[test]
+fn union_accumulating_calls_use_legacy_and_keep_old_values() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(1006);
+    let mode = &UNION_F16;
+    let s = union_setup::<f16>(&g, &mut rng, mode);
+    let mut tuner = fresh(Policy::Benchmark).graph_search(GraphSearch::Prefer);
+    // The decision is made during an accumulating call: the benchmark (legacy and graph) runs on
+    // scratch memory, the call itself on the legacy path.
+    let (acc, _) = union_call(&g, &mut rng, &mut tuner, &s, mode, 1.0, 1.0);
+    assert_eq!(acc.source, Source::Benchmark);
+    assert_eq!(acc.api, ConvApi::Legacy, "{}", acc.describe());
+    // The same decision serves a plain call with the graph engine it recorded.
+    let (plain, _) = union_call(&g, &mut rng, &mut tuner, &s, mode, 1.0, 0.0);
+    assert_eq!(plain.source, Source::Cache);
+    assert!(plain.api.is_graph(), "{}", plain.describe());
+    // Scaled calls are legacy again.
+    let (scaled, _) = union_call(&g, &mut rng, &mut tuner, &s, mode, 0.5, 0.0);
+    assert_eq!(scaled.api, ConvApi::Legacy, "{}", scaled.describe());
+    let (acc2, _) = union_call(&g, &mut rng, &mut tuner, &s, mode, 1.0, -0.5);
+    assert_eq!(acc2.api, ConvApi::Legacy, "{}", acc2.describe());
+    assert_eq!(tuner.stats().benchmarks, 1);
+    println!(
+        "union with beta ≠ 0: {} accumulated; plain call {}",
+        acc.describe(),
+        plain.describe()
+    );
+}
+
+#[test]
+fn union_graph_decision_persists_and_is_rebuilt_without_benchmark() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(1007);
+    let mode = &UNION_F16;
+    let s = union_setup::<f16>(&g, &mut rng, mode);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let path = std::env::temp_dir().join(format!(
+        "cudnn-safe-union-test-{}-{nanos}.txt",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+
+    let mut a = fresh(Policy::Benchmark)
+        .graph_search(GraphSearch::Prefer)
+        .cache_file(&path);
+    let (ca, ya) = union_call(&g, &mut rng, &mut a, &s, mode, 1.0, 0.0);
+    let ConvApi::Graph(config) = ca.api.clone() else {
+        panic!("prefer: {}", ca.describe());
+    };
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains(&format!("\tgraph={config}:")),
+        "the cache file lacks the graph engine {config}:\n{text}"
+    );
+    drop(a);
+
+    let mut b = fresh(Policy::Benchmark)
+        .graph_search(GraphSearch::Prefer)
+        .cache_file(&path);
+    let (cb, yb) = union_call(&g, &mut rng, &mut b, &s, mode, 1.0, 0.0);
+    assert_eq!(cb.source, Source::Cache);
+    assert_eq!(cb.api, ca.api, "{}", cb.describe());
+    assert_eq!(cb.algo, ca.algo);
+    let stats = b.stats();
+    assert_eq!(
+        (
+            stats.benchmarks,
+            stats.hits,
+            stats.misses,
+            stats.plan_builds
+        ),
+        (0, 1, 0, 1),
+        "{stats:?}"
+    );
+    // The same engine on the same inputs: the same bits.
+    let differ = ya
+        .iter()
+        .zip(&yb)
+        .filter(|(p, q)| p.to_bits() != q.to_bits())
+        .count();
+    assert_eq!(
+        differ, 0,
+        "{differ} outputs differ between the two processes' plans"
+    );
+    // Held plan: the next call builds nothing.
+    let (cc, _) = union_call(&g, &mut rng, &mut b, &s, mode, 1.0, 0.0);
+    assert_eq!(cc.api, ca.api);
+    assert_eq!(b.stats().plan_builds, 1);
+    drop(b);
+    let _ = std::fs::remove_file(&path);
+    println!(
+        "union cache file: graph {config} written, rebuilt by a fresh tuner without benchmarking"
+    );
+}
+
+#[test]
+fn union_deterministic_policy_picks_deterministic_graph_plans() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(1008);
+    let mode = &UNION_F16;
+    let s = union_setup::<f16>(&g, &mut rng, mode);
+    let mut tuner = fresh(Policy::Deterministic).graph_search(GraphSearch::Prefer);
+    let (c1, y1) = union_call(&g, &mut rng, &mut tuner, &s, mode, 1.0, 0.0);
+    let (c2, y2) = union_call(&g, &mut rng, &mut tuner, &s, mode, 1.0, 0.0);
+    assert_eq!(c1.api, c2.api);
+    let ConvApi::Graph(config) = &c1.api else {
+        panic!("deterministic prefer: {}", c1.describe());
+    };
+    // The same plan built through the public graph API: its notes say deterministic.
+    let case = union_case(mode.fmt);
+    let mut gr = Graph::new(DType::F16, DType::F32, s.conv.compute());
+    let x = gr.tensor_nhwc("x", &case.x_dims(), DType::F16).unwrap();
+    let w = gr.tensor_nhwc("w", &case.w_dims(), DType::F16).unwrap();
+    let params = ConvParams::new(2)
+        .padding(&case.pads)
+        .stride(&case.strides)
+        .dilation(&case.dilations);
+    let y = gr.conv_fprop(x, w, &params).unwrap();
+    gr.mark_output(y).unwrap();
+    let og = gr.build(&g.cudnn).unwrap();
+    let plan = og.plan_from_config(&g.cudnn, config).unwrap();
+    assert!(
+        plan.is_deterministic(),
+        "{config}: notes {:?}",
+        plan.numerical_notes()
+    );
+    let differ = y1
+        .iter()
+        .zip(&y2)
+        .filter(|(p, q)| p.to_bits() != q.to_bits())
+        .count();
+    assert_eq!(differ, 0, "deterministic {config}: {differ} outputs differ");
+    println!(
+        "union deterministic: {config} (notes {:?}) twice, bitwise identical",
+        plan.numerical_notes()
+    );
 }

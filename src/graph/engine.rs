@@ -254,7 +254,11 @@ impl PlanFilter {
     }
 
     /// Why a configuration with these notes is refused, if it is.
-    fn refuse(&self, notes: &[NumericalNote], behavior: &[BehaviorNote]) -> Option<&'static str> {
+    pub(crate) fn refuse(
+        &self,
+        notes: &[NumericalNote],
+        behavior: &[BehaviorNote],
+    ) -> Option<&'static str> {
         let has = |n: NumericalNote| notes.contains(&n);
         if self.deterministic && has(NumericalNote::Nondeterministic) {
             return Some("nondeterministic");

@@ -65,12 +65,14 @@ pub(crate) mod backend;
 mod build;
 mod engine;
 mod exec;
+pub(crate) mod union;
 
 pub use build::OperationGraph;
 pub use engine::{
     BehaviorNote, EngineConfig, HeurMode, NumericalNote, Plan, PlanFilter, PlanList, Skipped,
 };
 pub use exec::{autotune, Args, AutotuneOptions, PlanCache, Timing, Tuned};
+pub use union::{ConvApi, GraphSearch};
 
 /// Identifies a tensor of one [`Graph`] (and of the [`OperationGraph`] built from it).
 ///
