@@ -29,6 +29,10 @@
 //!   in-place ReLU) vs the legacy fused `conv_bias_activation_forward` (every algorithm cuDNN
 //!   accepts timed, the fastest kept), on the same inputs. Each legacy line carries its output's
 //!   `max_diff_rel` against the graph's.
+//! * **Layer norm** f32 `32768×1024` (`benches/pytorch/nn_ops.py`'s `layernorm_fp32_32768x1024`)
+//!   through autotuned one-operation graphs: `graph_layernorm_fp32_32768x1024_fwd` (training
+//!   phase: y, mean and inverse standard deviation), `…_fwd_inference` and `…_bwd` (dx, dscale,
+//!   dbias), with `TB/s` from 2·N·D·4 bytes forward (as PyTorch's script) and 3·N·D·4 backward.
 //!
 //! * **Union autotune** (ops `union_conv_fwd_<mode>_<cfg>`, same modes and configurations as the
 //!   convolution lines): the steady-state call of [`Autotuner::forward`] under
@@ -279,6 +283,16 @@ impl Run<'_> {
             op: op.to_string(),
             ms,
             bytes: None,
+        });
+    }
+
+    /// [`Run::record`] with the bytes one call reads and writes (the line gets a `TB/s`).
+    fn record_bytes(&mut self, op: &str, ms: f64, bytes: f64, note: &str) {
+        print_op_line(op, ms, Some(bytes), (!note.is_empty()).then_some(note));
+        self.summary.push(Summary {
+            op: op.to_string(),
+            ms,
+            bytes: Some(bytes),
         });
     }
 
@@ -1362,6 +1376,141 @@ fn union(run: &mut Run, rows: &[Row]) {
 // Main
 // ---------------------------------------------------------------------------------------------
 
+// ---------------------------------------------------------------------------------------------
+// Layer norm: NORM_FORWARD (training and inference) and NORM_BACKWARD graphs
+// ---------------------------------------------------------------------------------------------
+
+/// Rows and row length of the layer-norm lines (`benches/pytorch/nn_ops.py`'s
+/// `layernorm_fp32_32768x1024`: PyTorch 0.1025 ms forward on the H200, the crate's
+/// batch-norm-based `LayerNorm` 0.499 ms).
+const LN_ROWS: i64 = 32768;
+const LN_COLS: i64 = 1024;
+
+/// Layer norm f32 `32768×1024` as one-operation graphs, each autotuned: forward in the training
+/// phase (y, mean and inverse standard deviation written; op `graph_layernorm_fp32_…_fwd`),
+/// forward in the inference phase (`…_fwd_inference`) and backward (dx, dscale, dbias from dy, x,
+/// scale and the saved statistics; `…_bwd`). Bytes as PyTorch's script counts them: x read and
+/// y written (2·N·D·4) forward, dy and x read and dx written (3·N·D·4) backward. A case cuDNN
+/// refuses prints its error line; the others still run.
+fn layernorm(run: &mut Run) {
+    let name = format!("fp32_{LN_ROWS}x{LN_COLS}");
+    let fwd = format!("graph_layernorm_{name}_fwd");
+    let inf = format!("graph_layernorm_{name}_fwd_inference");
+    let bwd = format!("graph_layernorm_{name}_bwd");
+    let ops = [fwd.clone(), inf.clone(), bwd.clone()];
+    if !run.args.runs_any(GROUP, &[&fwd, &inf, &bwd]) {
+        list_ops(run.c, &ops);
+        return;
+    }
+    eprintln!("graph bench: layer norm {name}");
+    let elems = (LN_ROWS * LN_COLS) as f64;
+    for (op, training) in [(&fwd, true), (&inf, false)] {
+        if !run.args.runs_any(GROUP, &[op]) {
+            continue;
+        }
+        if let Err(e) = layernorm_fwd(run, op, training, 2.0 * elems * 4.0) {
+            print_op_error(op, &e);
+        }
+    }
+    if run.args.runs_any(GROUP, &[&bwd]) {
+        if let Err(e) = layernorm_bwd(run, &bwd, 3.0 * elems * 4.0) {
+            print_op_error(&bwd, &e);
+        }
+    }
+}
+
+fn layernorm_fwd(run: &mut Run, op: &str, training: bool, bytes: f64) -> BoxResult<()> {
+    let (cudnn, stream, test) = (run.cudnn, run.stream, run.args.test);
+    let s: &CudaStream = stream;
+    let (n, d) = (LN_ROWS, LN_COLS);
+    let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+    // `[N, D, 1, 1]` channels-last: the rows of a row-major `[N, D]` (cudnn-frontend's layout).
+    let x = g.tensor_nhwc("x", &[n, d, 1, 1], DType::F32)?;
+    let scale = g.tensor_nhwc("scale", &[1, d, 1, 1], DType::F32)?;
+    let bias = g.tensor_nhwc("bias", &[1, d, 1, 1], DType::F32)?;
+    let out = g.layer_norm(x, scale, bias, 1e-5, training)?;
+    g.mark_output(out.y)?;
+    if let Some((m, v)) = out.stats {
+        g.mark_output(m)?;
+        g.mark_output(v)?;
+    }
+    let og = g.build(cudnn)?;
+    let xb = stream.clone_htod(&values::<f32>(og.span(x)?, 1.0))?;
+    let sb = stream.clone_htod(&values::<f32>(og.span(scale)?, 1.0))?;
+    let bb = stream.clone_htod(&values::<f32>(og.span(bias)?, 0.5))?;
+    let mut yb = stream.alloc_zeros::<f32>(og.span(out.y)?)?;
+    let mut mb = stream.alloc_zeros::<f32>(n as usize)?;
+    let mut vb = stream.alloc_zeros::<f32>(n as usize)?;
+    let mut ws = Workspace::new(stream.clone());
+    let mut b = Bindings::new(cudnn);
+    b.input(x, &xb)?
+        .input(scale, &sb)?
+        .input(bias, &bb)?
+        .output(out.y, &mut yb)?;
+    if let Some((m, v)) = out.stats {
+        b.output(m, &mut mb)?.output(v, &mut vb)?;
+    }
+    let picked = Picked::new(cudnn, &og, PlanFilter::new(), &b, &mut ws, test)?;
+    let mut call = || -> BoxResult<()> {
+        cudnn.execute(&picked.plan, &b, &mut ws)?;
+        Ok(())
+    };
+    let ms = median_ms(s, test, &mut call)?;
+    let note = format!(
+        "\"phase\": \"{}\", \"pytorch_ms\": 0.1025, {}",
+        if training { "training" } else { "inference" },
+        picked.note()
+    );
+    run.record_bytes(op, ms, bytes, &note);
+    run.criterion_device(op, ms, None, call);
+    Ok(())
+}
+
+fn layernorm_bwd(run: &mut Run, op: &str, bytes: f64) -> BoxResult<()> {
+    let (cudnn, stream, test) = (run.cudnn, run.stream, run.args.test);
+    let s: &CudaStream = stream;
+    let (n, d) = (LN_ROWS, LN_COLS);
+    let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+    let dy = g.tensor_nhwc("dy", &[n, d, 1, 1], DType::F32)?;
+    let x = g.tensor_nhwc("x", &[n, d, 1, 1], DType::F32)?;
+    let scale = g.tensor_nhwc("scale", &[1, d, 1, 1], DType::F32)?;
+    let mean = g.tensor_nhwc("mean", &[n, 1, 1, 1], DType::F32)?;
+    let inv = g.tensor_nhwc("inv_var", &[n, 1, 1, 1], DType::F32)?;
+    let grads = g.layer_norm_backward(dy, x, scale, mean, inv)?;
+    for t in [grads.dx, grads.dscale, grads.dbias] {
+        g.mark_output(t)?;
+    }
+    let og = g.build(cudnn)?;
+    let dyb = stream.clone_htod(&values::<f32>(og.span(dy)?, 1.0))?;
+    let xb = stream.clone_htod(&values::<f32>(og.span(x)?, 1.0))?;
+    let sb = stream.clone_htod(&values::<f32>(og.span(scale)?, 1.0))?;
+    // x's values are about uniform in [-1, 1]: mean ≈ 0, inverse standard deviation ≈ √3.
+    let mb = stream.clone_htod(&values::<f32>(n as usize, 0.01))?;
+    let ib = stream.clone_htod(&vec![1.7f32; n as usize])?;
+    let mut dxb = stream.alloc_zeros::<f32>(og.span(grads.dx)?)?;
+    let mut dsb = stream.alloc_zeros::<f32>(og.span(grads.dscale)?)?;
+    let mut dbb = stream.alloc_zeros::<f32>(og.span(grads.dbias)?)?;
+    let mut ws = Workspace::new(stream.clone());
+    let mut b = Bindings::new(cudnn);
+    b.input(dy, &dyb)?
+        .input(x, &xb)?
+        .input(scale, &sb)?
+        .input(mean, &mb)?
+        .input(inv, &ib)?
+        .output(grads.dx, &mut dxb)?
+        .output(grads.dscale, &mut dsb)?
+        .output(grads.dbias, &mut dbb)?;
+    let picked = Picked::new(cudnn, &og, PlanFilter::new(), &b, &mut ws, test)?;
+    let mut call = || -> BoxResult<()> {
+        cudnn.execute(&picked.plan, &b, &mut ws)?;
+        Ok(())
+    };
+    let ms = median_ms(s, test, &mut call)?;
+    run.record_bytes(op, ms, bytes, &picked.note());
+    run.criterion_device(op, ms, None, call);
+    Ok(())
+}
+
 fn main() {
     let _ = env_logger::try_init();
     let Some((stream, cudnn)) = setup_or_skip() else {
@@ -1382,6 +1531,7 @@ fn main() {
     let outcome = (|| -> BoxResult<()> {
         host_cost(&mut run)?;
         fused(&mut run)?;
+        layernorm(&mut run);
         conv_forward(&mut run, &mut rows);
         union(&mut run, &rows);
         Ok(())

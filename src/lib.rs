@@ -74,7 +74,7 @@ pub use autotune::{
 pub use dropout::{Dropout, DropoutReserve};
 pub use dtype::{DType, DataType, Scalar};
 pub use error::{Error, LoadError, Result, Status, StatusFamily};
-pub use graph::{ConvApi, GraphSearch};
+pub use graph::{ConvApi, GraphSearch, LayerNormGrads, LayerNormOutputs};
 pub use handle::{cuda_context, Cudnn};
 pub use norm::{
     BatchNorm, BatchNormMode, BatchNormOps, GroupNorm, LayerNorm, NormMethod, NormType,

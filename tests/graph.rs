@@ -2147,3 +2147,409 @@ fn gpu_unsupported_graph_is_a_typed_error() {
         other => panic!("expected a typed rejection, got {other:?}"),
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Layer normalization (NORM_FORWARD / NORM_BACKWARD in CUDNN_LAYER_NORM mode)
+// ---------------------------------------------------------------------------------------------
+
+const LN_N: i64 = 8;
+const LN_D: i64 = 96;
+const LN_EPS: f64 = 1e-5;
+
+/// A layer-norm forward graph on x `[N, D, 1, 1]` (channels-last, as cudnn-frontend's samples)
+/// of `dt`, f32 scale / bias and statistics: (graph, x, scale, bias, y, stats).
+#[allow(clippy::type_complexity)]
+fn ln_fwd_graph(
+    dt: DType,
+    training: bool,
+) -> (
+    Graph,
+    TensorId,
+    TensorId,
+    TensorId,
+    TensorId,
+    Option<(TensorId, TensorId)>,
+) {
+    let mut g = Graph::new(dt, DType::F32, DType::F32);
+    let x = g.tensor_nhwc("x", &[LN_N, LN_D, 1, 1], dt).unwrap();
+    let scale = g
+        .tensor_nhwc("scale", &[1, LN_D, 1, 1], DType::F32)
+        .unwrap();
+    let bias = g.tensor_nhwc("bias", &[1, LN_D, 1, 1], DType::F32).unwrap();
+    let out = g.layer_norm(x, scale, bias, LN_EPS, training).unwrap();
+    g.mark_output(out.y).unwrap();
+    if let Some((m, v)) = out.stats {
+        g.mark_output_as(m, DType::F32).unwrap();
+        g.mark_output_as(v, DType::F32).unwrap();
+    }
+    (g, x, scale, bias, out.y, out.stats)
+}
+
+/// A layer-norm backward graph: dy, x of `dt`, f32 scale, statistics, dscale and dbias.
+#[allow(clippy::type_complexity)]
+fn ln_bwd_graph(dt: DType) -> (Graph, [TensorId; 5], cudnn_safe::graph::LayerNormGrads) {
+    let mut g = Graph::new(dt, DType::F32, DType::F32);
+    let dy = g.tensor_nhwc("dy", &[LN_N, LN_D, 1, 1], dt).unwrap();
+    let x = g.tensor_nhwc("x", &[LN_N, LN_D, 1, 1], dt).unwrap();
+    let scale = g
+        .tensor_nhwc("scale", &[1, LN_D, 1, 1], DType::F32)
+        .unwrap();
+    let mean = g.tensor_nhwc("mean", &[LN_N, 1, 1, 1], DType::F32).unwrap();
+    let inv = g
+        .tensor_nhwc("inv_var", &[LN_N, 1, 1, 1], DType::F32)
+        .unwrap();
+    let grads = g.layer_norm_backward(dy, x, scale, mean, inv).unwrap();
+    g.mark_output(grads.dx).unwrap();
+    g.mark_output_as(grads.dscale, DType::F32).unwrap();
+    g.mark_output_as(grads.dbias, DType::F32).unwrap();
+    (g, [dy, x, scale, mean, inv], grads)
+}
+
+#[test]
+fn host_layer_norm_shapes_and_finalize() {
+    // Shapes of the outputs.
+    let (g, x, _, _, y, stats) = ln_fwd_graph(DType::F16, true);
+    assert_eq!(g.dims(y).unwrap(), &[LN_N, LN_D, 1, 1]);
+    assert_eq!(g.strides(y).unwrap(), g.strides(x).unwrap());
+    assert_eq!(g.dtype(y).unwrap(), DType::F16);
+    let (m, v) = stats.expect("training gives statistics");
+    for t in [m, v] {
+        assert_eq!(g.dims(t).unwrap(), &[LN_N, 1, 1, 1]);
+        assert_eq!(g.dtype(t).unwrap(), DType::F32);
+        assert!(!g.is_virtual(t).unwrap());
+    }
+    let (gi, _, _, _, _, none) = ln_fwd_graph(DType::F32, false);
+    assert!(none.is_none(), "inference gives no statistics");
+    let (gb, _, grads) = ln_bwd_graph(DType::BF16);
+    assert_eq!(gb.dims(grads.dx).unwrap(), &[LN_N, LN_D, 1, 1]);
+    assert_eq!(gb.dims(grads.dscale).unwrap(), &[1, LN_D, 1, 1]);
+    assert_eq!(gb.dims(grads.dbias).unwrap(), &[1, LN_D, 1, 1]);
+    assert_ne!(g.signature(), gi.signature());
+
+    // Shape checks name the tensors; a rejected call leaves the graph usable (no stray
+    // epsilon scalar: the graph below still validates).
+    let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+    let x = g.tensor_nhwc("x", &[4, 16, 1, 1], DType::F32).unwrap();
+    let x2 = g.tensor_nchw("x2", &[4, 16], DType::F32).unwrap();
+    let s = g.tensor_nhwc("s", &[1, 16, 1, 1], DType::F32).unwrap();
+    let b = g.tensor_nhwc("b", &[1, 16, 1, 1], DType::F32).unwrap();
+    let s_bad = g.tensor_nhwc("s_bad", &[1, 15, 1, 1], DType::F32).unwrap();
+    let s_batch = g
+        .tensor_nhwc("s_batch", &[4, 16, 1, 1], DType::F32)
+        .unwrap();
+    let r = g.layer_norm(x, s_bad, b, 1e-5, true);
+    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    assert!(format!("{:?}", r.unwrap_err()).contains("s_bad"));
+    let r = g.layer_norm(x, s, s_batch, 1e-5, true);
+    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    assert!(format!("{:?}", r.unwrap_err()).contains("s_batch"));
+    let r = g.layer_norm(x2, s, b, 1e-5, true);
+    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    for eps in [f64::NAN, -1e-5, f64::INFINITY] {
+        let r = g.layer_norm(x, s, b, eps, true);
+        assert!(is_err_kind(&r, "InvalidArgument"), "eps {eps}: {r:?}");
+    }
+    let sc = g.scalar("sc", 1.0, DType::F32).unwrap();
+    let r = g.layer_norm(x, sc, b, 1e-5, true);
+    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    let out = g.layer_norm(x, s, b, 1e-5, true).unwrap();
+    let (m, v) = out.stats.unwrap();
+    // Backward shape checks.
+    let dy = g.tensor_nhwc("dy", &[4, 16, 1, 1], DType::F32).unwrap();
+    let dy_bad = g.tensor_nhwc("dy_bad", &[4, 16, 2, 1], DType::F32).unwrap();
+    let r = g.layer_norm_backward(dy_bad, x, s, m, v);
+    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    assert!(format!("{:?}", r.unwrap_err()).contains("dy_bad"));
+    let r = g.layer_norm_backward(dy, x, s, out.y, v);
+    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    let r = g.layer_norm_backward(dy, x, s_bad, m, v);
+    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    let mut other = Graph::new(DType::F32, DType::F32, DType::F32);
+    let foreign = other
+        .tensor_nhwc("foreign", &[4, 16, 1, 1], DType::F32)
+        .unwrap();
+    let r = g.layer_norm_backward(foreign, x, s, m, v);
+    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    // The statistics of this graph's forward feed its backward (a training step in one graph).
+    let grads = g.layer_norm_backward(dy, x, s, m, v).unwrap();
+    g.mark_output(out.y).unwrap();
+    for t in [grads.dx, grads.dscale, grads.dbias] {
+        g.mark_output(t).unwrap();
+    }
+
+    // cuDNN's own validation of the descriptors (no GPU needed).
+    if !have_cudnn() {
+        return;
+    }
+    // Unused tensors (x2, s_bad, s_batch, dy_bad, sc) make the structure check fail.
+    let r = g.check();
+    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        for training in [true, false] {
+            let (g, ..) = ln_fwd_graph(dt, training);
+            g.check()
+                .unwrap_or_else(|e| panic!("layer norm {dt} training {training}: {e}"));
+        }
+        let (g, ..) = ln_bwd_graph(dt);
+        g.check()
+            .unwrap_or_else(|e| panic!("layer norm backward {dt}: {e}"));
+    }
+}
+
+/// Per-row mean and inverse standard deviation `1/√(var + ε)` (biased variance) of x `[N, D]`.
+fn ln_stats(xf: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let d = LN_D as usize;
+    xf.chunks(d)
+        .map(|row| {
+            let mean = row.iter().sum::<f64>() / d as f64;
+            let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / d as f64;
+            (mean, 1.0 / (var + LN_EPS).sqrt())
+        })
+        .unzip()
+}
+
+/// f32 results of a normalization computed in f32: the statistics (one-pass or rsqrt-based in
+/// the engines) lose a few bits against the f64 reference, so 1e-4 rather than fp32's 1e-5; f32
+/// outputs derived from half data get 1e-3 in case an engine keeps half intermediates.
+fn ln_f32_tol<T: DataType>() -> f64 {
+    if T::DTYPE == DType::F32 {
+        1e-4
+    } else {
+        1e-3
+    }
+}
+
+/// Builds the graph and up to 3 plans; `None` (printed, and a typed error required) when cuDNN
+/// refuses the configuration, which must not happen when `required`.
+fn ln_plans(
+    cudnn: &Cudnn,
+    g: &Graph,
+    what: &str,
+    required: bool,
+) -> Option<(OperationGraph, Vec<Plan>)> {
+    let r = g.build(cudnn).and_then(|og| {
+        og.plans(cudnn, &PlanFilter::new().max_plans(Some(3)))
+            .map(|p| (og, p))
+    });
+    match r {
+        Ok((og, list)) if !list.plans.is_empty() => {
+            for p in &list.plans {
+                eprintln!("  {what}: plan {} ws {}", p.name(), p.workspace_size());
+            }
+            Some((og, list.plans))
+        }
+        Ok(_) => {
+            assert!(!required, "{what}: no plan");
+            eprintln!("{what}: no plan (refused)");
+            None
+        }
+        Err(e) => {
+            assert!(is_no_engine(&e), "{what}: untyped failure {e:?}");
+            assert!(!required, "{what}: {e}");
+            eprintln!("{what}: refused by cuDNN: {e}");
+            None
+        }
+    }
+}
+
+fn layer_norm_fwd_case<T: DataType>(training: bool, seed: u64, required: bool) {
+    let Some((s, cudnn)) = gpu() else { return };
+    let what = format!("layer norm forward {} training {training}", T::DTYPE);
+    let (g, x, scale, bias, y, stats) = ln_fwd_graph(T::DTYPE, training);
+    let Some((og, plans)) = ln_plans(&cudnn, &g, &what, required) else {
+        return;
+    };
+    let mut rng = Rng::new(seed);
+    let n = (LN_N * LN_D) as usize;
+    // An offset keeps the mean away from 0 so that a wrong mean shows.
+    let xv: Vec<T> = rng.values_in(n, -1.5, 2.5);
+    let xf: Vec<f64> = xv.iter().map(|v| v.to_f64()).collect();
+    let (sv, sf) = values::<f32>(&mut rng, LN_D as usize);
+    let (bv, bf) = values::<f32>(&mut rng, LN_D as usize);
+    let (mean, inv) = ln_stats(&xf);
+    let d = LN_D as usize;
+    let want_y: Vec<f64> = (0..n)
+        .map(|i| (xf[i] - mean[i / d]) * inv[i / d] * sf[i % d] + bf[i % d])
+        .collect();
+    let xb = upload(&s, &og, x, &xv);
+    let sb = upload(&s, &og, scale, &sv);
+    let bb = upload(&s, &og, bias, &bv);
+    let y_tol = tol::<T>().max(1e-4);
+    let mut ws = Workspace::new(s.clone());
+    for plan in &plans {
+        let mut yb = poisoned::<T>(&s, &og, y);
+        let mut mb = s.clone_htod(&vec![f32::NAN; LN_N as usize]).unwrap();
+        let mut vb = s.clone_htod(&vec![f32::NAN; LN_N as usize]).unwrap();
+        {
+            let mut args = Args::new(&cudnn);
+            args.input(x, &xb).unwrap();
+            args.input(scale, &sb).unwrap();
+            args.input(bias, &bb).unwrap();
+            args.output(y, &mut yb).unwrap();
+            if let Some((m, v)) = stats {
+                args.output(m, &mut mb).unwrap();
+                args.output(v, &mut vb).unwrap();
+            }
+            cudnn.execute(plan, &args, &mut ws).unwrap();
+        }
+        let name = format!("{what} {}", plan.name());
+        check(
+            &format!("{name} y"),
+            &fetch(&s, &og, y, &yb),
+            &want_y,
+            y_tol,
+        );
+        if let Some((m, v)) = stats {
+            let t = ln_f32_tol::<T>();
+            check(&format!("{name} mean"), &fetch(&s, &og, m, &mb), &mean, t);
+            check(&format!("{name} inv_var"), &fetch(&s, &og, v, &vb), &inv, t);
+        }
+    }
+    // Rejected: a statistics buffer one element short is refused when bound, and executing
+    // without it is refused too; y stays untouched.
+    if let Some((m, v)) = stats {
+        let (mut yb, before) = sentinel_buffer::<T>(&s, og.span(y).unwrap());
+        let mut short = s.clone_htod(&vec![0f32; LN_N as usize - 1]).unwrap();
+        let mut vb = s.clone_htod(&vec![0f32; LN_N as usize]).unwrap();
+        {
+            let mut args = Args::new(&cudnn);
+            args.input(x, &xb).unwrap();
+            args.input(scale, &sb).unwrap();
+            args.input(bias, &bb).unwrap();
+            args.output(y, &mut yb).unwrap();
+            args.output(v, &mut vb).unwrap();
+            let r = args.output(m, &mut short).map(|_| ());
+            assert!(is_err_kind(&r, "BufferTooSmall"), "{r:?}");
+            let r = cudnn.execute(&plans[0], &args, &mut ws);
+            assert!(r.is_err(), "execution without the mean buffer");
+        }
+        assert_untouched(&format!("{what} y"), &s, &yb, &before);
+    }
+}
+
+#[test]
+fn gpu_layer_norm_forward_training_f32() {
+    layer_norm_fwd_case::<f32>(true, 41, false);
+}
+
+/// cudnn-frontend's own sample configuration (f16 io, f32 scale, bias and statistics).
+#[test]
+fn gpu_layer_norm_forward_training_f16() {
+    layer_norm_fwd_case::<f16>(true, 42, true);
+}
+
+#[test]
+fn gpu_layer_norm_forward_training_bf16() {
+    layer_norm_fwd_case::<bf16>(true, 43, false);
+}
+
+#[test]
+fn gpu_layer_norm_forward_inference_every_dtype() {
+    layer_norm_fwd_case::<f32>(false, 44, false);
+    layer_norm_fwd_case::<f16>(false, 45, true);
+    layer_norm_fwd_case::<bf16>(false, 46, false);
+}
+
+fn layer_norm_bwd_case<T: DataType>(seed: u64, required: bool) {
+    let Some((s, cudnn)) = gpu() else { return };
+    let what = format!("layer norm backward {}", T::DTYPE);
+    let (g, [dy, x, scale, mean, inv], grads) = ln_bwd_graph(T::DTYPE);
+    let Some((og, plans)) = ln_plans(&cudnn, &g, &what, required) else {
+        return;
+    };
+    let mut rng = Rng::new(seed);
+    let (n, d) = ((LN_N * LN_D) as usize, LN_D as usize);
+    let xv: Vec<T> = rng.values_in(n, -1.5, 2.5);
+    let xf: Vec<f64> = xv.iter().map(|v| v.to_f64()).collect();
+    let (dyv, dyf) = values::<T>(&mut rng, n);
+    let (sv, sf) = values::<f32>(&mut rng, d);
+    // The saved statistics as a training forward pass leaves them (f32); the reference uses
+    // exactly the stored values.
+    let (m64, i64_) = ln_stats(&xf);
+    let mv: Vec<f32> = m64.iter().map(|&v| v as f32).collect();
+    let iv: Vec<f32> = i64_.iter().map(|&v| v as f32).collect();
+    let (mf, inf): (Vec<f64>, Vec<f64>) = (
+        mv.iter().map(|&v| v as f64).collect(),
+        iv.iter().map(|&v| v as f64).collect(),
+    );
+    let xhat: Vec<f64> = (0..n).map(|i| (xf[i] - mf[i / d]) * inf[i / d]).collect();
+    let gv: Vec<f64> = (0..n).map(|i| dyf[i] * sf[i % d]).collect();
+    let mut want_dx = vec![0.0; n];
+    for (r, &inv_r) in inf.iter().enumerate() {
+        let row = r * d..(r + 1) * d;
+        let mg = gv[row.clone()].iter().sum::<f64>() / d as f64;
+        let mgx = row.clone().map(|i| gv[i] * xhat[i]).sum::<f64>() / d as f64;
+        for i in row {
+            want_dx[i] = inv_r * (gv[i] - mg - xhat[i] * mgx);
+        }
+    }
+    let mut want_ds = vec![0.0; d];
+    let mut want_db = vec![0.0; d];
+    for i in 0..n {
+        want_ds[i % d] += dyf[i] * xhat[i];
+        want_db[i % d] += dyf[i];
+    }
+    let dyb = upload(&s, &og, dy, &dyv);
+    let xb = upload(&s, &og, x, &xv);
+    let sb = upload(&s, &og, scale, &sv);
+    let mb = upload(&s, &og, mean, &mv);
+    let ib = upload(&s, &og, inv, &iv);
+    let mut ws = Workspace::new(s.clone());
+    for plan in &plans {
+        let mut dxb = poisoned::<T>(&s, &og, grads.dx);
+        let mut dsb = poisoned::<f32>(&s, &og, grads.dscale);
+        let mut dbb = poisoned::<f32>(&s, &og, grads.dbias);
+        {
+            let mut args = Args::new(&cudnn);
+            args.input(dy, &dyb).unwrap().input(x, &xb).unwrap();
+            args.input(scale, &sb).unwrap().input(mean, &mb).unwrap();
+            args.input(inv, &ib).unwrap();
+            args.output(grads.dx, &mut dxb).unwrap();
+            args.output(grads.dscale, &mut dsb).unwrap();
+            args.output(grads.dbias, &mut dbb).unwrap();
+            cudnn.execute(plan, &args, &mut ws).unwrap();
+        }
+        let name = format!("{what} {}", plan.name());
+        let t = ln_f32_tol::<T>();
+        let got = fetch(&s, &og, grads.dx, &dxb);
+        check(&format!("{name} dx"), &got, &want_dx, tol::<T>().max(1e-4));
+        let got = fetch(&s, &og, grads.dscale, &dsb);
+        check(&format!("{name} dscale"), &got, &want_ds, t);
+        let got = fetch(&s, &og, grads.dbias, &dbb);
+        check(&format!("{name} dbias"), &got, &want_db, t);
+    }
+    // Rejected: an inv_var buffer of the wrong data type (T instead of f32) is refused when
+    // bound; dx stays untouched.
+    let (mut dxb, before) = sentinel_buffer::<T>(&s, og.span(grads.dx).unwrap());
+    let wrong = s
+        .clone_htod(&vec![T::from_f64(1.0); LN_N as usize])
+        .unwrap();
+    {
+        let mut args = Args::new(&cudnn);
+        args.output(grads.dx, &mut dxb).unwrap();
+        let r = args.input(inv, &wrong).map(|_| ());
+        if T::DTYPE != DType::F32 {
+            assert!(r.is_err(), "{what}: inv_var bound to a {} buffer", T::DTYPE);
+        }
+        let r = cudnn.execute(&plans[0], &args, &mut ws);
+        assert!(r.is_err(), "{what}: execution with unbound inputs");
+    }
+    assert_untouched(&format!("{what} dx"), &s, &dxb, &before);
+}
+
+#[test]
+fn gpu_layer_norm_backward_f32() {
+    layer_norm_bwd_case::<f32>(51, false);
+}
+
+/// cudnn-frontend's own sample configuration (f16 dy, x, dx; f32 scale, statistics, dscale,
+/// dbias).
+#[test]
+fn gpu_layer_norm_backward_f16() {
+    layer_norm_bwd_case::<f16>(52, true);
+}
+
+#[test]
+fn gpu_layer_norm_backward_bf16() {
+    layer_norm_bwd_case::<bf16>(53, false);
+}

@@ -133,6 +133,14 @@ unsafe impl AttrElem for sys::cudnnReduceTensorOp_t {
     const TYPE: Ty = Ty::CUDNN_TYPE_REDUCTION_OPERATOR_TYPE;
 }
 // SAFETY: see above.
+unsafe impl AttrElem for sys::cudnnBackendNormMode_t {
+    const TYPE: Ty = Ty::CUDNN_TYPE_NORM_MODE;
+}
+// SAFETY: see above.
+unsafe impl AttrElem for sys::cudnnBackendNormFwdPhase_t {
+    const TYPE: Ty = Ty::CUDNN_TYPE_NORM_FWD_PHASE;
+}
+// SAFETY: see above.
 unsafe impl AttrElem for sys::cudnnBackendHeurMode_t {
     const TYPE: Ty = Ty::CUDNN_TYPE_HEUR_MODE;
 }

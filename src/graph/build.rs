@@ -342,6 +342,86 @@ impl Graph {
                 o.finalize()?;
                 Ok((o, Some(r)))
             }
+            Op::LayerNorm {
+                x,
+                scale,
+                bias,
+                epsilon,
+                y,
+                stats,
+            } => {
+                let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR))?;
+                o.set1(
+                    attr!(CUDNN_ATTR_OPERATION_NORM_FWD_MODE),
+                    sys::cudnnBackendNormMode_t::CUDNN_LAYER_NORM,
+                )?;
+                let phase = match stats {
+                    Some(_) => sys::cudnnBackendNormFwdPhase_t::CUDNN_NORM_FWD_TRAINING,
+                    None => sys::cudnnBackendNormFwdPhase_t::CUDNN_NORM_FWD_INFERENCE,
+                };
+                o.set1(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_PHASE), phase)?;
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_XDESC), &[&t[*x]])?;
+                o.set_descs(
+                    attr!(CUDNN_ATTR_OPERATION_NORM_FWD_SCALE_DESC),
+                    &[&t[*scale]],
+                )?;
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_BIAS_DESC), &[&t[*bias]])?;
+                o.set_descs(
+                    attr!(CUDNN_ATTR_OPERATION_NORM_FWD_EPSILON_DESC),
+                    &[&t[*epsilon]],
+                )?;
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_YDESC), &[&t[*y]])?;
+                if let Some((mean, inv_var)) = stats {
+                    o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_MEAN_DESC), &[&t[*mean]])?;
+                    o.set_descs(
+                        attr!(CUDNN_ATTR_OPERATION_NORM_FWD_INV_VARIANCE_DESC),
+                        &[&t[*inv_var]],
+                    )?;
+                }
+                o.finalize()?;
+                Ok((o, None))
+            }
+            Op::LayerNormBwd {
+                dy,
+                x,
+                scale,
+                mean,
+                inv_var,
+                dx,
+                dscale,
+                dbias,
+            } => {
+                let mut o =
+                    Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR))?;
+                o.set1(
+                    attr!(CUDNN_ATTR_OPERATION_NORM_BWD_MODE),
+                    sys::cudnnBackendNormMode_t::CUDNN_LAYER_NORM,
+                )?;
+                // No epsilon: cuDNN ≥ 8.9.6 takes the saved inverse variance instead (cudnn-frontend
+                // sets the epsilon descriptor only for older versions).
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_XDESC), &[&t[*x]])?;
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DYDESC), &[&t[*dy]])?;
+                o.set_descs(
+                    attr!(CUDNN_ATTR_OPERATION_NORM_BWD_SCALE_DESC),
+                    &[&t[*scale]],
+                )?;
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_MEAN_DESC), &[&t[*mean]])?;
+                o.set_descs(
+                    attr!(CUDNN_ATTR_OPERATION_NORM_BWD_INV_VARIANCE_DESC),
+                    &[&t[*inv_var]],
+                )?;
+                o.set_descs(
+                    attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DSCALE_DESC),
+                    &[&t[*dscale]],
+                )?;
+                o.set_descs(
+                    attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DBIAS_DESC),
+                    &[&t[*dbias]],
+                )?;
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DXDESC), &[&t[*dx]])?;
+                o.finalize()?;
+                Ok((o, None))
+            }
         }
     }
 

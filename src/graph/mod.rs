@@ -4,7 +4,8 @@
 //!
 //! * [`Graph`] is plain host data: tensors (unique ids assigned here, names kept for errors),
 //!   convolution forward / backward data / backward filter, batched matmul, pointwise (arithmetic,
-//!   activations and their backward modes) and reduction operations. Each operation checks its
+//!   activations and their backward modes), reduction and layer normalization (forward in the
+//!   training or inference phase, backward) operations. Each operation checks its
 //!   shapes when added and returns its output as a virtual tensor with the dimensions computed
 //!   here; [`Graph::mark_output`] makes a virtual tensor a real output.
 //! * [`Graph::build`] creates and finalizes every backend descriptor on a handle:
@@ -65,6 +66,7 @@ pub(crate) mod backend;
 mod build;
 mod engine;
 mod exec;
+mod norm;
 pub(crate) mod union;
 
 pub use build::OperationGraph;
@@ -72,6 +74,7 @@ pub use engine::{
     BehaviorNote, EngineConfig, HeurMode, NumericalNote, Plan, PlanFilter, PlanList, Skipped,
 };
 pub use exec::{autotune, Args, AutotuneOptions, PlanCache, Timing, Tuned};
+pub use norm::{LayerNormGrads, LayerNormOutputs};
 pub use union::{ConvApi, GraphSearch};
 
 /// Identifies a tensor of one [`Graph`] (and of the [`OperationGraph`] built from it).
@@ -487,6 +490,25 @@ pub(crate) enum Op {
         x: usize,
         y: usize,
     },
+    LayerNorm {
+        x: usize,
+        scale: usize,
+        bias: usize,
+        epsilon: usize,
+        y: usize,
+        /// (mean, inverse variance) in the training phase.
+        stats: Option<(usize, usize)>,
+    },
+    LayerNormBwd {
+        dy: usize,
+        x: usize,
+        scale: usize,
+        mean: usize,
+        inv_var: usize,
+        dx: usize,
+        dscale: usize,
+        dbias: usize,
+    },
 }
 
 impl Op {
@@ -500,6 +522,21 @@ impl Op {
             Op::Pointwise { x, b, .. } => std::iter::once(x).chain(b).collect(),
             Op::PointwiseBwd { dy, x, .. } => vec![dy, x],
             Op::Reduction { x, .. } => vec![x],
+            Op::LayerNorm {
+                x,
+                scale,
+                bias,
+                epsilon,
+                ..
+            } => vec![x, scale, bias, epsilon],
+            Op::LayerNormBwd {
+                dy,
+                x,
+                scale,
+                mean,
+                inv_var,
+                ..
+            } => vec![dy, x, scale, mean, inv_var],
         }
     }
 
@@ -512,6 +549,8 @@ impl Op {
             Op::Pointwise { .. } => "pointwise",
             Op::PointwiseBwd { .. } => "pointwise backward",
             Op::Reduction { .. } => "reduction",
+            Op::LayerNorm { .. } => "layer norm forward",
+            Op::LayerNormBwd { .. } => "layer norm backward",
         }
     }
 }
@@ -1334,6 +1373,27 @@ impl Graph {
                 Op::Pointwise { mode, x, b, y } => write!(s, "pw({mode:?},{x},{b:?},{y});"),
                 Op::PointwiseBwd { mode, dy, x, dx } => write!(s, "pwb({mode:?},{dy},{x},{dx});"),
                 Op::Reduction { op, x, y } => write!(s, "red({op:?},{x},{y});"),
+                Op::LayerNorm {
+                    x,
+                    scale,
+                    bias,
+                    epsilon,
+                    y,
+                    stats,
+                } => write!(s, "ln({x},{scale},{bias},{epsilon},{y},{stats:?});"),
+                Op::LayerNormBwd {
+                    dy,
+                    x,
+                    scale,
+                    mean,
+                    inv_var,
+                    dx,
+                    dscale,
+                    dbias,
+                } => write!(
+                    s,
+                    "lnb({dy},{x},{scale},{mean},{inv_var},{dx},{dscale},{dbias});"
+                ),
             };
         }
         s
