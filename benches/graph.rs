@@ -24,6 +24,13 @@
 //!   `host_graph_cache_get_…` (a [`PlanCache::get`] lookup before every execution) and
 //!   `host_legacy_conv_fwd_…` (the checked [`Cudnn::conv_forward`], `IMPLICIT_GEMM`). Targets
 //!   from the raw C anchors: plan execution 6.9 µs, legacy call 25 µs, PyTorch 32.7 µs.
+//! * **CUDA graph launch** of the same tiny convolution (f32 NCHW, else f16 NHWC: the first
+//!   with an engine carrying the native CUDA-graph behaviour note, taken from the heuristics
+//!   then every engine): `host_cudagraph_execute_…` ([`Cudnn::execute`], [`Args`] bound once)
+//!   vs `host_cudagraph_launch_…` ([`PlanGraph::launch`] of the graph
+//!   [`Cudnn::populate_cuda_graph`] built from the same plan), µs per call as above; the
+//!   launch line carries `execute_over_launch`. Without such an engine it prints why and
+//!   records nothing.
 //! * **Fused conv + bias + ReLU**, f16 NHWC `32×64×56×56 → 64`, 3×3, pad 1: one graph (autotuned)
 //!   vs the legacy unfused sequence (`conv_forward` with the `find` winner, `add_tensor`,
 //!   in-place ReLU) vs the legacy fused `conv_bias_activation_forward` (every algorithm cuDNN
@@ -77,7 +84,7 @@ use cudnn_safe::conv::{ConvAlgorithm, ConvDesc, ConvFwdAlgo, FusedActivation, Ma
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::graph::{
     autotune, Args as Bindings, AutotuneOptions, ConvParams, Graph, HeurMode, OperationGraph, Plan,
-    PlanCache, PlanFilter, PointwiseMode, TensorId,
+    PlanCache, PlanFilter, PlanGraph, PointwiseMode, TensorId,
 };
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::{
@@ -1048,6 +1055,168 @@ fn host_cost(run: &mut Run) -> BoxResult<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// CUDA graph launch vs execute on the tiny convolution
+// ---------------------------------------------------------------------------------------------
+
+/// The ops of [`cuda_graph_launch`] for a data type label (`f32`, `f16`).
+fn cuda_graph_ops(dtype: &str) -> [String; 2] {
+    [
+        format!("host_cudagraph_execute_{dtype}_{}", TINY.name()),
+        format!("host_cudagraph_launch_{dtype}_{}", TINY.name()),
+    ]
+}
+
+/// The tiny convolution's graph as `T` (NCHW or NHWC) and a plan whose engine supports the
+/// native CUDA-graph API, if any engine does.
+fn cuda_graph_tiny<T: DataType>(
+    cudnn: &Cudnn,
+    nhwc: bool,
+) -> BoxResult<Option<(OperationGraph, [TensorId; 3], Plan)>> {
+    let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
+    let (x, w) = if nhwc {
+        (
+            g.tensor_nhwc("x", &TINY.x_dims(), T::DTYPE)?,
+            g.tensor_nhwc("w", &TINY.w_dims(), T::DTYPE)?,
+        )
+    } else {
+        (
+            g.tensor_nchw("x", &TINY.x_dims(), T::DTYPE)?,
+            g.tensor_nchw("w", &TINY.w_dims(), T::DTYPE)?,
+        )
+    };
+    let y = g.conv_fprop(x, w, &TINY.params())?;
+    g.mark_output(y)?;
+    let og = g.build(cudnn)?;
+    let filter = PlanFilter::new()
+        .cuda_graph_native(true)
+        .all_engines(true)
+        .max_plans(Some(1));
+    match og.plans(cudnn, &filter) {
+        Ok(mut list) => {
+            let plan = list.plans.swap_remove(0);
+            Ok(Some((og, [x, w, y], plan)))
+        }
+        Err(e) => {
+            eprintln!(
+                "graph bench: no engine with native CUDA-graph support for the tiny conv as {} \
+                 {}: {e}",
+                T::DTYPE,
+                if nhwc { "NHWC" } else { "NCHW" }
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// Per-call host cost of the tiny convolution through [`Cudnn::execute`] and through a
+/// [`PlanGraph`] of the same plan: JSON lines (best of two interleaved rounds), then criterion.
+fn cuda_graph_launch(run: &mut Run) -> BoxResult<()> {
+    let all: Vec<String> = ["f32", "f16"]
+        .iter()
+        .flat_map(|d| cuda_graph_ops(d))
+        .collect();
+    let names: Vec<&str> = all.iter().map(String::as_str).collect();
+    if !run.args.runs_any(GROUP, &names) {
+        list_ops(run.c, &all);
+        return Ok(());
+    }
+    let (cudnn, test) = (run.cudnn, run.args.test);
+    if cudnn.version() < 90500 {
+        eprintln!("graph bench: cuDNN before 9.5 has no native CUDA-graph API: skipped");
+        return Ok(());
+    }
+    eprintln!("graph bench: CUDA graph launch vs execute, {}", TINY.name());
+    if let Some((og, ids, plan)) = cuda_graph_tiny::<f32>(cudnn, false)? {
+        cuda_graph_measure::<f32>(run, "f32", &og, ids, &plan, test)?;
+    } else if let Some((og, ids, plan)) = cuda_graph_tiny::<f16>(cudnn, true)? {
+        cuda_graph_measure::<f16>(run, "f16", &og, ids, &plan, test)?;
+    } else {
+        println!(
+            "cuda-graph launch {}: no engine supports cuDNN's native CUDA-graph API for this \
+             convolution (f32 NCHW, f16 NHWC) with cuDNN {}: nothing measured",
+            TINY.name(),
+            cudnn.version()
+        );
+    }
+    Ok(())
+}
+
+fn cuda_graph_measure<T: DataType>(
+    run: &mut Run,
+    dtype: &str,
+    og: &OperationGraph,
+    [x, w, y]: [TensorId; 3],
+    plan: &Plan,
+    test: bool,
+) -> BoxResult<()> {
+    let (cudnn, stream) = (run.cudnn, run.stream);
+    let s: &CudaStream = stream;
+    let xb = stream.clone_htod(&values::<T>(og.span(x)?, 1.0))?;
+    let wb = stream.clone_htod(&values::<T>(og.span(w)?, 0.05))?;
+    let mut y_exec = stream.alloc_zeros::<T>(og.span(y)?)?;
+    let mut y_graph = stream.alloc_zeros::<T>(og.span(y)?)?;
+    let mut ws_exec = Workspace::new(stream.clone());
+    let mut ws_graph = Workspace::new(stream.clone());
+    let mut be = Bindings::new(cudnn);
+    be.input(x, &xb)?.input(w, &wb)?.output(y, &mut y_exec)?;
+    let mut bg = Bindings::new(cudnn);
+    bg.input(x, &xb)?.input(w, &wb)?.output(y, &mut y_graph)?;
+    let graph: PlanGraph<'_> = cudnn.populate_cuda_graph(plan, &bg, &mut ws_graph)?;
+    let nodes = graph.node_count()?;
+    cudnn.execute(plan, &be, &mut ws_exec)?;
+    graph.launch()?;
+    let n = if test { 200 } else { HOST_CALLS };
+    let mut best = [f64::INFINITY; 2];
+    for _ in 0..2 {
+        best[0] = best[0].min(per_call_us(s, n, SYNC_EVERY, || {
+            cudnn.execute(plan, &be, &mut ws_exec).unwrap()
+        }));
+        best[1] = best[1].min(per_call_us(s, n, SYNC_EVERY, || graph.launch().unwrap()));
+    }
+    let [exec, launch] = best;
+    let [op_exec, op_launch] = cuda_graph_ops(dtype);
+    let engine = plan.name();
+    let common = format!(
+        "\"measure\": \"host wall clock\", \"calls\": {n}, \"sync_every\": {SYNC_EVERY}, \
+         \"engine\": {engine:?}, \"graph_nodes\": {nodes}"
+    );
+    run.record(
+        &op_exec,
+        exec / 1e3,
+        &format!("\"us_per_call\": {exec:.3}, {common}"),
+    );
+    run.record(
+        &op_launch,
+        launch / 1e3,
+        &format!(
+            "\"us_per_call\": {launch:.3}, \"execute_over_launch\": {:.3}, {common}",
+            exec / launch
+        ),
+    );
+    println!(
+        "cuda-graph {dtype} {} [{engine}, {nodes} node(s)]: execute {exec:.2} us/call, graph \
+         launch {launch:.2} us/call (execute/launch = {:.2})",
+        TINY.name(),
+        exec / launch
+    );
+
+    let mut g = run.c.benchmark_group(GROUP);
+    g.bench_function(&op_exec, |b| {
+        b.iter_custom(|iters| {
+            enqueue_loop(s, iters, SYNC_EVERY, || {
+                cudnn.execute(plan, &be, &mut ws_exec).unwrap()
+            })
+        })
+    });
+    g.bench_function(&op_launch, |b| {
+        b.iter_custom(|iters| enqueue_loop(s, iters, SYNC_EVERY, || graph.launch().unwrap()))
+    });
+    g.finish();
+    drop(graph);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
 // Fused conv + bias + ReLU
 // ---------------------------------------------------------------------------------------------
 
@@ -1530,6 +1699,7 @@ fn main() {
     let mut rows = Vec::new();
     let outcome = (|| -> BoxResult<()> {
         host_cost(&mut run)?;
+        cuda_graph_launch(&mut run)?;
         fused(&mut run)?;
         layernorm(&mut run);
         conv_forward(&mut run, &mut rows);

@@ -6,6 +6,7 @@
 //! cargo run --release --example conv_explorer                      # everything (~1-2 min on an H200)
 //! cargo run --release --example conv_explorer -- --quick           # 2 layers, fp32 + fp16
 //! cargo run --release --example conv_explorer -- --modes fp16,bf16 # chosen modes only
+//! cargo run --release --example conv_explorer -- --graph-plans 24  # the library's union cap
 //! ```
 //!
 //! Modes: `fp32` (f32 NCHW, FMA math: strict fp32), `tf32` (f32 NCHW, default math: TF32 tensor
@@ -17,22 +18,33 @@
 //! (`cudnnGetConvolutionForwardAlgorithm_v7`), the time `cudnnFindConvolutionForwardAlgorithmEx`
 //! measured, the time this program measures itself (CUDA events around back-to-back calls:
 //! 3 warm-up calls, then the median of 5 batches of up to 10 calls), TFLOP/s, workspace and
-//! determinism — or cuDNN's status when it refuses the algorithm. Then the heuristic pick
+//! determinism — or cuDNN's status when it refuses the algorithm. Beside them, one row per
+//! graph (backend) engine configuration the union search considers (`g:` + the engine
+//! configuration tag, e.g. `g:eng12_k2=1`): up to `--graph-plans` (default 8) proposed by
+//! heuristics A and as many new ones from the fallback list, under the filter the
+//! [`Autotuner`] applies for the mode's math type, each timed the same way, with its workspace,
+//! determinism and numerical notes; the union winner (what the benchmark tuner runs, legacy or
+//! graph) is marked `union pick`. Then the heuristic pick
 //! against the fastest, the wall time of the find call (the decision cost of benchmark mode),
-//! and three fresh autotuners (heuristic, benchmark, deterministic; no cache file): first call
-//! (wall clock, decision included — in this process every kernel is loaded by then) and
-//! steady-state time per call. A summary table closes (per layer and mode: heuristic pick and
+//! and three fresh autotuners (heuristic, benchmark, deterministic; no cache file; the union
+//! search capped at `--graph-plans` per heuristic mode, `0` for legacy only): first call
+//! (wall clock, decision included — in this process every kernel is loaded by then), the API
+//! and algorithm or engine that ran, and steady-state time per call. A summary table closes (per layer and mode: heuristic pick and
 //! its time, fastest algorithm and its time, their ratio, fastest deterministic time, and the
 //! benchmark tuner's first call).
 //!
 //! Files (in `$CUDNN_SAFE_OUT_DIR`, else the current directory):
 //! * `conv_explorer.svg`: one panel per mode, every algorithm's time per layer (log scale),
-//!   heuristic picks boxed;
-//! * `conv_explorer.tsv`: one row per layer, mode and algorithm: `config mode algo status ms
-//!   workspace_bytes deterministic is_heuristic_top is_find_best heuristic_rank find_ms`
-//!   (`status` is `ok` or cuDNN's status name; empty fields are unknown or not applicable);
+//!   heuristic picks boxed, the fastest graph plan as a black triangle, the union pick crossed;
+//! * `conv_explorer.tsv`: one row per layer, mode and legacy algorithm or graph engine
+//!   configuration: `config mode algo status ms workspace_bytes deterministic is_heuristic_top
+//!   is_find_best heuristic_rank find_ms api heuristic notes is_union_pick` (`api` is `legacy`
+//!   or `graph`; for graph rows `algo` is the engine configuration, `heuristic` the mode that
+//!   proposed it (`A` or `fallback`) and `heuristic_rank` its position there; `status` is `ok`
+//!   or cuDNN's status name; empty fields are unknown or not applicable);
 //! * `conv_explorer_policies.tsv`: one row per layer, mode and policy: `config mode policy algo
-//!   source first_call_ms ms find_wall_ms error`;
+//!   source first_call_ms ms find_wall_ms error api` (`api`: `legacy <algo>` or
+//!   `graph <engine config>`);
 //! * `conv_explorer_autotune.txt`: the autotune cache of the first-call measurement.
 //!
 //! First call in a fresh process: the program runs itself again
@@ -61,19 +73,25 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::Instant;
 
-use cudnn_safe::conv::{AlgoPerf, ConvAlgorithm, ConvFwdAlgo};
+use cudnn_safe::conv::{AlgoPerf, ConvAlgorithm, ConvFwdAlgo, MathType};
+use cudnn_safe::graph::{
+    Args, ConvApi, ConvParams, Graph, GraphSearch, HeurMode, NumericalNote, PlanFilter,
+};
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::{
-    cuda_context, format_version, Autotuner, Cudnn, FixedAlgos, Policy, Result, Source, Workspace,
-    CACHE_ENV,
+    cuda_context, format_version, Autotuner, Cudnn, DType, FixedAlgos, Policy, Result, Source,
+    Workspace, CACHE_ENV,
 };
 
 #[path = "common/mod.rs"]
 mod common;
 use common::{bytes, drv, refusal, Element, Mode, Problem, Rng, Timer, CONFIGS};
 
-const USAGE: &str =
-    "usage: conv_explorer [--quick] [--modes fp32,tf32,fp16,bf16] [--no-first-call]";
+const USAGE: &str = "usage: conv_explorer [--quick] [--modes fp32,tf32,fp16,bf16] [--graph-plans N] [--no-first-call]";
+
+/// Graph plans listed (and searched by the tuners) per heuristic mode unless `--graph-plans`
+/// says otherwise: fewer than the library's default (24) to keep the whole run short.
+const GRAPH_PLANS: usize = 8;
 
 /// The internal flag the program re-executes itself with.
 const FIRST_CALL_FLAG: &str = "--first-call";
@@ -114,6 +132,8 @@ struct Options {
     configs: Vec<usize>,
     modes: Vec<Mode>,
     first_call: bool,
+    /// Graph plans per heuristic mode (rows and tuners); 0: legacy only.
+    graph_plans: usize,
 }
 
 impl Options {
@@ -121,6 +141,7 @@ impl Options {
         let mut quick = false;
         let mut modes = None;
         let mut first_call = true;
+        let mut graph_plans = GRAPH_PLANS;
         let mut it = args.iter();
         while let Some(arg) = it.next() {
             match arg.as_str() {
@@ -131,6 +152,12 @@ impl Options {
                     modes = Some(parse_modes(list)?);
                 }
                 s if s.starts_with("--modes=") => modes = Some(parse_modes(&s[8..])?),
+                "--graph-plans" => {
+                    let n = it.next().ok_or("--graph-plans needs a count")?;
+                    graph_plans = n
+                        .parse()
+                        .map_err(|_| format!("--graph-plans: `{n}` is not a count"))?;
+                }
                 other => return Err(format!("unknown argument `{other}`")),
             }
         }
@@ -150,6 +177,7 @@ impl Options {
             configs,
             modes,
             first_call,
+            graph_plans,
         })
     }
 }
@@ -195,9 +223,35 @@ struct AlgoRow {
     outcome: Outcome,
 }
 
+/// One graph engine configuration of one layer and mode: a candidate of the union search.
+struct GraphRow {
+    /// The engine configuration (`eng12_k2=1`).
+    config: String,
+    /// The heuristic mode that proposed it: `A` or `fallback`.
+    heuristic: &'static str,
+    /// 1-based position among the plans listed from that mode.
+    rank: usize,
+    workspace: usize,
+    deterministic: bool,
+    /// The engine's numerical notes, short (`tc`, `down`, `winograd`, `fft`, ...).
+    notes: String,
+    outcome: Outcome,
+}
+
+impl GraphRow {
+    fn ms(&self) -> Option<f64> {
+        match self.outcome {
+            Outcome::Ran { ms } => Some(ms),
+            Outcome::Refused(_) => None,
+        }
+    }
+}
+
 /// One policy's fresh-tuner run.
 struct PolicyRun {
     algo: ConvFwdAlgo,
+    /// The API that ran ([`ConvApi::Graph`] when the union search chose a graph engine).
+    api: ConvApi,
     source: Source,
     /// Wall clock of the first call, decision and synchronize included.
     first_ms: f64,
@@ -210,6 +264,8 @@ struct Case {
     config: usize,
     mode: Mode,
     rows: Vec<AlgoRow>,
+    /// The union search's graph candidates.
+    graph_rows: Vec<GraphRow>,
     /// Supported heuristic entries, best first.
     heuristic_order: Vec<ConvFwdAlgo>,
     find_best: Option<ConvFwdAlgo>,
@@ -261,6 +317,40 @@ impl Case {
             .find(|(p, _)| *p == policy)
             .and_then(|(_, r)| r.as_ref().ok())
     }
+
+    /// The fastest graph plan by this program's measurement.
+    fn fastest_graph(&self) -> Option<(&str, f64)> {
+        self.graph_rows
+            .iter()
+            .filter_map(|r| Some((r.config.as_str(), r.ms()?)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+    }
+
+    /// What the benchmark tuner (the union search) runs.
+    fn union_pick(&self) -> Option<&ConvApi> {
+        self.policy(Policy::Benchmark).map(|r| &r.api)
+    }
+
+    /// Whether the union pick is the legacy `algo`.
+    fn union_picks_legacy(&self, algo: ConvFwdAlgo) -> bool {
+        self.policy(Policy::Benchmark)
+            .is_some_and(|r| r.api == ConvApi::Legacy && r.algo == algo)
+    }
+
+    /// Whether the union pick is the graph engine `config`.
+    fn union_picks_graph(&self, config: &str) -> bool {
+        matches!(self.union_pick(), Some(ConvApi::Graph(c)) if c.to_string() == config)
+    }
+}
+
+impl PolicyRun {
+    /// `legacy <algo>` or `graph <engine config>`.
+    fn what(&self) -> String {
+        match &self.api {
+            ConvApi::Graph(c) => format!("graph {c}"),
+            _ => format!("legacy {}", self.algo.name()),
+        }
+    }
 }
 
 fn ms_since(t: Instant) -> f64 {
@@ -274,6 +364,7 @@ fn explore<T: Element>(
     config: usize,
     mode: Mode,
     rng: &mut Rng,
+    graph_plans: usize,
 ) -> Result<Case> {
     let stream = cudnn.stream();
     let mut p = Problem::<T>::new(stream, &CONFIGS[config], mode, rng)?;
@@ -349,13 +440,15 @@ fn explore<T: Element>(
             outcome,
         });
     }
+    let graph_rows = graph_rows(cudnn, timer, &mut p, &mut ws, graph_plans, &mut problems);
     // The tuners own their workspaces: free this one (it can be gigabytes for FFT).
     drop(ws);
 
     let policies = POLICIES
         .iter()
         .map(|&policy| {
-            let run = run_policy(cudnn, timer, &mut p, policy).map_err(|e| e.to_string());
+            let run =
+                run_policy(cudnn, timer, &mut p, policy, graph_plans).map_err(|e| e.to_string());
             (policy, run)
         })
         .collect();
@@ -364,6 +457,7 @@ fn explore<T: Element>(
         config,
         mode,
         rows,
+        graph_rows,
         heuristic_order,
         find_best,
         find_wall_ms,
@@ -372,17 +466,122 @@ fn explore<T: Element>(
     })
 }
 
-/// A fresh tuner under `policy`: first call (wall clock, including the decision and a
-/// synchronize), then the steady-state time per call.
+/// The problem as a one-operation graph (`conv_fprop`, the descriptors' dims, strides and
+/// types), its plans listed as the union search lists them (up to `per_mode` from heuristics
+/// A, then as many new ones from fallback, under the numerics filter of the mode's math type),
+/// each timed like the legacy algorithms. A graph that does not build is reported in
+/// `problems`.
+fn graph_rows<T: Element>(
+    cudnn: &Cudnn,
+    timer: &Timer,
+    p: &mut Problem<T>,
+    ws: &mut Workspace,
+    per_mode: usize,
+    problems: &mut Vec<String>,
+) -> Vec<GraphRow> {
+    if per_mode == 0 {
+        return Vec::new();
+    }
+    let built = (|| -> Result<_> {
+        let dt = T::DTYPE;
+        let mut g = Graph::new(dt, DType::F32, p.conv.compute());
+        let x = g.tensor("x", p.x_d.dims(), p.x_d.layout().strides(), dt)?;
+        let w = g.tensor("w", p.w_d.dims(), p.w_d.layout().strides(), dt)?;
+        let params = ConvParams::new(p.conv.spatial_rank())
+            .padding(p.conv.pads())
+            .stride(p.conv.strides())
+            .dilation(p.conv.dilations())
+            .mode(p.conv.mode());
+        let y = g.conv_fprop(x, w, &params)?;
+        g.mark_output_strided(y, dt, p.y_d.layout().strides())?;
+        Ok((g.build(cudnn)?, x, w, y))
+    })();
+    let (og, x, w, y) = match built {
+        Ok(b) => b,
+        Err(e) => {
+            problems.push(format!("graph not built: {e}"));
+            return Vec::new();
+        }
+    };
+    let math = p.conv.math();
+    let mut rows: Vec<GraphRow> = Vec::new();
+    for (mode, heuristic) in [(HeurMode::A, "A"), (HeurMode::Fallback, "fallback")] {
+        let filter = PlanFilter::new()
+            .heuristics(&[mode])
+            .no_tensor_cores(math == MathType::Fma)
+            .no_down_conversion(math != MathType::TensorOpAllowConversion)
+            .no_reduced_precision(p.conv.compute() == DType::F32)
+            .max_plans(Some(per_mode + rows.len()));
+        let plans = match og.plans(cudnn, &filter) {
+            Ok(list) => list.plans,
+            Err(e) => {
+                problems.push(format!("graph heuristics {heuristic}: {}", refusal(&e)));
+                continue;
+            }
+        };
+        let mut added = 0;
+        for plan in plans {
+            let config = plan.name();
+            if added == per_mode || rows.iter().any(|r| r.config == config) {
+                continue;
+            }
+            added += 1;
+            let outcome = (|| -> Result<f64> {
+                let mut args = Args::new(cudnn);
+                args.input(x, &p.x)?.input(w, &p.w)?.output(y, &mut p.y)?;
+                timer.per_call_ms(&mut || cudnn.execute(&plan, &args, ws))
+            })();
+            let notes: Vec<&str> = plan
+                .numerical_notes()
+                .iter()
+                .filter_map(|n| match n {
+                    NumericalNote::TensorCore => Some("tc"),
+                    NumericalNote::DownConvertInputs => Some("down"),
+                    NumericalNote::ReducedPrecisionReduction => Some("reduced"),
+                    NumericalNote::Fft => Some("fft"),
+                    NumericalNote::Winograd => Some("winograd"),
+                    NumericalNote::Nondeterministic => Some("nondet"),
+                    _ => None,
+                })
+                .collect();
+            rows.push(GraphRow {
+                config,
+                heuristic,
+                rank: added,
+                workspace: plan.workspace_size(),
+                deterministic: plan.is_deterministic(),
+                notes: notes.join(","),
+                outcome: match outcome {
+                    Ok(ms) => Outcome::Ran { ms },
+                    Err(e) => Outcome::Refused(refusal(&e)),
+                },
+            });
+        }
+    }
+    rows
+}
+
+/// A fresh tuner under `policy` (union search capped at `graph_plans` per heuristic mode, off
+/// for 0): first call (wall clock, including the decision and a synchronize), then the
+/// steady-state time per call.
 fn run_policy<T: Element>(
     cudnn: &Cudnn,
     timer: &Timer,
     p: &mut Problem<T>,
     policy: Policy,
+    graph_plans: usize,
 ) -> Result<PolicyRun> {
     // `Autotuner::new` loads $CUDNN_SAFE_AUTOTUNE_CACHE when it is set; `without_cache_file`
     // only stops saving, so also forget what was loaded: every decision here is made afresh.
-    let mut tuner = Autotuner::new(policy).without_cache_file();
+    let search = if graph_plans == 0 {
+        GraphSearch::Off
+    } else {
+        GraphSearch::Union
+    };
+    let mut tuner = Autotuner::new(policy)
+        .without_cache_file()
+        .graph_search(search)
+        .graph_plans(graph_plans);
     tuner.clear();
     let started = Instant::now();
     let choice = tuner.forward(
@@ -399,6 +598,7 @@ fn run_policy<T: Element>(
     })?;
     Ok(PolicyRun {
         algo: choice.algo,
+        api: choice.api,
         source: choice.source,
         first_ms,
         steady_ms,
@@ -440,9 +640,11 @@ fn explore_all(cudnn: &Cudnn, opts: &Options) -> Result<bool> {
         );
         let _ = std::io::stderr().flush();
         let case = match mode {
-            Mode::Fp32 | Mode::Tf32 => explore::<f32>(cudnn, &timer, config, mode, &mut rng),
-            Mode::Fp16 => explore::<f16>(cudnn, &timer, config, mode, &mut rng),
-            Mode::Bf16 => explore::<bf16>(cudnn, &timer, config, mode, &mut rng),
+            Mode::Fp32 | Mode::Tf32 => {
+                explore::<f32>(cudnn, &timer, config, mode, &mut rng, opts.graph_plans)
+            }
+            Mode::Fp16 => explore::<f16>(cudnn, &timer, config, mode, &mut rng, opts.graph_plans),
+            Mode::Bf16 => explore::<bf16>(cudnn, &timer, config, mode, &mut rng, opts.graph_plans),
         };
         match case {
             Ok(case) => {
@@ -541,6 +743,9 @@ fn print_case(case: &Case) {
         if fastest.map(|f| f.0) == Some(r.algo) {
             notes.push("fastest".to_string());
         }
+        if case.union_picks_legacy(r.algo) {
+            notes.push("union pick".to_string());
+        }
         let (ms, tflops) = match &r.outcome {
             Outcome::Ran { ms } => (
                 format!("{ms:.3}"),
@@ -561,6 +766,46 @@ fn print_case(case: &Case) {
             r.workspace.map_or_else(|| "-".into(), bytes),
             det,
             notes.join(", ")
+        );
+    }
+    let fastest_graph = case.fastest_graph();
+    for r in &case.graph_rows {
+        let mut notes = vec![format!("heuristics {} #{}", r.heuristic, r.rank)];
+        if !r.notes.is_empty() {
+            notes.push(r.notes.clone());
+        }
+        if fastest_graph.map(|f| f.0) == Some(r.config.as_str()) {
+            notes.push("fastest graph".to_string());
+        }
+        if case.union_picks_graph(&r.config) {
+            notes.push("union pick".to_string());
+        }
+        let (ms, tflops) = match &r.outcome {
+            Outcome::Ran { ms } => (
+                format!("{ms:.3}"),
+                format!("{:.1}", cfg.flops() / (ms * 1e-3) / 1e12),
+            ),
+            Outcome::Refused(why) => {
+                notes.push(format!("failed: {why}"));
+                ("-".into(), "-".into())
+            }
+        };
+        println!(
+            "{:<22} {:>4} {:>9} {:>9} {:>8} {:>10} {:>4}  {}",
+            format!("g:{}", r.config),
+            "-",
+            "-",
+            ms,
+            tflops,
+            bytes(r.workspace),
+            if r.deterministic { "yes" } else { "no" },
+            notes.join(", ")
+        );
+    }
+    if let (Some((g, g_ms)), Some((f, f_ms))) = (fastest_graph, fastest) {
+        println!(
+            "fastest graph plan {g} {g_ms:.3} ms vs fastest legacy {f} {f_ms:.3} ms: {:.2}x",
+            f_ms / g_ms
         );
     }
     match (case.heuristic_top(), fastest) {
@@ -589,15 +834,15 @@ fn print_case(case: &Case) {
     // In this process every kernel is loaded by now: the first calls below show the decision
     // cost; the fresh-process measurement at the end shows the whole first-call cost.
     println!(
-        "{:<14} {:<22} {:<10} {:>14} {:>9} {:>11}",
-        "fresh tuner", "algorithm", "source", "1st call ms", "ms/call", "vs fastest"
+        "{:<14} {:<32} {:<10} {:>14} {:>9} {:>11}",
+        "fresh tuner", "ran", "source", "1st call ms", "ms/call", "vs fastest"
     );
     for (policy, run) in &case.policies {
         match run {
             Ok(r) => println!(
-                "{:<14} {:<22} {:<10} {:>14.2} {:>9.3} {:>11}",
+                "{:<14} {:<32} {:<10} {:>14.2} {:>9.3} {:>11}",
                 policy.name(),
-                r.algo.name(),
+                r.what(),
                 format!("{:?}", r.source).to_lowercase(),
                 r.first_ms,
                 r.steady_ms,
@@ -613,7 +858,7 @@ fn print_summary(cases: &[Case]) {
     println!();
     println!("== summary (ms per call, CUDA events; bench 1st = benchmark tuner's first call, wall clock) ==");
     println!(
-        "{:<24} {:<10} {:<22} {:>8} {:<22} {:>8} {:>9} {:>10} {:>12}",
+        "{:<24} {:<10} {:<22} {:>8} {:<22} {:>8} {:>9} {:>10} {:>10} {:>12} {:>12}",
         "config",
         "mode",
         "heuristic pick",
@@ -622,6 +867,8 @@ fn print_summary(cases: &[Case]) {
         "ms",
         "heur/best",
         "det best",
+        "graph best",
+        "union ms",
         "bench 1st"
     );
     for c in cases {
@@ -632,8 +879,18 @@ fn print_summary(cases: &[Case]) {
             (Some(h), Some((_, b))) => format!("{:.2}", h / b),
             _ => "-".into(),
         };
+        let union = c.policy(Policy::Benchmark).map_or_else(
+            || "-".into(),
+            |r| {
+                format!(
+                    "{:.3}{}",
+                    r.steady_ms,
+                    if r.api.is_graph() { " g" } else { "" }
+                )
+            },
+        );
         println!(
-            "{:<24} {:<10} {:<22} {:>8} {:<22} {:>8} {:>9} {:>10} {:>12}",
+            "{:<24} {:<10} {:<22} {:>8} {:<22} {:>8} {:>9} {:>10} {:>10} {:>12} {:>12}",
             CONFIGS[c.config].label(),
             c.mode.name(),
             heur.map_or("-", |a| a.name()),
@@ -642,6 +899,8 @@ fn print_summary(cases: &[Case]) {
             fmt_ms(best.map(|b| b.1)),
             ratio,
             fmt_ms(c.fastest_deterministic().map(|b| b.1)),
+            fmt_ms(c.fastest_graph().map(|g| g.1)),
+            union,
             c.policy(Policy::Benchmark)
                 .map_or_else(|| "-".into(), |r| format!("{:.1}", r.first_ms)),
         );
@@ -666,7 +925,7 @@ fn flag(b: bool) -> &'static str {
 
 fn write_tsv(path: &Path, cases: &[Case], _: &Options) -> WriteResult {
     let mut out = String::from(
-        "config\tmode\talgo\tstatus\tms\tworkspace_bytes\tdeterministic\tis_heuristic_top\tis_find_best\theuristic_rank\tfind_ms\n",
+        "config\tmode\talgo\tstatus\tms\tworkspace_bytes\tdeterministic\tis_heuristic_top\tis_find_best\theuristic_rank\tfind_ms\tapi\theuristic\tnotes\tis_union_pick\n",
     );
     for c in cases {
         for r in &c.rows {
@@ -675,7 +934,7 @@ fn write_tsv(path: &Path, cases: &[Case], _: &Options) -> WriteResult {
                 Outcome::Refused(why) => (why.replace(['\t', '\n'], " "), String::new()),
             };
             out.push_str(&format!(
-                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\tlegacy\t\t\t{}\n",
                 CONFIGS[c.config].label(),
                 c.mode.key(),
                 r.algo.name(),
@@ -688,6 +947,25 @@ fn write_tsv(path: &Path, cases: &[Case], _: &Options) -> WriteResult {
                 r.heuristic_rank
                     .map_or_else(String::new, |rank| rank.to_string()),
                 r.find_ms.map_or_else(String::new, |v| format!("{v:.6}")),
+                flag(c.union_picks_legacy(r.algo)),
+            ));
+        }
+        for r in &c.graph_rows {
+            let (status, ms) = match &r.outcome {
+                Outcome::Ran { ms } => ("ok".to_string(), format!("{ms:.6}")),
+                Outcome::Refused(why) => (why.replace(['\t', '\n'], " "), String::new()),
+            };
+            out.push_str(&format!(
+                "{}\t{}\t{}\t{status}\t{ms}\t{}\t{}\t0\t0\t{}\t\tgraph\t{}\t{}\t{}\n",
+                CONFIGS[c.config].label(),
+                c.mode.key(),
+                r.config,
+                r.workspace,
+                flag(r.deterministic),
+                r.rank,
+                r.heuristic,
+                r.notes,
+                flag(c.union_picks_graph(&r.config)),
             ));
         }
     }
@@ -697,17 +975,18 @@ fn write_tsv(path: &Path, cases: &[Case], _: &Options) -> WriteResult {
 
 fn write_policies_tsv(path: &Path, cases: &[Case], _: &Options) -> WriteResult {
     let mut out = String::from(
-        "config\tmode\tpolicy\talgo\tsource\tfirst_call_ms\tms\tfind_wall_ms\terror\n",
+        "config\tmode\tpolicy\talgo\tsource\tfirst_call_ms\tms\tfind_wall_ms\terror\tapi\n",
     );
     for c in cases {
         for (policy, run) in &c.policies {
-            let (algo, source, first, steady, error) = match run {
+            let (algo, source, first, steady, error, api) = match run {
                 Ok(r) => (
                     r.algo.name(),
                     format!("{:?}", r.source),
                     format!("{:.6}", r.first_ms),
                     format!("{:.6}", r.steady_ms),
                     String::new(),
+                    r.what(),
                 ),
                 Err(e) => (
                     "",
@@ -715,10 +994,11 @@ fn write_policies_tsv(path: &Path, cases: &[Case], _: &Options) -> WriteResult {
                     String::new(),
                     String::new(),
                     e.replace(['\t', '\n'], " "),
+                    String::new(),
                 ),
             };
             out.push_str(&format!(
-                "{}\t{}\t{}\t{algo}\t{source}\t{first}\t{steady}\t{:.3}\t{error}\n",
+                "{}\t{}\t{}\t{algo}\t{source}\t{first}\t{steady}\t{:.3}\t{error}\t{api}\n",
                 CONFIGS[c.config].label(),
                 c.mode.key(),
                 policy.name(),
@@ -772,7 +1052,8 @@ fn tick_label(v: f64) -> String {
 }
 
 /// One panel per mode: x = layer, y = ms per call (log), one colour per algorithm, heuristic
-/// picks boxed; a shared legend and the layer names below.
+/// picks boxed, the fastest graph plan a black triangle, the union pick crossed; a shared legend
+/// and the layer names below.
 fn write_svg(path: &Path, cases: &[Case], opts: &Options) -> WriteResult {
     use plotters::prelude::*;
 
@@ -785,9 +1066,11 @@ fn write_svg(path: &Path, cases: &[Case], opts: &Options) -> WriteResult {
     let cols = modes.len().min(2);
     let rows = modes.len().div_ceil(2);
     let width = PANEL.0 * cols as u32;
-    // Legend: the algorithms and the heuristic-pick box; then the layer names.
+    // Legend: the algorithms, the heuristic-pick box, the graph triangle and the union cross;
+    // then the layer names.
+    const MARKS: usize = 3;
     let per_line = ((width as i32 - 40) / LEGEND_ENTRY).max(1) as usize;
-    let legend_lines = (ConvFwdAlgo::ALL.len() + 1).div_ceil(per_line);
+    let legend_lines = (ConvFwdAlgo::ALL.len() + MARKS).div_ceil(per_line);
     let names_per_line = ((width as i32 - 40) / NAME_ENTRY).max(1) as usize;
     let footer_lines = legend_lines + n.div_ceil(names_per_line);
     let footer_height = LINE as u32 * footer_lines as u32 + 16;
@@ -806,22 +1089,32 @@ fn write_svg(path: &Path, cases: &[Case], opts: &Options) -> WriteResult {
         RGBColor(r, g, b)
     };
     let font = ("sans-serif", 15).into_font();
-    for i in 0..=ConvFwdAlgo::ALL.len() {
+    let algos = ConvFwdAlgo::ALL.len();
+    for i in 0..algos + MARKS {
         let x = 30 + LEGEND_ENTRY * (i % per_line) as i32;
         let y = 14 + LINE * (i / per_line) as i32;
-        match ConvFwdAlgo::ALL.get(i) {
+        let label = match ConvFwdAlgo::ALL.get(i) {
             Some(algo) => {
                 footer.draw(&Circle::new((x, y), 5, color(i).filled()))?;
-                footer.draw(&Text::new(algo.name(), (x + 12, y - 8), font.clone()))?;
+                algo.name()
             }
-            None => {
+            None if i == algos => {
                 footer.draw(&Rectangle::new(
                     [(x - 7, y - 7), (x + 7, y + 7)],
                     BLACK.stroke_width(1),
                 ))?;
-                footer.draw(&Text::new("heuristic pick", (x + 12, y - 8), font.clone()))?;
+                "heuristic pick"
             }
-        }
+            None if i == algos + 1 => {
+                footer.draw(&TriangleMarker::new((x, y), 6, BLACK.filled()))?;
+                "graph (fastest plan)"
+            }
+            None => {
+                footer.draw(&Cross::new((x, y), 6, RED.stroke_width(2)))?;
+                "union pick"
+            }
+        };
+        footer.draw(&Text::new(label, (x + 12, y - 8), font.clone()))?;
     }
     for (i, &c) in opts.configs.iter().enumerate() {
         let x = 20 + NAME_ENTRY * (i % names_per_line) as i32;
@@ -844,7 +1137,12 @@ fn write_svg(path: &Path, cases: &[Case], opts: &Options) -> WriteResult {
             .collect();
         let all_ms: Vec<f64> = mode_cases
             .iter()
-            .flat_map(|(_, c)| c.rows.iter().filter_map(|r| c.ms(r.algo)))
+            .flat_map(|(_, c)| {
+                c.rows
+                    .iter()
+                    .filter_map(|r| c.ms(r.algo))
+                    .chain(c.fastest_graph().map(|g| g.1))
+            })
             .collect();
         if all_ms.is_empty() {
             panel.draw(&Text::new(
@@ -903,6 +1201,26 @@ fn write_svg(path: &Path, cases: &[Case], opts: &Options) -> WriteResult {
                 EmptyElement::at((x_of(x, ai), c.ms(h)?))
                     + Rectangle::new([(-7, -7), (7, 7)], BLACK.stroke_width(1)),
             )
+        }))?;
+        // The graph plans right of the algorithms (slot 8).
+        chart.draw_series(mode_cases.iter().filter_map(|&(x, c)| {
+            let (_, ms) = c.fastest_graph()?;
+            Some(TriangleMarker::new((x_of(x, algos), ms), 6, BLACK.filled()))
+        }))?;
+        chart.draw_series(mode_cases.iter().filter_map(|&(x, c)| {
+            let at = match c.union_pick()? {
+                ConvApi::Graph(cfg) => {
+                    let cfg = cfg.to_string();
+                    let row = c.graph_rows.iter().find(|r| r.config == cfg)?;
+                    (x_of(x, algos), row.ms()?)
+                }
+                _ => {
+                    let algo = c.policy(Policy::Benchmark)?.algo;
+                    let ai = ConvFwdAlgo::ALL.iter().position(|&a| a == algo)?;
+                    (x_of(x, ai), c.ms(algo)?)
+                }
+            };
+            Some(Cross::new(at, 6, RED.stroke_width(2)))
         }))?;
     }
     root.present()?;
@@ -1131,7 +1449,9 @@ fn first_call_measure(cache: &Path, fixed: Option<ConvFwdAlgo>) -> Result<String
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cudnn_safe::graph::EngineConfig;
     use cudnn_safe::Status;
+    use std::sync::Arc;
 
     fn fake_case(config: usize, mode: Mode) -> Case {
         let rows = ConvFwdAlgo::ALL
@@ -1152,10 +1472,34 @@ mod tests {
                 },
             })
             .collect();
+        let graph_rows = vec![
+            GraphRow {
+                config: "eng12_k2=1_k5=0".into(),
+                heuristic: "A",
+                rank: 1,
+                workspace: 4096,
+                deterministic: true,
+                notes: "tc".into(),
+                outcome: Outcome::Ran {
+                    ms: 0.1 * (config + 1) as f64,
+                },
+            },
+            GraphRow {
+                config: "eng0".into(),
+                heuristic: "fallback",
+                rank: 1,
+                workspace: 0,
+                deterministic: false,
+                notes: String::new(),
+                outcome: Outcome::Refused(Status::NOT_SUPPORTED.name()),
+            },
+        ];
+        let pick: EngineConfig = "eng12_k2=1_k5=0".parse().unwrap();
         Case {
             config,
             mode,
             rows,
+            graph_rows,
             heuristic_order: vec![ConvFwdAlgo::Gemm, ConvFwdAlgo::ImplicitGemm],
             find_best: Some(ConvFwdAlgo::ImplicitGemm),
             find_wall_ms: 12.5,
@@ -1165,12 +1509,26 @@ mod tests {
                     Policy::Heuristic,
                     Ok(PolicyRun {
                         algo: ConvFwdAlgo::Gemm,
+                        api: ConvApi::Legacy,
                         source: Source::Heuristic,
                         first_ms: 1.5,
                         steady_ms: 2.2,
                     }),
                 ),
-                (Policy::Benchmark, Err("no\tluck".into())),
+                (
+                    Policy::Benchmark,
+                    if config == 1 {
+                        Err("no\tluck".into())
+                    } else {
+                        Ok(PolicyRun {
+                            algo: ConvFwdAlgo::ImplicitGemm,
+                            api: ConvApi::Graph(Arc::new(pick)),
+                            source: Source::Benchmark,
+                            first_ms: 30.0,
+                            steady_ms: 0.1,
+                        })
+                    },
+                ),
             ],
         }
     }
@@ -1191,19 +1549,32 @@ mod tests {
         write_tsv(&tsv, &cases, &opts).unwrap();
         let text = std::fs::read_to_string(&tsv).unwrap();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 1 + cases.len() * ConvFwdAlgo::ALL.len());
-        assert!(lines.iter().all(|l| l.split('\t').count() == 11), "{text}");
+        assert_eq!(lines.len(), 1 + cases.len() * (ConvFwdAlgo::ALL.len() + 2));
+        assert!(lines.iter().all(|l| l.split('\t').count() == 15), "{text}");
         assert!(text.contains("32x64x56x56->128 3x3/1\tfp32\tGEMM\tok\t"));
         assert!(text.contains("\tFFT_TILING\tCUDNN_STATUS_NOT_SUPPORTED\t\t"));
+        // Graph rows, the union pick marked on the graph row (the benchmark tuner ran it).
+        assert!(text.contains(
+            "\tfp32\teng12_k2=1_k5=0\tok\t0.100000\t4096\t1\t0\t0\t1\t\tgraph\tA\ttc\t1\n"
+        ));
+        assert!(text.contains(
+            "\teng0\tCUDNN_STATUS_NOT_SUPPORTED\t\t0\t0\t0\t0\t1\t\tgraph\tfallback\t\t0\n"
+        ));
+        assert!(!lines
+            .iter()
+            .any(|l| l.contains("\tlegacy\t") && l.ends_with("\t1")));
 
         let policies = dir.join("p.tsv");
         write_policies_tsv(&policies, &cases, &opts).unwrap();
         let text = std::fs::read_to_string(&policies).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 1 + cases.len() * 2);
-        assert!(lines.iter().all(|l| l.split('\t').count() == 9), "{text}");
-        assert!(text.contains("\tfp16\theuristic\tGEMM\tHeuristic\t1.500000\t2.200000\t12.500\t\n"));
-        assert!(text.contains("\tbenchmark\t\t\t\t\t12.500\tno luck\n"));
+        assert!(lines.iter().all(|l| l.split('\t').count() == 10), "{text}");
+        assert!(text.contains(
+            "\tfp16\theuristic\tGEMM\tHeuristic\t1.500000\t2.200000\t12.500\t\tlegacy GEMM\n"
+        ));
+        assert!(text.contains("\tbenchmark\t\t\t\t\t12.500\tno luck\t\n"));
+        assert!(text.contains("\tbenchmark\tIMPLICIT_GEMM\tBenchmark\t30.000000\t0.100000\t12.500\t\tgraph eng12_k2=1_k5=0\n"));
 
         let svg = dir.join("c.svg");
         write_svg(&svg, &cases, &opts).unwrap();
@@ -1214,6 +1585,8 @@ mod tests {
             "fp16-nhwc",
             "IMPLICIT_GEMM",
             "heuristic pick",
+            "graph (fastest plan)",
+            "union pick",
             "#2 16x256x28x28",
         ] {
             assert!(text.contains(needle), "{needle} missing from the chart");
@@ -1245,6 +1618,11 @@ mod tests {
         assert_eq!(quick.configs, [0, 1]);
         assert_eq!(quick.modes, [Mode::Fp32, Mode::Fp16]);
         assert!(!quick.first_call);
+        assert_eq!(quick.graph_plans, GRAPH_PLANS);
+        let legacy = Options::parse(&["--graph-plans".into(), "0".into()]).unwrap();
+        assert_eq!(legacy.graph_plans, 0);
+        assert!(Options::parse(&["--graph-plans".into(), "many".into()]).is_err());
+        assert!(Options::parse(&["--graph-plans".into()]).is_err());
         assert!(Options::parse(&["--modes".into(), "fp16,bogus".into()]).is_err());
         assert_eq!(
             Options::parse(&["--modes=bf16,tf32,bf16".into()])

@@ -12,9 +12,13 @@
 //! | `CUDNN_CONV_WSCAP_DBG` (workspace cap)   | [`Autotuner::workspace_limit`]                  |
 //! | in-memory benchmark cache (per process)  | cache keyed by problem, GPU and cuDNN version, persisted with [`Autotuner::cache_file`] or `CUDNN_SAFE_AUTOTUNE_CACHE` |
 //!
-//! Under the benchmark policies a convolution forward also searches the backend (graph)
+//! Under the benchmark policies every convolution call — forward, backward data, backward
+//! filter and the fused forward with bias and activation — also searches the backend (graph)
 //! engines ([`Autotuner::graph_search`], on by default): legacy algorithms and graph plans are
-//! timed alike and the faster runs; [`Choice::api`] says which API ran.
+//! timed alike and the faster runs, without the caller knowing which API served;
+//! [`Choice::api`] says which did. A repeated call is served from the decision as cheaply as
+//! the bare plan: nothing is copied or rebuilt (the held plan's variant pack is reused while
+//! the buffers stay the same), and every check of the call still runs.
 //!
 //! A decision is made once per problem (direction, dims, strides, data types, convolution
 //! parameters, math type, policy, workspace limit, GPU model and cuDNN version) and logged with
@@ -44,31 +48,38 @@
 //! ```
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 use crate::conv::{
     AlgoPerf, ConvAlgorithm, ConvBwdDataAlgo, ConvBwdFilterAlgo, ConvDesc, ConvDirection,
-    ConvFwdAlgo,
+    ConvFwdAlgo, FusedActivation,
 };
 use crate::dtype::{DType, DataType, Scalar};
 use crate::error::{Error, Result};
-use crate::graph::union as gunion;
-use crate::graph::{Args, ConvApi, EngineConfig, GraphSearch, Plan, TensorId};
+use crate::graph::union::{self as gunion, ConvGraph, Ids};
+use crate::graph::{Args, ConvApi, EngineConfig, GraphSearch, Plan};
 use crate::handle::Cudnn;
 use crate::tensor::{FilterDesc, Layout, TensorDesc, TensorFormat};
 use crate::workspace::{Workspace, MAX_WORKSPACE_BYTES};
+
+/// A union search times the legacy favourite and the best graph plan once more when they are
+/// within this factor of each other (a clear winner needs no second look).
+const RETIME_WITHIN: f32 = 1.25;
 
 /// Environment variable naming the autotune cache file used by [`Autotuner::new`].
 pub const CACHE_ENV: &str = "CUDNN_SAFE_AUTOTUNE_CACHE";
 
 const FILE_HEADER: &str = "# cudnn-safe autotune cache v1: device<TAB>problem key<TAB>algo:workspace_bytes:ms,...[<TAB>graph=<engine config>:workspace_bytes:ms]";
 
-/// Most graph plans a union search builds and times (heuristics A then fallback, in order).
-const GRAPH_MAX_PLANS: usize = 12;
+/// Graph plans a union search builds and times per heuristic mode by default (heuristics A, then
+/// as many again from the fallback list): what the raw-C measurement that found the graph
+/// engines 1.37x faster than PyTorch in fp16/bf16 tried. See [`Autotuner::graph_plans`].
+pub const DEFAULT_GRAPH_PLANS: usize = 24;
 
 /// How an [`Autotuner`] picks a convolution algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -179,8 +190,7 @@ pub struct Choice<A> {
     /// workspace only grows, so an earlier, larger request can make it bigger).
     pub workspace: usize,
     /// The API that ran: [`ConvApi::Legacy`] (`algo`), or [`ConvApi::Graph`] with the engine
-    /// configuration of the graph plan a union search chose
-    /// ([`Autotuner::graph_search`]; convolution forward only).
+    /// configuration of the graph plan a union search chose ([`Autotuner::graph_search`]).
     pub api: ConvApi,
 }
 
@@ -201,7 +211,7 @@ pub struct TunerStats {
     pub hits: u64,
     /// Decisions made (heuristic or benchmark).
     pub misses: u64,
-    /// Benchmarks run.
+    /// Benchmarks run (a union search of a problem whose legacy ranking was known counts too).
     pub benchmarks: u64,
     /// Times a later candidate ran because an earlier one could not (including a graph plan
     /// that could not run, replaced by the legacy ranking).
@@ -209,12 +219,49 @@ pub struct TunerStats {
     /// Graph plans rebuilt from a remembered engine configuration (a decision read from the cache
     /// file, or used on another handle) without timing anything.
     pub plan_builds: u64,
+    /// Union searches run (graph plans built and timed against the legacy favourite).
+    pub graph_searches: u64,
+    /// Graph plans the union searches built (and timed).
+    pub graph_plans: u64,
+    /// Wall time the union searches spent asking the heuristics and building plans (engines
+    /// that compile at run time make this the larger part of a search).
+    pub graph_build: Duration,
+    /// Wall time of the union searches in all: graph built, plans built, every candidate timed.
+    pub graph_search: Duration,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// A cache key: the GPU and cuDNN version, and the problem as integers. Its hash is computed
+/// once, so that the steady-state lookup of a held plan hashes 8 bytes, not the whole problem.
+#[derive(Debug, Clone)]
 struct Key {
     device: Arc<str>,
     problem: Vec<i64>,
+    hash: u64,
+}
+
+impl Key {
+    fn new(device: Arc<str>, problem: Vec<i64>) -> Key {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        device.hash(&mut h);
+        problem.hash(&mut h);
+        Key {
+            hash: h.finish(),
+            device,
+            problem,
+        }
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.hash == other.hash && self.problem == other.problem && self.device == other.device
+    }
+}
+impl Eq for Key {}
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
 }
 
 type Ranking = Vec<(u32, usize, f32)>;
@@ -222,13 +269,14 @@ type Ranking = Vec<(u32, usize, f32)>;
 /// The graph engine a union search chose: what is persisted of it.
 #[derive(Debug, Clone, PartialEq)]
 struct GraphPick {
-    config: EngineConfig,
+    config: Arc<EngineConfig>,
     workspace: usize,
     ms: f32,
 }
 
 /// A cached decision: the legacy ranking (never empty), and the graph engine that beat its first
-/// candidate, if a union search found one.
+/// candidate, if a union search found one. Shared (`Arc`) between the cache and the recent
+/// calls, so that a repeated call copies nothing.
 #[derive(Debug, Clone, PartialEq)]
 struct Entry {
     ranking: Ranking,
@@ -242,30 +290,44 @@ impl Entry {
             graph: None,
         }
     }
+    /// The first legacy candidate.
+    fn first<A: ConvAlgorithm>(&self) -> Option<Candidate<A>> {
+        let &(a, workspace, time_ms) = self.ranking.first()?;
+        Some(Candidate {
+            algo: A::from_raw_value(a)?,
+            workspace,
+            time_ms,
+        })
+    }
 }
 
-/// A ranking, where it came from, its cache key (none under a fixed policy), and the graph
-/// engine chosen for it, if any.
-type Decision<A> = (
-    Vec<Candidate<A>>,
-    Source,
-    Option<Arc<Key>>,
-    Option<GraphPick>,
-);
+/// A decision for a call: the entry, where it came from, and its cache key (none under a fixed
+/// policy).
+struct Decided {
+    entry: Arc<Entry>,
+    source: Source,
+    key: Option<Arc<Key>>,
+}
 
 /// A built plan of a graph decision, kept so that repeated calls build nothing: the plan caches
 /// its variant pack, rebuilt only when a buffer address changes.
 struct HeldPlan {
     plan: Plan,
-    x: TensorId,
-    w: TensorId,
-    y: TensorId,
+    ids: Ids,
+    config: Arc<EngineConfig>,
 }
 
 impl std::fmt::Debug for HeldPlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.plan.fmt(f)
     }
+}
+
+/// A candidate a union search times: a graph plan with the ids its buffers bind to, or the
+/// legacy favourite.
+enum Trial<'p> {
+    Plan(&'p Plan, Ids),
+    Legacy,
 }
 
 /// Chooses convolution algorithms under a [`Policy`], remembers each decision, and runs the
@@ -278,15 +340,16 @@ pub struct Autotuner {
     limit: usize,
     workspace: Option<Workspace>,
     graph: GraphSearch,
-    cache: HashMap<Key, Entry>,
+    graph_plans: usize,
+    cache: HashMap<Key, Arc<Entry>>,
     /// Plans of graph decisions, built on the handle they last ran on.
     held: HashMap<Key, HeldPlan>,
     path: Option<PathBuf>,
     devices: Vec<(usize, usize, Arc<str>)>,
     /// Recently used problems by descriptor ids (never reused, descriptors immutable) → key and
-    /// ranking, so a repeated call builds and hashes no key. Cleared whenever a ranking or the
-    /// policy or limit changes.
-    recent: std::collections::VecDeque<([u64; 7], Arc<Key>, Entry)>,
+    /// decision, so a repeated call builds and hashes no key. Cleared whenever a decision or the
+    /// policy, limit or search mode changes.
+    recent: std::collections::VecDeque<([u64; 8], Arc<Key>, Arc<Entry>)>,
     stats: TunerStats,
 }
 
@@ -295,7 +358,7 @@ enum Prepared {
     /// `Policy::Fixed`: nothing to decide or cache.
     Fixed,
     /// A cached decision.
-    Known(Arc<Key>, Entry),
+    Known(Arc<Key>, Arc<Entry>),
     /// Not decided yet.
     Unknown(Arc<Key>),
 }
@@ -303,14 +366,16 @@ enum Prepared {
 const RECENT_CAPACITY: usize = 16;
 
 impl Autotuner {
-    /// A tuner with `policy`, no workspace limit beyond [`MAX_WORKSPACE_BYTES`], and the cache
-    /// file named by `CUDNN_SAFE_AUTOTUNE_CACHE` when that is set (loaded now).
+    /// A tuner with `policy`, no workspace limit beyond [`MAX_WORKSPACE_BYTES`], the union search
+    /// on ([`GraphSearch::Union`], 24 plans per heuristic mode), and the
+    /// cache file named by `CUDNN_SAFE_AUTOTUNE_CACHE` when that is set (loaded now).
     pub fn new(policy: Policy) -> Self {
         let tuner = Autotuner {
             policy,
             limit: MAX_WORKSPACE_BYTES,
             workspace: None,
             graph: GraphSearch::default(),
+            graph_plans: DEFAULT_GRAPH_PLANS,
             cache: HashMap::new(),
             held: HashMap::new(),
             path: None,
@@ -336,8 +401,10 @@ impl Autotuner {
             path.display(),
             loaded.len()
         );
-        self.cache.extend(loaded);
+        self.cache
+            .extend(loaded.into_iter().map(|(k, v)| (k, Arc::new(v))));
         self.path = Some(path);
+        self.recent.clear();
         self
     }
 
@@ -365,24 +432,29 @@ impl Autotuner {
     }
 
     /// Whether [`Policy::Benchmark`] and [`Policy::Deterministic`] also search the backend
-    /// (graph) engines for a convolution forward ([`GraphSearch::Union`] by default).
+    /// (graph) engines ([`GraphSearch::Union`] by default), for the convolution forward, backward
+    /// data, backward filter and the fused forward with bias and activation.
     ///
     /// The union search runs after the legacy benchmark of a new problem: the problem is rebuilt
-    /// as a one-operation graph (same dims, strides, data types, padding, strides, dilations,
-    /// mode and compute type), up to 12 plans are built (heuristics A, then fallback) under a
-    /// filter matching the legacy numerics (no tensor cores with
-    /// [`MathType::Fma`](crate::conv::MathType::Fma), no input down-conversion unless
+    /// as a graph (same dims, strides, data types, padding, strides, dilations, mode and compute
+    /// type: `conv_fprop`, `conv_dgrad` or `conv_wgrad`, or `conv_fprop → bias → activation` for
+    /// the fused call); up to [`Autotuner::graph_plans`] plans from heuristics A and as many
+    /// from the fallback list are built under a filter matching the legacy numerics (no tensor
+    /// cores with [`MathType::Fma`](crate::conv::MathType::Fma), no input down-conversion unless
     /// `TensorOpAllowConversion`, no reduced-precision accumulation with an f32 compute type,
-    /// deterministic engines only under [`Policy::Deterministic`], the workspace limit), and each
+    /// deterministic engines only under [`Policy::Deterministic`], the workspace limit); each
     /// plan and the legacy favourite are timed alike with CUDA events (on the caller's output,
-    /// or on scratch memory when `beta ≠ 0`). A faster graph plan is remembered in the decision
+    /// or on scratch memory when `beta ≠ 0`): a warm-up, a probe, then the best of 3 rounds of
+    /// as many back-to-back launches as last 0.3 ms (a plan whose probe is 1.5× slower than
+    /// the best so far is not timed further; finalists within 25% of each other are timed once
+    /// more, back to back). A faster graph plan is remembered in the decision
     /// (and in the cache file as its engine configuration) and runs for every later call with
-    /// `alpha = 1, beta = 0` (the graph computes `y = conv(x, w)` only); other calls,
-    /// [`Autotuner::bias_activation_forward`], and problems the graph cannot express (f64,
-    /// int8, mixed input/output types, vectorized filters) use the legacy ranking. When no plan
-    /// builds or runs, the legacy decision stands (logged). A problem no legacy algorithm can run
-    /// within the limit stays [`Error::NoAlgorithm`]. The backward directions, and
-    /// [`Policy::Heuristic`] and [`Policy::Fixed`], are legacy only.
+    /// `alpha = 1, beta = 0` (the graph computes the plain result only; the fused call also
+    /// needs no `z`). Other calls, and problems the graph cannot express (f64, int8, mixed
+    /// input/output types, vectorized filters), use the legacy ranking. When no plan builds or
+    /// runs, the legacy decision stands (logged). A problem no legacy algorithm can run within
+    /// the limit stays [`Error::NoAlgorithm`]. [`Policy::Heuristic`] and [`Policy::Fixed`] are
+    /// legacy only. The build cost shows in [`TunerStats`] and the `info` log.
     ///
     /// Part of the cache key under the benchmark policies; [`GraphSearch::Union`] shares its key
     /// with the decisions of earlier versions, which searched legacy algorithms only: those keep
@@ -394,9 +466,24 @@ impl Autotuner {
         self
     }
 
+    /// Most graph plans a union search builds and times per heuristic mode (at least 1; default
+    /// 24): up to this many from heuristics A, then up to this many more
+    /// from the fallback list. Fewer make a first call cheaper (each plan is built, and engines
+    /// that compile at run time take long to build) at the risk of missing the fastest engine.
+    /// Not part of the cache key: decisions already made stand.
+    #[must_use]
+    pub fn graph_plans(mut self, per_mode: usize) -> Self {
+        self.graph_plans = per_mode.max(1);
+        self
+    }
+
     /// The graph search mode.
     pub fn graph_search_mode(&self) -> GraphSearch {
         self.graph
+    }
+    /// Most graph plans a union search builds per heuristic mode ([`Autotuner::graph_plans`]).
+    pub fn graph_plans_per_mode(&self) -> usize {
+        self.graph_plans
     }
 
     /// The policy.
@@ -420,7 +507,7 @@ impl Autotuner {
     pub fn cached_decisions(&self) -> usize {
         self.cache.len()
     }
-    /// Hit/miss/benchmark/fallback counters.
+    /// Hit/miss/benchmark/fallback counters and the union searches' costs.
     pub fn stats(&self) -> TunerStats {
         self.stats
     }
@@ -443,32 +530,11 @@ impl Autotuner {
         };
         let mut all = load_file(path);
         for (k, v) in &self.cache {
-            all.insert(k.clone(), v.clone());
+            all.insert(k.clone(), (**v).clone());
         }
         let mut text = String::from(FILE_HEADER);
         text.push('\n');
-        let mut lines: Vec<String> = all
-            .iter()
-            .map(|(k, v)| {
-                let problem: Vec<String> = k.problem.iter().map(i64::to_string).collect();
-                let ranking: Vec<String> = v
-                    .ranking
-                    .iter()
-                    .map(|(a, ws, ms)| format!("{a}:{ws}:{ms}"))
-                    .collect();
-                let graph = v
-                    .graph
-                    .as_ref()
-                    .map(|g| format!("\tgraph={}:{}:{}", g.config, g.workspace, g.ms))
-                    .unwrap_or_default();
-                format!(
-                    "{}\t{}\t{}{graph}",
-                    k.device,
-                    problem.join(","),
-                    ranking.join(",")
-                )
-            })
-            .collect();
+        let mut lines: Vec<String> = all.iter().map(|(k, v)| format_line(k, v)).collect();
         lines.sort();
         for l in lines {
             let _ = writeln!(text, "{l}");
@@ -518,19 +584,13 @@ impl Autotuner {
         self.workspace.as_mut().expect("set above")
     }
 
-    fn key(&mut self, cudnn: &Cudnn, problem: Vec<i64>) -> Key {
-        Key {
-            device: self.device(cudnn),
-            problem,
-        }
-    }
-
     /// Finds the call's problem: by descriptor ids among recent calls (cheap), else by building
     /// its full key and looking it up in the cache. Under [`Policy::Fixed`] nothing is looked up.
+    /// `ids` are a call kind and the ids of the descriptors the problem depends on.
     fn prepare(
         &mut self,
         cudnn: &Cudnn,
-        ids: [u64; 5],
+        ids: [u64; 6],
         problem: impl FnOnce(Policy, usize) -> Vec<i64>,
     ) -> Prepared {
         if let Policy::Fixed(_) = self.policy {
@@ -542,14 +602,15 @@ impl Autotuner {
             ids[2],
             ids[3],
             ids[4],
+            ids[5],
             cudnn.context().ordinal() as u64,
             cudnn.version() as u64,
         ];
-        if let Some((_, key, ranking)) = self.recent.iter().find(|(i, _, _)| *i == ids) {
-            return Prepared::Known(key.clone(), ranking.clone());
+        if let Some((_, key, entry)) = self.recent.iter().find(|(i, _, _)| *i == ids) {
+            return Prepared::Known(key.clone(), entry.clone());
         }
         let p = problem(self.policy, self.limit);
-        let key = Arc::new(self.key(cudnn, p));
+        let key = Arc::new(Key::new(self.device(cudnn), p));
         match self.cache.get(&*key) {
             Some(r) => {
                 let r = r.clone();
@@ -575,11 +636,34 @@ impl Autotuner {
         let gmode = self.graph;
         let prepared = self.prepare(
             cudnn,
-            [0, x_desc.id(), w_desc.id(), conv.id(), y_desc.id()],
+            [0, x_desc.id(), w_desc.id(), conv.id(), y_desc.id(), 0],
             |policy, limit| forward_key(x_desc, w_desc, conv, y_desc, policy, limit, gmode),
         );
         match prepared {
             Prepared::Known(_, r) => Some(decode(&r.ranking)),
+            _ => None,
+        }
+    }
+
+    /// The graph engine configuration remembered for a forward problem under the current policy
+    /// and search mode, if a union search chose one (a later call with `alpha = 1, beta = 0`
+    /// runs it).
+    pub fn cached_forward_graph<X: DataType, Y: DataType>(
+        &mut self,
+        cudnn: &Cudnn,
+        x_desc: &TensorDesc<X>,
+        w_desc: &FilterDesc<X>,
+        conv: &ConvDesc,
+        y_desc: &TensorDesc<Y>,
+    ) -> Option<Arc<EngineConfig>> {
+        let gmode = self.graph;
+        let prepared = self.prepare(
+            cudnn,
+            [0, x_desc.id(), w_desc.id(), conv.id(), y_desc.id(), 0],
+            |policy, limit| forward_key(x_desc, w_desc, conv, y_desc, policy, limit, gmode),
+        );
+        match prepared {
+            Prepared::Known(_, r) => r.graph.as_ref().map(|g| g.config.clone()),
             _ => None,
         }
     }
@@ -593,24 +677,22 @@ impl Autotuner {
         heuristics: impl FnOnce() -> Result<Vec<AlgoPerf<A>>>,
         mut find: impl FnMut(&mut Workspace) -> Result<Vec<AlgoPerf<A>>>,
         fixed: A,
-    ) -> Result<Decision<A>> {
+    ) -> Result<Decided> {
         let key = match prepared {
             Prepared::Fixed => {
-                let only = Candidate {
-                    algo: fixed,
-                    workspace: 0,
-                    time_ms: -1.0,
-                };
-                return Ok((vec![only], Source::Fixed, None, None));
+                return Ok(Decided {
+                    entry: Arc::new(Entry::legacy(vec![(fixed.raw_value(), 0, -1.0)])),
+                    source: Source::Fixed,
+                    key: None,
+                });
             }
             Prepared::Known(key, entry) => {
                 self.stats.hits += 1;
-                return Ok((
-                    decode(&entry.ranking),
-                    Source::Cache,
-                    Some(key),
-                    entry.graph,
-                ));
+                return Ok(Decided {
+                    entry,
+                    source: Source::Cache,
+                    key: Some(key),
+                });
             }
             Prepared::Unknown(key) => key,
         };
@@ -700,48 +782,54 @@ impl Autotuner {
                 format!("; refused {}", refused.join(", "))
             }
         );
-        self.cache
-            .insert((*key).clone(), Entry::legacy(encode(&ranking)));
+        let entry = Arc::new(Entry::legacy(encode(&ranking)));
+        self.cache.insert((*key).clone(), entry.clone());
         self.persist();
-        Ok((ranking, source, Some(key), None))
+        Ok(Decided {
+            entry,
+            source,
+            key: Some(key),
+        })
     }
 
-    /// Runs the candidates in order until one succeeds. Errors from this crate's argument
+    /// Runs the legacy candidates in order until one succeeds. Errors from this crate's argument
     /// checks end the attempt at once (no algorithm can fix them); cuDNN refusals and workspace
     /// failures move on to the next candidate, and refused candidates leave the cached ranking.
     fn run<A: ConvAlgorithm>(
         &mut self,
         cudnn: &Cudnn,
-        key: Option<Arc<Key>>,
-        ranking: Vec<Candidate<A>>,
-        source: Source,
+        d: Decided,
         mut launch: impl FnMut(A, &mut Workspace) -> Result<()>,
     ) -> Result<Choice<A>> {
         let mut failures = Vec::new();
         let mut refused = Vec::new();
-        for (rank, c) in ranking.iter().enumerate() {
+        for (rank, &(raw, _, _)) in d.entry.ranking.iter().enumerate() {
+            let Some(algo) = A::from_raw_value(raw) else {
+                continue;
+            };
             let ws = self.workspace(cudnn);
-            match launch(c.algo, ws) {
+            match launch(algo, ws) {
                 Ok(()) => {
                     if rank > 0 {
                         self.stats.fallbacks += 1;
                         log::warn!(
-                            "conv {}: fell back to {} (rank {rank}) after {}",
+                            "conv {}: fell back to {algo} (rank {rank}) after {}",
                             A::DIRECTION.name(),
-                            c.algo,
                             failures.join("; ")
                         );
                     }
-                    if let (Some(key), false) = (key, refused.is_empty()) {
-                        if let Some(r) = self.cache.get_mut(&*key) {
-                            r.ranking.retain(|(a, _, _)| !refused.contains(a));
+                    if let (Some(key), false) = (&d.key, refused.is_empty()) {
+                        if let Some(r) = self.cache.get_mut(&**key) {
+                            Arc::make_mut(r)
+                                .ranking
+                                .retain(|(a, _, _)| !refused.contains(a));
                         }
                         self.recent.clear();
                     }
                     let workspace = self.workspace_bytes();
                     return Ok(Choice {
-                        algo: c.algo,
-                        source,
+                        algo,
+                        source: d.source,
                         rank,
                         workspace,
                         api: ConvApi::Legacy,
@@ -749,9 +837,9 @@ impl Autotuner {
                 }
                 Err(e) if falls_back(&e) => {
                     if matches!(e, Error::Cudnn { .. }) {
-                        refused.push(c.algo.raw_value());
+                        refused.push(raw);
                     }
-                    failures.push(format!("{}: {e}", c.algo));
+                    failures.push(format!("{algo}: {e}"));
                 }
                 Err(e) => return Err(e),
             }
@@ -762,6 +850,300 @@ impl Autotuner {
         })
     }
 
+    /// Whether the policy and search mode search graph engines.
+    fn union_on(&self) -> bool {
+        self.graph != GraphSearch::Off
+            && matches!(self.policy, Policy::Benchmark | Policy::Deterministic)
+    }
+
+    /// Builds the graph, builds and times its plans and the legacy favourite (`trial`), and
+    /// records a faster plan (any plan that runs, under [`GraphSearch::Prefer`]) in the decision
+    /// under `key`, keeping the plan built. Never fails the call: when the graph side cannot
+    /// build or run, the legacy decision stands (logged).
+    #[allow(clippy::too_many_arguments)] // the parts of one search
+    fn union_search(
+        &mut self,
+        cudnn: &Cudnn,
+        key: &Arc<Key>,
+        op: &'static str,
+        legacy: (String, f32),
+        conv: &ConvDesc,
+        build: impl FnOnce() -> Result<ConvGraph>,
+        mut trial: impl FnMut(Trial<'_>, &mut Workspace) -> Result<()>,
+    ) -> Option<GraphPick> {
+        let started = Instant::now();
+        self.stats.graph_searches += 1;
+        let found = self.union_time(cudnn, op, &legacy, conv, build, &mut trial);
+        self.stats.graph_search += started.elapsed();
+        let (pick, held) = match found {
+            Ok(Some(found)) => found,
+            Ok(None) => return None,
+            Err(e) => {
+                log::info!(
+                    "conv {op} union search: graph side failed ({e}); legacy {} stands",
+                    legacy.0
+                );
+                return None;
+            }
+        };
+        self.held.insert((**key).clone(), held);
+        if let Some(entry) = self.cache.get_mut(&**key) {
+            Arc::make_mut(entry).graph = Some(pick.clone());
+        }
+        self.recent.clear();
+        self.persist();
+        Some(pick)
+    }
+
+    /// The measuring part of [`Autotuner::union_search`]: the winning plan, if a graph plan wins.
+    fn union_time(
+        &mut self,
+        cudnn: &Cudnn,
+        op: &'static str,
+        (legacy_name, legacy_find_ms): &(String, f32),
+        conv: &ConvDesc,
+        build: impl FnOnce() -> Result<ConvGraph>,
+        trial: &mut impl FnMut(Trial<'_>, &mut Workspace) -> Result<()>,
+    ) -> Result<Option<(GraphPick, HeldPlan)>> {
+        let started = Instant::now();
+        let cg = build()?;
+        let deterministic = self.policy == Policy::Deterministic;
+        let (plans, skipped, build_time) = gunion::search_plans(
+            cudnn,
+            &cg.og,
+            conv,
+            deterministic,
+            self.limit,
+            self.graph_plans,
+        )?;
+        let built = plans.len();
+        self.stats.graph_plans += built as u64;
+        self.stats.graph_build += build_time;
+        let prefer = self.graph == GraphSearch::Prefer;
+        let policy = self.policy;
+        let ws = self.workspace(cudnn);
+        let mut legacy_ms = match gunion::time_ms(cudnn, None, || trial(Trial::Legacy, ws)) {
+            Ok(ms) => ms,
+            Err(e) => {
+                log::debug!("union search: legacy {legacy_name} not timed: {e}");
+                *legacy_find_ms
+            }
+        };
+        // Plans far slower than the bound are not timed precisely: they cannot win.
+        let mut bound = (!prefer && legacy_ms > 0.0).then_some(legacy_ms);
+        let mut best: Option<(f32, Plan)> = None;
+        let ids = cg.ids;
+        for plan in plans {
+            match gunion::time_ms(cudnn, bound, || trial(Trial::Plan(&plan, ids), ws)) {
+                Ok(ms) => {
+                    log::debug!("union search: graph {} {ms:.4} ms", plan.name());
+                    if best.as_ref().map_or(true, |(b, _)| ms < *b) {
+                        bound = Some(bound.map_or(ms, |b| b.min(ms)));
+                        best = Some((ms, plan));
+                    }
+                }
+                Err(e) if falls_back(&e) => {
+                    log::debug!("union search: graph {} failed: {e}", plan.name());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let Some((mut ms, plan)) = best else {
+            log::info!(
+                "conv {op} union search: no graph plan ran ({built} built in {:.1} ms, {skipped} skipped); legacy {legacy_name} stands",
+                build_time.as_secs_f64() * 1e3
+            );
+            return Ok(None);
+        };
+        // The two finalists were timed apart (other candidates in between), and a clock change
+        // in between could tip a close call: time both once more, back to back, each keeping
+        // its better time.
+        if !prefer
+            && legacy_ms > 0.0
+            && ms < legacy_ms * RETIME_WITHIN
+            && ms * RETIME_WITHIN > legacy_ms
+        {
+            if let Ok(again) = gunion::time_ms(cudnn, None, || trial(Trial::Legacy, ws)) {
+                legacy_ms = legacy_ms.min(again);
+            }
+            let again = gunion::time_ms(cudnn, None, || trial(Trial::Plan(&plan, ids), ws));
+            if let Ok(again) = again {
+                ms = ms.min(again);
+            }
+        }
+        let wins = prefer || legacy_ms < 0.0 || ms < legacy_ms;
+        log::info!(
+            "conv {op} union search ({}, {:.1} ms; {built} plans built in {:.1} ms, {skipped} skipped): graph {} {ms:.4} ms vs legacy {legacy_name} {legacy_ms:.4} ms: {} wins",
+            policy.name(),
+            started.elapsed().as_secs_f64() * 1e3,
+            build_time.as_secs_f64() * 1e3,
+            plan.name(),
+            if wins { "graph" } else { "legacy" },
+        );
+        if !wins {
+            return Ok(None);
+        }
+        let config = Arc::new(plan.config().clone());
+        let pick = GraphPick {
+            config: config.clone(),
+            workspace: plan.workspace_size(),
+            ms,
+        };
+        Ok(Some((pick, HeldPlan { plan, ids, config })))
+    }
+
+    /// Makes sure a plan of the graph decision under `key` is held for `cudnn`'s handle,
+    /// rebuilding it from the remembered engine configuration when needed (checked against the
+    /// current filter: the cache file is trusted for the choice only). `false` when there is no
+    /// such decision or it no longer builds (it is then dropped from the decision: the caller
+    /// searches again).
+    fn ensure_held(
+        &mut self,
+        cudnn: &Cudnn,
+        key: &Arc<Key>,
+        op: &'static str,
+        conv: &ConvDesc,
+        build: impl FnOnce() -> Result<ConvGraph>,
+    ) -> bool {
+        if self
+            .held
+            .get(&**key)
+            .is_some_and(|h| gunion::built_on(&h.plan, cudnn))
+        {
+            return true;
+        }
+        let Some(pick) = self.cache.get(&**key).and_then(|e| e.graph.clone()) else {
+            return false;
+        };
+        let deterministic = self.policy == Policy::Deterministic;
+        let limit = self.limit;
+        let rebuilt = (|| -> Result<HeldPlan> {
+            let cg = build()?;
+            let plan = cg.og.plan_from_config(cudnn, &pick.config)?;
+            let filter = gunion::filter(conv, deterministic, limit, &[], 1);
+            if let Some(why) = filter.refuse(plan.numerical_notes(), plan.behavior_notes()) {
+                return Err(Error::invalid(
+                    "remembered graph plan",
+                    "a plan the policy's filter accepts",
+                    format!("{}: {why}", pick.config),
+                ));
+            }
+            if plan.workspace_size() > limit {
+                return Err(Error::WorkspaceLimit {
+                    requested: plan.workspace_size(),
+                    limit,
+                });
+            }
+            Ok(HeldPlan {
+                plan,
+                ids: cg.ids,
+                config: pick.config.clone(),
+            })
+        })();
+        match rebuilt {
+            Ok(h) => {
+                self.stats.plan_builds += 1;
+                log::info!("conv {op}: graph plan {} rebuilt", h.config);
+                self.held.insert((**key).clone(), h);
+                true
+            }
+            Err(e) => {
+                log::warn!("conv {op}: remembered graph plan not rebuilt ({e}); tuning again");
+                self.drop_graph(key);
+                false
+            }
+        }
+    }
+
+    /// Forgets the graph engine of the decision under `key` (the legacy ranking runs instead).
+    fn drop_graph(&mut self, key: &Arc<Key>) {
+        self.held.remove(&**key);
+        if let Some(entry) = self.cache.get_mut(&**key) {
+            if entry.graph.is_some() {
+                Arc::make_mut(entry).graph = None;
+            }
+        }
+        self.recent.clear();
+    }
+
+    /// Runs the held plan of the decision under `key` through `exec` (which binds the caller's
+    /// buffers and executes: every check of [`Cudnn::execute`] runs). Returns the configuration
+    /// that ran, or `None` when the legacy ranking must run instead (no plan held, or cuDNN
+    /// refused the plan: the graph choice is then dropped from the decision). Argument errors
+    /// (short buffers, foreign contexts, ...) are returned: no algorithm can fix them.
+    fn exec_held(
+        &mut self,
+        cudnn: &Cudnn,
+        key: &Arc<Key>,
+        op: &'static str,
+        exec: impl FnOnce(&Plan, Ids, &mut Workspace) -> Result<()>,
+    ) -> Result<Option<Arc<EngineConfig>>> {
+        self.workspace(cudnn);
+        let (Some(ws), Some(h)) = (self.workspace.as_mut(), self.held.get(&**key)) else {
+            return Ok(None);
+        };
+        match exec(&h.plan, h.ids, ws) {
+            Ok(()) => Ok(Some(h.config.clone())),
+            Err(e) if falls_back(&e) || is_graph_only_refusal(&e) => {
+                log::warn!(
+                    "conv {op}: graph plan {} did not run ({e}); legacy ranking instead",
+                    h.config
+                );
+                self.stats.fallbacks += 1;
+                self.drop_graph(key);
+                self.persist();
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Saves the cache file if there is one (a failure is logged: the decision stays in memory).
+    fn persist(&self) {
+        if self.path.is_some() {
+            if let Err(e) = self.save() {
+                log::warn!("autotune cache not saved: {e}");
+            }
+        }
+    }
+
+    /// The graph result of a call whose decision `d` may hold a graph engine: searches on a new
+    /// benchmark decision (`search`), then, for a plain call (`plain`: `alpha = 1, beta = 0`, no
+    /// residual), makes sure the plan is held (searching again when it no longer builds) and
+    /// executes it on `out`. `Some(config)` when the graph ran.
+    #[allow(clippy::too_many_arguments)] // the parts of one call
+    fn graph_call<O>(
+        &mut self,
+        cudnn: &Cudnn,
+        d: &Decided,
+        plain: bool,
+        op: &'static str,
+        conv: &ConvDesc,
+        out: &mut O,
+        build: &dyn Fn() -> Result<ConvGraph>,
+        mut search: impl FnMut(&mut Self, &mut O) -> Option<GraphPick>,
+        exec: impl FnOnce(&Plan, Ids, &mut Workspace, &mut O) -> Result<()>,
+    ) -> Result<Option<Arc<EngineConfig>>> {
+        let Some(key) = &d.key else {
+            return Ok(None);
+        };
+        let mut pick = d.entry.graph.is_some();
+        if d.source == Source::Benchmark {
+            pick = search(self, out).is_some();
+        }
+        if !(pick && plain) {
+            return Ok(None);
+        }
+        if !self.ensure_held(cudnn, key, op, conv, build) {
+            self.stats.benchmarks += 1;
+            if search(self, out).is_none() {
+                self.persist();
+                return Ok(None);
+            }
+        }
+        self.exec_held(cudnn, key, op, |plan, ids, ws| exec(plan, ids, ws, out))
+    }
+
     /// `y = alpha·conv(x, w) + beta·y` with the algorithm the policy picks (see
     /// [`Cudnn::conv_forward`] for the types and checks). With `beta ≠ 0` a benchmark runs on
     /// scratch memory, so `y`'s contents are preserved for the accumulation.
@@ -769,7 +1151,9 @@ impl Autotuner {
     /// Under [`Policy::Benchmark`] and [`Policy::Deterministic`] the graph engines are searched
     /// too ([`Autotuner::graph_search`]); [`Choice::api`] says which API ran. A graph plan runs
     /// only for `alpha = 1, beta = 0`, after the same checks as the legacy call (buffer spans,
-    /// data types, contexts, output layout not overlapping itself, workspace within the limit).
+    /// data types, contexts, output layout not overlapping itself, workspace within the limit)
+    /// and the graph's 16-byte alignment of every buffer (a misaligned view runs the legacy
+    /// call).
     #[allow(clippy::too_many_arguments)] // mirrors the C call
     pub fn forward<X: DataType, Y: DataType<Scalar = X::Scalar>>(
         &mut self,
@@ -791,11 +1175,11 @@ impl Autotuner {
         let gmode = self.graph;
         let prepared = self.prepare(
             cudnn,
-            [0, x_desc.id(), w_desc.id(), conv.id(), y_desc.id()],
+            [0, x_desc.id(), w_desc.id(), conv.id(), y_desc.id(), 0],
             |policy, limit| forward_key(x_desc, w_desc, conv, y_desc, policy, limit, gmode),
         );
         let accumulate = beta.to_f64() != 0.0;
-        let (ranking, source, key, mut pick) = self.decide(
+        let d = self.decide(
             cudnn,
             prepared,
             || cudnn.conv_forward_heuristics(x_desc, w_desc, conv, y_desc),
@@ -809,268 +1193,67 @@ impl Autotuner {
             },
             fixed,
         )?;
-        let union = gmode != GraphSearch::Off
-            && matches!(self.policy, Policy::Benchmark | Policy::Deterministic)
-            && gunion::eligible(x_desc, w_desc, conv, y_desc);
-        if let (true, Some(key)) = (union, &key) {
-            let p = Problem {
-                x_desc,
-                x,
-                w_desc,
-                w,
+        let best = d.entry.first::<ConvFwdAlgo>();
+        if let (true, Some(best)) = (
+            self.union_on() && gunion::eligible::<X, Y>(x_desc.dims(), w_desc, conv, y_desc.dims()),
+            best,
+        ) {
+            const OP: &str = "forward";
+            let plain = alpha.to_f64() == 1.0 && !accumulate;
+            let build = || gunion::fprop_graph(cudnn, x_desc, w_desc, conv, y_desc, None);
+            let key = d.key.clone();
+            let ran = self.graph_call(
+                cudnn,
+                &d,
+                plain,
+                OP,
                 conv,
-                y_desc,
-            };
-            if source == Source::Benchmark {
-                pick = self.union_search(cudnn, key, &ranking[0], accumulate, &p, y);
-            }
-            // The graph computes y = conv(x, w): other scalings take the legacy call.
-            if pick.is_some() && alpha.to_f64() == 1.0 && !accumulate {
-                if let Some(config) = self.run_graph(cudnn, key, &ranking[0], &p, y)? {
-                    return Ok(Choice {
-                        algo: ranking[0].algo,
-                        source,
-                        rank: 0,
-                        workspace: self.workspace_bytes(),
-                        api: ConvApi::Graph(config),
-                    });
-                }
+                y,
+                &build,
+                |me, y| {
+                    let key = key.as_ref()?;
+                    let legacy = (best.algo.to_string(), best.time_ms);
+                    let p = (cudnn, x_desc, x, w_desc, w, conv, y_desc, best.algo);
+                    if accumulate {
+                        let mut s = scratch::<Y>(cudnn, y_desc.span())?;
+                        me.union_search(cudnn, key, OP, legacy, conv, build, fwd_trial(p, &mut s))
+                    } else {
+                        me.union_search(cudnn, key, OP, legacy, conv, build, fwd_trial(p, y))
+                    }
+                },
+                |plan, ids, ws, y| {
+                    let mut a = Args::new(cudnn);
+                    a.input(ids.a, x)?.input(ids.b, w)?.output(ids.out, y)?;
+                    cudnn.execute(plan, &a, ws)
+                },
+            )?;
+            if let Some(config) = ran {
+                return Ok(Choice {
+                    algo: best.algo,
+                    source: d.source,
+                    rank: 0,
+                    workspace: self.workspace_bytes(),
+                    api: ConvApi::Graph(config),
+                });
             }
         }
-        self.run(cudnn, key, ranking, source, |algo, ws| {
+        self.run(cudnn, d, |algo, ws| {
             cudnn.conv_forward(alpha, x_desc, x, w_desc, w, conv, algo, ws, beta, y_desc, y)
         })
     }
 
-    /// Times up to [`GRAPH_MAX_PLANS`] graph plans of a forward problem against the legacy
-    /// favourite `best` (both with CUDA events, on `y` or, when `accumulate`, on scratch memory),
-    /// and records a faster plan (any plan that runs, under [`GraphSearch::Prefer`]) in the
-    /// decision under `key`, keeping the plan built. Never fails the call: when the graph side
-    /// cannot build or run, the legacy decision stands (logged).
-    fn union_search<X: DataType, Y: DataType<Scalar = X::Scalar>>(
-        &mut self,
-        cudnn: &Cudnn,
-        key: &Arc<Key>,
-        best: &Candidate<ConvFwdAlgo>,
-        accumulate: bool,
-        p: &Problem<'_, X, impl DevicePtr<X>, impl DevicePtr<X>, Y>,
-        y: &mut impl DevicePtrMut<Y>,
-    ) -> Option<GraphPick> {
-        let started = Instant::now();
-        let policy = self.policy;
-        let prefer = self.graph == GraphSearch::Prefer;
-        let found = (|| -> Result<Option<(GraphPick, HeldPlan)>> {
-            let cg = gunion::conv_graph(cudnn, p.x_desc, p.w_desc, p.conv, p.y_desc)?;
-            let filter = gunion::filter(
-                p.conv,
-                policy == Policy::Deterministic,
-                self.limit,
-                GRAPH_MAX_PLANS,
-            );
-            let list = cg.og.plans(cudnn, &filter)?;
-            let (built, skipped) = (list.plans.len(), list.skipped.len());
-            let mut scratch = if accumulate {
-                Some(alloc::<Y>(cudnn, p.y_desc.span())?)
-            } else {
-                None
-            };
-            let ws = self.workspace(cudnn);
-            let (graph, legacy) = match scratch.as_mut() {
-                Some(s) => (
-                    time_plans(cudnn, list.plans, &cg, p, s, ws)?,
-                    time_legacy(cudnn, best.algo, p, s, ws),
-                ),
-                None => (
-                    time_plans(cudnn, list.plans, &cg, p, y, ws)?,
-                    time_legacy(cudnn, best.algo, p, y, ws),
-                ),
-            };
-            let legacy_ms = match legacy {
-                Ok(ms) => ms,
-                Err(e) => {
-                    log::debug!("union search: legacy {} not timed: {e}", best.algo);
-                    best.time_ms
-                }
-            };
-            let Some((ms, plan)) = graph else {
-                log::info!(
-                    "conv forward union search: no graph plan ran ({built} built, {skipped} skipped); legacy {} stands",
-                    best.algo
-                );
-                return Ok(None);
-            };
-            let wins = prefer || legacy_ms < 0.0 || ms < legacy_ms;
-            log::info!(
-                "conv forward union search ({}, {:.1} ms): graph {} {ms:.4} ms vs legacy {} {legacy_ms:.4} ms: {} wins ({built} plans built, {skipped} skipped)",
-                policy.name(),
-                started.elapsed().as_secs_f64() * 1e3,
-                plan.name(),
-                best.algo,
-                if wins { "graph" } else { "legacy" },
-            );
-            if !wins {
-                return Ok(None);
-            }
-            let pick = GraphPick {
-                config: plan.config().clone(),
-                workspace: plan.workspace_size(),
-                ms,
-            };
-            let held = HeldPlan {
-                plan,
-                x: cg.x,
-                w: cg.w,
-                y: cg.y,
-            };
-            Ok(Some((pick, held)))
-        })();
-        let (pick, held) = match found {
-            Ok(Some(found)) => found,
-            Ok(None) => return None,
-            Err(e) => {
-                log::info!(
-                    "conv forward union search: graph side failed ({e}); legacy {} stands",
-                    best.algo
-                );
-                return None;
-            }
-        };
-        self.held.insert((**key).clone(), held);
-        if let Some(entry) = self.cache.get_mut(&**key) {
-            entry.graph = Some(pick.clone());
-        }
-        self.recent.clear();
-        self.persist();
-        Some(pick)
-    }
-
-    /// Runs the graph plan of the decision under `key` on the caller's buffers, building it first
-    /// when this tuner holds none for `cudnn`'s handle (from the remembered engine configuration;
-    /// if that no longer builds or passes the filter, the union search runs again).
-    ///
-    /// Returns the configuration that ran, or `None` when the legacy ranking must run instead
-    /// (no plan, or cuDNN refused the plan: the graph choice is then dropped from the decision).
-    /// Argument errors (short buffers, foreign contexts, ...) are returned: no algorithm can fix
-    /// them.
-    fn run_graph<X: DataType, Y: DataType<Scalar = X::Scalar>>(
-        &mut self,
-        cudnn: &Cudnn,
-        key: &Arc<Key>,
-        best: &Candidate<ConvFwdAlgo>,
-        p: &Problem<'_, X, impl DevicePtr<X>, impl DevicePtr<X>, Y>,
-        y: &mut impl DevicePtrMut<Y>,
-    ) -> Result<Option<EngineConfig>> {
-        let ready = self
-            .held
-            .get(&**key)
-            .is_some_and(|h| gunion::built_on(&h.plan, cudnn));
-        if !ready {
-            let pick = self.cache.get(&**key).and_then(|e| e.graph.clone());
-            let rebuilt = pick
-                .as_ref()
-                .map(|pick| self.rebuild(cudnn, p, &pick.config));
-            match rebuilt {
-                Some(Ok(h)) => {
-                    self.stats.plan_builds += 1;
-                    log::info!("conv forward: graph plan {} rebuilt", h.plan.name());
-                    self.held.insert((**key).clone(), h);
-                }
-                other => {
-                    if let Some(Err(e)) = other {
-                        log::warn!(
-                            "conv forward: remembered graph plan not rebuilt ({e}); tuning again"
-                        );
-                    }
-                    self.held.remove(&**key);
-                    if let Some(entry) = self.cache.get_mut(&**key) {
-                        entry.graph = None;
-                    }
-                    self.recent.clear();
-                    self.stats.benchmarks += 1;
-                    if self.union_search(cudnn, key, best, false, p, y).is_none() {
-                        self.persist();
-                        return Ok(None);
-                    }
-                }
-            }
-        }
-        self.workspace(cudnn);
-        let (Some(ws), Some(h)) = (self.workspace.as_mut(), self.held.get(&**key)) else {
-            return Ok(None);
-        };
-        let mut args = Args::new(cudnn);
-        args.input(h.x, p.x)?.input(h.w, p.w)?.output(h.y, y)?;
-        match cudnn.execute(&h.plan, &args, ws) {
-            Ok(()) => Ok(Some(h.plan.config().clone())),
-            Err(e) if falls_back(&e) || is_graph_only_refusal(&e) => {
-                log::warn!(
-                    "conv forward: graph plan {} did not run ({e}); legacy ranking instead",
-                    h.plan.name()
-                );
-                self.stats.fallbacks += 1;
-                self.held.remove(&**key);
-                if let Some(entry) = self.cache.get_mut(&**key) {
-                    entry.graph = None;
-                }
-                self.recent.clear();
-                self.persist();
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// The plan of a remembered engine configuration for this problem, checked against the
-    /// current filter (the cache file is trusted for the choice only).
-    fn rebuild<X: DataType, Y: DataType>(
-        &self,
-        cudnn: &Cudnn,
-        p: &Problem<'_, X, impl DevicePtr<X>, impl DevicePtr<X>, Y>,
-        config: &EngineConfig,
-    ) -> Result<HeldPlan> {
-        let cg = gunion::conv_graph(cudnn, p.x_desc, p.w_desc, p.conv, p.y_desc)?;
-        let plan = cg.og.plan_from_config(cudnn, config)?;
-        let filter = gunion::filter(
-            p.conv,
-            self.policy == Policy::Deterministic,
-            self.limit,
-            GRAPH_MAX_PLANS,
-        );
-        if let Some(why) = filter.refuse(plan.numerical_notes(), plan.behavior_notes()) {
-            return Err(Error::invalid(
-                "remembered graph plan",
-                "a plan the policy's filter accepts",
-                format!("{config}: {why}"),
-            ));
-        }
-        if plan.workspace_size() > self.limit {
-            return Err(Error::WorkspaceLimit {
-                requested: plan.workspace_size(),
-                limit: self.limit,
-            });
-        }
-        Ok(HeldPlan {
-            plan,
-            x: cg.x,
-            w: cg.w,
-            y: cg.y,
-        })
-    }
-
-    /// Saves the cache file if there is one (a failure is logged: the decision stays in memory).
-    fn persist(&self) {
-        if self.path.is_some() {
-            if let Err(e) = self.save() {
-                log::warn!("autotune cache not saved: {e}");
-            }
-        }
-    }
-
     /// The fused `y = act(alpha1·conv(x, w) + alpha2·z + bias)` (see
     /// [`Cudnn::conv_bias_activation_forward`]) with the forward algorithm the policy picks for
-    /// this convolution (the same decision [`forward`](Self::forward) makes and caches).
-    /// [`FusedActivation::Identity`](crate::conv::FusedActivation::Identity) always runs
-    /// `IMPLICIT_PRECOMP_GEMM`, the only algorithm cuDNN supports for it.
+    /// this convolution (the same legacy decision [`forward`](Self::forward) makes and caches).
+    /// [`FusedActivation::Identity`] always runs `IMPLICIT_PRECOMP_GEMM` on the legacy path, the
+    /// only algorithm cuDNN supports for it.
+    ///
+    /// Under the benchmark policies with the union search on, the fused operation is also
+    /// searched as a graph, `conv_fprop → bias (pointwise add) → ReLU` (no ReLU for the identity
+    /// activation), against the legacy fused call timed alike; the winner is remembered under its
+    /// own key (convolution, bias descriptor and activation). The graph runs for calls with
+    /// `alpha1 = 1` and no `z` (a residual takes the legacy call), with the bias of the output's
+    /// type.
     #[allow(clippy::too_many_arguments)] // mirrors the C call
     pub fn bias_activation_forward<X: DataType, Y: DataType<Scalar = X::Scalar>, B: DataType>(
         &mut self,
@@ -1085,50 +1268,176 @@ impl Autotuner {
         z: Option<&cudarc::driver::CudaSlice<Y>>,
         bias_desc: &TensorDesc<B>,
         bias: &impl DevicePtr<B>,
-        activation: crate::conv::FusedActivation,
+        activation: FusedActivation,
         y_desc: &TensorDesc<Y>,
         y: &mut impl DevicePtrMut<Y>,
     ) -> Result<Choice<ConvFwdAlgo>> {
-        let launch = |algo, ws: &mut Workspace, y: &mut _| {
+        let d = if activation == FusedActivation::Identity {
+            Decided {
+                entry: Arc::new(Entry::legacy(vec![(
+                    ConvFwdAlgo::ImplicitPrecompGemm.raw_value(),
+                    0,
+                    -1.0,
+                )])),
+                source: Source::Fixed,
+                key: None,
+            }
+        } else {
+            let fixed = match self.policy {
+                Policy::Fixed(f) => f.forward,
+                _ => ConvFwdAlgo::ImplicitGemm,
+            };
+            let gmode = self.graph;
+            let prepared = self.prepare(
+                cudnn,
+                [0, x_desc.id(), w_desc.id(), conv.id(), y_desc.id(), 0],
+                |policy, limit| forward_key(x_desc, w_desc, conv, y_desc, policy, limit, gmode),
+            );
+            // The fused output is written, never read (z is a separate buffer), so a benchmark
+            // may use `y` itself as its trial output.
+            self.decide(
+                cudnn,
+                prepared,
+                || cudnn.conv_forward_heuristics(x_desc, w_desc, conv, y_desc),
+                |ws| cudnn.conv_forward_find(x_desc, x, w_desc, w, conv, y_desc, y, ws),
+                fixed,
+            )?
+        };
+        let best = d.entry.first::<ConvFwdAlgo>();
+        // The graph's pointwise add would broadcast any bias shape: only the legacy call's
+        // `[1, K, 1, ...]` takes the graph path (others get the legacy call's error).
+        let (bd, yd) = (bias_desc.dims(), y_desc.dims());
+        let per_channel = bd.len() == yd.len()
+            && bd
+                .iter()
+                .enumerate()
+                .all(|(i, &d)| d == if i == 1 { yd[1] } else { 1 });
+        let graph_ok = self.union_on()
+            && per_channel
+            && B::DTYPE == Y::DTYPE
+            && gunion::eligible::<X, Y>(x_desc.dims(), w_desc, conv, y_desc.dims());
+        if let (true, Some(best)) = (graph_ok, best) {
+            const OP: &str = "fused forward";
+            let act = gunion::fused_mode(activation);
+            let gmode = self.graph;
+            let prepared = self.prepare(
+                cudnn,
+                [
+                    16 + activation as u64,
+                    x_desc.id(),
+                    w_desc.id(),
+                    conv.id(),
+                    y_desc.id(),
+                    bias_desc.id(),
+                ],
+                |policy, limit| {
+                    let mut k = forward_key(x_desc, w_desc, conv, y_desc, policy, limit, gmode);
+                    // A call kind of its own: no plain forward key can equal a fused one.
+                    k[0] = 16 + activation as i64;
+                    k.push(dtype_code(B::DTYPE));
+                    k.extend_from_slice(bias_desc.dims());
+                    k.extend_from_slice(bias_desc.layout().strides());
+                    k
+                },
+            );
+            // The fused decision keeps the legacy ranking beside its graph engine; this second
+            // key counts no hit, miss or benchmark (the call made one legacy decision; the
+            // search counts in `graph_searches`), and the choice reports the legacy decision's
+            // source.
+            let fd = match prepared {
+                Prepared::Known(key, entry) => Some(Decided {
+                    entry,
+                    source: Source::Cache,
+                    key: Some(key),
+                }),
+                Prepared::Unknown(key) => {
+                    let entry = Arc::new(Entry::legacy(d.entry.ranking.clone()));
+                    self.cache.insert((*key).clone(), entry.clone());
+                    Some(Decided {
+                        entry,
+                        source: Source::Benchmark,
+                        key: Some(key),
+                    })
+                }
+                Prepared::Fixed => None,
+            };
+            if let Some(fd) = fd {
+                let plain = alpha1.to_f64() == 1.0 && z.is_none();
+                let bias_t = (bias_desc.layout(), B::DTYPE, act);
+                let build =
+                    || gunion::fprop_graph(cudnn, x_desc, w_desc, conv, y_desc, Some(bias_t));
+                let key = fd.key.clone();
+                let ran = self.graph_call(
+                    cudnn,
+                    &fd,
+                    plain,
+                    OP,
+                    conv,
+                    y,
+                    &build,
+                    |me, y| {
+                        let key = key.as_ref()?;
+                        let legacy = (best.algo.to_string(), best.time_ms);
+                        let one = X::Scalar::from_f64(1.0);
+                        let zero = X::Scalar::from_f64(0.0);
+                        me.union_search(
+                            cudnn,
+                            key,
+                            OP,
+                            legacy,
+                            conv,
+                            build,
+                            |t: Trial<'_>, ws: &mut Workspace| match t {
+                                Trial::Plan(plan, ids) => {
+                                    let mut a = Args::new(cudnn);
+                                    a.input(ids.a, x)?.input(ids.b, w)?;
+                                    if let Some(c) = ids.c {
+                                        a.input(c, bias)?;
+                                    }
+                                    a.output(ids.out, &mut *y)?;
+                                    cudnn.execute(plan, &a, ws)
+                                }
+                                Trial::Legacy => cudnn.conv_bias_activation_forward(
+                                    one, x_desc, x, w_desc, w, conv, best.algo, ws, zero, None,
+                                    bias_desc, bias, activation, y_desc, &mut *y,
+                                ),
+                            },
+                        )
+                    },
+                    |plan, ids, ws, y| {
+                        let mut a = Args::new(cudnn);
+                        a.input(ids.a, x)?.input(ids.b, w)?;
+                        if let Some(c) = ids.c {
+                            a.input(c, bias)?;
+                        }
+                        a.output(ids.out, y)?;
+                        cudnn.execute(plan, &a, ws)
+                    },
+                )?;
+                if let Some(config) = ran {
+                    return Ok(Choice {
+                        algo: best.algo,
+                        source: d.source,
+                        rank: 0,
+                        workspace: self.workspace_bytes(),
+                        api: ConvApi::Graph(config),
+                    });
+                }
+            }
+        }
+        self.run(cudnn, d, |algo, ws| {
             cudnn.conv_bias_activation_forward(
                 alpha1, x_desc, x, w_desc, w, conv, algo, ws, alpha2, z, bias_desc, bias,
                 activation, y_desc, y,
             )
-        };
-        if activation == crate::conv::FusedActivation::Identity {
-            let ranking = vec![Candidate {
-                algo: ConvFwdAlgo::ImplicitPrecompGemm,
-                workspace: 0,
-                time_ms: -1.0,
-            }];
-            return self.run(cudnn, None, ranking, Source::Fixed, |a, ws| {
-                launch(a, ws, y)
-            });
-        }
-        let fixed = match self.policy {
-            Policy::Fixed(f) => f.forward,
-            _ => ConvFwdAlgo::ImplicitGemm,
-        };
-        let gmode = self.graph;
-        let prepared = self.prepare(
-            cudnn,
-            [0, x_desc.id(), w_desc.id(), conv.id(), y_desc.id()],
-            |policy, limit| forward_key(x_desc, w_desc, conv, y_desc, policy, limit, gmode),
-        );
-        // The fused output is written, never read (z is a separate buffer), so a benchmark may
-        // use `y` itself as its trial output.
-        let (ranking, source, key, _) = self.decide(
-            cudnn,
-            prepared,
-            || cudnn.conv_forward_heuristics(x_desc, w_desc, conv, y_desc),
-            |ws| cudnn.conv_forward_find(x_desc, x, w_desc, w, conv, y_desc, y, ws),
-            fixed,
-        )?;
-        self.run(cudnn, key, ranking, source, |a, ws| launch(a, ws, y))
+        })
     }
 
     /// `dx = alpha·backward_data(dy, w) + beta·dx` with the algorithm the policy picks (see
-    /// [`Cudnn::conv_backward_data`]).
+    /// [`Cudnn::conv_backward_data`]). With `beta ≠ 0` a benchmark runs on scratch memory.
+    ///
+    /// Under the benchmark policies the graph engines (`conv_dgrad`) are searched too, as for
+    /// [`forward`](Self::forward); a graph plan runs only for `alpha = 1, beta = 0`.
     #[allow(clippy::too_many_arguments)] // mirrors the C call
     pub fn backward_data<T: DataType>(
         &mut self,
@@ -1147,11 +1456,12 @@ impl Autotuner {
             Policy::Fixed(f) => f.backward_data,
             _ => ConvBwdDataAlgo::Algo1,
         };
+        let gmode = self.graph;
         let prepared = self.prepare(
             cudnn,
-            [1, dx_desc.id(), w_desc.id(), conv.id(), dy_desc.id()],
+            [1, dx_desc.id(), w_desc.id(), conv.id(), dy_desc.id(), 0],
             |policy, limit| {
-                problem_key(
+                let k = problem_key(
                     ConvDirection::BackwardData,
                     (dx_desc.layout(), T::DTYPE),
                     w_desc,
@@ -1159,11 +1469,12 @@ impl Autotuner {
                     conv,
                     policy,
                     limit,
-                )
+                );
+                with_search(k, policy, gmode)
             },
         );
         let accumulate = beta.to_f64() != 0.0;
-        let (ranking, source, key, _) = self.decide(
+        let d = self.decide(
             cudnn,
             prepared,
             || cudnn.conv_backward_data_heuristics(w_desc, dy_desc, conv, dx_desc),
@@ -1186,7 +1497,52 @@ impl Autotuner {
             },
             fixed,
         )?;
-        self.run(cudnn, key, ranking, source, |algo, ws| {
+        let best = d.entry.first::<ConvBwdDataAlgo>();
+        if let (true, Some(best)) = (
+            self.union_on()
+                && gunion::eligible::<T, T>(dx_desc.dims(), w_desc, conv, dy_desc.dims()),
+            best,
+        ) {
+            const OP: &str = "backward-data";
+            let plain = alpha.to_f64() == 1.0 && !accumulate;
+            let build = || gunion::dgrad_graph(cudnn, w_desc, dy_desc, conv, dx_desc);
+            let key = d.key.clone();
+            let ran = self.graph_call(
+                cudnn,
+                &d,
+                plain,
+                OP,
+                conv,
+                dx,
+                &build,
+                |me, dx| {
+                    let key = key.as_ref()?;
+                    let legacy = (best.algo.to_string(), best.time_ms);
+                    let p = (cudnn, w_desc, w, dy_desc, dy, conv, dx_desc, best.algo);
+                    if accumulate {
+                        let mut s = scratch::<T>(cudnn, dx_desc.span())?;
+                        me.union_search(cudnn, key, OP, legacy, conv, build, dgrad_trial(p, &mut s))
+                    } else {
+                        me.union_search(cudnn, key, OP, legacy, conv, build, dgrad_trial(p, dx))
+                    }
+                },
+                |plan, ids, ws, dx| {
+                    let mut a = Args::new(cudnn);
+                    a.input(ids.a, dy)?.input(ids.b, w)?.output(ids.out, dx)?;
+                    cudnn.execute(plan, &a, ws)
+                },
+            )?;
+            if let Some(config) = ran {
+                return Ok(Choice {
+                    algo: best.algo,
+                    source: d.source,
+                    rank: 0,
+                    workspace: self.workspace_bytes(),
+                    api: ConvApi::Graph(config),
+                });
+            }
+        }
+        self.run(cudnn, d, |algo, ws| {
             cudnn.conv_backward_data(
                 alpha, w_desc, w, dy_desc, dy, conv, algo, ws, beta, dx_desc, dx,
             )
@@ -1196,6 +1552,9 @@ impl Autotuner {
     /// `dw = alpha·backward_filter(x, dy) + beta·dw` with the algorithm the policy picks (see
     /// [`Cudnn::conv_backward_filter`]). With `beta ≠ 0` (gradient accumulation) a benchmark
     /// runs on scratch memory, so the accumulated gradient is preserved.
+    ///
+    /// Under the benchmark policies the graph engines (`conv_wgrad`) are searched too, as for
+    /// [`forward`](Self::forward); a graph plan runs only for `alpha = 1, beta = 0`.
     #[allow(clippy::too_many_arguments)] // mirrors the C call
     pub fn backward_filter<T: DataType>(
         &mut self,
@@ -1214,11 +1573,12 @@ impl Autotuner {
             Policy::Fixed(f) => f.backward_filter,
             _ => ConvBwdFilterAlgo::Algo1,
         };
+        let gmode = self.graph;
         let prepared = self.prepare(
             cudnn,
-            [2, x_desc.id(), dw_desc.id(), conv.id(), dy_desc.id()],
+            [2, x_desc.id(), dw_desc.id(), conv.id(), dy_desc.id(), 0],
             |policy, limit| {
-                problem_key(
+                let k = problem_key(
                     ConvDirection::BackwardFilter,
                     (x_desc.layout(), T::DTYPE),
                     dw_desc,
@@ -1226,11 +1586,12 @@ impl Autotuner {
                     conv,
                     policy,
                     limit,
-                )
+                );
+                with_search(k, policy, gmode)
             },
         );
         let accumulate = beta.to_f64() != 0.0;
-        let (ranking, source, key, _) = self.decide(
+        let d = self.decide(
             cudnn,
             prepared,
             || cudnn.conv_backward_filter_heuristics(x_desc, dy_desc, conv, dw_desc),
@@ -1253,7 +1614,52 @@ impl Autotuner {
             },
             fixed,
         )?;
-        self.run(cudnn, key, ranking, source, |algo, ws| {
+        let best = d.entry.first::<ConvBwdFilterAlgo>();
+        if let (true, Some(best)) = (
+            self.union_on()
+                && gunion::eligible::<T, T>(x_desc.dims(), dw_desc, conv, dy_desc.dims()),
+            best,
+        ) {
+            const OP: &str = "backward-filter";
+            let plain = alpha.to_f64() == 1.0 && !accumulate;
+            let build = || gunion::wgrad_graph(cudnn, x_desc, dy_desc, conv, dw_desc);
+            let key = d.key.clone();
+            let ran = self.graph_call(
+                cudnn,
+                &d,
+                plain,
+                OP,
+                conv,
+                dw,
+                &build,
+                |me, dw| {
+                    let key = key.as_ref()?;
+                    let legacy = (best.algo.to_string(), best.time_ms);
+                    let p = (cudnn, x_desc, x, dy_desc, dy, conv, dw_desc, best.algo);
+                    if accumulate {
+                        let mut s = scratch::<T>(cudnn, dw_desc.span())?;
+                        me.union_search(cudnn, key, OP, legacy, conv, build, wgrad_trial(p, &mut s))
+                    } else {
+                        me.union_search(cudnn, key, OP, legacy, conv, build, wgrad_trial(p, dw))
+                    }
+                },
+                |plan, ids, ws, dw| {
+                    let mut a = Args::new(cudnn);
+                    a.input(ids.a, x)?.input(ids.b, dy)?.output(ids.out, dw)?;
+                    cudnn.execute(plan, &a, ws)
+                },
+            )?;
+            if let Some(config) = ran {
+                return Ok(Choice {
+                    algo: best.algo,
+                    source: d.source,
+                    rank: 0,
+                    workspace: self.workspace_bytes(),
+                    api: ConvApi::Graph(config),
+                });
+            }
+        }
+        self.run(cudnn, d, |algo, ws| {
             cudnn.conv_backward_filter(
                 alpha, x_desc, x, dy_desc, dy, conv, algo, ws, beta, dw_desc, dw,
             )
@@ -1268,61 +1674,118 @@ impl Drop for Autotuner {
     }
 }
 
-/// The inputs of a forward problem, passed together to the union search.
-struct Problem<'a, X: DataType, XB, WB, Y: DataType> {
-    x_desc: &'a TensorDesc<X>,
-    x: &'a XB,
-    w_desc: &'a FilterDesc<X>,
-    w: &'a WB,
-    conv: &'a ConvDesc,
-    y_desc: &'a TensorDesc<Y>,
+/// Scratch memory for a union search's trials when the caller's output must be kept; `None`
+/// (logged: the legacy decision stands) when it cannot be allocated.
+fn scratch<T: DataType>(cudnn: &Cudnn, len: usize) -> Option<cudarc::driver::CudaSlice<T>> {
+    alloc::<T>(cudnn, len)
+        .map_err(|e| log::info!("union search skipped: {e}"))
+        .ok()
 }
 
-/// Times each plan on `out` and returns the fastest with its time (`None` if none ran). A
-/// candidate that fails is skipped; an error in the bindings themselves (the caller's buffers) is
-/// returned, as no plan can fix it.
-fn time_plans<X: DataType, Y: DataType>(
-    cudnn: &Cudnn,
-    plans: Vec<Plan>,
-    cg: &gunion::ConvGraph,
-    p: &Problem<'_, X, impl DevicePtr<X>, impl DevicePtr<X>, Y>,
-    out: &mut impl DevicePtrMut<Y>,
-    ws: &mut Workspace,
-) -> Result<Option<(f32, Plan)>> {
-    let mut args = Args::new(cudnn);
-    args.input(cg.x, p.x)?.input(cg.w, p.w)?.output(cg.y, out)?;
-    let mut best: Option<(f32, Plan)> = None;
-    for plan in plans {
-        match gunion::time_ms(cudnn, || cudnn.execute(&plan, &args, ws)) {
-            Ok(ms) => {
-                log::debug!("union search: graph {} {ms:.4} ms", plan.name());
-                if best.as_ref().map_or(true, |(b, _)| ms < *b) {
-                    best = Some((ms, plan));
-                }
-            }
-            Err(e) if falls_back(&e) => {
-                log::debug!("union search: graph {} failed: {e}", plan.name());
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(best)
-}
-
-/// Times the legacy algorithm `algo` with `alpha = 1, beta = 0` on `out`, as graph plans are.
-fn time_legacy<X: DataType, Y: DataType<Scalar = X::Scalar>>(
-    cudnn: &Cudnn,
-    algo: ConvFwdAlgo,
-    p: &Problem<'_, X, impl DevicePtr<X>, impl DevicePtr<X>, Y>,
-    out: &mut impl DevicePtrMut<Y>,
-    ws: &mut Workspace,
-) -> Result<f32> {
+/// The trials of a forward union search writing `out`: a graph plan, or the legacy favourite
+/// with `alpha = 1, beta = 0` as the graph computes.
+#[allow(clippy::type_complexity)] // the problem's parts, as the call takes them
+fn fwd_trial<'a, X: DataType, Y: DataType<Scalar = X::Scalar>, XB, WB, O>(
+    (cudnn, x_desc, x, w_desc, w, conv, y_desc, algo): (
+        &'a Cudnn,
+        &'a TensorDesc<X>,
+        &'a XB,
+        &'a FilterDesc<X>,
+        &'a WB,
+        &'a ConvDesc,
+        &'a TensorDesc<Y>,
+        ConvFwdAlgo,
+    ),
+    out: &'a mut O,
+) -> impl FnMut(Trial<'_>, &mut Workspace) -> Result<()> + 'a
+where
+    XB: DevicePtr<X>,
+    WB: DevicePtr<X>,
+    O: DevicePtrMut<Y>,
+{
     let (one, zero) = (X::Scalar::from_f64(1.0), X::Scalar::from_f64(0.0));
-    gunion::time_ms(cudnn, || {
-        cudnn.conv_forward(
-            one, p.x_desc, p.x, p.w_desc, p.w, p.conv, algo, ws, zero, p.y_desc, out,
-        )
-    })
+    move |t, ws| match t {
+        Trial::Plan(plan, ids) => {
+            let mut a = Args::new(cudnn);
+            a.input(ids.a, x)?
+                .input(ids.b, w)?
+                .output(ids.out, &mut *out)?;
+            cudnn.execute(plan, &a, ws)
+        }
+        Trial::Legacy => cudnn.conv_forward(
+            one, x_desc, x, w_desc, w, conv, algo, ws, zero, y_desc, &mut *out,
+        ),
+    }
+}
+
+/// The trials of a backward-data union search writing `out`.
+#[allow(clippy::type_complexity)] // the problem's parts, as the call takes them
+fn dgrad_trial<'a, T: DataType, WB, DYB, O>(
+    (cudnn, w_desc, w, dy_desc, dy, conv, dx_desc, algo): (
+        &'a Cudnn,
+        &'a FilterDesc<T>,
+        &'a WB,
+        &'a TensorDesc<T>,
+        &'a DYB,
+        &'a ConvDesc,
+        &'a TensorDesc<T>,
+        ConvBwdDataAlgo,
+    ),
+    out: &'a mut O,
+) -> impl FnMut(Trial<'_>, &mut Workspace) -> Result<()> + 'a
+where
+    WB: DevicePtr<T>,
+    DYB: DevicePtr<T>,
+    O: DevicePtrMut<T>,
+{
+    let (one, zero) = (T::Scalar::from_f64(1.0), T::Scalar::from_f64(0.0));
+    move |t, ws| match t {
+        Trial::Plan(plan, ids) => {
+            let mut a = Args::new(cudnn);
+            a.input(ids.a, dy)?
+                .input(ids.b, w)?
+                .output(ids.out, &mut *out)?;
+            cudnn.execute(plan, &a, ws)
+        }
+        Trial::Legacy => cudnn.conv_backward_data(
+            one, w_desc, w, dy_desc, dy, conv, algo, ws, zero, dx_desc, &mut *out,
+        ),
+    }
+}
+
+/// The trials of a backward-filter union search writing `out`.
+#[allow(clippy::type_complexity)] // the problem's parts, as the call takes them
+fn wgrad_trial<'a, T: DataType, XB, DYB, O>(
+    (cudnn, x_desc, x, dy_desc, dy, conv, dw_desc, algo): (
+        &'a Cudnn,
+        &'a TensorDesc<T>,
+        &'a XB,
+        &'a TensorDesc<T>,
+        &'a DYB,
+        &'a ConvDesc,
+        &'a FilterDesc<T>,
+        ConvBwdFilterAlgo,
+    ),
+    out: &'a mut O,
+) -> impl FnMut(Trial<'_>, &mut Workspace) -> Result<()> + 'a
+where
+    XB: DevicePtr<T>,
+    DYB: DevicePtr<T>,
+    O: DevicePtrMut<T>,
+{
+    let (one, zero) = (T::Scalar::from_f64(1.0), T::Scalar::from_f64(0.0));
+    move |t, ws| match t {
+        Trial::Plan(plan, ids) => {
+            let mut a = Args::new(cudnn);
+            a.input(ids.a, x)?
+                .input(ids.b, dy)?
+                .output(ids.out, &mut *out)?;
+            cudnn.execute(plan, &a, ws)
+        }
+        Trial::Legacy => cudnn.conv_backward_filter(
+            one, x_desc, x, dy_desc, dy, conv, algo, ws, zero, dw_desc, &mut *out,
+        ),
+    }
 }
 
 /// A refusal specific to the graph path, after which the legacy call can still run: the
@@ -1331,9 +1794,21 @@ fn is_graph_only_refusal(e: &Error) -> bool {
     matches!(e, Error::InvalidArgument { what, .. } if *what == "graph buffer alignment")
 }
 
-/// The key of a forward problem: [`problem_key`], and under the benchmark policies the graph
-/// search mode unless it is the default (so that union decisions share the keys of the
-/// legacy-only decisions earlier versions wrote; a union key never ends in a negative value).
+/// A problem key with the graph search mode under the benchmark policies, unless it is the
+/// default (so that union decisions share the keys of the legacy-only decisions earlier
+/// versions wrote; a union key never ends in a negative value).
+fn with_search(mut k: Vec<i64>, policy: Policy, graph: GraphSearch) -> Vec<i64> {
+    if matches!(policy, Policy::Benchmark | Policy::Deterministic) {
+        match graph {
+            GraphSearch::Union => {}
+            GraphSearch::Off => k.push(-1),
+            GraphSearch::Prefer => k.push(-2),
+        }
+    }
+    k
+}
+
+/// The key of a forward problem: [`problem_key`] with the search mode ([`with_search`]).
 fn forward_key<X: DataType, Y: DataType>(
     x_desc: &TensorDesc<X>,
     w_desc: &FilterDesc<X>,
@@ -1343,7 +1818,7 @@ fn forward_key<X: DataType, Y: DataType>(
     limit: usize,
     graph: GraphSearch,
 ) -> Vec<i64> {
-    let mut k = problem_key(
+    let k = problem_key(
         ConvDirection::Forward,
         (x_desc.layout(), X::DTYPE),
         w_desc,
@@ -1352,14 +1827,7 @@ fn forward_key<X: DataType, Y: DataType>(
         policy,
         limit,
     );
-    if matches!(policy, Policy::Benchmark | Policy::Deterministic) {
-        match graph {
-            GraphSearch::Union => {}
-            GraphSearch::Off => k.push(-1),
-            GraphSearch::Prefer => k.push(-2),
-        }
-    }
-    k
+    with_search(k, policy, graph)
 }
 
 fn alloc<T: DataType>(cudnn: &Cudnn, len: usize) -> Result<cudarc::driver::CudaSlice<T>> {
@@ -1509,7 +1977,7 @@ fn parse_line(line: &str) -> Option<(Key, Entry)> {
             let workspace = f.next()?.parse::<usize>().ok()?;
             let config = f.next()?.parse::<EngineConfig>().ok()?;
             Some(GraphPick {
-                config,
+                config: Arc::new(config),
                 workspace,
                 ms,
             })
@@ -1518,18 +1986,45 @@ fn parse_line(line: &str) -> Option<(Key, Entry)> {
     if parts.next().is_some() || device.is_empty() || problem.is_empty() || ranking.is_empty() {
         return None;
     }
-    Some((
-        Key {
-            device: device.into(),
-            problem,
-        },
-        Entry { ranking, graph },
-    ))
+    Some((Key::new(device.into(), problem), Entry { ranking, graph }))
+}
+
+/// One line of the cache file: what [`parse_line`] reads.
+fn format_line(k: &Key, v: &Entry) -> String {
+    let problem: Vec<String> = k.problem.iter().map(i64::to_string).collect();
+    let ranking: Vec<String> = v
+        .ranking
+        .iter()
+        .map(|(a, ws, ms)| format!("{a}:{ws}:{ms}"))
+        .collect();
+    let graph = v
+        .graph
+        .as_ref()
+        .map(|g| format!("\tgraph={}:{}:{}", g.config, g.workspace, g.ms))
+        .unwrap_or_default();
+    format!(
+        "{}\t{}\t{}{graph}",
+        k.device,
+        problem.join(","),
+        ranking.join(",")
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn key(device: &str, problem: Vec<i64>) -> Key {
+        Key::new(device.into(), problem)
+    }
+
+    fn pick(config: &str, workspace: usize, ms: f32) -> GraphPick {
+        GraphPick {
+            config: Arc::new(config.parse().unwrap()),
+            workspace,
+            ms,
+        }
+    }
 
     #[test]
     fn cache_lines_round_trip_and_bad_lines_are_skipped() {
@@ -1540,29 +2035,19 @@ mod tests {
             .without_cache_file()
             .cache_file(&path);
         assert_eq!(t.cached_decisions(), 0);
-        let key = Key {
-            device: "GPU X|sm90|cudnn91400".into(),
-            problem: vec![0, 1, 2, -3],
-        };
+        let k = key("GPU X|sm90|cudnn91400", vec![0, 1, 2, -3]);
         t.cache.insert(
-            key.clone(),
-            Entry::legacy(vec![(7, 1024, 0.25), (1, 0, 0.5)]),
+            k.clone(),
+            Arc::new(Entry::legacy(vec![(7, 1024, 0.25), (1, 0, 0.5)])),
         );
-        let graph_key = Key {
-            device: "GPU X|sm90|cudnn91400".into(),
-            problem: vec![0, 1, 2, -4],
-        };
-        let pick = GraphPick {
-            config: "eng12_k2=1_k5=0".parse().unwrap(),
-            workspace: 4096,
-            ms: 0.125,
-        };
+        let graph_key = key("GPU X|sm90|cudnn91400", vec![0, 1, 2, -4]);
+        let p = pick("eng12_k2=1_k5=0", 4096, 0.125);
         t.cache.insert(
             graph_key.clone(),
-            Entry {
+            Arc::new(Entry {
                 ranking: vec![(1, 0, 0.5)],
-                graph: Some(pick.clone()),
-            },
+                graph: Some(p.clone()),
+            }),
         );
         t.save().unwrap();
         let mut text = std::fs::read_to_string(&path).unwrap();
@@ -1578,19 +2063,120 @@ mod tests {
         let t2 = Autotuner::new(Policy::Benchmark).cache_file(&path);
         assert_eq!(t2.cached_decisions(), 3);
         assert_eq!(
-            t2.cache[&key],
+            *t2.cache[&k],
             Entry::legacy(vec![(7, 1024, 0.25), (1, 0, 0.5)])
         );
-        assert_eq!(t2.cache[&graph_key].graph, Some(pick));
-        let old = Key {
-            device: "GPU Y".into(),
-            problem: vec![5, 6],
-        };
-        assert_eq!(t2.cache[&old], Entry::legacy(vec![(1, 0, 0.5)]));
-        let r: Vec<Candidate<ConvFwdAlgo>> = decode(&t2.cache[&key].ranking);
+        assert_eq!(t2.cache[&graph_key].graph, Some(p));
+        let old = key("GPU Y", vec![5, 6]);
+        assert_eq!(*t2.cache[&old], Entry::legacy(vec![(1, 0, 0.5)]));
+        let r: Vec<Candidate<ConvFwdAlgo>> = decode(&t2.cache[&k].ranking);
         assert_eq!(r[0].algo, ConvFwdAlgo::WinogradNonfused);
         assert_eq!(r[1].algo, ConvFwdAlgo::ImplicitPrecompGemm);
+        let first: Option<Candidate<ConvFwdAlgo>> = t2.cache[&k].first();
+        assert_eq!(first.map(|c| c.algo), Some(ConvFwdAlgo::WinogradNonfused));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn graph_picks_of_every_call_kind_round_trip() {
+        // Backward-data (1), backward-filter (2) and fused (16, 17) decisions with graph engines,
+        // under the union (no suffix) and prefer (-2) search modes: one line each, read back
+        // equal.
+        let dev = "GPU X|sm90|cudnn91400";
+        let entries = [
+            (
+                key(dev, vec![1, 2, 2, 0, 8, 1]),
+                Entry {
+                    ranking: vec![(1, 0, 0.5), (0, 0, 0.75)],
+                    graph: Some(pick("eng9_k3=2", 0, 0.0625)),
+                },
+            ),
+            (
+                key(dev, vec![2, 2, 2, 0, 8, 1, -2]),
+                Entry {
+                    ranking: vec![(1, 128, 0.5)],
+                    graph: Some(pick("eng0", 1 << 20, 1.5)),
+                },
+            ),
+            (
+                key(dev, vec![16, 2, 2, 0, 8, 1, 2, 1, 4, 1, 1, 4, 1, 1, 1]),
+                Entry {
+                    ranking: vec![(1, 0, 0.5)],
+                    graph: Some(pick("eng4_k1=0_k2=3_k11=-1", 64, 0.03125)),
+                },
+            ),
+            (
+                key(dev, vec![17, 2, 2, 0, 8, 1]),
+                Entry::legacy(vec![(1, 0, -1.0)]),
+            ),
+        ];
+        for (k, e) in &entries {
+            let line = format_line(k, e);
+            let (k2, e2) = parse_line(&line).unwrap_or_else(|| panic!("unreadable: {line}"));
+            assert_eq!(&k2, k, "{line}");
+            assert_eq!(k2.hash, k.hash, "{line}");
+            assert_eq!(&e2, e, "{line}");
+        }
+    }
+
+    #[test]
+    fn keys_hash_once_and_compare_whole() {
+        let a = key("GPU", vec![1, 2, 3]);
+        let b = key("GPU", vec![1, 2, 3]);
+        let c = key("GPU", vec![1, 2, 4]);
+        let d = key("GPU 2", vec![1, 2, 3]);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_ne!(a, d);
+        let mut m = HashMap::new();
+        m.insert(a.clone(), 1);
+        assert_eq!(m.get(&b), Some(&1));
+        assert_eq!(m.get(&c), None);
+        // A key with a forged hash still compares its fields.
+        let forged = Key {
+            hash: a.hash,
+            ..c.clone()
+        };
+        assert_ne!(forged, a);
+    }
+
+    #[test]
+    fn search_modes_mark_keys_under_the_benchmark_policies_only() {
+        let base = vec![0, 5];
+        assert_eq!(
+            with_search(base.clone(), Policy::Benchmark, GraphSearch::Union),
+            base
+        );
+        assert_eq!(
+            with_search(base.clone(), Policy::Deterministic, GraphSearch::Off),
+            vec![0, 5, -1]
+        );
+        assert_eq!(
+            with_search(base.clone(), Policy::Benchmark, GraphSearch::Prefer),
+            vec![0, 5, -2]
+        );
+        assert_eq!(
+            with_search(base.clone(), Policy::Heuristic, GraphSearch::Prefer),
+            base
+        );
+    }
+
+    #[test]
+    fn graph_plan_cap_is_configurable() {
+        let t = Autotuner::new(Policy::Benchmark).without_cache_file();
+        assert_eq!(t.graph_plans_per_mode(), DEFAULT_GRAPH_PLANS);
+        assert_eq!(DEFAULT_GRAPH_PLANS, 24);
+        assert!(t.union_on());
+        let t = t.graph_plans(4);
+        assert_eq!(t.graph_plans_per_mode(), 4);
+        assert_eq!(t.graph_plans(0).graph_plans_per_mode(), 1);
+        let off = Autotuner::new(Policy::Benchmark)
+            .without_cache_file()
+            .graph_search(GraphSearch::Off);
+        assert!(!off.union_on());
+        let heuristic = Autotuner::new(Policy::Heuristic).without_cache_file();
+        assert!(!heuristic.union_on());
+        assert_eq!(heuristic.stats(), TunerStats::default());
     }
 
     #[test]

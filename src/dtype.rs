@@ -31,6 +31,10 @@ pub enum DType {
     U8,
     /// Signed 32-bit integer (`CUDNN_DATA_INT32`).
     I32,
+    /// Signed 64-bit integer (`CUDNN_DATA_INT64`): graph tensors only, such as the seed and
+    /// offset of a dropout mask ([`crate::graph::Graph::rng_input`]), bound with
+    /// [`crate::graph::Args::input_i64`]. Not a [`DataType`]: no legacy cuDNN call takes it.
+    I64,
 }
 
 impl DType {
@@ -43,13 +47,14 @@ impl DType {
             DType::I8 => cudnnDataType_t::CUDNN_DATA_INT8,
             DType::U8 => cudnnDataType_t::CUDNN_DATA_UINT8,
             DType::I32 => cudnnDataType_t::CUDNN_DATA_INT32,
+            DType::I64 => cudnnDataType_t::CUDNN_DATA_INT64,
         }
     }
 
     /// Size of one element in bytes.
     pub fn size(self) -> usize {
         match self {
-            DType::F64 => 8,
+            DType::F64 | DType::I64 => 8,
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::I8 | DType::U8 => 1,
@@ -71,6 +76,7 @@ impl DType {
             DType::I8 => "i8",
             DType::U8 => "u8",
             DType::I32 => "i32",
+            DType::I64 => "i64",
         }
     }
 }
@@ -180,6 +186,7 @@ mod tests {
             DType::I8,
             DType::U8,
             DType::I32,
+            DType::I64,
         ] {
             assert_eq!(d.scalar_is_f64(), d == DType::F64);
         }
@@ -190,6 +197,7 @@ mod tests {
         assert_eq!(DType::F16.size(), std::mem::size_of::<f16>());
         assert_eq!(DType::BF16.size(), std::mem::size_of::<bf16>());
         assert_eq!(DType::F64.size(), std::mem::size_of::<f64>());
+        assert_eq!(DType::I64.size(), std::mem::size_of::<i64>());
         assert_eq!(<i8 as DataType>::from_f64(300.0), i8::MAX);
         assert_eq!(<u8 as DataType>::from_f64(-3.0), 0);
     }

@@ -3093,9 +3093,10 @@ impl Tuned {
             &self.y_d,
             &mut y,
         )?;
-        let what = format!("{} with {}", self.what(tuner, "fused relu"), c.algo);
+        let what = format!("{} with {}", self.what(tuner, "fused relu"), c.describe());
         let got = download(&g.stream, &y);
-        let (mut want, bound) = FP32.expect(&self.fused_ref, 1.0, 0.0, None, is_transform(c.algo));
+        let transform = is_transform(c.algo) || c.api.is_graph();
+        let (mut want, bound) = FP32.expect(&self.fused_ref, 1.0, 0.0, None, transform);
         want.iter_mut().for_each(|v| *v = v.max(0.0));
         check(&what, &got, &before, &s.y_lay, &want, &bound);
         Ok(c)
@@ -3117,9 +3118,14 @@ impl Tuned {
         let c = tuner.backward_data(
             &g.cudnn, alpha, &s.w_d, &s.w, &self.y_d, &self.dy, &s.conv, beta, &s.x_d, &mut dx,
         )?;
-        let what = format!("{} with {}", self.what(tuner, "backward data"), c.algo);
+        let what = format!(
+            "{} with {}",
+            self.what(tuner, "backward data"),
+            c.describe()
+        );
         let ab = (f64::from(alpha), f64::from(beta));
-        let transform = is_transform(c.algo);
+        // A graph engine (union search) may transform the data: see `forward`.
+        let transform = is_transform(c.algo) || c.api.is_graph();
         verify(
             g,
             &what,
@@ -3150,9 +3156,14 @@ impl Tuned {
         let c = tuner.backward_filter(
             &g.cudnn, alpha, &s.x_d, &s.x, &self.y_d, &self.dy, &s.conv, beta, &s.w_d, &mut dw,
         )?;
-        let what = format!("{} with {}", self.what(tuner, "backward filter"), c.algo);
+        let what = format!(
+            "{} with {}",
+            self.what(tuner, "backward filter"),
+            c.describe()
+        );
         let ab = (f64::from(alpha), f64::from(beta));
-        let transform = is_transform(c.algo);
+        // A graph engine (union search) may transform the data: see `forward`.
+        let transform = is_transform(c.algo) || c.api.is_graph();
         verify(
             g,
             &what,
@@ -3783,5 +3794,380 @@ fn union_deterministic_policy_picks_deterministic_graph_plans() {
     println!(
         "union deterministic: {config} (notes {:?}) twice, bitwise identical",
         plan.numerical_notes()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Union autotune of the other calls: backward data, backward filter, fused forward
+// ---------------------------------------------------------------------------------------------
+
+/// Graph plans per heuristic mode in these tests: fewer than the default 24 (the forward tests
+/// above search that many) to keep the many searches below quick.
+const UNION_TEST_PLANS: usize = 8;
+
+/// Which call a union test makes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum UnionDir {
+    /// `dx = alpha·dgrad(dy, w) + beta·dx`.
+    Data,
+    /// `dw = alpha·wgrad(x, dy) + beta·dw`.
+    Filter,
+    /// `y = relu(alpha·conv(x, w) + beta·z + bias)` (`z` only when `beta ≠ 0`).
+    Fused,
+}
+
+impl UnionDir {
+    const ALL: [UnionDir; 3] = [UnionDir::Data, UnionDir::Filter, UnionDir::Fused];
+    fn name(self) -> &'static str {
+        match self {
+            UnionDir::Data => "backward data",
+            UnionDir::Filter => "backward filter",
+            UnionDir::Fused => "fused relu",
+        }
+    }
+}
+
+/// A union problem of type `T` with `dy`, a bias and the references of every direction.
+struct UnionProblem<T: DataType> {
+    s: Setup<T>,
+    y_d: TensorDesc<T>,
+    dy: CudaSlice<T>,
+    b_d: TensorDesc<T>,
+    bias: CudaSlice<T>,
+    y_ref: Ref,
+    bias_f: Vec<f64>,
+    dx_ref: Ref,
+    dw_ref: Ref,
+}
+
+impl<T: DataType> UnionProblem<T> {
+    fn new(g: &Gpu, rng: &mut Rng, mode: &UnionMode) -> UnionProblem<T> {
+        let s = union_setup::<T>(g, rng, mode);
+        let y_d = s.y_lay.desc::<T>();
+        let dyh: Vec<T> = rng.values(s.y_lay.count());
+        let dyf = to_f64(&dyh);
+        let dy = s.y_lay.upload(g, &dyh);
+        let b_d = TensorDesc::<T>::nchw(1, s.case.k, 1, 1).unwrap();
+        let bh: Vec<T> = rng.values(s.case.k as usize);
+        UnionProblem {
+            bias: g.stream.clone_htod(&bh).unwrap(),
+            bias_f: to_f64(&bh),
+            y_ref: s.geo.forward(&s.xf, &s.wf),
+            dx_ref: s.geo.backward_data(&dyf, &s.wf),
+            dw_ref: s.geo.backward_filter(&s.xf, &dyf),
+            s,
+            y_d,
+            dy,
+            b_d,
+        }
+    }
+
+    /// One call of `dir` through `tuner`, its output NaN-poisoned (`beta = 0`) or random old
+    /// values (`beta ≠ 0`; for the fused call, a random `z` instead), checked against the f64
+    /// reference; returns the choice (its algorithm by name) and the output.
+    #[allow(clippy::too_many_arguments)]
+    fn call(
+        &self,
+        g: &Gpu,
+        rng: &mut Rng,
+        tuner: &mut Autotuner,
+        mode: &UnionMode,
+        dir: UnionDir,
+        alpha: f64,
+        beta: f64,
+    ) -> (Choice<String>, Vec<T>) {
+        let s = &self.s;
+        let (alpha_s, alpha) = scalar::<T>(alpha);
+        let (beta_s, beta) = scalar::<T>(beta);
+        let what = format!(
+            "union {} {} {} (search {}) alpha {alpha} beta {beta}",
+            dir.name(),
+            mode.name,
+            tuner.policy().name(),
+            tuner.graph_search_mode().name()
+        );
+        let (lay, r) = match dir {
+            UnionDir::Data => (&s.x_lay, &self.dx_ref),
+            UnionDir::Filter => (&s.w_lay, &self.dw_ref),
+            UnionDir::Fused => (&s.y_lay, &self.y_ref),
+        };
+        let old: Option<Vec<T>> = (beta != 0.0).then(|| rng.values(lay.count()));
+        let (c, out, before) = match dir {
+            UnionDir::Data | UnionDir::Filter => {
+                let before = lay.output_image(old.as_deref());
+                let mut out = g.stream.clone_htod(&before).unwrap();
+                let c = if dir == UnionDir::Data {
+                    named(
+                        &what,
+                        tuner.backward_data(
+                            &g.cudnn, alpha_s, &s.w_d, &s.w, &self.y_d, &self.dy, &s.conv, beta_s,
+                            &s.x_d, &mut out,
+                        ),
+                    )
+                } else {
+                    named(
+                        &what,
+                        tuner.backward_filter(
+                            &g.cudnn, alpha_s, &s.x_d, &s.x, &self.y_d, &self.dy, &s.conv, beta_s,
+                            &s.w_d, &mut out,
+                        ),
+                    )
+                };
+                (c, out, before)
+            }
+            UnionDir::Fused => {
+                let before = lay.output_image::<T>(None);
+                let mut out = g.stream.clone_htod(&before).unwrap();
+                let z = old.as_ref().map(|o| lay.upload(g, o));
+                let c = named(
+                    &what,
+                    tuner.bias_activation_forward(
+                        &g.cudnn,
+                        alpha_s,
+                        &s.x_d,
+                        &s.x,
+                        &s.w_d,
+                        &s.w,
+                        &s.conv,
+                        beta_s,
+                        z.as_ref(),
+                        &self.b_d,
+                        &self.bias,
+                        FusedActivation::Relu,
+                        &self.y_d,
+                        &mut out,
+                    ),
+                );
+                (c, out, before)
+            }
+        };
+        let what = format!("{what}: {} ({:?})", c.describe(), c.source);
+        // Graph engines may transform the data; their choice does not carry their notes.
+        let transform = c.api.is_graph() || c.algo.contains("FFT") || c.algo.contains("WINOGRAD");
+        if dir == UnionDir::Fused {
+            // relu(alpha·conv + beta·z + bias), the bias and z terms added to the magnitudes.
+            let mut pre = Ref {
+                val: r.val.iter().map(|v| alpha * v).collect(),
+                abs: r.abs.iter().map(|a| alpha.abs() * a).collect(),
+                red: r.red,
+            };
+            for i in 0..pre.val.len() {
+                let b = self.bias_f[s.geo.channel_of(i)];
+                let zt = old.as_ref().map_or(0.0, |o| beta * o[i].to_f64());
+                pre.val[i] += b + zt;
+                pre.abs[i] += b.abs() + zt.abs();
+            }
+            let got = download(&g.stream, &out);
+            let (mut want, bound) = mode.tol.expect(&pre, 1.0, 0.0, None, transform);
+            want.iter_mut().for_each(|v| *v = v.max(0.0));
+            check(&what, &got, &before, lay, &want, &bound);
+        } else {
+            verify(
+                g,
+                &what,
+                lay,
+                &out,
+                &before,
+                r,
+                mode.tol,
+                (alpha, beta),
+                transform,
+            );
+        }
+        (c, download(&g.stream, &out))
+    }
+}
+
+/// A choice with its algorithm by name, so that choices of every direction compare alike.
+fn named<A: std::fmt::Display>(what: &str, c: Result<Choice<A>, Error>) -> Choice<String> {
+    let c = c.unwrap_or_else(|e| panic!("{what}: {e}"));
+    Choice {
+        algo: c.algo.to_string(),
+        source: c.source,
+        rank: c.rank,
+        workspace: c.workspace,
+        api: c.api,
+    }
+}
+
+/// Every call kind of one mode under the three search modes: two plain calls (the second from
+/// the cache, the same API), checked; `Off` and the heuristic policy stay legacy; under
+/// `Prefer`, half NHWC runs a graph engine.
+fn union_dirs_case<T: DataType>(g: &Gpu, seed: u64, mode: &UnionMode, half: bool) -> Vec<String> {
+    let mut rng = Rng::new(seed);
+    let p = UnionProblem::<T>::new(g, &mut rng, mode);
+    let mut report = Vec::new();
+    for dir in UnionDir::ALL {
+        let mut line = Vec::new();
+        for search in [GraphSearch::Union, GraphSearch::Prefer, GraphSearch::Off] {
+            let mut tuner = fresh(Policy::Benchmark)
+                .graph_search(search)
+                .graph_plans(UNION_TEST_PLANS);
+            let (first, _) = p.call(g, &mut rng, &mut tuner, mode, dir, 1.0, 0.0);
+            let (second, _) = p.call(g, &mut rng, &mut tuner, mode, dir, 1.0, 0.0);
+            let what = format!("{} {} {}", mode.name, dir.name(), search.name());
+            assert_eq!(first.source, Source::Benchmark, "{what}");
+            assert_eq!(second.source, Source::Cache, "{what}");
+            assert_eq!(first.api, second.api, "{what}: the cached decision");
+            assert_eq!(first.algo, second.algo, "{what}");
+            let stats = tuner.stats();
+            assert_eq!((stats.benchmarks, stats.hits), (1, 1), "{what}: {stats:?}");
+            match search {
+                GraphSearch::Off => {
+                    assert_eq!(first.api, ConvApi::Legacy, "{what}");
+                    assert_eq!(stats.graph_searches, 0, "{what}: {stats:?}");
+                }
+                _ => assert_eq!(stats.graph_searches, 1, "{what}: {stats:?}"),
+            }
+            if search == GraphSearch::Prefer && half {
+                // cuDNN's graph engines run dgrad, wgrad and conv → bias → ReLU on half NHWC.
+                assert!(first.api.is_graph(), "{what}: {}", first.describe());
+            }
+            line.push(format!("{} → {}", search.name(), first.describe()));
+        }
+        // The heuristic policy stays legacy whatever the search mode.
+        let mut tuner = fresh(Policy::Heuristic).graph_search(GraphSearch::Prefer);
+        let (c, _) = p.call(g, &mut rng, &mut tuner, mode, dir, 1.0, 0.0);
+        assert_eq!(
+            c.api,
+            ConvApi::Legacy,
+            "{} {} heuristic",
+            mode.name,
+            dir.name()
+        );
+        report.push(format!("{} {}: {}", mode.name, dir.name(), line.join(", ")));
+    }
+    report
+}
+
+#[test]
+fn union_backward_and_fused_match_reference_in_every_mode() {
+    let Some(g) = gpu() else { return };
+    let lines = [
+        union_dirs_case::<f16>(&g, 1101, &UNION_F16, true),
+        union_dirs_case::<bf16>(&g, 1102, &UNION_BF16, true),
+        union_dirs_case::<f32>(&g, 1103, &UNION_FP32, false),
+        union_dirs_case::<f32>(&g, 1104, &UNION_TF32, false),
+    ];
+    for l in lines.iter().flatten() {
+        println!("union autotune {l}");
+    }
+}
+
+#[test]
+fn union_backward_and_fused_scaled_or_accumulating_calls_use_legacy() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(1105);
+    let mode = &UNION_BF16;
+    let p = UnionProblem::<bf16>::new(&g, &mut rng, mode);
+    let mut report = Vec::new();
+    for dir in UnionDir::ALL {
+        let mut tuner = fresh(Policy::Benchmark)
+            .graph_search(GraphSearch::Prefer)
+            .graph_plans(UNION_TEST_PLANS);
+        // The decision is made during an accumulating call (fused: with a residual z): the
+        // search runs on scratch memory (fused: on y, which the call then writes), the call on
+        // the legacy path, keeping the old values (checked inside).
+        let (acc, _) = p.call(&g, &mut rng, &mut tuner, mode, dir, 1.0, 1.0);
+        assert_eq!(acc.source, Source::Benchmark, "{}", dir.name());
+        assert_eq!(
+            acc.api,
+            ConvApi::Legacy,
+            "{}: {}",
+            dir.name(),
+            acc.describe()
+        );
+        // The same decision serves a plain call with the graph engine it recorded.
+        let (plain, _) = p.call(&g, &mut rng, &mut tuner, mode, dir, 1.0, 0.0);
+        assert_eq!(plain.source, Source::Cache, "{}", dir.name());
+        assert!(plain.api.is_graph(), "{}: {}", dir.name(), plain.describe());
+        // Scaled and accumulating calls are legacy again.
+        let (scaled, _) = p.call(&g, &mut rng, &mut tuner, mode, dir, 0.5, 0.0);
+        assert_eq!(scaled.api, ConvApi::Legacy, "{}", scaled.describe());
+        let (acc2, _) = p.call(&g, &mut rng, &mut tuner, mode, dir, 1.0, -0.5);
+        assert_eq!(acc2.api, ConvApi::Legacy, "{}", acc2.describe());
+        assert_eq!(tuner.stats().benchmarks, 1, "{}", dir.name());
+        report.push(format!(
+            "{}: accumulating {}, plain {}",
+            dir.name(),
+            acc.describe(),
+            plain.describe()
+        ));
+    }
+    println!("union with beta ≠ 0 or alpha ≠ 1: {}", report.join("; "));
+}
+
+#[test]
+fn union_backward_and_fused_decisions_persist_and_are_rebuilt() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(1106);
+    let mode = &UNION_F16;
+    let p = UnionProblem::<f16>::new(&g, &mut rng, mode);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let path = std::env::temp_dir().join(format!(
+        "cudnn-safe-union-dirs-test-{}-{nanos}.txt",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+
+    let mut a = fresh(Policy::Benchmark)
+        .graph_search(GraphSearch::Prefer)
+        .graph_plans(UNION_TEST_PLANS)
+        .cache_file(&path);
+    let first: Vec<_> = UnionDir::ALL
+        .iter()
+        .map(|&dir| p.call(&g, &mut rng, &mut a, mode, dir, 1.0, 0.0))
+        .collect();
+    let text = std::fs::read_to_string(&path).unwrap();
+    for ((c, _), dir) in first.iter().zip(UnionDir::ALL) {
+        let Some(config) = c.api.config() else {
+            panic!("prefer {}: {}", dir.name(), c.describe());
+        };
+        assert!(
+            text.contains(&format!("\tgraph={config}:")),
+            "the cache file lacks the {} graph engine {config}:\n{text}",
+            dir.name()
+        );
+    }
+    drop(a);
+
+    let mut b = fresh(Policy::Benchmark)
+        .graph_search(GraphSearch::Prefer)
+        .graph_plans(UNION_TEST_PLANS)
+        .cache_file(&path);
+    for ((ca, _), dir) in first.iter().zip(UnionDir::ALL) {
+        // Checked against the reference inside; engines may be nondeterministic (benchmark
+        // policy), so the bits are not compared with the first tuner's.
+        let (cb, _) = p.call(&g, &mut rng, &mut b, mode, dir, 1.0, 0.0);
+        assert_eq!(cb.source, Source::Cache, "{}", dir.name());
+        assert_eq!(cb.api, ca.api, "{}: {}", dir.name(), cb.describe());
+        assert_eq!(cb.algo, ca.algo, "{}", dir.name());
+    }
+    let stats = b.stats();
+    assert_eq!(
+        (
+            stats.benchmarks,
+            stats.misses,
+            stats.graph_searches,
+            stats.plan_builds
+        ),
+        (0, 0, 0, 3),
+        "{stats:?}"
+    );
+    // Held plans: the next calls build nothing.
+    for dir in UnionDir::ALL {
+        let (c, _) = p.call(&g, &mut rng, &mut b, mode, dir, 1.0, 0.0);
+        assert!(c.api.is_graph(), "{}", c.describe());
+    }
+    assert_eq!(b.stats().plan_builds, 3);
+    drop(b);
+    let _ = std::fs::remove_file(&path);
+    println!(
+        "union cache file: backward data {}, backward filter {}, fused {} written, rebuilt by a fresh tuner without benchmarking",
+        first[0].0.describe(),
+        first[1].0.describe(),
+        first[2].0.describe()
     );
 }

@@ -2575,3 +2575,410 @@ fn gpu_layer_norm_backward_f16() {
 fn gpu_layer_norm_backward_bf16() {
     layer_norm_bwd_case::<bf16>(53, false);
 }
+
+// ---------------------------------------------------------------------------------------------
+// CUDA graphs populated from plans (cuDNN's native CUDA-graph API, cuDNN >= 9.5)
+// ---------------------------------------------------------------------------------------------
+
+use cudnn_safe::graph::{PlanGraph, CUDA_GRAPH_NOT_SUPPORTED};
+
+#[test]
+fn host_cuda_graph_filter_status_and_send() {
+    common::assert_send::<PlanGraph<'static>>();
+    let f = PlanFilter::new().cuda_graph_native(true);
+    assert_ne!(
+        f,
+        PlanFilter::new(),
+        "the option is part of the filter (and its cache key)"
+    );
+    assert_eq!(f.clone().cuda_graph_native(false), PlanFilter::new());
+    assert!(
+        format!("{f:?}").contains("cuda_graph_native: true"),
+        "{f:?}"
+    );
+    assert_eq!(CUDA_GRAPH_NOT_SUPPORTED, Status(3013));
+    assert_eq!(
+        CUDA_GRAPH_NOT_SUPPORTED.known_name(),
+        Some("CUDNN_STATUS_NOT_SUPPORTED_CUDA_GRAPH_NATIVE_API")
+    );
+}
+
+/// The graphs the CUDA-graph tests run finalize with the real cuDNN library (host only).
+#[test]
+fn host_cuda_graph_case_graphs_finalize() {
+    if !have_cudnn() {
+        return;
+    }
+    for fused in [true, false] {
+        let (g, ..) = cuda_graph_conv_graph(fused);
+        g.check()
+            .unwrap_or_else(|e| panic!("conv graph (fused {fused}): {e}"));
+    }
+    for prologue in [true, false] {
+        let (g, ..) = cuda_graph_matmul_graph(prologue);
+        g.check()
+            .unwrap_or_else(|e| panic!("matmul graph (prologue {prologue}): {e}"));
+    }
+}
+
+/// A graph with f16 inputs and one f16 output, its inputs uploaded, and the f64 reference.
+struct CudaGraphCase {
+    what: &'static str,
+    og: OperationGraph,
+    ins: Vec<(TensorId, CudaSlice<f16>)>,
+    y: TensorId,
+    want: Vec<f64>,
+}
+
+impl CudaGraphCase {
+    fn inputs(&self) -> Vec<(TensorId, &CudaSlice<f16>)> {
+        self.ins.iter().map(|(t, b)| (*t, b)).collect()
+    }
+}
+
+/// `y = relu(conv(x, w) + b)`, f16 NHWC (f32 inside), or the plain convolution.
+/// The graph of [`cuda_graph_conv_case`]: x, w, the bias if `fused`, y.
+fn cuda_graph_conv_graph(fused: bool) -> (Graph, TensorId, TensorId, Option<TensorId>, TensorId) {
+    let geo = conv_geometry();
+    let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
+    let x = input::<f16>(&mut g, "x", &geo.x, true);
+    let w = input::<f16>(&mut g, "w", &geo.w, true);
+    let mut y = g.conv_fprop(x, w, &geo.params()).unwrap();
+    let b = fused.then(|| input::<f16>(&mut g, "b", &[1, geo.w[0], 1, 1], true));
+    if let Some(b) = b {
+        y = g.bias(y, b).unwrap();
+        y = g.pointwise(PointwiseMode::Relu, y, None).unwrap();
+    }
+    g.set_name(y, "y").unwrap();
+    g.mark_output(y).unwrap();
+    (g, x, w, b, y)
+}
+
+fn cuda_graph_conv_case(
+    s: &Arc<CudaStream>,
+    cudnn: &Cudnn,
+    fused: bool,
+    seed: u64,
+) -> CudaGraphCase {
+    let geo = conv_geometry();
+    let yd = geo.y();
+    let mut rng = Rng::new(seed);
+    let (g, x, w, b, y) = cuda_graph_conv_graph(fused);
+    let og = g.build(cudnn).unwrap();
+    let (xv, xf) = values::<f16>(&mut rng, count(&geo.x));
+    let (wv, wf) = values::<f16>(&mut rng, count(&geo.w));
+    let mut want = vec![0.0; count(&yd)];
+    geo.for_each_term(|xi, fi, yi| want[yi] += xf[xi] * wf[fi]);
+    let mut ins = vec![(x, upload(s, &og, x, &xv)), (w, upload(s, &og, w, &wv))];
+    if let Some(b) = b {
+        let (bv, bf) = values::<f16>(&mut rng, geo.w[0] as usize);
+        let plane = (yd[2] * yd[3]) as usize;
+        for (i, v) in want.iter_mut().enumerate() {
+            *v = (*v + bf[(i / plane) % yd[1] as usize]).max(0.0);
+        }
+        ins.push((b, upload(s, &og, b, &bv)));
+    }
+    CudaGraphCase {
+        what: if fused {
+            "conv+bias+relu f16"
+        } else {
+            "conv f16"
+        },
+        og,
+        ins,
+        y,
+        want,
+    }
+}
+
+/// Batch, M, K, N of [`cuda_graph_matmul_case`] (NVIDIA's sample's sizes).
+const MATMUL_SAMPLE: (usize, usize, usize, usize) = (8, 32, 8, 16);
+
+/// The graph of [`cuda_graph_matmul_case`]: a, b, d.
+fn cuda_graph_matmul_graph(prologue: bool) -> (Graph, TensorId, TensorId, TensorId) {
+    let (bt, m, k, n) = MATMUL_SAMPLE;
+    let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
+    let a = g
+        .tensor_nchw("a", &[bt as i64, m as i64, k as i64], DType::F16)
+        .unwrap();
+    let b = g
+        .tensor_nchw("b", &[bt as i64, k as i64, n as i64], DType::F16)
+        .unwrap();
+    let half = g.scalar("scale", 0.5, DType::F32).unwrap();
+    let two = g.scalar("bias", 2.0, DType::F32).unwrap();
+    let t = if prologue {
+        let sa = g.scale(a, half).unwrap();
+        g.matmul(sa, b).unwrap()
+    } else {
+        let ab = g.matmul(a, b).unwrap();
+        g.scale(ab, half).unwrap()
+    };
+    let d = g.pointwise(PointwiseMode::Add, t, Some(two)).unwrap();
+    g.set_name(d, "d").unwrap();
+    g.mark_output(d).unwrap();
+    (g, a, b, d)
+}
+
+/// NVIDIA's own native CUDA-graph sample (cudnn-frontend "Cuda graphs with matmul add"):
+/// `d = (a·0.5)·b + 2` (`prologue`: the scale before the matmul, as the sample has it, its
+/// result an f32 virtual tensor here where the sample makes it f16), or `d = (a·b)·0.5 + 2`
+/// (the same values, both pointwise operations after the matmul); f16 `[8, 32, 8]·[8, 8, 16]`,
+/// f32 inside, scalars by value.
+fn cuda_graph_matmul_case(
+    s: &Arc<CudaStream>,
+    cudnn: &Cudnn,
+    prologue: bool,
+    seed: u64,
+) -> CudaGraphCase {
+    let (bt, m, k, n) = MATMUL_SAMPLE;
+    let mut rng = Rng::new(seed);
+    let (g, a, b, d) = cuda_graph_matmul_graph(prologue);
+    let og = g.build(cudnn).unwrap();
+    let (av, af) = values::<f16>(&mut rng, bt * m * k);
+    let (bv, bf) = values::<f16>(&mut rng, bt * k * n);
+    let mut want = vec![0.0; bt * m * n];
+    for p in 0..bt {
+        for i in 0..m {
+            for j in 0..n {
+                let dot: f64 = (0..k)
+                    .map(|q| 0.5 * af[(p * m + i) * k + q] * bf[(p * k + q) * n + j])
+                    .sum();
+                want[(p * m + i) * n + j] = dot + 2.0;
+            }
+        }
+    }
+    CudaGraphCase {
+        what: if prologue {
+            "(a*0.5)·b+2 f16 (NVIDIA's sample)"
+        } else {
+            "(a·b)*0.5+2 f16"
+        },
+        ins: vec![(a, upload(s, &og, a, &av)), (b, upload(s, &og, b, &bv))],
+        og,
+        y: d,
+        want,
+    }
+}
+
+/// Plans of `og` whose engine supports the native CUDA-graph API (heuristics, then every
+/// engine), at most `max`; empty when there is none.
+fn native_plans(cudnn: &Cudnn, og: &OperationGraph, max: usize) -> Vec<Plan> {
+    let filter = PlanFilter::new()
+        .cuda_graph_native(true)
+        .all_engines(true)
+        .max_plans(Some(max));
+    match og.plans(cudnn, &filter) {
+        Ok(list) => {
+            assert!(list.plans.iter().all(Plan::supports_cuda_graph));
+            list.plans
+        }
+        Err(e) => {
+            eprintln!("  no plan with native CUDA-graph support: {e}");
+            Vec::new()
+        }
+    }
+}
+
+/// Executes `plan` with [`Cudnn::execute`], then populates a CUDA graph with it, launches it
+/// twice, rebinds it to a second output ([`PlanGraph::update`]) and launches it again from
+/// another thread: both
+/// graph outputs must match the f64 reference, and the executed output exactly when the engine
+/// is deterministic (same plan, same inputs).
+fn cuda_graph_roundtrip(s: &Arc<CudaStream>, cudnn: &Cudnn, c: &CudaGraphCase, plan: &Plan) {
+    let what = format!("{} {}", c.what, plan.name());
+    eprintln!("  {what}: behaviour notes {:?}", plan.behavior_notes());
+    assert!(plan.supports_cuda_graph(), "{what}");
+    let tol = tol::<f16>();
+    let ins = c.inputs();
+    let mut ws = Workspace::new(s.clone());
+    let mut y_exec = poisoned::<f16>(s, &c.og, c.y);
+    run(cudnn, plan, &ins, &mut [(c.y, &mut y_exec)], &mut ws).unwrap();
+    let executed = fetch(s, &c.og, c.y, &y_exec);
+    check(&format!("{what} execute"), &executed, &c.want, tol);
+
+    let mut y1 = poisoned::<f16>(s, &c.og, c.y);
+    let mut y2 = poisoned::<f16>(s, &c.og, c.y);
+    {
+        let mut a1 = Args::new(cudnn);
+        let mut a2 = Args::new(cudnn);
+        for (t, b) in &ins {
+            a1.input(*t, *b).unwrap();
+            a2.input(*t, *b).unwrap();
+        }
+        a1.output(c.y, &mut y1).unwrap();
+        a2.output(c.y, &mut y2).unwrap();
+        let mut graph = cudnn.populate_cuda_graph(plan, &a1, &mut ws).unwrap();
+        assert_eq!(graph.plan_name(), plan.name());
+        assert_eq!(graph.workspace_size(), plan.workspace_size());
+        let nodes = graph.node_count().unwrap();
+        assert!(nodes >= 1, "{what}: cuDNN put no node in the graph");
+        eprintln!("  {what}: {nodes} graph node(s), {graph:?}");
+        graph.launch().unwrap();
+        graph.launch().unwrap();
+        graph.update(cudnn, &a2).unwrap();
+        // The graph is `Send`: launched from another thread, then handed back.
+        let graph = std::thread::scope(|sc| {
+            sc.spawn(move || {
+                graph.launch().unwrap();
+                graph
+            })
+            .join()
+            .unwrap()
+        });
+        drop(graph);
+    }
+    let got1 = fetch(s, &c.og, c.y, &y1);
+    let got2 = fetch(s, &c.og, c.y, &y2);
+    check(
+        &format!("{what} graph, launched twice"),
+        &got1,
+        &c.want,
+        tol,
+    );
+    check(&format!("{what} graph after update"), &got2, &c.want, tol);
+    if plan.is_deterministic() {
+        for (i, ((a, b), e)) in got1.iter().zip(&got2).zip(&executed).enumerate() {
+            assert!(
+                a.to_f64() == e.to_f64() && b.to_f64() == e.to_f64(),
+                "{what}: element {i}: graph {a:?} / updated graph {b:?} vs execute {e:?}"
+            );
+        }
+    } else {
+        let exec_f64: Vec<f64> = executed.iter().map(|v| v.to_f64()).collect();
+        check(&format!("{what} graph vs execute"), &got1, &exec_f64, tol);
+    }
+}
+
+/// The conv + bias + ReLU graph through a CUDA graph, when an engine supports the native API
+/// for it; then a plain convolution, NVIDIA's matmul sample and its epilogue-only variant (each
+/// that has such an engine goes through [`cuda_graph_roundtrip`]). With cuDNN >= 9.5 at least
+/// one of them must populate (NVIDIA's sample asserts support for its graph).
+#[test]
+fn gpu_cuda_graph_conv_bias_relu_and_fallbacks() {
+    let Some((s, cudnn)) = gpu() else { return };
+    if cudnn.version() < 90500 {
+        eprintln!(
+            "skipping: cuDNN {} has no native CUDA-graph API (9.5+)",
+            cudnn.version()
+        );
+        return;
+    }
+    let cases = [
+        cuda_graph_conv_case(&s, &cudnn, true, 61),
+        cuda_graph_conv_case(&s, &cudnn, false, 62),
+        cuda_graph_matmul_case(&s, &cudnn, true, 63),
+        cuda_graph_matmul_case(&s, &cudnn, false, 63),
+    ];
+    let mut populated = Vec::new();
+    for c in &cases {
+        eprintln!("{}:", c.what);
+        let plans = native_plans(&cudnn, &c.og, 2);
+        for plan in &plans {
+            cuda_graph_roundtrip(&s, &cudnn, c, plan);
+        }
+        if !plans.is_empty() {
+            populated.push(c.what);
+        }
+    }
+    eprintln!("populated CUDA graphs for: {populated:?}");
+    assert!(
+        !populated.is_empty(),
+        "no engine supports the native CUDA-graph API for any of {:?} (cuDNN {})",
+        cases.iter().map(|c| c.what).collect::<Vec<_>>(),
+        cudnn.version()
+    );
+}
+
+/// A plan whose engine lacks the behaviour note is refused with the typed error before cuDNN is
+/// called, as are bad bindings for a supported plan; the sentinel-filled output stays untouched.
+#[test]
+fn gpu_cuda_graph_rejections_leave_outputs_untouched() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let c = cuda_graph_conv_case(&s, &cudnn, true, 64);
+    let ins = c.inputs();
+    let span = c.og.span(c.y).unwrap();
+    let mut ws = Workspace::new(s.clone());
+    let all =
+        c.og.plans(
+            &cudnn,
+            &PlanFilter::new().all_engines(true).max_plans(Some(16)),
+        )
+        .unwrap()
+        .plans;
+    let (native, other): (Vec<Plan>, Vec<Plan>) =
+        all.into_iter().partition(Plan::supports_cuda_graph);
+    eprintln!(
+        "{}: {} plan(s) with native CUDA-graph support, {} without",
+        c.what,
+        native.len(),
+        other.len()
+    );
+    let bind = |y: &mut CudaSlice<f16>, f: &mut dyn FnMut(&Args<'_>)| {
+        let mut args = Args::new(&cudnn);
+        for (t, b) in &ins {
+            args.input(*t, *b).unwrap();
+        }
+        args.output(c.y, y).unwrap();
+        f(&args);
+    };
+    for plan in other.iter().take(3) {
+        let (mut yb, before) = sentinel_buffer::<f16>(&s, span);
+        bind(&mut yb, &mut |args| {
+            let r = cudnn.populate_cuda_graph(plan, args, &mut ws);
+            let e = r.expect_err("a plan without the note must be refused");
+            assert_eq!(e.status(), Some(CUDA_GRAPH_NOT_SUPPORTED), "{e}");
+            assert!(e.to_string().contains(&plan.name()), "{e}");
+            assert!(
+                e.to_string()
+                    .contains("CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API"),
+                "{e}"
+            );
+        });
+        assert_untouched(&format!("refused {}", plan.name()), &s, &yb, &before);
+    }
+    if let Some(plan) = native.first() {
+        // A short output buffer.
+        let (mut short, before) = sentinel_buffer::<f16>(&s, span - 1);
+        {
+            let mut args = Args::new(&cudnn);
+            for (t, b) in &ins {
+                args.input(*t, *b).unwrap();
+            }
+            args.output(c.y, &mut short).unwrap();
+            let r = cudnn.populate_cuda_graph(plan, &args, &mut ws);
+            assert!(is_err_kind(&r, "BufferTooSmall"), "{r:?}");
+        }
+        assert_untouched("short output", &s, &short, &before);
+        // An input left unbound.
+        let (mut yb, before) = sentinel_buffer::<f16>(&s, span);
+        {
+            let mut args = Args::new(&cudnn);
+            args.input(ins[0].0, ins[0].1).unwrap();
+            args.output(c.y, &mut yb).unwrap();
+            let r = cudnn.populate_cuda_graph(plan, &args, &mut ws);
+            assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+        }
+        assert_untouched("missing input", &s, &yb, &before);
+        // A workspace limited below the plan's need.
+        if plan.workspace_size() > 0 {
+            let mut small = Workspace::new(s.clone()).with_limit(plan.workspace_size() - 1);
+            let (mut yb, before) = sentinel_buffer::<f16>(&s, span);
+            {
+                let mut args = Args::new(&cudnn);
+                for (t, b) in &ins {
+                    args.input(*t, *b).unwrap();
+                }
+                args.output(c.y, &mut yb).unwrap();
+                let r = cudnn.populate_cuda_graph(plan, &args, &mut small);
+                assert!(is_err_kind(&r, "WorkspaceLimit"), "{r:?}");
+            }
+            assert_untouched("workspace over its limit", &s, &yb, &before);
+        }
+    } else {
+        eprintln!(
+            "  no native plan for {}: binding checks not exercised",
+            c.what
+        );
+        assert!(!other.is_empty());
+    }
+}

@@ -2048,3 +2048,105 @@ fn layer_norm_two_stage_workspace_is_reserved_before_any_write() {
     assert_sum_close("bf16 dγ", &download(&stream, &dg), &dg_ref, &dg_mag);
     assert_sum_close("bf16 dβ", &download(&stream, &db), &db_ref, &db_mag);
 }
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm through the graph formulation (`Cudnn::layer_norm_forward_graph`)
+// ---------------------------------------------------------------------------------------------
+
+/// Row layer norm reference: `y = (x − mean)/√(var + ε)·γ + β` per row of `d` (biased variance).
+fn ln_rows_ref(x: &[f64], d: usize, gamma: &[f64], beta: &[f64], eps: f64) -> Vec<f64> {
+    let mut y = Vec::with_capacity(x.len());
+    for row in x.chunks(d) {
+        let mean = row.iter().sum::<f64>() / d as f64;
+        let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / d as f64;
+        let inv = 1.0 / (var + eps).sqrt();
+        y.extend(
+            row.iter()
+                .enumerate()
+                .map(|(i, v)| (v - mean) * inv * gamma[i] + beta[i]),
+        );
+    }
+    y
+}
+
+/// The graph formulation of one `LayerNorm<T>` against the f64 reference: NaN-poisoned y, the
+/// plan built once and reused, a short y or a short γ refused with y untouched.
+fn layer_norm_graph_case<T: NormType>(seed: u64) {
+    let Some((stream, cudnn)) = gpu() else { return };
+    let what = format!("LayerNorm graph {}", T::DTYPE);
+    // Leading dims [4, 6] (24 rows), normalized [2, 64] (128 features).
+    let ln = LayerNorm::<T>::new(&[4, 6, 2, 64], 2, 1e-5).unwrap();
+    let (n, d) = (ln.len(), ln.features());
+    assert!(!ln.has_graph_plan());
+    let mut rng = Rng::new(seed);
+    let xv: Vec<T> = rng.values_in(n, -1.5, 2.5);
+    let gv: Vec<T> = rng.values_in(d, 0.5, 1.5);
+    let bv: Vec<T> = rng.values(d);
+    let want = ln_rows_ref(&rounded(&xv), d, &rounded(&gv), &rounded(&bv), 1e-5);
+    let (x, gamma, beta) = (dev(&stream, &xv), dev(&stream, &gv), dev(&stream, &bv));
+    let mut ws = Workspace::new(stream.clone());
+    // The data type's tolerance, at least 1e-4: the engine's f32 statistics (one pass,
+    // rsqrt) lose a few bits against the f64 reference.
+    let t = dtol::<T>().max(1e-4);
+    for round in 0..2 {
+        let mut y = poisoned_buffer::<T>(&stream, n);
+        cudnn
+            .layer_norm_forward_graph(&ln, &x, &gamma, &beta, &mut y, &mut ws)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(ln.has_graph_plan(), "{what}: plan kept after round {round}");
+        assert_close(&format!("{what} y"), &download(&stream, &y), &want, t);
+    }
+    // Rejections: y one element short; γ one element short. y untouched.
+    let (mut short, before) = sentinel_buffer::<T>(&stream, n - 1);
+    let r = cudnn.layer_norm_forward_graph(&ln, &x, &gamma, &beta, &mut short, &mut ws);
+    assert!(is_err_kind(&r, "BufferTooSmall"), "{what}: {r:?}");
+    assert_untouched(&format!("{what} short y"), &stream, &short, &before);
+    let short_g = dev(&stream, &gv[..d - 1]);
+    let (mut y, before) = sentinel_buffer::<T>(&stream, n);
+    let r = cudnn.layer_norm_forward_graph(&ln, &x, &short_g, &beta, &mut y, &mut ws);
+    assert!(is_err_kind(&r, "BufferTooSmall"), "{what}: {r:?}");
+    assert_untouched(&format!("{what} y (short gamma)"), &stream, &y, &before);
+    // The method (batch-norm formulation) does not affect the graph plan's result.
+    let ln2 = LayerNorm::<T>::new(&[4, 6, 2, 64], 2, 1e-5)
+        .unwrap()
+        .with_method(NormMethod::reductions())
+        .unwrap();
+    let mut y = poisoned_buffer::<T>(&stream, n);
+    cudnn
+        .layer_norm_forward_graph(&ln2, &x, &gamma, &beta, &mut y, &mut ws)
+        .unwrap();
+    assert_close(
+        &format!("{what} y (second object)"),
+        &download(&stream, &y),
+        &want,
+        t,
+    );
+}
+
+/// f32 as measured on the H200 (32768×1024: 1.49× PyTorch); f16 and bf16 with γ, β of the data
+/// type, as cudnn-frontend's layer-norm tests run them.
+#[test]
+fn layer_norm_graph_formulation_every_type() {
+    layer_norm_graph_case::<f32>(901);
+    layer_norm_graph_case::<f16>(902);
+    layer_norm_graph_case::<bf16>(903);
+}
+
+/// cuDNN has no f64 norm engine: the graph formulation refuses f64 with a typed error before
+/// anything runs, and the batch-norm formulation still serves f64.
+#[test]
+fn layer_norm_graph_formulation_refuses_f64() {
+    let Some((stream, cudnn)) = gpu() else { return };
+    let ln = LayerNorm::<f64>::new(&[8, 128], 1, 1e-5).unwrap();
+    let r = ln.build_graph_plan(&cudnn);
+    assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+    assert!(!ln.has_graph_plan());
+    let x = dev(&stream, &vec![0.5f64; ln.len()]);
+    let g = dev(&stream, &vec![1.0f64; 128]);
+    let b = dev(&stream, &vec![0.25f64; 128]);
+    let (mut y, before) = sentinel_buffer::<f64>(&stream, ln.len());
+    let mut ws = Workspace::new(stream.clone());
+    let r = cudnn.layer_norm_forward_graph(&ln, &x, &g, &b, &mut y, &mut ws);
+    assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+    assert_untouched("f64 graph layer norm", &stream, &y, &before);
+}

@@ -71,19 +71,26 @@ pub(crate) fn scalar_word(v: f64, dtype: DType) -> u64 {
 /// matmul operand broadcast along batch dimensions.
 type View = (Vec<i64>, Vec<i64>);
 
-/// `view` replaces the tensor's dims and strides in the descriptor (see [`Graph::matmul_views`]).
+/// `view` replaces the tensor's dims and strides in the descriptor (see [`Graph::matmul_views`]);
+/// `boolean` declares it `CUDNN_DATA_BOOLEAN` (a comparison's virtual result).
 fn tensor_desc(
     lib: &'static Library,
     uid: i64,
     t: &TensorInfo,
     view: Option<&View>,
+    boolean: bool,
 ) -> Result<Desc> {
     let (dims, strides) = match view {
         Some((d, s)) => (d, s),
         None => (&t.dims, &t.strides),
     };
     let mut d = Desc::new(lib, kind!(CUDNN_BACKEND_TENSOR_DESCRIPTOR))?;
-    d.set1(attr!(CUDNN_ATTR_TENSOR_DATA_TYPE), t.dtype.raw())?;
+    let dtype = if boolean {
+        sys::cudnnDataType_t::CUDNN_DATA_BOOLEAN
+    } else {
+        t.dtype.raw()
+    };
+    d.set1(attr!(CUDNN_ATTR_TENSOR_DATA_TYPE), dtype)?;
     d.set(attr!(CUDNN_ATTR_TENSOR_DIMENSIONS), dims)?;
     d.set(attr!(CUDNN_ATTR_TENSOR_STRIDES), strides)?;
     d.set1(attr!(CUDNN_ATTR_TENSOR_UNIQUE_ID), uid)?;
@@ -187,9 +194,10 @@ impl Graph {
             }
         }
         let views = self.matmul_views()?;
+        let booleans = self.boolean_tensors();
         let mut tensors = Vec::with_capacity(self.tensors.len());
         for (i, t) in self.tensors.iter().enumerate() {
-            let d = tensor_desc(lib, i as i64 + 1, t, views[i].as_ref())
+            let d = tensor_desc(lib, i as i64 + 1, t, views[i].as_ref(), booleans[i])
                 .map_err(|e| context(e, || format!("tensor `{}`", t.name)))?;
             tensors.push(d);
         }
@@ -305,9 +313,18 @@ impl Graph {
             Op::Pointwise { mode, .. } | Op::PointwiseBwd { mode, .. } => {
                 let mut p = Desc::new(lib, kind!(CUDNN_BACKEND_POINTWISE_DESCRIPTOR))?;
                 p.set1(attr!(CUDNN_ATTR_POINTWISE_MODE), mode.raw())?;
-                p.set1(attr!(CUDNN_ATTR_POINTWISE_MATH_PREC), comp)?;
+                // Comparisons compute in BOOLEAN, as cudnn-frontend's attention masks set them.
+                let prec = if mode.is_comparison() {
+                    sys::cudnnDataType_t::CUDNN_DATA_BOOLEAN
+                } else {
+                    comp
+                };
+                p.set1(attr!(CUDNN_ATTR_POINTWISE_MATH_PREC), prec)?;
                 if let Some((a, v)) = mode.param() {
                     p.set1(a, v)?;
+                }
+                if let super::PointwiseMode::GenIndex { axis } = mode {
+                    p.set1(attr!(CUDNN_ATTR_POINTWISE_AXIS), *axis)?;
                 }
                 p.finalize()?;
                 let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR))?;
@@ -330,6 +347,30 @@ impl Graph {
                 o.finalize()?;
                 Ok((o, Some(p)))
             }
+            Op::Select { x, b, cond, y } => {
+                let mut p = Desc::new(lib, kind!(CUDNN_BACKEND_POINTWISE_DESCRIPTOR))?;
+                p.set1(
+                    attr!(CUDNN_ATTR_POINTWISE_MODE),
+                    sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_BINARY_SELECT,
+                )?;
+                p.set1(attr!(CUDNN_ATTR_POINTWISE_MATH_PREC), comp)?;
+                p.finalize()?;
+                let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR))?;
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR), &[&p])?;
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_XDESC), &[&t[*x]])?;
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_BDESC), &[&t[*b]])?;
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_TDESC), &[&t[*cond]])?;
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_YDESC), &[&t[*y]])?;
+                o.finalize()?;
+                Ok((o, Some(p)))
+            }
+            Op::Transpose { x, y } => {
+                let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR))?;
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_RESHAPE_XDESC), &[&t[*x]])?;
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_RESHAPE_YDESC), &[&t[*y]])?;
+                o.finalize()?;
+                Ok((o, None))
+            }
             Op::Reduction { op, x, y } => {
                 let mut r = Desc::new(lib, kind!(CUDNN_BACKEND_REDUCTION_DESCRIPTOR))?;
                 r.set1(attr!(CUDNN_ATTR_REDUCTION_COMP_TYPE), comp)?;
@@ -342,86 +383,9 @@ impl Graph {
                 o.finalize()?;
                 Ok((o, Some(r)))
             }
-            Op::LayerNorm {
-                x,
-                scale,
-                bias,
-                epsilon,
-                y,
-                stats,
-            } => {
-                let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR))?;
-                o.set1(
-                    attr!(CUDNN_ATTR_OPERATION_NORM_FWD_MODE),
-                    sys::cudnnBackendNormMode_t::CUDNN_LAYER_NORM,
-                )?;
-                let phase = match stats {
-                    Some(_) => sys::cudnnBackendNormFwdPhase_t::CUDNN_NORM_FWD_TRAINING,
-                    None => sys::cudnnBackendNormFwdPhase_t::CUDNN_NORM_FWD_INFERENCE,
-                };
-                o.set1(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_PHASE), phase)?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_XDESC), &[&t[*x]])?;
-                o.set_descs(
-                    attr!(CUDNN_ATTR_OPERATION_NORM_FWD_SCALE_DESC),
-                    &[&t[*scale]],
-                )?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_BIAS_DESC), &[&t[*bias]])?;
-                o.set_descs(
-                    attr!(CUDNN_ATTR_OPERATION_NORM_FWD_EPSILON_DESC),
-                    &[&t[*epsilon]],
-                )?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_YDESC), &[&t[*y]])?;
-                if let Some((mean, inv_var)) = stats {
-                    o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_MEAN_DESC), &[&t[*mean]])?;
-                    o.set_descs(
-                        attr!(CUDNN_ATTR_OPERATION_NORM_FWD_INV_VARIANCE_DESC),
-                        &[&t[*inv_var]],
-                    )?;
-                }
-                o.finalize()?;
-                Ok((o, None))
-            }
-            Op::LayerNormBwd {
-                dy,
-                x,
-                scale,
-                mean,
-                inv_var,
-                dx,
-                dscale,
-                dbias,
-            } => {
-                let mut o =
-                    Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR))?;
-                o.set1(
-                    attr!(CUDNN_ATTR_OPERATION_NORM_BWD_MODE),
-                    sys::cudnnBackendNormMode_t::CUDNN_LAYER_NORM,
-                )?;
-                // No epsilon: cuDNN ≥ 8.9.6 takes the saved inverse variance instead (cudnn-frontend
-                // sets the epsilon descriptor only for older versions).
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_XDESC), &[&t[*x]])?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DYDESC), &[&t[*dy]])?;
-                o.set_descs(
-                    attr!(CUDNN_ATTR_OPERATION_NORM_BWD_SCALE_DESC),
-                    &[&t[*scale]],
-                )?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_MEAN_DESC), &[&t[*mean]])?;
-                o.set_descs(
-                    attr!(CUDNN_ATTR_OPERATION_NORM_BWD_INV_VARIANCE_DESC),
-                    &[&t[*inv_var]],
-                )?;
-                o.set_descs(
-                    attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DSCALE_DESC),
-                    &[&t[*dscale]],
-                )?;
-                o.set_descs(
-                    attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DBIAS_DESC),
-                    &[&t[*dbias]],
-                )?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DXDESC), &[&t[*dx]])?;
-                o.finalize()?;
-                Ok((o, None))
-            }
+            Op::Rng(r) => r.descs(lib, t),
+            Op::NormFwd(n) => Ok((n.desc(self, lib, t)?, None)),
+            Op::NormBwd(n) => Ok((n.desc(self, lib, t)?, None)),
         }
     }
 

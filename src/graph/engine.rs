@@ -167,6 +167,7 @@ pub struct PlanFilter {
     no_down_conversion: bool,
     no_reduced_precision: bool,
     no_runtime_compilation: bool,
+    cuda_graph_native: bool,
     max_workspace: usize,
     max_plans: Option<usize>,
 }
@@ -181,6 +182,7 @@ impl Default for PlanFilter {
             no_down_conversion: false,
             no_reduced_precision: false,
             no_runtime_compilation: false,
+            cuda_graph_native: false,
             max_workspace: MAX_WORKSPACE_BYTES,
             max_plans: None,
         }
@@ -236,6 +238,14 @@ impl PlanFilter {
         self.no_runtime_compilation = yes;
         self
     }
+    /// Keeps only engines with [`BehaviorNote::SupportsCudaGraphNativeApi`]: plans that
+    /// [`Cudnn::populate_cuda_graph`](crate::Cudnn::populate_cuda_graph) accepts.
+    #[must_use]
+    #[doc(alias = "CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API")]
+    pub fn cuda_graph_native(mut self, yes: bool) -> Self {
+        self.cuda_graph_native = yes;
+        self
+    }
     /// Drops plans needing more workspace than `bytes` (capped at [`MAX_WORKSPACE_BYTES`]).
     #[must_use]
     pub fn max_workspace(mut self, bytes: usize) -> Self {
@@ -274,6 +284,9 @@ impl PlanFilter {
         }
         if self.no_runtime_compilation && behavior.contains(&BehaviorNote::RuntimeCompilation) {
             return Some("compiles at run time");
+        }
+        if self.cuda_graph_native && !behavior.contains(&BehaviorNote::SupportsCudaGraphNativeApi) {
+            return Some("no native CUDA graph support");
         }
         None
     }

@@ -8,7 +8,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use super::backend::{attr, ffi, kind, Desc};
-use super::build::OperationGraph;
+use super::build::{GraphInner, OperationGraph};
 use super::engine::{EngineConfig, Plan, PlanFilter, Skipped};
 use super::TensorId;
 use crate::dtype::{DType, DataType};
@@ -85,6 +85,26 @@ impl<'a> Args<'a> {
         })
     }
 
+    /// Binds a buffer of 64-bit integers the graph reads: a [`DType::I64`] tensor, such as the
+    /// seed or offset of a dropout mask ([`super::Graph::rng_input`]). Checked at execution like
+    /// every binding (a tensor of another data type rejects it, and an i64 tensor rejects a
+    /// buffer bound with [`Args::input`]).
+    pub fn input_i64(&mut self, t: TensorId, buf: &'a impl DevicePtr<i64>) -> Result<&mut Self> {
+        let ctx = buf.stream().context();
+        let foreign = (**ctx != *self.ctx).then(|| ctx.ordinal());
+        let len = buf.len();
+        let (ptr, guard) = buf.device_ptr(self.stream);
+        self.push(Entry {
+            id: t,
+            ptr,
+            len,
+            dtype: DType::I64,
+            output: false,
+            foreign,
+            _guard: guard,
+        })
+    }
+
     /// Binds a buffer the graph writes (a tensor marked as an output).
     pub fn output<T: DataType>(
         &mut self,
@@ -106,10 +126,10 @@ impl<'a> Args<'a> {
         })
     }
 
-    /// Checks the bindings against the plan's graph and returns the device pointers in the
-    /// graph's pack order (the scalars' host addresses after them).
-    fn pointers(&self, cudnn: &Cudnn, plan: &Plan) -> Result<Vec<usize>> {
-        let g = &plan.graph;
+    /// Checks the bindings against a plan's graph and returns the device pointers in the
+    /// graph's pack order (the scalars' host addresses after them). Shared by
+    /// [`Cudnn::execute`] and the CUDA-graph population, which must check the same things.
+    pub(crate) fn pointers(&self, cudnn: &Cudnn, g: &GraphInner) -> Result<Vec<usize>> {
         // The guards order work on the stream the pointers were taken for: it must be the one
         // the execution is enqueued on.
         if !std::ptr::eq(self.stream, &**cudnn.stream()) {
@@ -222,7 +242,7 @@ pub(crate) struct PackCache {
     workspace: usize,
 }
 
-fn variant_pack(
+pub(crate) fn variant_pack(
     lib: &'static cudnn_safe_sys::Library,
     uids: &[i64],
     ptrs: &[usize],
@@ -250,7 +270,7 @@ impl Cudnn {
     #[doc(alias = "cudnnBackendExecute")]
     pub fn execute(&self, plan: &Plan, args: &Args<'_>, ws: &mut Workspace) -> Result<()> {
         plan.graph.check_handle(self)?;
-        let ptrs = args.pointers(self, plan)?;
+        let ptrs = args.pointers(self, &plan.graph)?;
         if **ws.stream().context() != **self.context() {
             return Err(Error::ForeignContext {
                 name: "workspace",

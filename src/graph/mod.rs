@@ -4,8 +4,9 @@
 //!
 //! * [`Graph`] is plain host data: tensors (unique ids assigned here, names kept for errors),
 //!   convolution forward / backward data / backward filter, batched matmul, pointwise (arithmetic,
-//!   activations and their backward modes), reduction and layer normalization (forward in the
-//!   training or inference phase, backward) operations. Each operation checks its
+//!   activations and their backward modes), reduction and normalization (layer, RMS, instance and
+//!   batch norm, forward in the training or inference phase and backward; group norm built on
+//!   layer norm) operations. Each operation checks its
 //!   shapes when added and returns its output as a virtual tensor with the dimensions computed
 //!   here; [`Graph::mark_output`] makes a virtual tensor a real output.
 //! * [`Graph::build`] creates and finalizes every backend descriptor on a handle:
@@ -62,19 +63,26 @@ use crate::error::{Error, Result};
 use crate::reduce::ReduceOp;
 use crate::tensor::Layout;
 
+mod attention;
 pub(crate) mod backend;
 mod build;
+mod cuda_graph;
 mod engine;
 mod exec;
 mod norm;
 pub(crate) mod union;
 
+pub use attention::{SdpaGrads, SdpaOptions, SdpaOutputs};
 pub use build::OperationGraph;
+pub use cuda_graph::{PlanGraph, CUDA_GRAPH_NOT_SUPPORTED};
 pub use engine::{
     BehaviorNote, EngineConfig, HeurMode, NumericalNote, Plan, PlanFilter, PlanList, Skipped,
 };
 pub use exec::{autotune, Args, AutotuneOptions, PlanCache, Timing, Tuned};
-pub use norm::{LayerNormGrads, LayerNormOutputs};
+pub use norm::{
+    BatchNormOutputs, BatchNormRunning, GroupNormOutputs, LayerNormGrads, LayerNormOutputs,
+    RmsNormGrads, RmsNormOutputs,
+};
 pub use union::{ConvApi, GraphSearch};
 
 /// Identifies a tensor of one [`Graph`] (and of the [`OperationGraph`] built from it).
@@ -332,6 +340,26 @@ pub enum PointwiseMode {
         /// The forward `beta`.
         beta: f64,
     },
+    /// The index of each element along `axis` (`CUDNN_POINTWISE_GEN_INDEX`): x gives only the
+    /// shape. The output is a virtual 32-bit integer tensor (as cudnn-frontend declares it),
+    /// read by comparisons; it cannot be marked as an output.
+    GenIndex {
+        /// The axis whose index is generated (0 ≤ axis < rank).
+        axis: i64,
+    },
+    /// `x == b` (`CUDNN_POINTWISE_CMP_EQ`). Comparison results are virtual boolean tensors,
+    /// read as the condition of [`Graph::select`]; they cannot be marked as outputs.
+    CmpEq,
+    /// `x != b` (`CUDNN_POINTWISE_CMP_NEQ`), boolean as [`PointwiseMode::CmpEq`].
+    CmpNeq,
+    /// `x > b` (`CUDNN_POINTWISE_CMP_GT`), boolean as [`PointwiseMode::CmpEq`].
+    CmpGt,
+    /// `x >= b` (`CUDNN_POINTWISE_CMP_GE`), boolean as [`PointwiseMode::CmpEq`].
+    CmpGe,
+    /// `x < b` (`CUDNN_POINTWISE_CMP_LT`), boolean as [`PointwiseMode::CmpEq`].
+    CmpLt,
+    /// `x <= b` (`CUDNN_POINTWISE_CMP_LE`), boolean as [`PointwiseMode::CmpEq`].
+    CmpLe,
 }
 
 /// How many tensors a pointwise mode reads.
@@ -347,6 +375,7 @@ impl PointwiseMode {
         use PointwiseMode as P;
         match self {
             P::Add | P::Sub | P::Mul | P::Div | P::Min | P::Max | P::Pow => Arity::Binary,
+            P::CmpEq | P::CmpNeq | P::CmpGt | P::CmpGe | P::CmpLt | P::CmpLe => Arity::Binary,
             P::ReluBwd
             | P::GeluBwd
             | P::GeluTanhBwd
@@ -367,6 +396,15 @@ impl PointwiseMode {
     /// Whether the mode reads a second operand `b`.
     pub fn is_binary(self) -> bool {
         self.arity() == Arity::Binary
+    }
+
+    /// Whether this is a comparison (its result is a boolean tensor).
+    pub fn is_comparison(self) -> bool {
+        use PointwiseMode as P;
+        matches!(
+            self,
+            P::CmpEq | P::CmpNeq | P::CmpGt | P::CmpGe | P::CmpLt | P::CmpLe
+        )
     }
 
     pub(crate) fn raw(self) -> cudnn_safe_sys::cudnnPointwiseMode_t {
@@ -405,6 +443,13 @@ impl PointwiseMode {
             P::SwishBwd { .. } => M::CUDNN_POINTWISE_SWISH_BWD,
             P::EluBwd { .. } => M::CUDNN_POINTWISE_ELU_BWD,
             P::SoftplusBwd { .. } => M::CUDNN_POINTWISE_SOFTPLUS_BWD,
+            P::GenIndex { .. } => M::CUDNN_POINTWISE_GEN_INDEX,
+            P::CmpEq => M::CUDNN_POINTWISE_CMP_EQ,
+            P::CmpNeq => M::CUDNN_POINTWISE_CMP_NEQ,
+            P::CmpGt => M::CUDNN_POINTWISE_CMP_GT,
+            P::CmpGe => M::CUDNN_POINTWISE_CMP_GE,
+            P::CmpLt => M::CUDNN_POINTWISE_CMP_LT,
+            P::CmpLe => M::CUDNN_POINTWISE_CMP_LE,
         }
     }
 
@@ -490,25 +535,24 @@ pub(crate) enum Op {
         x: usize,
         y: usize,
     },
-    LayerNorm {
+    /// `y = cond ? x : b` (`CUDNN_POINTWISE_BINARY_SELECT`, cond through `..._POINTWISE_TDESC`).
+    Select {
         x: usize,
-        scale: usize,
-        bias: usize,
-        epsilon: usize,
+        b: usize,
+        cond: usize,
         y: usize,
-        /// (mean, inverse variance) in the training phase.
-        stats: Option<(usize, usize)>,
     },
-    LayerNormBwd {
-        dy: usize,
+    /// `y` is x with its last two dimensions swapped (`CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR`).
+    Transpose {
         x: usize,
-        scale: usize,
-        mean: usize,
-        inv_var: usize,
-        dx: usize,
-        dscale: usize,
-        dbias: usize,
+        y: usize,
     },
+    /// Bernoulli random mask (`CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR`, `attention.rs`).
+    Rng(attention::RngOp),
+    /// Layer, RMS, instance or batch norm forward (`norm.rs`).
+    NormFwd(norm::NormFwdOp),
+    /// Layer, RMS, instance or batch norm backward (`norm.rs`).
+    NormBwd(norm::NormBwdOp),
 }
 
 impl Op {
@@ -522,21 +566,11 @@ impl Op {
             Op::Pointwise { x, b, .. } => std::iter::once(x).chain(b).collect(),
             Op::PointwiseBwd { dy, x, .. } => vec![dy, x],
             Op::Reduction { x, .. } => vec![x],
-            Op::LayerNorm {
-                x,
-                scale,
-                bias,
-                epsilon,
-                ..
-            } => vec![x, scale, bias, epsilon],
-            Op::LayerNormBwd {
-                dy,
-                x,
-                scale,
-                mean,
-                inv_var,
-                ..
-            } => vec![dy, x, scale, mean, inv_var],
+            Op::Select { x, b, cond, .. } => vec![x, b, cond],
+            Op::Transpose { x, .. } => vec![x],
+            Op::Rng(ref r) => r.reads(),
+            Op::NormFwd(ref n) => n.reads(),
+            Op::NormBwd(ref n) => n.reads(),
         }
     }
 
@@ -549,8 +583,11 @@ impl Op {
             Op::Pointwise { .. } => "pointwise",
             Op::PointwiseBwd { .. } => "pointwise backward",
             Op::Reduction { .. } => "reduction",
-            Op::LayerNorm { .. } => "layer norm forward",
-            Op::LayerNormBwd { .. } => "layer norm backward",
+            Op::Select { .. } => "binary select",
+            Op::Transpose { .. } => "transpose",
+            Op::Rng(r) => r.name(),
+            Op::NormFwd(n) => n.name(),
+            Op::NormBwd(n) => n.name(),
         }
     }
 }
@@ -781,8 +818,9 @@ impl Graph {
         order: &[usize],
         op: usize,
     ) -> Result<TensorId> {
+        // Packed strides computed with overflow checks; no 32-bit span rule: a virtual tensor
+        // is never addressed in memory (attention's [b, h, s, s] scores pass 2^31 elements).
         let strides = strides_in_order(&dims, order)?;
-        Layout::strided(&dims, &strides)?;
         Ok(self.push(TensorInfo {
             name,
             dims,
@@ -1166,7 +1204,20 @@ impl Graph {
             Some(b) => Some(self.operand(b, Some(r), OP)?),
             None => None,
         };
+        if let PointwiseMode::GenIndex { axis } = mode {
+            if axis < 0 || axis >= r as i64 {
+                return Err(Error::invalid(
+                    "pointwise GenIndex axis",
+                    format!("0 ≤ axis < {r} (x's rank)"),
+                    format!("axis {axis} on `{}`", self.tensors[xi].name),
+                ));
+            }
+        }
         let y = self.output("pointwise.y", dims, &order, self.ops.len())?;
+        if let PointwiseMode::GenIndex { .. } = mode {
+            // cudnn-frontend declares generated indices INT32 (the comparisons read them so).
+            self.tensors[y.index].dtype = DType::I32;
+        }
         self.ops.push(Op::Pointwise {
             mode,
             x: xi,
@@ -1288,6 +1339,15 @@ impl Graph {
                 format!("input tensor `{}`", info.name),
             ));
         }
+        if self.index_or_boolean(i) {
+            let info = &self.tensors[i];
+            return Err(Error::invalid(
+                "graph output",
+                "a floating-point result (index and comparison results stay virtual)",
+                format!("`{}`", info.name),
+            ));
+        }
+        let info = &mut self.tensors[i];
         info.is_virtual = false;
         info.dtype = dtype;
         Ok(())
@@ -1373,27 +1433,11 @@ impl Graph {
                 Op::Pointwise { mode, x, b, y } => write!(s, "pw({mode:?},{x},{b:?},{y});"),
                 Op::PointwiseBwd { mode, dy, x, dx } => write!(s, "pwb({mode:?},{dy},{x},{dx});"),
                 Op::Reduction { op, x, y } => write!(s, "red({op:?},{x},{y});"),
-                Op::LayerNorm {
-                    x,
-                    scale,
-                    bias,
-                    epsilon,
-                    y,
-                    stats,
-                } => write!(s, "ln({x},{scale},{bias},{epsilon},{y},{stats:?});"),
-                Op::LayerNormBwd {
-                    dy,
-                    x,
-                    scale,
-                    mean,
-                    inv_var,
-                    dx,
-                    dscale,
-                    dbias,
-                } => write!(
-                    s,
-                    "lnb({dy},{x},{scale},{mean},{inv_var},{dx},{dscale},{dbias});"
-                ),
+                Op::Select { x, b, cond, y } => write!(s, "sel({x},{b},{cond},{y});"),
+                Op::Transpose { x, y } => write!(s, "tr({x},{y});"),
+                Op::Rng(r) => s.write_str(&r.signature()),
+                Op::NormFwd(n) => s.write_str(&n.signature()),
+                Op::NormBwd(n) => s.write_str(&n.signature()),
             };
         }
         s

@@ -1,10 +1,27 @@
-//! Layer normalization in a graph (`CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR` and
-//! `..._NORM_BACKWARD_DESCRIPTOR` in `CUDNN_LAYER_NORM` mode).
-use super::{stride_order, Graph, Op, TensorId};
+//! Normalizations in a graph: cuDNN's `CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR` and
+//! `..._NORM_BACKWARD_DESCRIPTOR` in layer, RMS, instance and batch mode, and group
+//! normalization built on layer norm over a regrouped view plus a per-channel affine step.
+//!
+//! The tensor sets and shapes follow cudnn-frontend's nodes (`layernorm.h`, `rmsnorm.h`,
+//! `instancenorm.h`, `batchnorm.h`, `batchnorm_inference.h`, `dbn.h`):
+//!
+//! | mode | x | scale, bias | statistics |
+//! |---|---|---|---|
+//! | layer | `[N, D...]` | `[1, D...]` | mean, inv_var `[N, 1...]` |
+//! | RMS | `[N, D...]` | `[1, D...]` (bias optional) | inv_var `[N, 1...]` |
+//! | instance | `[N, C, spatial...]` | `[1, C, 1...]` | mean, inv_var `[N, C, 1...]` |
+//! | batch | `[N, C, spatial...]` | `[1, C, 1...]` | mean, inv_var (and running mean / var) `[1, C, 1...]` |
+use cudnn_safe_sys as sys;
+use cudnn_safe_sys::Library;
+
+use super::backend::{attr, kind, Desc};
+use super::{stride_order, Graph, Op, PointwiseMode, TensorId};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::tensor::Layout;
 
-/// Outputs of [`Graph::layer_norm_backward`]: virtual until marked as outputs.
+/// Outputs of [`Graph::layer_norm_backward`], [`Graph::instance_norm_backward`] and
+/// [`Graph::batch_norm_backward`]: virtual until marked as outputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayerNormGrads {
     /// Gradient with respect to x (x's dimensions, laid out like dy).
@@ -15,24 +32,506 @@ pub struct LayerNormGrads {
     pub dbias: TensorId,
 }
 
-/// Outputs of [`Graph::layer_norm`]: virtual until marked as outputs.
+/// Outputs of [`Graph::layer_norm`] and [`Graph::instance_norm`]: virtual until marked as
+/// outputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayerNormOutputs {
     /// The normalized, scaled and shifted x (x's dimensions and layout).
     pub y: TensorId,
-    /// Training phase only: the per-row mean `[N, 1, ...]` and inverse standard deviation
-    /// `1 / √(var + ε)` (biased variance), which [`Graph::layer_norm_backward`] reads.
+    /// Training phase only: the mean and inverse standard deviation `1 / √(var + ε)` (biased
+    /// variance) per normalized group (`[N, 1, ...]` for layer norm, `[N, C, 1, ...]` for
+    /// instance norm), which the backward operation reads.
     pub stats: Option<(TensorId, TensorId)>,
 }
 
+/// Outputs of [`Graph::rms_norm`]: virtual until marked as outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RmsNormOutputs {
+    /// The normalized and scaled (and shifted, with a bias) x (x's dimensions and layout).
+    pub y: TensorId,
+    /// Training phase only: the inverse root mean square `1 / √(mean(x²) + ε)` per row
+    /// `[N, 1, ...]`, which [`Graph::rms_norm_backward`] reads.
+    pub inv_rms: Option<TensorId>,
+}
+
+/// Outputs of [`Graph::rms_norm_backward`]: virtual until marked as outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RmsNormGrads {
+    /// Gradient with respect to x (x's dimensions, laid out like dy).
+    pub dx: TensorId,
+    /// Gradient with respect to the scale (the scale's dimensions and layout).
+    pub dscale: TensorId,
+    /// Gradient with respect to the bias, when asked for (the scale's dimensions and layout).
+    pub dbias: Option<TensorId>,
+}
+
+/// Running statistics a training batch norm ([`Graph::batch_norm`]) updates:
+/// `next = (1 − momentum) · prev + momentum · batch statistic`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchNormRunning {
+    /// The running mean before this step, `[1, C, 1, ...]` (a graph input).
+    pub mean: TensorId,
+    /// The running variance before this step, `[1, C, 1, ...]` (a graph input).
+    pub var: TensorId,
+    /// Weight of the batch statistics, in `[0, 1]` (PyTorch's `momentum`, 0.1 by default).
+    pub momentum: f64,
+}
+
+/// Outputs of [`Graph::batch_norm`] (training phase): virtual until marked as outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchNormOutputs {
+    /// The normalized, scaled and shifted x (x's dimensions and layout).
+    pub y: TensorId,
+    /// The batch mean per channel `[1, C, 1, ...]`.
+    pub mean: TensorId,
+    /// The batch inverse standard deviation `1 / √(var + ε)` per channel (biased variance).
+    pub inv_var: TensorId,
+    /// With [`BatchNormRunning`]: the updated running mean and variance `[1, C, 1, ...]`.
+    pub running: Option<(TensorId, TensorId)>,
+}
+
+/// Outputs of [`Graph::group_norm`]: virtual until marked as outputs, plus the two constant
+/// inputs the graph needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupNormOutputs {
+    /// The normalized, scaled and shifted x, with the dimensions of the group view
+    /// `[N, G, C/G, S]` and x's memory layout (a buffer laid out like x fits it).
+    pub y: TensorId,
+    /// Training phase only: mean and inverse standard deviation per `(n, group)`, `[N, G, 1, 1]`.
+    pub stats: Option<(TensorId, TensorId)>,
+    /// A graph input `[1, 1, C/G, S]` the caller binds to a buffer of ones (the layer norm's
+    /// unit scale).
+    pub unit_scale: TensorId,
+    /// A graph input `[1, 1, C/G, S]` the caller binds to a buffer of zeros (the layer norm's
+    /// zero bias).
+    pub zero_bias: TensorId,
+}
+
+/// cuDNN's normalization modes (`cudnnBackendNormMode_t`) this crate lowers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum NormMode {
+    Layer,
+    Rms,
+    Instance,
+    Batch,
+}
+
+impl NormMode {
+    fn raw(self) -> sys::cudnnBackendNormMode_t {
+        use sys::cudnnBackendNormMode_t as M;
+        match self {
+            NormMode::Layer => M::CUDNN_LAYER_NORM,
+            NormMode::Rms => M::CUDNN_RMS_NORM,
+            NormMode::Instance => M::CUDNN_INSTANCE_NORM,
+            NormMode::Batch => M::CUDNN_BATCH_NORM,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            NormMode::Layer => "layer norm",
+            NormMode::Rms => "RMS norm",
+            NormMode::Instance => "instance norm",
+            NormMode::Batch => "batch norm",
+        }
+    }
+
+    /// `[1, D...]` (layer, RMS) or `[1, C, 1...]` (instance, batch) for x `[N, ...]`.
+    fn param_dims(self, x: &[i64]) -> Vec<i64> {
+        match self {
+            NormMode::Layer | NormMode::Rms => {
+                let mut p = x.to_vec();
+                p[0] = 1;
+                p
+            }
+            NormMode::Instance | NormMode::Batch => {
+                let mut p = vec![1; x.len()];
+                p[1] = x[1];
+                p
+            }
+        }
+    }
+
+    /// `[N, 1...]` (layer, RMS), `[N, C, 1...]` (instance) or `[1, C, 1...]` (batch).
+    fn stats_dims(self, x: &[i64]) -> Vec<i64> {
+        let mut s = vec![1; x.len()];
+        match self {
+            NormMode::Layer | NormMode::Rms => s[0] = x[0],
+            NormMode::Instance => {
+                s[0] = x[0];
+                s[1] = x[1];
+            }
+            NormMode::Batch => s[1] = x[1],
+        }
+        s
+    }
+}
+
+/// Running-statistics tensors of a training batch norm (indices into `Graph::tensors`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RunningIdx {
+    momentum: usize,
+    prev_mean: usize,
+    prev_var: usize,
+    next_mean: usize,
+    next_var: usize,
+}
+
+/// A `NORM_FORWARD` operation (tensor indices into `Graph::tensors`).
+#[derive(Debug, Clone)]
+pub(crate) struct NormFwdOp {
+    mode: NormMode,
+    x: usize,
+    scale: usize,
+    bias: Option<usize>,
+    /// `None` for batch-norm inference, which reads the inverse variance instead.
+    epsilon: Option<usize>,
+    y: usize,
+    training: bool,
+    /// Outputs in the training phase; inputs for batch-norm inference.
+    mean: Option<usize>,
+    inv_var: Option<usize>,
+    running: Option<RunningIdx>,
+}
+
+/// A `NORM_BACKWARD` operation (tensor indices into `Graph::tensors`).
+#[derive(Debug, Clone)]
+pub(crate) struct NormBwdOp {
+    mode: NormMode,
+    dy: usize,
+    x: usize,
+    scale: usize,
+    /// `None` for RMS norm (no mean).
+    mean: Option<usize>,
+    inv_var: usize,
+    dx: usize,
+    dscale: usize,
+    dbias: Option<usize>,
+}
+
+fn fwd_name(mode: NormMode) -> &'static str {
+    match mode {
+        NormMode::Layer => "layer norm forward",
+        NormMode::Rms => "RMS norm forward",
+        NormMode::Instance => "instance norm forward",
+        NormMode::Batch => "batch norm forward",
+    }
+}
+
+/// Data types the norm engines take: f32, f16 and bf16 (cudnn-frontend's norm samples and tests
+/// use nothing else; there is no f64 norm engine).
+fn check_norm_type(g: &Graph, op: &'static str, tensors: &[usize]) -> Result<()> {
+    for &i in tensors {
+        let t = &g.tensors[i];
+        if !matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(Error::UnsupportedDataType {
+                op,
+                detail: format!(
+                    "`{}` is {} (cuDNN's normalization engines take f32, f16 or bf16)",
+                    t.name, t.dtype
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+impl NormFwdOp {
+    pub(crate) fn reads(&self) -> Vec<usize> {
+        let mut r = vec![self.x, self.scale];
+        r.extend(self.bias);
+        r.extend(self.epsilon);
+        if !self.training {
+            r.extend(self.mean);
+            r.extend(self.inv_var);
+        }
+        if let Some(run) = self.running {
+            r.extend([run.momentum, run.prev_mean, run.prev_var]);
+        }
+        r
+    }
+
+    pub(crate) fn name(&self) -> &'static str {
+        fwd_name(self.mode)
+    }
+
+    /// The operation's part of [`Graph::signature`] (layer norm keeps its earlier spelling,
+    /// so plan-cache files written before the other modes existed still match).
+    pub(crate) fn signature(&self) -> String {
+        let Self {
+            mode,
+            x,
+            scale,
+            bias,
+            epsilon,
+            y,
+            training,
+            mean,
+            inv_var,
+            running,
+        } = self;
+        match (mode, bias, epsilon) {
+            (NormMode::Layer, Some(b), Some(e)) => {
+                let stats = mean.zip(*inv_var);
+                format!("ln({x},{scale},{b},{e},{y},{stats:?});")
+            }
+            _ => format!(
+                "norm({mode:?},{x},{scale},{bias:?},{epsilon:?},{y},{training},{mean:?},{inv_var:?},{running:?});"
+            ),
+        }
+    }
+
+    /// The finalized operation descriptor; `t` holds the graph's tensor descriptors.
+    pub(crate) fn desc(&self, g: &Graph, lib: &'static Library, t: &[Desc]) -> Result<Desc> {
+        let name = self.name();
+        let mut all = vec![self.x, self.scale, self.y];
+        all.extend(self.bias);
+        all.extend(self.mean);
+        all.extend(self.inv_var);
+        if let Some(r) = self.running {
+            all.extend([r.prev_mean, r.prev_var, r.next_mean, r.next_var]);
+        }
+        check_norm_type(g, name, &all)?;
+        let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR))?;
+        o.set1(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_MODE), self.mode.raw())?;
+        let phase = if self.training {
+            sys::cudnnBackendNormFwdPhase_t::CUDNN_NORM_FWD_TRAINING
+        } else {
+            sys::cudnnBackendNormFwdPhase_t::CUDNN_NORM_FWD_INFERENCE
+        };
+        o.set1(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_PHASE), phase)?;
+        o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_XDESC), &[&t[self.x]])?;
+        o.set_descs(
+            attr!(CUDNN_ATTR_OPERATION_NORM_FWD_SCALE_DESC),
+            &[&t[self.scale]],
+        )?;
+        if let Some(b) = self.bias {
+            o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_BIAS_DESC), &[&t[b]])?;
+        }
+        if let Some(e) = self.epsilon {
+            o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_EPSILON_DESC), &[&t[e]])?;
+        }
+        o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_YDESC), &[&t[self.y]])?;
+        if let Some(m) = self.mean {
+            o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_MEAN_DESC), &[&t[m]])?;
+        }
+        if let Some(v) = self.inv_var {
+            o.set_descs(
+                attr!(CUDNN_ATTR_OPERATION_NORM_FWD_INV_VARIANCE_DESC),
+                &[&t[v]],
+            )?;
+        }
+        if let Some(r) = self.running {
+            o.set_descs(
+                attr!(CUDNN_ATTR_OPERATION_NORM_FWD_EXP_AVG_FACTOR_DESC),
+                &[&t[r.momentum]],
+            )?;
+            o.set_descs(
+                attr!(CUDNN_ATTR_OPERATION_NORM_FWD_INPUT_RUNNING_MEAN_DESC),
+                &[&t[r.prev_mean]],
+            )?;
+            o.set_descs(
+                attr!(CUDNN_ATTR_OPERATION_NORM_FWD_INPUT_RUNNING_VAR_DESC),
+                &[&t[r.prev_var]],
+            )?;
+            o.set_descs(
+                attr!(CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_MEAN_DESC),
+                &[&t[r.next_mean]],
+            )?;
+            o.set_descs(
+                attr!(CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_VAR_DESC),
+                &[&t[r.next_var]],
+            )?;
+        }
+        o.finalize()?;
+        Ok(o)
+    }
+}
+
+impl NormBwdOp {
+    pub(crate) fn reads(&self) -> Vec<usize> {
+        let mut r = vec![self.dy, self.x, self.scale];
+        r.extend(self.mean);
+        r.push(self.inv_var);
+        r
+    }
+
+    pub(crate) fn name(&self) -> &'static str {
+        match self.mode {
+            NormMode::Layer => "layer norm backward",
+            NormMode::Rms => "RMS norm backward",
+            NormMode::Instance => "instance norm backward",
+            NormMode::Batch => "batch norm backward",
+        }
+    }
+
+    /// The operation's part of [`Graph::signature`] (layer norm keeps its earlier spelling).
+    pub(crate) fn signature(&self) -> String {
+        let Self {
+            mode,
+            dy,
+            x,
+            scale,
+            mean,
+            inv_var,
+            dx,
+            dscale,
+            dbias,
+        } = self;
+        match (mode, mean, dbias) {
+            (NormMode::Layer, Some(m), Some(db)) => {
+                format!("lnb({dy},{x},{scale},{m},{inv_var},{dx},{dscale},{db});")
+            }
+            _ => format!(
+                "normb({mode:?},{dy},{x},{scale},{mean:?},{inv_var},{dx},{dscale},{dbias:?});"
+            ),
+        }
+    }
+
+    /// The finalized operation descriptor; `t` holds the graph's tensor descriptors.
+    pub(crate) fn desc(&self, g: &Graph, lib: &'static Library, t: &[Desc]) -> Result<Desc> {
+        let name = self.name();
+        let mut all = vec![
+            self.dy,
+            self.x,
+            self.scale,
+            self.inv_var,
+            self.dx,
+            self.dscale,
+        ];
+        all.extend(self.mean);
+        all.extend(self.dbias);
+        check_norm_type(g, name, &all)?;
+        let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR))?;
+        o.set1(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_MODE), self.mode.raw())?;
+        // No epsilon: cuDNN ≥ 8.9.6 takes the saved inverse variance instead (cudnn-frontend
+        // sets the epsilon descriptor only for older versions).
+        o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_XDESC), &[&t[self.x]])?;
+        o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DYDESC), &[&t[self.dy]])?;
+        o.set_descs(
+            attr!(CUDNN_ATTR_OPERATION_NORM_BWD_SCALE_DESC),
+            &[&t[self.scale]],
+        )?;
+        if let Some(m) = self.mean {
+            o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_MEAN_DESC), &[&t[m]])?;
+        }
+        o.set_descs(
+            attr!(CUDNN_ATTR_OPERATION_NORM_BWD_INV_VARIANCE_DESC),
+            &[&t[self.inv_var]],
+        )?;
+        o.set_descs(
+            attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DSCALE_DESC),
+            &[&t[self.dscale]],
+        )?;
+        if let Some(db) = self.dbias {
+            o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DBIAS_DESC), &[&t[db]])?;
+        }
+        o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DXDESC), &[&t[self.dx]])?;
+        o.finalize()?;
+        Ok(o)
+    }
+}
+
+/// The names an operation gives its scalar and output tensors (they appear in errors).
+struct Names {
+    epsilon: &'static str,
+    y: &'static str,
+    mean: &'static str,
+    inv_var: &'static str,
+    dx: &'static str,
+    dscale: &'static str,
+    dbias: &'static str,
+}
+
+fn names(mode: NormMode) -> Names {
+    match mode {
+        NormMode::Layer => Names {
+            epsilon: "layer_norm.epsilon",
+            y: "layer_norm.y",
+            mean: "layer_norm.mean",
+            inv_var: "layer_norm.inv_var",
+            dx: "layer_norm_bwd.dx",
+            dscale: "layer_norm_bwd.dscale",
+            dbias: "layer_norm_bwd.dbias",
+        },
+        NormMode::Rms => Names {
+            epsilon: "rms_norm.epsilon",
+            y: "rms_norm.y",
+            mean: "rms_norm.mean",
+            inv_var: "rms_norm.inv_rms",
+            dx: "rms_norm_bwd.dx",
+            dscale: "rms_norm_bwd.dscale",
+            dbias: "rms_norm_bwd.dbias",
+        },
+        NormMode::Instance => Names {
+            epsilon: "instance_norm.epsilon",
+            y: "instance_norm.y",
+            mean: "instance_norm.mean",
+            inv_var: "instance_norm.inv_var",
+            dx: "instance_norm_bwd.dx",
+            dscale: "instance_norm_bwd.dscale",
+            dbias: "instance_norm_bwd.dbias",
+        },
+        NormMode::Batch => Names {
+            epsilon: "batch_norm.epsilon",
+            y: "batch_norm.y",
+            mean: "batch_norm.mean",
+            inv_var: "batch_norm.inv_var",
+            dx: "batch_norm_bwd.dx",
+            dscale: "batch_norm_bwd.dscale",
+            dbias: "batch_norm_bwd.dbias",
+        },
+    }
+}
+
+/// The shape rules, as [`Error::ShapeMismatch`] states them.
+fn param_rule(mode: NormMode) -> &'static str {
+    match mode {
+        NormMode::Layer => "layer norm scale and bias have x's dimensions with N = 1",
+        NormMode::Rms => "RMS norm scale and bias have x's dimensions with N = 1",
+        NormMode::Instance => "instance norm scale and bias are [1, C, 1, ...] for x [N, C, ...]",
+        NormMode::Batch => "batch norm scale and bias are [1, C, 1, ...] for x [N, C, ...]",
+    }
+}
+
+fn stats_rule(mode: NormMode) -> &'static str {
+    match mode {
+        NormMode::Layer => "layer norm mean and inv_var are [N, 1, ...] for x [N, ...]",
+        NormMode::Rms => "RMS norm inv_rms is [N, 1, ...] for x [N, ...]",
+        NormMode::Instance => "instance norm mean and inv_var are [N, C, 1, ...] for x [N, C, ...]",
+        NormMode::Batch => {
+            "batch norm mean, inv_var and running statistics are [1, C, 1, ...] for x [N, C, ...]"
+        }
+    }
+}
+
+/// Shapes of a forward operation: (scale and bias dims, statistics dims).
+type Shapes = (Vec<i64>, Vec<i64>);
+
+/// What a forward operation produced: y, mean, inverse variance, next running statistics.
+type FwdOut = (
+    TensorId,
+    Option<TensorId>,
+    Option<TensorId>,
+    Option<(TensorId, TensorId)>,
+);
+
 impl Graph {
-    /// `x` must be an ordinary tensor of rank 4 or 5 (`[N, D, 1, 1]` for rows of length D).
-    fn ln_check_x(&self, op: &'static str, xi: usize) -> Result<()> {
+    /// `x` must be an ordinary tensor of rank 4 or 5.
+    fn norm_check_x(&self, mode: NormMode, op: &'static str, xi: usize) -> Result<()> {
         let xt = &self.tensors[xi];
         if !(4..=5).contains(&xt.dims.len()) || xt.scalar.is_some() {
+            let want = match mode {
+                NormMode::Layer | NormMode::Rms => {
+                    "x of 4 or 5 dimensions ([N, D, 1, 1] for rows of length D)"
+                }
+                NormMode::Instance | NormMode::Batch => {
+                    "x of 4 or 5 dimensions ([N, C, spatial...])"
+                }
+            };
             return Err(Error::invalid(
-                "layer norm operand rank",
-                format!("{op}: x of 4 or 5 dimensions ([N, D, 1, 1] for rows of length D)"),
+                "normalization operand rank",
+                format!("{op}: {want}"),
                 format!("`{}` with dims {:?}", xt.name, xt.dims),
             ));
         }
@@ -40,7 +539,13 @@ impl Graph {
     }
 
     /// `t` has dimensions `want` (and is not a by-value scalar).
-    fn ln_check_dims(&self, xi: usize, ti: usize, want: &[i64], rule: &'static str) -> Result<()> {
+    fn norm_check_dims(
+        &self,
+        xi: usize,
+        ti: usize,
+        want: &[i64],
+        rule: &'static str,
+    ) -> Result<()> {
         let (xt, tt) = (&self.tensors[xi], &self.tensors[ti]);
         if tt.dims != want || tt.scalar.is_some() {
             return Err(Error::ShapeMismatch {
@@ -54,14 +559,199 @@ impl Graph {
         Ok(())
     }
 
-    /// `[1, D...]` and `[N, 1...]` for x `[N, D...]`.
-    fn ln_shapes(&self, xi: usize) -> (Vec<i64>, Vec<i64>) {
-        let d = &self.tensors[xi].dims;
-        let mut param = d.clone();
-        param[0] = 1;
-        let mut stats = vec![1; d.len()];
-        stats[0] = d[0];
-        (param, stats)
+    fn norm_check_epsilon(mode: NormMode, epsilon: f64) -> Result<()> {
+        if !epsilon.is_finite() || epsilon < 0.0 {
+            return Err(Error::invalid(
+                "normalization epsilon",
+                format!("{}: a finite value ≥ 0", mode.label()),
+                format!("{epsilon}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Adds a forward operation in the training phase (or the inference phase of layer, RMS
+    /// and instance norm). Every check runs before the graph changes, so a rejected call
+    /// leaves it as it was.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_forward(
+        &mut self,
+        mode: NormMode,
+        x: TensorId,
+        scale: TensorId,
+        bias: Option<TensorId>,
+        epsilon: f64,
+        training: bool,
+        running: Option<BatchNormRunning>,
+        shapes: Option<Shapes>,
+    ) -> Result<FwdOut> {
+        let n = names(mode);
+        let op = fwd_name(mode);
+        let xi = self.index(x)?;
+        let si = self.index(scale)?;
+        let bi = bias.map(|b| self.index(b)).transpose()?;
+        self.norm_check_x(mode, op, xi)?;
+        let (param, stats_dims) = shapes.unwrap_or_else(|| {
+            let d = &self.tensors[xi].dims;
+            (mode.param_dims(d), mode.stats_dims(d))
+        });
+        self.norm_check_dims(xi, si, &param, param_rule(mode))?;
+        if let Some(bi) = bi {
+            self.norm_check_dims(xi, bi, &param, param_rule(mode))?;
+        }
+        Self::norm_check_epsilon(mode, epsilon)?;
+        if let Some(r) = running {
+            let (mi, vi) = (self.index(r.mean)?, self.index(r.var)?);
+            self.norm_check_dims(xi, mi, &stats_dims, stats_rule(mode))?;
+            self.norm_check_dims(xi, vi, &stats_dims, stats_rule(mode))?;
+            if !(0.0..=1.0).contains(&r.momentum) {
+                return Err(Error::invalid(
+                    "batch norm momentum",
+                    "a value in [0, 1]",
+                    format!("{}", r.momentum),
+                ));
+            }
+        }
+        let r = self.tensors[xi].dims.len();
+        let dims = self.tensors[xi].dims.clone();
+        let order = stride_order(&self.tensors[xi].strides);
+        let eps = self.scalar(n.epsilon, epsilon, DType::F32)?;
+        let xi = self.operand(x, None, op)?;
+        let si = self.operand(scale, None, op)?;
+        let bi = match bias {
+            Some(b) => Some(self.operand(b, None, op)?),
+            None => None,
+        };
+        let ei = self.operand(eps, Some(r), op)?;
+        let running_in = match running {
+            Some(run) => {
+                let m = self.scalar("batch_norm.momentum", run.momentum, DType::F32)?;
+                let mi = self.operand(m, Some(r), op)?;
+                let pm = self.operand(run.mean, None, op)?;
+                let pv = self.operand(run.var, None, op)?;
+                let p_order = stride_order(&self.tensors[pm].strides);
+                Some((mi, pm, pv, p_order))
+            }
+            None => None,
+        };
+        let opi = self.ops.len();
+        let y = self.output(n.y, dims, &order, opi)?;
+        let mean = if training && mode != NormMode::Rms {
+            Some(self.output(n.mean, stats_dims.clone(), &order, opi)?)
+        } else {
+            None
+        };
+        let inv_var = if training {
+            Some(self.output(n.inv_var, stats_dims.clone(), &order, opi)?)
+        } else {
+            None
+        };
+        let (next, running) = match running_in {
+            Some((mi, pm, pv, p_order)) => {
+                let nm = self.output(
+                    "batch_norm.next_running_mean",
+                    stats_dims.clone(),
+                    &p_order,
+                    opi,
+                )?;
+                let nv = self.output("batch_norm.next_running_var", stats_dims, &p_order, opi)?;
+                let idx = RunningIdx {
+                    momentum: mi,
+                    prev_mean: pm,
+                    prev_var: pv,
+                    next_mean: nm.index,
+                    next_var: nv.index,
+                };
+                (Some((nm, nv)), Some(idx))
+            }
+            None => (None, None),
+        };
+        self.ops.push(Op::NormFwd(NormFwdOp {
+            mode,
+            x: xi,
+            scale: si,
+            bias: bi,
+            epsilon: Some(ei),
+            y: y.index,
+            training,
+            mean: mean.map(|t| t.index),
+            inv_var: inv_var.map(|t| t.index),
+            running,
+        }));
+        Ok((y, mean, inv_var, next))
+    }
+
+    /// Adds a backward operation: dx (laid out like dy), dscale and, with `with_dbias`, dbias
+    /// (laid out like the scale).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_backward(
+        &mut self,
+        mode: NormMode,
+        dy: TensorId,
+        x: TensorId,
+        scale: TensorId,
+        mean: Option<TensorId>,
+        inv_var: TensorId,
+        with_dbias: bool,
+    ) -> Result<(TensorId, TensorId, Option<TensorId>)> {
+        let n = names(mode);
+        let op = match mode {
+            NormMode::Layer => "layer norm backward",
+            NormMode::Rms => "RMS norm backward",
+            NormMode::Instance => "instance norm backward",
+            NormMode::Batch => "batch norm backward",
+        };
+        let dyi = self.index(dy)?;
+        let xi = self.index(x)?;
+        let si = self.index(scale)?;
+        let mi = mean.map(|m| self.index(m)).transpose()?;
+        let vi = self.index(inv_var)?;
+        self.norm_check_x(mode, op, xi)?;
+        let x_dims = self.tensors[xi].dims.clone();
+        self.norm_check_dims(xi, dyi, &x_dims, "dy and x have the same dimensions")?;
+        let param = mode.param_dims(&x_dims);
+        let stats_dims = mode.stats_dims(&x_dims);
+        let rule = match mode {
+            NormMode::Layer => "layer norm scale has x's dimensions with N = 1",
+            NormMode::Rms => "RMS norm scale has x's dimensions with N = 1",
+            NormMode::Instance => "instance norm scale is [1, C, 1, ...] for x [N, C, ...]",
+            NormMode::Batch => "batch norm scale is [1, C, 1, ...] for x [N, C, ...]",
+        };
+        self.norm_check_dims(xi, si, &param, rule)?;
+        if let Some(mi) = mi {
+            self.norm_check_dims(xi, mi, &stats_dims, stats_rule(mode))?;
+        }
+        self.norm_check_dims(xi, vi, &stats_dims, stats_rule(mode))?;
+        let dx_order = stride_order(&self.tensors[dyi].strides);
+        let p_order = stride_order(&self.tensors[si].strides);
+        let dyi = self.operand(dy, None, op)?;
+        let xi = self.operand(x, None, op)?;
+        let si = self.operand(scale, None, op)?;
+        let mi = match mean {
+            Some(m) => Some(self.operand(m, None, op)?),
+            None => None,
+        };
+        let vi = self.operand(inv_var, None, op)?;
+        let opi = self.ops.len();
+        let dx = self.output(n.dx, x_dims, &dx_order, opi)?;
+        let dscale = self.output(n.dscale, param.clone(), &p_order, opi)?;
+        let dbias = if with_dbias {
+            Some(self.output(n.dbias, param, &p_order, opi)?)
+        } else {
+            None
+        };
+        self.ops.push(Op::NormBwd(NormBwdOp {
+            mode,
+            dy: dyi,
+            x: xi,
+            scale: si,
+            mean: mi,
+            inv_var: vi,
+            dx: dx.index,
+            dscale: dscale.index,
+            dbias: dbias.map(|t| t.index),
+        }));
+        Ok((dx, dscale, dbias))
     }
 
     /// Layer normalization forward (`CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR`,
@@ -79,6 +769,10 @@ impl Graph {
     /// standard deviation `[N, 1, 1, 1]` are outputs too (mark them, typically as f32, or feed
     /// them to [`Graph::layer_norm_backward`]); otherwise the phase is `CUDNN_NORM_FWD_INFERENCE`
     /// and only y is written. y has x's dimensions and memory order.
+    ///
+    /// Data types: f32, f16 or bf16 for every tensor of the operation; [`Graph::build`] and
+    /// [`Graph::check`] return [`Error::UnsupportedDataType`] for f64 (cuDNN has no f64 norm
+    /// engine).
     ///
     /// ```no_run
     /// use cudnn_safe::graph::{Args, Graph, PlanFilter};
@@ -123,46 +817,20 @@ impl Graph {
         epsilon: f64,
         training: bool,
     ) -> Result<LayerNormOutputs> {
-        const OP: &str = "layer norm forward";
-        let (xi, si, bi) = (self.index(x)?, self.index(scale)?, self.index(bias)?);
-        self.ln_check_x(OP, xi)?;
-        let (param, stats_dims) = self.ln_shapes(xi);
-        const RULE: &str = "layer norm scale and bias have x's dimensions with N = 1";
-        self.ln_check_dims(xi, si, &param, RULE)?;
-        self.ln_check_dims(xi, bi, &param, RULE)?;
-        if !epsilon.is_finite() || epsilon < 0.0 {
-            return Err(Error::invalid(
-                "layer norm epsilon",
-                "a finite value ≥ 0",
-                format!("{epsilon}"),
-            ));
-        }
-        let r = self.tensors[xi].dims.len();
-        let dims = self.tensors[xi].dims.clone();
-        let order = stride_order(&self.tensors[xi].strides);
-        let eps = self.scalar("layer_norm.epsilon", epsilon, DType::F32)?;
-        let xi = self.operand(x, None, OP)?;
-        let si = self.operand(scale, None, OP)?;
-        let bi = self.operand(bias, None, OP)?;
-        let ei = self.operand(eps, Some(r), OP)?;
-        let op = self.ops.len();
-        let y = self.output("layer_norm.y", dims, &order, op)?;
-        let stats = if training {
-            let mean = self.output("layer_norm.mean", stats_dims.clone(), &order, op)?;
-            let inv_var = self.output("layer_norm.inv_var", stats_dims, &order, op)?;
-            Some((mean, inv_var))
-        } else {
-            None
-        };
-        self.ops.push(Op::LayerNorm {
-            x: xi,
-            scale: si,
-            bias: bi,
-            epsilon: ei,
-            y: y.index,
-            stats: stats.map(|(m, v)| (m.index, v.index)),
-        });
-        Ok(LayerNormOutputs { y, stats })
+        let (y, mean, inv_var, _) = self.norm_forward(
+            NormMode::Layer,
+            x,
+            scale,
+            Some(bias),
+            epsilon,
+            training,
+            None,
+            None,
+        )?;
+        Ok(LayerNormOutputs {
+            y,
+            stats: mean.zip(inv_var),
+        })
     }
 
     /// Layer normalization backward (`CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR`,
@@ -182,46 +850,444 @@ impl Graph {
         mean: TensorId,
         inv_var: TensorId,
     ) -> Result<LayerNormGrads> {
-        const OP: &str = "layer norm backward";
-        let dyi = self.index(dy)?;
-        let xi = self.index(x)?;
-        let si = self.index(scale)?;
-        let mi = self.index(mean)?;
-        let vi = self.index(inv_var)?;
-        self.ln_check_x(OP, xi)?;
-        let x_dims = self.tensors[xi].dims.clone();
-        self.ln_check_dims(xi, dyi, &x_dims, "dy and x have the same dimensions")?;
-        let (param, stats_dims) = self.ln_shapes(xi);
-        self.ln_check_dims(
-            xi,
-            si,
-            &param,
-            "layer norm scale has x's dimensions with N = 1",
+        let (dx, dscale, dbias) =
+            self.norm_backward(NormMode::Layer, dy, x, scale, Some(mean), inv_var, true)?;
+        Ok(LayerNormGrads {
+            dx,
+            dscale,
+            dbias: dbias.expect("asked for dbias"),
+        })
+    }
+
+    /// RMS normalization forward (`CUDNN_RMS_NORM`): each row `x[n, ...]` is scaled by its
+    /// inverse root mean square, `y = x · inv_rms · scale (+ bias)` with
+    /// `inv_rms = 1 / √(mean(x²) + epsilon)`; no mean is subtracted.
+    ///
+    /// Shapes as in [`Graph::layer_norm`]: x `[N, D, 1, 1]` (or any rank-4/5 `[N, ...]`),
+    /// `scale` and the optional `bias` `[1, D, 1, 1]`. With `training` the phase is
+    /// `CUDNN_NORM_FWD_TRAINING` and `inv_rms` `[N, 1, 1, 1]` is an output too (no mean: RMS norm
+    /// has none); otherwise only y is written. cudnn-frontend's samples use x `[N, D, 1, 1]`
+    /// with strides `[D, 1, D, D]`, f32 statistics, and f32 or half data.
+    ///
+    /// ```no_run
+    /// use cudnn_safe::graph::{Args, Graph, PlanFilter};
+    /// use cudnn_safe::{cuda_context, Cudnn, DType, Workspace};
+    /// # fn main() -> cudnn_safe::Result<()> {
+    /// let ctx = cuda_context(0)?;
+    /// let stream = ctx.default_stream();
+    /// let cudnn = Cudnn::new(stream.clone())?;
+    /// let mut g = Graph::new(DType::BF16, DType::F32, DType::F32);
+    /// let x = g.tensor_nhwc("x", &[4096, 4096, 1, 1], DType::BF16)?;
+    /// let scale = g.tensor_nhwc("scale", &[1, 4096, 1, 1], DType::F32)?;
+    /// let out = g.rms_norm(x, scale, None, 1e-6, true)?;
+    /// let inv_rms = out.inv_rms.expect("training phase");
+    /// g.mark_output(out.y)?;
+    /// g.mark_output_as(inv_rms, DType::F32)?;
+    /// let og = g.build(&cudnn)?;
+    /// let plan = og.plans(&cudnn, &PlanFilter::default())?.plans.remove(0);
+    ///
+    /// let xb = stream.alloc_zeros::<half::bf16>(og.span(x)?).unwrap();
+    /// let sb = stream.alloc_zeros::<f32>(og.span(scale)?).unwrap();
+    /// let mut yb = stream.alloc_zeros::<half::bf16>(og.span(out.y)?).unwrap();
+    /// let mut rb = stream.alloc_zeros::<f32>(og.span(inv_rms)?).unwrap();
+    /// let mut ws = Workspace::new(stream.clone());
+    /// let mut args = Args::new(&cudnn);
+    /// args.input(x, &xb)?.input(scale, &sb)?;
+    /// args.output(out.y, &mut yb)?.output(inv_rms, &mut rb)?;
+    /// cudnn.execute(&plan, &args, &mut ws)?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR")]
+    #[doc(alias = "CUDNN_RMS_NORM")]
+    pub fn rms_norm(
+        &mut self,
+        x: TensorId,
+        scale: TensorId,
+        bias: Option<TensorId>,
+        epsilon: f64,
+        training: bool,
+    ) -> Result<RmsNormOutputs> {
+        let (y, _, inv_rms, _) =
+            self.norm_forward(NormMode::Rms, x, scale, bias, epsilon, training, None, None)?;
+        Ok(RmsNormOutputs { y, inv_rms })
+    }
+
+    /// RMS normalization backward (`CUDNN_RMS_NORM`): from `dy`, the forward input `x`, the
+    /// `scale` and the saved `inv_rms` `[N, 1, 1, 1]` of the training forward pass, the
+    /// gradients dx (laid out like dy), dscale and, with `with_dbias` (a forward pass with a
+    /// bias), dbias (the scale's dimensions and layout).
+    #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR")]
+    #[doc(alias = "CUDNN_RMS_NORM")]
+    pub fn rms_norm_backward(
+        &mut self,
+        dy: TensorId,
+        x: TensorId,
+        scale: TensorId,
+        inv_rms: TensorId,
+        with_dbias: bool,
+    ) -> Result<RmsNormGrads> {
+        let (dx, dscale, dbias) =
+            self.norm_backward(NormMode::Rms, dy, x, scale, None, inv_rms, with_dbias)?;
+        Ok(RmsNormGrads { dx, dscale, dbias })
+    }
+
+    /// Instance normalization forward (`CUDNN_INSTANCE_NORM`): each plane `x[n, c, ...]` is
+    /// normalized over its spatial dimensions, `y = (x − mean) · inv_var · scale[c] + bias[c]`
+    /// with `inv_var = 1 / √(var + epsilon)` (biased variance).
+    ///
+    /// x is `[N, C, spatial...]` (rank 4 or 5); `scale` and `bias` are `[1, C, 1, 1]`. With
+    /// `training` the per-plane mean and inverse standard deviation `[N, C, 1, 1]` are outputs
+    /// too. cudnn-frontend's tests run channels-last f16 / bf16 x, scale and bias in x's type or
+    /// f32, and f32 statistics.
+    #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR")]
+    #[doc(alias = "CUDNN_INSTANCE_NORM")]
+    pub fn instance_norm(
+        &mut self,
+        x: TensorId,
+        scale: TensorId,
+        bias: TensorId,
+        epsilon: f64,
+        training: bool,
+    ) -> Result<LayerNormOutputs> {
+        let (y, mean, inv_var, _) = self.norm_forward(
+            NormMode::Instance,
+            x,
+            scale,
+            Some(bias),
+            epsilon,
+            training,
+            None,
+            None,
         )?;
-        const STATS: &str = "layer norm mean and inv_var are [N, 1, ...] for x [N, ...]";
-        self.ln_check_dims(xi, mi, &stats_dims, STATS)?;
-        self.ln_check_dims(xi, vi, &stats_dims, STATS)?;
-        let dx_order = stride_order(&self.tensors[dyi].strides);
-        let p_order = stride_order(&self.tensors[si].strides);
-        let dyi = self.operand(dy, None, OP)?;
+        Ok(LayerNormOutputs {
+            y,
+            stats: mean.zip(inv_var),
+        })
+    }
+
+    /// Instance normalization backward (`CUDNN_INSTANCE_NORM`): from `dy`, the forward input
+    /// `x`, the `scale` `[1, C, 1, 1]` and the saved `mean` and `inv_var` `[N, C, 1, 1]`, the
+    /// gradients dx (laid out like dy), dscale and dbias (the scale's dimensions and layout).
+    #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR")]
+    #[doc(alias = "CUDNN_INSTANCE_NORM")]
+    pub fn instance_norm_backward(
+        &mut self,
+        dy: TensorId,
+        x: TensorId,
+        scale: TensorId,
+        mean: TensorId,
+        inv_var: TensorId,
+    ) -> Result<LayerNormGrads> {
+        let (dx, dscale, dbias) =
+            self.norm_backward(NormMode::Instance, dy, x, scale, Some(mean), inv_var, true)?;
+        Ok(LayerNormGrads {
+            dx,
+            dscale,
+            dbias: dbias.expect("asked for dbias"),
+        })
+    }
+
+    /// Batch normalization forward, training phase (`CUDNN_BATCH_NORM`,
+    /// `CUDNN_NORM_FWD_TRAINING`): each channel `x[:, c, ...]` is normalized over the batch and
+    /// spatial dimensions, `y = (x − mean) · inv_var · scale[c] + bias[c]` with
+    /// `inv_var = 1 / √(var + epsilon)` (biased variance). The batch mean and inverse standard
+    /// deviation `[1, C, 1, 1]` are outputs (for [`Graph::batch_norm_backward`]).
+    ///
+    /// With `running`, the previous running mean and variance are read and their update
+    /// `(1 − momentum) · prev + momentum · batch` is written to two more outputs
+    /// ([`BatchNormOutputs::running`]; bind them to other buffers than the previous statistics);
+    /// the momentum is an f32 by-value scalar. cuDNN's legacy batch norm and PyTorch update the
+    /// running variance with the unbiased batch variance (`· m / (m − 1)` for `m = N·spatial`
+    /// elements per channel).
+    ///
+    /// x is `[N, C, spatial...]` (rank 4 or 5); scale, bias and the running statistics are
+    /// `[1, C, 1, 1]`. cudnn-frontend's samples use channels-last f16 x with f32 scale, bias and
+    /// statistics.
+    #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR")]
+    #[doc(alias = "CUDNN_BATCH_NORM")]
+    pub fn batch_norm(
+        &mut self,
+        x: TensorId,
+        scale: TensorId,
+        bias: TensorId,
+        epsilon: f64,
+        running: Option<BatchNormRunning>,
+    ) -> Result<BatchNormOutputs> {
+        let (y, mean, inv_var, running) = self.norm_forward(
+            NormMode::Batch,
+            x,
+            scale,
+            Some(bias),
+            epsilon,
+            true,
+            running,
+            None,
+        )?;
+        Ok(BatchNormOutputs {
+            y,
+            mean: mean.expect("training phase"),
+            inv_var: inv_var.expect("training phase"),
+            running,
+        })
+    }
+
+    /// Batch normalization forward, inference phase (`CUDNN_BATCH_NORM`,
+    /// `CUDNN_NORM_FWD_INFERENCE`): `y = (x − mean) · inv_var · scale + bias` per channel with
+    /// the given statistics `mean` and `inv_var` `[1, C, 1, 1]` (inputs; `inv_var` is
+    /// `1 / √(running_var + ε)`, so no epsilon is taken, as in cudnn-frontend's
+    /// `batchnorm_inference`). Returns y (x's dimensions and layout).
+    #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR")]
+    #[doc(alias = "CUDNN_BATCH_NORM")]
+    pub fn batch_norm_inference(
+        &mut self,
+        x: TensorId,
+        scale: TensorId,
+        bias: TensorId,
+        mean: TensorId,
+        inv_var: TensorId,
+    ) -> Result<TensorId> {
+        const OP: &str = "batch norm forward";
+        let mode = NormMode::Batch;
+        let xi = self.index(x)?;
+        let (si, bi) = (self.index(scale)?, self.index(bias)?);
+        let (mi, vi) = (self.index(mean)?, self.index(inv_var)?);
+        self.norm_check_x(mode, OP, xi)?;
+        let dims = self.tensors[xi].dims.clone();
+        let param = mode.param_dims(&dims);
+        self.norm_check_dims(xi, si, &param, param_rule(mode))?;
+        self.norm_check_dims(xi, bi, &param, param_rule(mode))?;
+        self.norm_check_dims(xi, mi, &param, stats_rule(mode))?;
+        self.norm_check_dims(xi, vi, &param, stats_rule(mode))?;
+        let order = stride_order(&self.tensors[xi].strides);
         let xi = self.operand(x, None, OP)?;
         let si = self.operand(scale, None, OP)?;
+        let bi = self.operand(bias, None, OP)?;
         let mi = self.operand(mean, None, OP)?;
         let vi = self.operand(inv_var, None, OP)?;
-        let op = self.ops.len();
-        let dx = self.output("layer_norm_bwd.dx", x_dims, &dx_order, op)?;
-        let dscale = self.output("layer_norm_bwd.dscale", param.clone(), &p_order, op)?;
-        let dbias = self.output("layer_norm_bwd.dbias", param, &p_order, op)?;
-        self.ops.push(Op::LayerNormBwd {
-            dy: dyi,
+        let y = self.output("batch_norm.y", dims, &order, self.ops.len())?;
+        self.ops.push(Op::NormFwd(NormFwdOp {
+            mode,
             x: xi,
             scale: si,
-            mean: mi,
-            inv_var: vi,
-            dx: dx.index,
-            dscale: dscale.index,
-            dbias: dbias.index,
-        });
-        Ok(LayerNormGrads { dx, dscale, dbias })
+            bias: Some(bi),
+            epsilon: None,
+            y: y.index,
+            training: false,
+            mean: Some(mi),
+            inv_var: Some(vi),
+            running: None,
+        }));
+        Ok(y)
+    }
+
+    /// Batch normalization backward (`CUDNN_BATCH_NORM`): from `dy`, the forward input `x`, the
+    /// `scale` and the saved batch `mean` and `inv_var` `[1, C, 1, 1]` of the training forward
+    /// pass, the gradients dx (laid out like dy), dscale and dbias (the scale's dimensions and
+    /// layout).
+    #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR")]
+    #[doc(alias = "CUDNN_BATCH_NORM")]
+    pub fn batch_norm_backward(
+        &mut self,
+        dy: TensorId,
+        x: TensorId,
+        scale: TensorId,
+        mean: TensorId,
+        inv_var: TensorId,
+    ) -> Result<LayerNormGrads> {
+        let (dx, dscale, dbias) =
+            self.norm_backward(NormMode::Batch, dy, x, scale, Some(mean), inv_var, true)?;
+        Ok(LayerNormGrads {
+            dx,
+            dscale,
+            dbias: dbias.expect("asked for dbias"),
+        })
+    }
+
+    /// Group normalization forward, built on layer norm: the channels of x `[N, C, spatial...]`
+    /// fall into `groups` groups of `C/G` consecutive channels; each `(n, group)` is normalized
+    /// over its channels and spatial positions, then scaled and shifted per channel:
+    /// `y = (x − mean) · inv_var · scale[c] + bias[c]` (biased variance, as PyTorch's
+    /// `group_norm`).
+    ///
+    /// cuDNN has no group-norm engine (`CUDNN_GROUP_NORM` exists in the enum, but
+    /// cudnn-frontend has no node for it), so the graph gets three operations on a view of the
+    /// same memory, `[N, G, C/G, S]` with `S` the product of the spatial extents:
+    /// 1. a layer norm whose normalized axes are `C/G` and `S` (scale and bias
+    ///    `[1, 1, C/G, S]`, statistics `[N, G, 1, 1]`) with a unit scale and a zero bias
+    ///    ([`GroupNormOutputs::unit_scale`], [`GroupNormOutputs::zero_bias`]: f32 graph inputs
+    ///    the caller binds to buffers of ones and zeros),
+    /// 2. a pointwise multiplication by `scale` seen as `[1, G, C/G, 1]`,
+    /// 3. a pointwise addition of `bias` seen as `[1, G, C/G, 1]`.
+    ///
+    /// No view change is needed between the operations: x, `scale` and `bias` are described to
+    /// cuDNN in the group view from the start (their strides say where each element lives, so
+    /// buffers laid out as declared still fit). For that x, `scale` and `bias` must be graph
+    /// inputs that no other operation reads, and x's spatial dimensions must form one strided
+    /// run (true for packed NCHW and NHWC); otherwise [`Error::InvalidArgument`]. After the call
+    /// [`Graph::dims`] of x, `scale` and `bias` report the view. y has the view's dimensions and
+    /// x's memory layout; the statistics `[N, G, 1, 1]` follow x's memory order.
+    ///
+    /// Whether an engine fuses the three operations depends on the cuDNN version and layout;
+    /// [`crate::graph::OperationGraph::plans`] says so with a typed error.
+    ///
+    /// ```no_run
+    /// use cudnn_safe::graph::{Args, Graph, PlanFilter};
+    /// use cudnn_safe::{cuda_context, Cudnn, DType, Workspace};
+    /// # fn main() -> cudnn_safe::Result<()> {
+    /// let ctx = cuda_context(0)?;
+    /// let stream = ctx.default_stream();
+    /// let cudnn = Cudnn::new(stream.clone())?;
+    /// let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+    /// let x = g.tensor_nchw("x", &[8, 64, 32, 32], DType::F32)?;
+    /// let gamma = g.tensor_nchw("gamma", &[1, 64, 1, 1], DType::F32)?;
+    /// let beta = g.tensor_nchw("beta", &[1, 64, 1, 1], DType::F32)?;
+    /// let out = g.group_norm(x, 32, gamma, beta, 1e-5, false)?;
+    /// g.mark_output(out.y)?;
+    /// let og = g.build(&cudnn)?;
+    /// let plan = og.plans(&cudnn, &PlanFilter::default())?.plans.remove(0);
+    ///
+    /// let xb = stream.alloc_zeros::<f32>(og.span(x)?).unwrap();
+    /// let gb = stream.alloc_zeros::<f32>(og.span(gamma)?).unwrap();
+    /// let bb = stream.alloc_zeros::<f32>(og.span(beta)?).unwrap();
+    /// let ones = stream.clone_htod(&vec![1f32; og.span(out.unit_scale)?]).unwrap();
+    /// let zeros = stream.alloc_zeros::<f32>(og.span(out.zero_bias)?).unwrap();
+    /// let mut yb = stream.alloc_zeros::<f32>(og.span(out.y)?).unwrap();
+    /// let mut ws = Workspace::new(stream.clone());
+    /// let mut args = Args::new(&cudnn);
+    /// args.input(x, &xb)?.input(gamma, &gb)?.input(beta, &bb)?;
+    /// args.input(out.unit_scale, &ones)?.input(out.zero_bias, &zeros)?;
+    /// args.output(out.y, &mut yb)?;
+    /// cudnn.execute(&plan, &args, &mut ws)?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "CUDNN_LAYER_NORM")]
+    #[doc(alias = "GroupNorm")]
+    pub fn group_norm(
+        &mut self,
+        x: TensorId,
+        groups: i64,
+        scale: TensorId,
+        bias: TensorId,
+        epsilon: f64,
+        training: bool,
+    ) -> Result<GroupNormOutputs> {
+        const OP: &str = "group norm";
+        let (xi, si, bi) = (self.index(x)?, self.index(scale)?, self.index(bias)?);
+        if xi == si || xi == bi || si == bi {
+            return Err(Error::invalid(
+                "group norm operands",
+                "three distinct tensors x, scale and bias",
+                format!(
+                    "`{}`, `{}`, `{}`",
+                    self.tensors[xi].name, self.tensors[si].name, self.tensors[bi].name
+                ),
+            ));
+        }
+        self.norm_check_x(NormMode::Instance, OP, xi)?;
+        let xd = self.tensors[xi].dims.clone();
+        let param = NormMode::Instance.param_dims(&xd);
+        const RULE: &str = "group norm scale and bias are [1, C, 1, ...] for x [N, C, ...]";
+        self.norm_check_dims(xi, si, &param, RULE)?;
+        self.norm_check_dims(xi, bi, &param, RULE)?;
+        for i in [xi, si, bi] {
+            let t = &self.tensors[i];
+            if t.producer.is_some() || t.consumed {
+                return Err(Error::invalid(
+                    "group norm operand",
+                    "a graph input no other operation reads (it is described in the group view)",
+                    format!("`{}`", t.name),
+                ));
+            }
+        }
+        let c = xd[1];
+        if groups < 1 || c % groups != 0 {
+            return Err(Error::invalid(
+                "group norm groups",
+                format!("a divisor of the channel count {c}"),
+                format!("{groups} groups for `{}`", self.tensors[xi].name),
+            ));
+        }
+        Self::norm_check_epsilon(NormMode::Layer, epsilon)?;
+        // The spatial dimensions merge into one axis of stride `run` when each one's stride is
+        // the next one's stride times its extent (extent-1 dimensions don't matter).
+        let xs = self.tensors[xi].strides.clone();
+        let mut run: Option<(i64, i64)> = None; // (extent so far, stride of the innermost)
+        let mut mergeable = true;
+        for a in (2..xd.len()).rev() {
+            if xd[a] == 1 {
+                continue;
+            }
+            run = match run {
+                None => Some((xd[a], xs[a])),
+                Some((ext, inner)) => {
+                    if xs[a] != inner * ext {
+                        mergeable = false;
+                    }
+                    Some((ext * xd[a], inner))
+                }
+            };
+        }
+        if !mergeable {
+            return Err(Error::invalid(
+                "group norm input layout",
+                "spatial dimensions of x that form one strided run (as in packed NCHW or NHWC)",
+                format!("`{}` dims {:?} strides {:?}", self.tensors[xi].name, xd, xs),
+            ));
+        }
+        let (s, s_stride) = run.unwrap_or((1, 1));
+        let cg = c / groups;
+        let x_view = (
+            vec![xd[0], groups, cg, s],
+            vec![xs[0], cg * xs[1], xs[1], s_stride],
+        );
+        let param_view = |strides: &[i64]| {
+            let sc = strides[1];
+            (vec![1, groups, cg, 1], vec![c * sc, cg * sc, sc, sc])
+        };
+        let s_view = param_view(&self.tensors[si].strides);
+        let b_view = param_view(&self.tensors[bi].strides);
+        for (d, st) in [&x_view, &s_view, &b_view] {
+            Layout::strided(d, st)?;
+        }
+        let unit_dims = vec![1, 1, cg, s];
+        let unit_strides = super::strides_in_order(&unit_dims, &stride_order(&x_view.1))?;
+        Layout::strided(&unit_dims, &unit_strides)?;
+        // Every check passed: describe the operands in the group view.
+        for (i, (d, st)) in [(xi, x_view), (si, s_view), (bi, b_view)] {
+            self.tensors[i].dims = d;
+            self.tensors[i].strides = st;
+        }
+        let unit_scale = self.tensor(
+            "group_norm.unit_scale",
+            &unit_dims,
+            &unit_strides,
+            DType::F32,
+        )?;
+        let zero_bias = self.tensor(
+            "group_norm.zero_bias",
+            &unit_dims,
+            &unit_strides,
+            DType::F32,
+        )?;
+        let stats_dims = vec![xd[0], groups, 1, 1];
+        let (xhat, mean, inv_var, _) = self.norm_forward(
+            NormMode::Layer,
+            x,
+            unit_scale,
+            Some(zero_bias),
+            epsilon,
+            training,
+            None,
+            Some((unit_dims, stats_dims)),
+        )?;
+        let scaled = self.pointwise(PointwiseMode::Mul, xhat, Some(scale))?;
+        let y = self.pointwise(PointwiseMode::Add, scaled, Some(bias))?;
+        self.set_name(y, "group_norm.y")?;
+        Ok(GroupNormOutputs {
+            y,
+            stats: mean.zip(inv_var),
+            unit_scale,
+            zero_bias,
+        })
     }
 }

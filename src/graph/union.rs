@@ -1,15 +1,21 @@
 //! The graph side of the [`Autotuner`](crate::Autotuner)'s union search: a legacy convolution
-//! forward problem (tensor, filter and convolution descriptors) rebuilt as a one-operation
-//! graph, the filter its plans are asked under, and event timing shared with the legacy side so
-//! that both APIs are measured the same way.
+//! problem (forward, backward data, backward filter, or the fused forward with bias and
+//! activation) rebuilt as a graph of the same dims, strides and data types, the filter its plans
+//! are asked under, and event timing shared with the legacy side so that both APIs are measured
+//! the same way.
+use std::sync::Arc;
+
 use cudarc::driver::sys::CUevent_flags;
 
-use super::{ConvParams, EngineConfig, Graph, OperationGraph, Plan, PlanFilter, TensorId};
-use crate::conv::{ConvDesc, MathType};
+use super::{
+    ConvParams, EngineConfig, Graph, HeurMode, OperationGraph, Plan, PlanFilter, PointwiseMode,
+    TensorId,
+};
+use crate::conv::{ConvDesc, FusedActivation, MathType};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
-use crate::tensor::{FilterDesc, TensorDesc, TensorFormat};
+use crate::tensor::{FilterDesc, Layout, TensorDesc, TensorFormat};
 
 /// Which API ran a convolution an [`Autotuner`](crate::Autotuner) chose
 /// ([`Choice::api`](crate::Choice::api)).
@@ -19,8 +25,9 @@ pub enum ConvApi {
     /// The legacy call (`cudnnConvolutionForward` and relatives) with [`Choice::algo`](crate::Choice::algo).
     #[default]
     Legacy,
-    /// A backend (graph) execution plan of this engine configuration.
-    Graph(EngineConfig),
+    /// A backend (graph) execution plan of this engine configuration (shared with the tuner's
+    /// decision: a steady-state call copies no configuration).
+    Graph(Arc<EngineConfig>),
 }
 
 impl ConvApi {
@@ -28,11 +35,18 @@ impl ConvApi {
     pub fn is_graph(&self) -> bool {
         matches!(self, ConvApi::Graph(_))
     }
+    /// The engine configuration that ran, if a graph engine ran.
+    pub fn config(&self) -> Option<&EngineConfig> {
+        match self {
+            ConvApi::Graph(c) => Some(c),
+            ConvApi::Legacy => None,
+        }
+    }
 }
 
 /// Whether [`Policy::Benchmark`](crate::Policy::Benchmark) and
 /// [`Policy::Deterministic`](crate::Policy::Deterministic) also search the graph engines for a
-/// convolution forward ([`Autotuner::graph_search`](crate::Autotuner::graph_search)).
+/// convolution ([`Autotuner::graph_search`](crate::Autotuner::graph_search)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum GraphSearch {
     /// Legacy algorithms only (the behaviour before the union search).
@@ -57,83 +71,220 @@ impl GraphSearch {
     }
 }
 
-/// A convolution forward problem as a graph: `y = conv_fprop(x, w)`, x, w and y real tensors
-/// with the legacy descriptors' dims, strides and data types.
-pub(crate) struct ConvGraph {
-    pub(crate) og: OperationGraph,
-    pub(crate) x: TensorId,
-    pub(crate) w: TensorId,
-    pub(crate) y: TensorId,
+/// The tensors of a union graph that take buffers: two or three inputs and one output.
+///
+/// | problem | `a` | `b` | `c` | `out` |
+/// |---|---|---|---|---|
+/// | forward | x | w | — | y |
+/// | backward data | dy | w | — | dx |
+/// | backward filter | x | dy | — | dw |
+/// | fused forward | x | w | bias | y |
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ids {
+    pub(crate) a: TensorId,
+    pub(crate) b: TensorId,
+    pub(crate) c: Option<TensorId>,
+    pub(crate) out: TensorId,
 }
 
-/// Whether the graph path can express this legacy forward problem: same input and output type,
-/// f32 / f16 / bf16 (f64 and the int8 configurations stay legacy), a packed NCHW or KRSC filter,
-/// 2 or 3 spatial dimensions, and channels matching the group count (the graph infers groups from
-/// the channel ratio).
+/// A legacy convolution problem as a graph, with the ids its buffers bind to.
+pub(crate) struct ConvGraph {
+    pub(crate) og: OperationGraph,
+    pub(crate) ids: Ids,
+}
+
+/// Whether the graph path can express this legacy problem: same input and output type, f32 /
+/// f16 / bf16 (f64 and the int8 configurations stay legacy), a packed NCHW or KRSC filter, 2 or 3
+/// spatial dimensions, and channels matching the group count (the graph infers groups from the
+/// channel ratio). `x_dims` are the dims of the convolution's input (x, or dx for backward data).
 pub(crate) fn eligible<X: DataType, Y: DataType>(
-    x_desc: &TensorDesc<X>,
+    x_dims: &[i64],
     w_desc: &FilterDesc<X>,
     conv: &ConvDesc,
-    y_desc: &TensorDesc<Y>,
+    y_dims: &[i64],
 ) -> bool {
     X::DTYPE == Y::DTYPE
         && matches!(X::DTYPE, DType::F32 | DType::F16 | DType::BF16)
         && matches!(w_desc.format(), TensorFormat::Nchw | TensorFormat::Nhwc)
         && (2..=3).contains(&conv.spatial_rank())
-        && x_desc.dims().len() == conv.tensor_rank()
-        && y_desc.dims().len() == conv.tensor_rank()
+        && x_dims.len() == conv.tensor_rank()
+        && y_dims.len() == conv.tensor_rank()
         && w_desc.dims().len() == conv.tensor_rank()
         && w_desc
             .dims()
             .get(1)
             .and_then(|c| c.checked_mul(conv.groups()))
-            == x_desc.dims().get(1).copied()
+            == x_dims.get(1).copied()
 }
 
-/// Builds the graph of a forward problem on `cudnn`.
-pub(crate) fn conv_graph<X: DataType, Y: DataType>(
+/// The graph activation matching a legacy fused activation: `None` for
+/// [`FusedActivation::Identity`] (bias only). The legacy activation descriptor asks
+/// `CUDNN_NOT_PROPAGATE_NAN` with no clipping; the pointwise ReLU has lower clip 0 and no upper
+/// clip, the same function on every number.
+pub(crate) fn fused_mode(activation: FusedActivation) -> Option<PointwiseMode> {
+    match activation {
+        FusedActivation::Relu => Some(PointwiseMode::Relu),
+        FusedActivation::Identity => None,
+    }
+}
+
+fn params(conv: &ConvDesc) -> ConvParams {
+    ConvParams::new(conv.spatial_rank())
+        .padding(conv.pads())
+        .stride(conv.strides())
+        .dilation(conv.dilations())
+        .mode(conv.mode())
+}
+
+fn new_graph(dtype: DType, conv: &ConvDesc) -> Graph {
+    Graph::new(dtype, DType::F32, conv.compute())
+}
+
+/// Marks `t` the graph's output with the legacy descriptor's dims (checked) and strides.
+fn finish(
+    mut g: Graph,
+    t: TensorId,
+    name: &'static str,
+    dtype: DType,
+    layout: &Layout,
+    rule: &'static str,
+) -> Result<Graph> {
+    if g.dims(t)? != layout.dims() {
+        return Err(Error::ShapeMismatch {
+            a: name,
+            a_dims: layout.dims().to_vec(),
+            b: "the graph operation's output",
+            b_dims: g.dims(t)?.to_vec(),
+            rule,
+        });
+    }
+    g.mark_output_strided(t, dtype, layout.strides())?;
+    g.set_name(t, name)?;
+    Ok(g)
+}
+
+/// `y = conv_fprop(x, w)`, optionally followed by `+ bias` and an activation (the fused
+/// forward: `bias` with its descriptor's dims, strides and type).
+pub(crate) fn fprop_graph<X: DataType, Y: DataType>(
     cudnn: &Cudnn,
     x_desc: &TensorDesc<X>,
     w_desc: &FilterDesc<X>,
     conv: &ConvDesc,
     y_desc: &TensorDesc<Y>,
+    fused: Option<(&Layout, DType, Option<PointwiseMode>)>,
 ) -> Result<ConvGraph> {
-    let mut g = Graph::new(X::DTYPE, DType::F32, conv.compute());
+    let mut g = new_graph(X::DTYPE, conv);
     let x = g.tensor("x", x_desc.dims(), x_desc.layout().strides(), X::DTYPE)?;
     let w = g.tensor("w", w_desc.dims(), w_desc.layout().strides(), X::DTYPE)?;
-    let params = ConvParams::new(conv.spatial_rank())
-        .padding(conv.pads())
-        .stride(conv.strides())
-        .dilation(conv.dilations())
-        .mode(conv.mode());
-    let y = g.conv_fprop(x, w, &params)?;
-    if g.dims(y)? != y_desc.dims() {
-        return Err(Error::ShapeMismatch {
-            a: "y",
-            a_dims: y_desc.dims().to_vec(),
-            b: "conv(x, w)",
-            b_dims: g.dims(y)?.to_vec(),
-            rule: "y must have the convolution's output dimensions",
-        });
+    let mut y = g.conv_fprop(x, w, &params(conv))?;
+    let mut c = None;
+    if let Some((bias, bias_type, act)) = fused {
+        let b = g.tensor("bias", bias.dims(), bias.strides(), bias_type)?;
+        y = g.bias(y, b)?;
+        if let Some(mode) = act {
+            y = g.pointwise(mode, y, None)?;
+        }
+        c = Some(b);
     }
-    g.mark_output_strided(y, Y::DTYPE, y_desc.layout().strides())?;
-    g.set_name(y, "y")?;
+    let g = finish(
+        g,
+        y,
+        "y",
+        Y::DTYPE,
+        y_desc.layout(),
+        "y must have the convolution's output dimensions",
+    )?;
     let og = g.build(cudnn)?;
-    Ok(ConvGraph { og, x, w, y })
+    Ok(ConvGraph {
+        og,
+        ids: Ids {
+            a: x,
+            b: w,
+            c,
+            out: y,
+        },
+    })
+}
+
+/// `dx = conv_dgrad(dy, w)` with dx of `dx_desc`'s dims and strides.
+pub(crate) fn dgrad_graph<T: DataType>(
+    cudnn: &Cudnn,
+    w_desc: &FilterDesc<T>,
+    dy_desc: &TensorDesc<T>,
+    conv: &ConvDesc,
+    dx_desc: &TensorDesc<T>,
+) -> Result<ConvGraph> {
+    let mut g = new_graph(T::DTYPE, conv);
+    let dy = g.tensor("dy", dy_desc.dims(), dy_desc.layout().strides(), T::DTYPE)?;
+    let w = g.tensor("w", w_desc.dims(), w_desc.layout().strides(), T::DTYPE)?;
+    let dx = g.conv_dgrad(dy, w, dx_desc.dims(), &params(conv))?;
+    let g = finish(
+        g,
+        dx,
+        "dx",
+        T::DTYPE,
+        dx_desc.layout(),
+        "dx must have the input dimensions of the convolution",
+    )?;
+    let og = g.build(cudnn)?;
+    Ok(ConvGraph {
+        og,
+        ids: Ids {
+            a: dy,
+            b: w,
+            c: None,
+            out: dx,
+        },
+    })
+}
+
+/// `dw = conv_wgrad(x, dy)` with dw of `dw_desc`'s dims and strides (KRSC for an NHWC filter).
+pub(crate) fn wgrad_graph<T: DataType>(
+    cudnn: &Cudnn,
+    x_desc: &TensorDesc<T>,
+    dy_desc: &TensorDesc<T>,
+    conv: &ConvDesc,
+    dw_desc: &FilterDesc<T>,
+) -> Result<ConvGraph> {
+    let mut g = new_graph(T::DTYPE, conv);
+    let x = g.tensor("x", x_desc.dims(), x_desc.layout().strides(), T::DTYPE)?;
+    let dy = g.tensor("dy", dy_desc.dims(), dy_desc.layout().strides(), T::DTYPE)?;
+    let dw = g.conv_wgrad(x, dy, dw_desc.dims(), &params(conv))?;
+    let g = finish(
+        g,
+        dw,
+        "dw",
+        T::DTYPE,
+        dw_desc.layout(),
+        "dw must have the filter's dimensions",
+    )?;
+    let og = g.build(cudnn)?;
+    Ok(ConvGraph {
+        og,
+        ids: Ids {
+            a: x,
+            b: dy,
+            c: None,
+            out: dw,
+        },
+    })
 }
 
 /// The plan filter matching the legacy convolution's numerics: no tensor cores under
 /// [`MathType::Fma`] (strict fp32, as the legacy math type asks), no down-conversion of inputs
 /// unless [`MathType::TensorOpAllowConversion`] allows it (PyTorch drops those engines too), no
 /// reduced-precision accumulation when the convolution computes in f32; deterministic engines
-/// only under the deterministic policy; at most `max_plans` plans within `workspace` bytes.
+/// only under the deterministic policy; plans within `workspace` bytes, proposed by `modes`, at
+/// most `max_plans` of them.
 pub(crate) fn filter(
     conv: &ConvDesc,
     deterministic: bool,
     workspace: usize,
+    modes: &[HeurMode],
     max_plans: usize,
 ) -> PlanFilter {
     PlanFilter::new()
+        .heuristics(modes)
         .deterministic(deterministic)
         .no_tensor_cores(conv.math() == MathType::Fma)
         .no_down_conversion(conv.math() != MathType::TensorOpAllowConversion)
@@ -142,37 +293,145 @@ pub(crate) fn filter(
         .max_plans(Some(max_plans))
 }
 
-/// Timed executions per candidate: one warm-up (kernel loading, variant pack), then the best of
-/// `ROUNDS` rounds of `ITERATIONS` back-to-back launches, for graph plans and the legacy
-/// algorithm alike.
-const ROUNDS: usize = 3;
-const ITERATIONS: usize = 3;
+/// The plans of a union search: up to `per_mode` from heuristics A, then up to `per_mode` more
+/// from the fallback list (configurations A proposed already are not counted twice), as the
+/// raw-C measurement that found the graph engines' advantage did. Returns the plans, how many
+/// configurations were skipped, and the wall time spent building.
+pub(crate) fn search_plans(
+    cudnn: &Cudnn,
+    og: &OperationGraph,
+    conv: &ConvDesc,
+    deterministic: bool,
+    workspace: usize,
+    per_mode: usize,
+) -> Result<(Vec<Plan>, usize, std::time::Duration)> {
+    let started = std::time::Instant::now();
+    let mut plans: Vec<Plan> = Vec::new();
+    let mut skipped = 0;
+    let mut last_error = None;
+    for mode in [HeurMode::A, HeurMode::Fallback] {
+        // Fallback often repeats A's engines: ask for enough to find `per_mode` new ones.
+        let ask = per_mode + plans.len();
+        let f = filter(conv, deterministic, workspace, &[mode], ask);
+        match og.plans(cudnn, &f) {
+            Ok(list) => {
+                skipped += list.skipped.len();
+                let mut added = 0;
+                for p in list.plans {
+                    if added < per_mode && plans.iter().all(|q| q.config() != p.config()) {
+                        plans.push(p);
+                        added += 1;
+                    }
+                }
+            }
+            Err(e) => {
+                log::debug!("union search: heuristics {mode:?} gave no plan: {e}");
+                last_error = Some(e);
+            }
+        }
+    }
+    match (plans.is_empty(), last_error) {
+        (true, Some(e)) => Err(e),
+        _ => Ok((plans, skipped, started.elapsed())),
+    }
+}
 
-/// Milliseconds per launch of `launch`, timed with CUDA events on `cudnn`'s stream.
-pub(crate) fn time_ms(cudnn: &Cudnn, mut launch: impl FnMut() -> Result<()>) -> Result<f32> {
+/// Timing of candidates, for graph plans and legacy algorithms alike: one warm-up launch
+/// (kernel loading, variant pack), a probe of [`PROBE`] launches, then the best of [`ROUNDS`]
+/// rounds of back-to-back launches, as many per round as make it last at least [`TARGET_MS`]
+/// by the probe (between 1 and [`MAX_ITERATIONS`]): a 0.02 ms kernel is timed over 15 or 16
+/// launches per round, a 5 ms kernel over 1.
+pub(crate) const ROUNDS: usize = 3;
+/// Launches of the probe.
+pub(crate) const PROBE: usize = 2;
+/// Least duration of one timed round, in ms.
+pub(crate) const TARGET_MS: f32 = 0.3;
+/// Most launches per round.
+pub(crate) const MAX_ITERATIONS: usize = 100;
+/// A candidate whose probe is this many times slower than the best time so far is not timed
+/// further (its probe is its time): it cannot win, and 48 candidates must stay quick to search.
+pub(crate) const HOPELESS: f32 = 1.5;
+
+/// Launches per round for a probe of `probe_ms` per launch.
+pub(crate) fn iterations(probe_ms: f32) -> usize {
+    if probe_ms.is_nan() || probe_ms <= 0.0 {
+        return MAX_ITERATIONS;
+    }
+    ((TARGET_MS / probe_ms).ceil() as usize).clamp(1, MAX_ITERATIONS)
+}
+
+/// Milliseconds per launch of `launch`, timed with CUDA events on `cudnn`'s stream (see
+/// [`ROUNDS`]). `best` is the best time of the candidates timed before, if any.
+pub(crate) fn time_ms(
+    cudnn: &Cudnn,
+    best: Option<f32>,
+    mut launch: impl FnMut() -> Result<()>,
+) -> Result<f32> {
     let stream = cudnn.stream();
     let event = || {
         stream
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(|e| Error::driver("recording an autotune event", e))
     };
-    launch()?;
-    let mut best = f32::INFINITY;
-    for _ in 0..ROUNDS {
+    let mut timed = |n: usize| -> Result<f32> {
         let start = event()?;
-        for _ in 0..ITERATIONS {
+        for _ in 0..n {
             launch()?;
         }
         let end = event()?;
         let ms = start
             .elapsed_ms(&end)
             .map_err(|e| Error::driver("timing an autotune candidate", e))?;
-        best = best.min(ms / ITERATIONS as f32);
+        Ok(ms / n as f32)
+    };
+    timed(1)?;
+    let probe = timed(PROBE)?;
+    if best.is_some_and(|b| probe > b * HOPELESS) {
+        return Ok(probe);
     }
-    Ok(best)
+    let n = iterations(probe);
+    let mut fastest = f32::INFINITY;
+    for _ in 0..ROUNDS {
+        fastest = fastest.min(timed(n)?);
+    }
+    Ok(fastest)
 }
 
 /// Whether the plan was built on this handle (plans run only there).
 pub(crate) fn built_on(plan: &Plan, cudnn: &Cudnn) -> bool {
     plan.graph.check_handle(cudnn).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iterations_time_every_round_over_the_target() {
+        // 0.3 / 0.02 rounds to just above 15 in f32.
+        assert!((15..=16).contains(&iterations(0.02)));
+        assert!(iterations(0.02) as f32 * 0.02 >= TARGET_MS - 1e-6);
+        assert_eq!(iterations(5.0), 1);
+        assert_eq!(iterations(1e-6), MAX_ITERATIONS);
+        assert_eq!(iterations(0.0), MAX_ITERATIONS);
+        assert_eq!(iterations(f32::NAN), MAX_ITERATIONS);
+        assert!((3..=4).contains(&iterations(0.1)));
+        assert_eq!(iterations(f32::INFINITY), 1);
+    }
+
+    #[test]
+    fn conv_api_names_its_config() {
+        let c: EngineConfig = "eng3_k2=1".parse().unwrap();
+        let api = ConvApi::Graph(Arc::new(c.clone()));
+        assert!(api.is_graph());
+        assert_eq!(api.config(), Some(&c));
+        assert_eq!(ConvApi::Legacy.config(), None);
+        assert!(!ConvApi::default().is_graph());
+    }
+
+    #[test]
+    fn fused_activations_map_to_pointwise_modes() {
+        assert_eq!(fused_mode(FusedActivation::Relu), Some(PointwiseMode::Relu));
+        assert_eq!(fused_mode(FusedActivation::Identity), None);
+    }
 }

@@ -1,0 +1,161 @@
+//! Scaled dot-product attention through the graph API ([`Graph::sdpa`], [`Graph::sdpa_backward`]):
+//! batch 8, 16 heads, sequence 4096, head dimension 128, causal, bf16, q / k / v stored
+//! `[b, s, h, d]`. Each graph's plans are autotuned (CUDA events, fastest kept), then timed as the
+//! median of batches of back-to-back executions.
+//!
+//! Prints one line per measurement, for scripts to grep:
+//! `attention fwd bf16 b8 h16 s4096 d128 causal: X ms, Y TFLOP/s`, and the same for `fwd-train`
+//! (with the statistics output), `bwd` and `fwd+bwd` (training forward plus backward), with
+//! FLOPs counted as FlashAttention does: causal forward `4·b·h·s²·d / 2`, backward 2.5 times that.
+//! `benches/pytorch/attention.py` prints the same lines for PyTorch's cuDNN attention backend.
+//!
+//! Knobs: `ATTENTION_BENCH_MAX_PLANS` (plans autotuned per graph, default 8),
+//! `ATTENTION_BENCH_SEQ` (sequence length, default 4096).
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
+use cudnn_safe::graph::{
+    autotune, Args as GraphArgs, AutotuneOptions, Graph, Plan, PlanFilter, SdpaOptions,
+};
+use cudnn_safe::half::bf16;
+use cudnn_safe::{Cudnn, DType, Workspace};
+
+const B: i64 = 8;
+const H: i64 = 16;
+const D: i64 = 128;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `[b, h, s, d]` stored as `[b, s, h, d]`.
+fn bshd(s: i64) -> [i64; 4] {
+    [s * H * D, D, H * D, 1]
+}
+
+fn label(what: &str, s: i64) -> String {
+    format!("attention {what} bf16 b{B} h{H} s{s} d{D} causal")
+}
+
+fn report(what: &str, s: i64, ms: f64, flops: f64) {
+    println!(
+        "{}: {ms:.4} ms, {:.1} TFLOP/s",
+        label(what, s),
+        tflops(flops, ms)
+    );
+}
+
+fn upload(stream: &Arc<CudaStream>, n: usize, seed: usize) -> BoxResult<CudaSlice<bf16>> {
+    // Small values: softmax stays well conditioned; `values` is deterministic.
+    let v: Vec<bf16> = values::<bf16>(n + seed, 0.5)[seed..].to_vec();
+    Ok(stream.clone_htod(&v)?)
+}
+
+/// Autotunes the graph's first `max` plans on the bound buffers.
+fn tune(
+    cudnn: &Cudnn,
+    plans: Vec<Plan>,
+    args: &GraphArgs<'_>,
+    ws: &mut Workspace,
+    what: &str,
+) -> BoxResult<Plan> {
+    let tuned = autotune(cudnn, plans, args, ws, &AutotuneOptions::new())?;
+    for t in &tuned.timings {
+        eprintln!("  {what}: plan {} {:.4} ms", t.name, t.ms);
+    }
+    Ok(tuned.plan)
+}
+
+fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, test: bool) -> BoxResult<()> {
+    let s = env_usize("ATTENTION_BENCH_SEQ", 4096) as i64;
+    let max_plans = env_usize("ATTENTION_BENCH_MAX_PLANS", 8);
+    let dims = [B, H, s, D];
+    let n = (B * H * s * D) as usize;
+    let fwd_flops = 4.0 * (B * H) as f64 * (s as f64).powi(2) * D as f64 / 2.0;
+    let filter = PlanFilter::new().max_plans(Some(max_plans));
+    let mut ws = Workspace::new(stream.clone());
+
+    let qb = upload(stream, n, 0)?;
+    let kb = upload(stream, n, 1)?;
+    let vb = upload(stream, n, 2)?;
+    let mut ob = stream.alloc_zeros::<bf16>(n)?;
+    let mut statsb = stream.alloc_zeros::<f32>((B * H * s) as usize)?;
+
+    // Forward, inference and training (statistics out).
+    let mut fwd_train_ms = 0.0;
+    for training in [false, true] {
+        let what = if training { "fwd-train" } else { "fwd" };
+        let mut g = Graph::new(DType::BF16, DType::F32, DType::F32);
+        let q = g.tensor("q", &dims, &bshd(s), DType::BF16)?;
+        let k = g.tensor("k", &dims, &bshd(s), DType::BF16)?;
+        let v = g.tensor("v", &dims, &bshd(s), DType::BF16)?;
+        let out = g.sdpa(q, k, v, &SdpaOptions::new().causal(true).training(training))?;
+        let og = g.build(cudnn)?;
+        let plans = og.plans(cudnn, &filter)?.plans;
+        let mut args = GraphArgs::new(cudnn);
+        args.input(q, &qb)?.input(k, &kb)?.input(v, &vb)?;
+        args.output(out.o, &mut ob)?;
+        if let Some(st) = out.stats {
+            args.output(st, &mut statsb)?;
+        }
+        let plan = tune(cudnn, plans, &args, &mut ws, what)?;
+        let ms = median_ms(stream, test, || Ok(cudnn.execute(&plan, &args, &mut ws)?))?;
+        report(what, s, ms, fwd_flops);
+        if training {
+            fwd_train_ms = ms;
+        }
+    }
+
+    // Backward, reading the training forward's O and statistics.
+    let dob = upload(stream, n, 3)?;
+    let mut dqb = stream.alloc_zeros::<bf16>(n)?;
+    let mut dkb = stream.alloc_zeros::<bf16>(n)?;
+    let mut dvb = stream.alloc_zeros::<bf16>(n)?;
+    let mut sumb = stream.alloc_zeros::<f32>((B * H * s) as usize)?;
+    let mut accb = stream.alloc_zeros::<f32>(n)?;
+    let mut g = Graph::new(DType::BF16, DType::F32, DType::F32);
+    let q = g.tensor("q", &dims, &bshd(s), DType::BF16)?;
+    let k = g.tensor("k", &dims, &bshd(s), DType::BF16)?;
+    let v = g.tensor("v", &dims, &bshd(s), DType::BF16)?;
+    let o = g.tensor("o", &dims, &bshd(s), DType::BF16)?;
+    let d_o = g.tensor("dO", &dims, &bshd(s), DType::BF16)?;
+    let stats = g.tensor_nchw("stats", &[B, H, s, 1], DType::F32)?;
+    let gr = g.sdpa_backward(q, k, v, o, d_o, stats, &SdpaOptions::new().causal(true))?;
+    let og = g.build(cudnn)?;
+    let plans = og.plans(cudnn, &filter)?.plans;
+    let mut args = GraphArgs::new(cudnn);
+    args.input(q, &qb)?.input(k, &kb)?.input(v, &vb)?;
+    args.input(o, &ob)?
+        .input(d_o, &dob)?
+        .input(stats, &statsb)?;
+    args.output(gr.dq, &mut dqb)?
+        .output(gr.dk, &mut dkb)?
+        .output(gr.dv, &mut dvb)?;
+    args.output(gr.softmax_sum, &mut sumb)?
+        .output(gr.dq_accum, &mut accb)?;
+    let plan = tune(cudnn, plans, &args, &mut ws, "bwd")?;
+    let bwd_ms = median_ms(stream, test, || Ok(cudnn.execute(&plan, &args, &mut ws)?))?;
+    report("bwd", s, bwd_ms, 2.5 * fwd_flops);
+    report("fwd+bwd", s, fwd_train_ms + bwd_ms, 3.5 * fwd_flops);
+    Ok(())
+}
+
+fn main() {
+    let _ = env_logger::try_init();
+    let Some((stream, cudnn)) = setup_or_skip() else {
+        return;
+    };
+    print_header(&stream, &cudnn);
+    let args = Args::parse();
+    if args.list || args.ignored {
+        return;
+    }
+    let outcome = run(&stream, &cudnn, args.test);
+    exit_on_error("attention", outcome);
+}

@@ -1,0 +1,70 @@
+"""PyTorch timings of scaled dot-product attention with the cuDNN backend forced, on the shapes of
+cudnn-safe's `attention` bench (benches/attention.rs), so the two can be compared on one machine.
+
+Run with PyTorch's own environment: `python3 benches/pytorch/attention.py`. Prints the same lines as
+the Rust bench:
+    attention fwd bf16 b8 h16 s4096 d128 causal: X ms, Y TFLOP/s
+and `fwd+bwd` (forward then backward through autograd). FLOPs as FlashAttention counts them:
+causal forward 4*b*h*s^2*d/2, backward 2.5 times that. q, k, v are [b, h, s, d] views of
+[b, s, h, d] storage, as the Rust bench lays them out. Timing: CUDA events around batches of calls,
+median of 7 batches, after warm-up.
+"""
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+dev = "cuda"
+B, H, D = 8, 16, 128
+S = int(os.environ.get("ATTENTION_BENCH_SEQ", "4096"))
+print(json.dumps({"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+                  "gpu": torch.cuda.get_device_name(), "impl": "pytorch"}))
+
+
+def bench(fn, reps=10, warm=3, batches=7):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Event(enable_timing=True)
+    e = torch.cuda.Event(enable_timing=True)
+    ts = []
+    for _ in range(batches):
+        s.record()
+        for _ in range(reps):
+            fn()
+        e.record()
+        torch.cuda.synchronize()
+        ts.append(s.elapsed_time(e) / reps)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def report(what, ms, flops):
+    print(f"attention {what} bf16 b{B} h{H} s{S} d{D} causal: {ms:.4f} ms, "
+          f"{flops / (ms * 1e-3) / 1e12:.1f} TFLOP/s", flush=True)
+
+
+def bshd(requires_grad=False):
+    # [b, s, h, d] storage viewed as [b, h, s, d].
+    t = (torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16) * 0.5).transpose(1, 2)
+    return t.detach().requires_grad_(requires_grad)
+
+
+fwd_flops = 4.0 * B * H * S * S * D / 2.0
+
+with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+    with torch.no_grad():
+        q, k, v = bshd(), bshd(), bshd()
+        report("fwd", bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+               fwd_flops)
+
+    q, k, v = bshd(True), bshd(True), bshd(True)
+    d_o = bshd()
+
+    def fwd_bwd():
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        o.backward(d_o)
+
+    report("fwd+bwd", bench(fwd_bwd), 3.5 * fwd_flops)

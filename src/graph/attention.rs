@@ -1,0 +1,1026 @@
+//! Scaled dot-product attention in a graph: the composite operation pattern cudnn-frontend's
+//! SDPA nodes build (`CompositeSDPANode` and `CompositeSDPABackwardNode` in
+//! `include/cudnn_frontend/node/scaled_dot_product_flash_attention.h`), which cuDNN's fused
+//! flash-attention engines recognize; plus the general graph operations that pattern needs
+//! (binary select, a transposed view), and the random Bernoulli mask of attention dropout
+//! (`RngNode` in `include/cudnn_frontend/node/rng.h`).
+use cudnn_safe_sys as sys;
+use cudnn_safe_sys::Library;
+
+use super::backend::{attr, kind, AttrElem, Desc};
+use super::{stride_order, strides_in_order, Graph, Op, PointwiseMode, TensorId, TensorInfo};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::reduce::ReduceOp;
+use crate::tensor::Layout;
+
+/// Options of [`Graph::sdpa`] and [`Graph::sdpa_backward`].
+///
+/// Defaults: scale `1/√d`, no causal mask, inference (no statistics output), no dropout.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SdpaOptions {
+    scale: Option<f64>,
+    causal: bool,
+    training: bool,
+    dropout: Option<Dropout>,
+    dump_mask: bool,
+}
+
+/// Dropout as set on [`SdpaOptions`] (checked by [`Graph::sdpa`] / [`Graph::sdpa_backward`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Dropout {
+    probability: f64,
+    seed: TensorId,
+    offset: TensorId,
+}
+
+impl SdpaOptions {
+    /// The defaults: scale `1/√d`, not causal, no statistics.
+    pub fn new() -> SdpaOptions {
+        SdpaOptions::default()
+    }
+    /// The factor applied to `Q·Kᵀ` before the softmax (`attn_scale`; finite). Default `1/√d`.
+    #[must_use]
+    pub fn scale(mut self, scale: f64) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+    /// Top-left aligned causal mask: query row `i` attends to key columns `j ≤ i`.
+    #[must_use]
+    pub fn causal(mut self, causal: bool) -> Self {
+        self.causal = causal;
+        self
+    }
+    /// Forward only: also output the softmax statistics (`Stats`, f32 `[b, h, s_q, 1]`, the
+    /// row maximum plus the log of the row sum), which [`Graph::sdpa_backward`] reads.
+    #[must_use]
+    pub fn training(mut self, training: bool) -> Self {
+        self.training = training;
+        self
+    }
+    /// Dropout on the attention probabilities, as cudnn-frontend's SDPA nodes build it: each
+    /// probability `P[i, j]` is kept with probability `1 − probability` and scaled by
+    /// `1 / (1 − probability)`, or zeroed (`O = (P ⊙ mask / (1 − p)) · V`).
+    ///
+    /// The mask is drawn by cuDNN's Philox generator from `seed` and `offset`: graph inputs of
+    /// [`Graph::rng_input`] (one `i64` each on the device, bound with
+    /// [`Args::input_i64`](super::Args::input_i64)), so a new step needs new values, not a new
+    /// graph. The same seed and offset give the same mask for the same shape: the backward graph
+    /// ([`Graph::sdpa_backward`] with the same options and the same seed and offset values)
+    /// regenerates the forward's mask instead of storing it. Training loops change the seed or
+    /// advance the offset each step, as PyTorch advances its Philox offset.
+    ///
+    /// `probability` is finite with `0 ≤ probability < 1` (checked by [`Graph::sdpa`] and
+    /// [`Graph::sdpa_backward`]). With 0 the mask is drawn all ones (Bernoulli probability 1) and
+    /// the result is that of attention without dropout; seed and offset are still read.
+    ///
+    /// ```no_run
+    /// use cudnn_safe::graph::{Args, Graph, PlanFilter, SdpaOptions};
+    /// use cudnn_safe::{cuda_context, Cudnn, DType, Workspace};
+    /// # fn main() -> cudnn_safe::Result<()> {
+    /// let ctx = cuda_context(0)?;
+    /// let stream = ctx.default_stream();
+    /// let cudnn = Cudnn::new(stream.clone())?;
+    /// let dims = [2i64, 8, 512, 64];
+    /// let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
+    /// let q = g.tensor_nchw("q", &dims, DType::F16)?;
+    /// let k = g.tensor_nchw("k", &dims, DType::F16)?;
+    /// let v = g.tensor_nchw("v", &dims, DType::F16)?;
+    /// let seed = g.rng_input("seed");
+    /// let offset = g.rng_input("offset");
+    /// let opts = SdpaOptions::new()
+    ///     .causal(true)
+    ///     .training(true)
+    ///     .dropout(0.1, seed, offset);
+    /// let out = g.sdpa(q, k, v, &opts)?;
+    /// let stats = out.stats.expect("training");
+    /// let og = g.build(&cudnn)?;
+    /// let plan = og.plans(&cudnn, &PlanFilter::default())?.plans.remove(0);
+    ///
+    /// let qb = stream.alloc_zeros::<half::f16>(og.span(q)?).unwrap();
+    /// let kb = stream.alloc_zeros::<half::f16>(og.span(k)?).unwrap();
+    /// let vb = stream.alloc_zeros::<half::f16>(og.span(v)?).unwrap();
+    /// let mut ob = stream.alloc_zeros::<half::f16>(og.span(out.o)?).unwrap();
+    /// let mut sb = stream.alloc_zeros::<f32>(og.span(stats)?).unwrap();
+    /// let seed_buf = stream.clone_htod(&[1234i64]).unwrap();
+    /// let mut ws = Workspace::new(stream.clone());
+    /// for step in 0..3i64 {
+    ///     // A new mask per step; the backward graph reads the same values to get it again.
+    ///     let offset_buf = stream.clone_htod(&[step]).unwrap();
+    ///     let mut args = Args::new(&cudnn);
+    ///     args.input(q, &qb)?.input(k, &kb)?.input(v, &vb)?;
+    ///     args.input_i64(seed, &seed_buf)?.input_i64(offset, &offset_buf)?;
+    ///     args.output(out.o, &mut ob)?.output(stats, &mut sb)?;
+    ///     cudnn.execute(&plan, &args, &mut ws)?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn dropout(mut self, probability: f64, seed: TensorId, offset: TensorId) -> Self {
+        self.dropout = Some(Dropout {
+            probability,
+            seed,
+            offset,
+        });
+        self
+    }
+    /// Forward only, with [`SdpaOptions::dropout`]: also output the dropout mask
+    /// (cudnn-frontend's `rng_dump`), f32 `[b, h, s_q, s_kv]` packed, 1 where a probability is
+    /// kept and 0 where it is dropped, for checking results. [`Graph::sdpa_backward`] ignores it.
+    #[must_use]
+    pub fn dump_dropout_mask(mut self, dump: bool) -> Self {
+        self.dump_mask = dump;
+        self
+    }
+    /// The dropout probability set with [`SdpaOptions::dropout`], if any.
+    pub fn dropout_probability(&self) -> Option<f64> {
+        self.dropout.map(|d| d.probability)
+    }
+    /// The seed and offset tensors set with [`SdpaOptions::dropout`], if any.
+    pub fn dropout_inputs(&self) -> Option<(TensorId, TensorId)> {
+        self.dropout.map(|d| (d.seed, d.offset))
+    }
+    /// Whether [`Graph::sdpa`] outputs the dropout mask.
+    pub fn dumps_dropout_mask(&self) -> bool {
+        self.dump_mask
+    }
+    /// The scale set with [`SdpaOptions::scale`], if any.
+    pub fn scale_value(&self) -> Option<f64> {
+        self.scale
+    }
+    /// Whether the causal mask is applied.
+    pub fn is_causal(&self) -> bool {
+        self.causal
+    }
+    /// Whether [`Graph::sdpa`] outputs the statistics.
+    pub fn is_training(&self) -> bool {
+        self.training
+    }
+}
+
+/// Outputs of [`Graph::sdpa`], already marked as graph outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SdpaOutputs {
+    /// The attention output `[b, h, s_q, d_v]`, of q's data type, laid out in q's memory order.
+    pub o: TensorId,
+    /// With [`SdpaOptions::training`]: the softmax statistics, f32 `[b, h, s_q, 1]` packed
+    /// (`max_j S[i, j] + ln Σ_j exp(S[i, j] − max)` of the scaled, masked scores).
+    pub stats: Option<TensorId>,
+    /// With [`SdpaOptions::dump_dropout_mask`]: the dropout mask, f32 `[b, h, s_q, s_kv]`
+    /// packed (1 kept, 0 dropped).
+    pub dropout_mask: Option<TensorId>,
+}
+
+/// Outputs of [`Graph::sdpa_backward`], already marked as graph outputs.
+///
+/// Besides the gradients, the pattern writes two f32 scratch tensors the caller binds like
+/// outputs (cudnn-frontend places them in its workspace): their contents after execution are
+/// intermediate values, not results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SdpaGrads {
+    /// Gradient with respect to q (q's dimensions, data type and memory order).
+    pub dq: TensorId,
+    /// Gradient with respect to k (k's original `[b, h, s_kv, d]` dimensions and memory order).
+    pub dk: TensorId,
+    /// Gradient with respect to v (v's original dimensions and memory order).
+    pub dv: TensorId,
+    /// Scratch: `Σ_d dO·O` per row, f32 `[b, h, s_q, 1]` packed.
+    pub softmax_sum: TensorId,
+    /// Scratch: dQ accumulated in f32, `[b, h, s_q, d]` packed.
+    pub dq_accum: TensorId,
+}
+
+/// Largest head dimension accepted (what cuDNN 9's flash-attention engines document for
+/// Hopper-class GPUs with f16 / bf16).
+const MAX_HEAD_DIM: i64 = 128;
+
+impl Graph {
+    /// Whether tensor `i` is the result of a comparison (boolean for cuDNN) or of a
+    /// [`PointwiseMode::GenIndex`] (32-bit integers): such tensors stay virtual.
+    pub(crate) fn index_or_boolean(&self, i: usize) -> bool {
+        self.tensors[i].producer.is_some_and(|p| {
+            matches!(self.ops[p], Op::Pointwise { mode, y, .. }
+                if y == i && (mode.is_comparison() || matches!(mode, PointwiseMode::GenIndex { .. })))
+        })
+    }
+
+    /// Per tensor: whether cuDNN is told it holds booleans (the outputs of comparisons).
+    pub(crate) fn boolean_tensors(&self) -> Vec<bool> {
+        let mut b = vec![false; self.tensors.len()];
+        for op in &self.ops {
+            if let Op::Pointwise { mode, y, .. } = *op {
+                if mode.is_comparison() {
+                    b[y] = true;
+                }
+            }
+        }
+        b
+    }
+
+    /// Whether tensor `i` is the (boolean) result of a comparison.
+    fn is_boolean(&self, i: usize) -> bool {
+        self.tensors[i].producer.is_some_and(|p| {
+            matches!(self.ops[p], Op::Pointwise { mode, y, .. } if y == i && mode.is_comparison())
+        })
+    }
+
+    /// Binary select (`CUDNN_POINTWISE_BINARY_SELECT`): `y = cond ? x : b` element-wise, where
+    /// `cond` is the result of a comparison ([`PointwiseMode::CmpGe`], ...) with x's
+    /// dimensions, and `b` a tensor of x's rank (each dimension equal to x's or 1) or a
+    /// [`Graph::scalar`]. y has x's dimensions and memory order.
+    ///
+    /// cudnn-frontend's attention masks are built this way: `select(scores, −∞, row ≥ col)`.
+    #[doc(alias = "CUDNN_POINTWISE_BINARY_SELECT")]
+    pub fn select(&mut self, x: TensorId, b: TensorId, cond: TensorId) -> Result<TensorId> {
+        const OP: &str = "binary select";
+        let (xi, bi, ci) = (self.index(x)?, self.index(b)?, self.index(cond)?);
+        let (xt, bt, ct) = (&self.tensors[xi], &self.tensors[bi], &self.tensors[ci]);
+        if xt.scalar.is_some() {
+            return Err(Error::invalid(
+                "binary select operand",
+                "x is a tensor (only b may be a by-value scalar)",
+                format!("scalar `{}`", xt.name),
+            ));
+        }
+        if !self.is_boolean(ci) {
+            return Err(Error::invalid(
+                "binary select condition",
+                "the result of a comparison (CmpEq, CmpGe, ...)",
+                format!("`{}`", ct.name),
+            ));
+        }
+        if ct.dims != xt.dims {
+            return Err(Error::ShapeMismatch {
+                a: xt.name,
+                a_dims: xt.dims.clone(),
+                b: ct.name,
+                b_dims: ct.dims.clone(),
+                rule: "the select condition has x's dimensions",
+            });
+        }
+        let r = xt.dims.len();
+        if bt.scalar.is_none() {
+            let ok = bt.dims.len() == r
+                && bt
+                    .dims
+                    .iter()
+                    .zip(&xt.dims)
+                    .all(|(&p, &q)| p == q || p == 1);
+            if !ok {
+                return Err(Error::ShapeMismatch {
+                    a: xt.name,
+                    a_dims: xt.dims.clone(),
+                    b: bt.name,
+                    b_dims: bt.dims.clone(),
+                    rule: "b has x's rank, each dimension equal to x's or 1",
+                });
+            }
+        }
+        let dims = xt.dims.clone();
+        let order = stride_order(&xt.strides);
+        let xi = self.operand(x, None, OP)?;
+        let bi = self.operand(b, Some(r), OP)?;
+        let ci = self.operand(cond, None, OP)?;
+        let y = self.output("select.y", dims, &order, self.ops.len())?;
+        self.ops.push(Op::Select {
+            x: xi,
+            b: bi,
+            cond: ci,
+            y: y.index,
+        });
+        Ok(y)
+    }
+
+    /// A transposed view (`CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR`): y is x with its last
+    /// two dimensions and strides swapped (the same elements, no data movement), virtual, of
+    /// x's data type. x has rank ≥ 3 and is not a scalar.
+    ///
+    /// cudnn-frontend's attention backward reads `Pᵀ`, `dSᵀ` and `K` (from `Kᵀ`) so.
+    #[doc(alias = "CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR")]
+    pub fn transpose(&mut self, x: TensorId) -> Result<TensorId> {
+        const OP: &str = "transpose";
+        let xi = self.index(x)?;
+        let xt = &self.tensors[xi];
+        let r = xt.dims.len();
+        if r < 3 || xt.scalar.is_some() {
+            return Err(Error::invalid(
+                "transpose operand",
+                "a tensor of rank ≥ 3",
+                format!("`{}` with dims {:?}", xt.name, xt.dims),
+            ));
+        }
+        let (mut dims, mut strides) = (xt.dims.clone(), xt.strides.clone());
+        dims.swap(r - 2, r - 1);
+        strides.swap(r - 2, r - 1);
+        let dtype = xt.dtype;
+        let xi = self.operand(x, None, OP)?;
+        let op = self.ops.len();
+        let y = self.push(TensorInfo {
+            name: "transpose.y",
+            dims,
+            strides,
+            dtype,
+            is_virtual: true,
+            scalar: None,
+            producer: Some(op),
+            consumed: false,
+        });
+        self.ops.push(Op::Transpose { x: xi, y: y.index });
+        Ok(y)
+    }
+
+    /// The top-left causal mask of cudnn-frontend (`sliding_window_mask` with right bound 0,
+    /// composite `DiagonalBandMask` node): `select(s, −∞, row ≥ col)` with the row and column
+    /// indices generated along axes 2 and 3.
+    fn causal_mask(&mut self, s: TensorId) -> Result<TensorId> {
+        let row = self.pointwise(PointwiseMode::GenIndex { axis: 2 }, s, None)?;
+        self.set_name(row, "sdpa.row_index")?;
+        let col = self.pointwise(PointwiseMode::GenIndex { axis: 3 }, s, None)?;
+        self.set_name(col, "sdpa.col_index")?;
+        let keep = self.pointwise(PointwiseMode::CmpGe, row, Some(col))?;
+        self.set_name(keep, "sdpa.causal_keep")?;
+        let ninf = self.scalar("sdpa.neg_inf", f64::NEG_INFINITY, DType::F32)?;
+        let y = self.select(s, ninf, keep)?;
+        self.set_name(y, "sdpa.masked_scores")?;
+        Ok(y)
+    }
+
+    /// Checks one attention operand: a graph input of rank 4, f16 or bf16, with a unit stride
+    /// along the head dimension; returns its dims.
+    fn sdpa_operand(&self, op: &'static str, i: usize, dtype: DType) -> Result<Vec<i64>> {
+        let t = &self.tensors[i];
+        if t.scalar.is_some() || t.producer.is_some() || t.dims.len() != 4 {
+            return Err(Error::invalid(
+                "attention operand",
+                format!("{op}: a graph input tensor of rank 4 ([b, h, s, d])"),
+                format!("`{}` with dims {:?}", t.name, t.dims),
+            ));
+        }
+        if !matches!(t.dtype, DType::F16 | DType::BF16) || t.dtype != dtype {
+            return Err(Error::UnsupportedDataType {
+                op,
+                detail: format!(
+                    "`{}` is {} (q, k, v, o and dO are all f16 or all bf16; q is {dtype})",
+                    t.name, t.dtype
+                ),
+            });
+        }
+        if t.strides[3] != 1 {
+            return Err(Error::invalid(
+                "attention operand layout",
+                format!("{op}: stride 1 along the head dimension (the last)"),
+                format!("`{}` with strides {:?}", t.name, t.strides),
+            ));
+        }
+        Ok(t.dims.clone())
+    }
+
+    /// `t` must have dimensions `want`.
+    fn sdpa_dims(&self, a: usize, b: usize, want: &[i64], rule: &'static str) -> Result<()> {
+        let (at, bt) = (&self.tensors[a], &self.tensors[b]);
+        if bt.dims != want {
+            return Err(Error::ShapeMismatch {
+                a: at.name,
+                a_dims: at.dims.clone(),
+                b: bt.name,
+                b_dims: bt.dims.clone(),
+                rule,
+            });
+        }
+        Ok(())
+    }
+
+    /// The head dimension `d` of tensor `i` is at most 128 and a multiple of 8.
+    fn sdpa_head_dim(&self, op: &'static str, i: usize) -> Result<()> {
+        let t = &self.tensors[i];
+        let d = t.dims[3];
+        if d > MAX_HEAD_DIM || d % 8 != 0 {
+            return Err(Error::invalid(
+                "attention head dimension",
+                format!("{op}: d ≤ {MAX_HEAD_DIM} and a multiple of 8"),
+                format!("`{}` with dims {:?}", t.name, t.dims),
+            ));
+        }
+        Ok(())
+    }
+
+    /// f32 intermediate and compute types, as cudnn-frontend's SDPA requires.
+    fn sdpa_types(&self, op: &'static str) -> Result<()> {
+        if self.intermediate != DType::F32 || self.compute != DType::F32 {
+            return Err(Error::UnsupportedDataType {
+                op,
+                detail: format!(
+                    "graph intermediate {} and compute {} (attention needs f32 for both)",
+                    self.intermediate, self.compute
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// `t` (k or v) is re-described as its transposed view `[b, h, d, s]`; it must not be read
+    /// by any operation yet (they would see the new description).
+    fn sdpa_check_unread(&self, op: &'static str, i: usize) -> Result<()> {
+        let t = &self.tensors[i];
+        if t.consumed {
+            return Err(Error::invalid(
+                "attention operand",
+                format!(
+                    "{op}: k (and v for the backward pass) read by no other operation \
+                     (the graph describes it transposed)"
+                ),
+                format!("`{}` is already read by an operation", t.name),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Tensor `i` (k or v, re-described transposed) is none of `others`: one tensor cannot be
+    /// both Kᵀ and Q (bind one buffer to two tensors to attend a sequence to itself).
+    fn sdpa_distinct(&self, op: &'static str, i: usize, others: &[usize]) -> Result<()> {
+        if others.contains(&i) {
+            return Err(Error::invalid(
+                "attention operand",
+                format!(
+                    "{op}: k (and v for the backward pass) a tensor of its own, not also another \
+                     operand (create one tensor per operand; they may be bound to one buffer)"
+                ),
+                format!("`{}` passed twice", self.tensors[i].name),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Swaps the last two dims and strides of an input (same buffer, same span).
+    fn sdpa_transpose_input(&mut self, i: usize) {
+        let t = &mut self.tensors[i];
+        t.dims.swap(2, 3);
+        t.strides.swap(2, 3);
+    }
+
+    /// Strides for `dims` packed in the memory order of tensor `like`.
+    fn sdpa_strides_like(&self, dims: &[i64], like: &[i64]) -> Result<Vec<i64>> {
+        strides_in_order(dims, &stride_order(like))
+    }
+
+    /// Checks the dropout of `opts` (probability, seed and offset tensors) and the mask's
+    /// dimensions `[b, h, s_q, s_kv]`, before the graph is changed.
+    fn sdpa_dropout(
+        &self,
+        op: &'static str,
+        opts: &SdpaOptions,
+        mask_dims: &[i64; 4],
+    ) -> Result<Option<Dropout>> {
+        let Some(d) = opts.dropout else {
+            return Ok(None);
+        };
+        let p = d.probability;
+        if !(p.is_finite() && (0.0..1.0).contains(&p)) {
+            return Err(Error::invalid(
+                "attention dropout probability",
+                format!("{op}: a finite probability with 0 ≤ p < 1"),
+                format!("{p}"),
+            ));
+        }
+        for (what, t) in [("seed", d.seed), ("offset", d.offset)] {
+            let i = self.index(t)?;
+            let t = &self.tensors[i];
+            if t.dtype != DType::I64 {
+                return Err(Error::UnsupportedDataType {
+                    op,
+                    detail: format!(
+                        "dropout {what} `{}` is {} (an i64 tensor of Graph::rng_input)",
+                        t.name, t.dtype
+                    ),
+                });
+            }
+            if t.scalar.is_some()
+                || t.producer.is_some()
+                || t.dims != [1, 1, 1, 1]
+                || t.strides != [1, 1, 1, 1]
+            {
+                return Err(Error::invalid(
+                    "attention dropout input",
+                    format!("{op}: the dropout {what} is a graph input of Graph::rng_input"),
+                    format!("`{}` with dims {:?}", t.name, t.dims),
+                ));
+            }
+        }
+        // A dumped mask is a real tensor: it must fit cuDNN's 32-bit addressing. Undumped it
+        // stays virtual (never in memory), like the scores, and may pass 2^31 elements.
+        let packed = strides_in_order(mask_dims, &[0, 1, 2, 3])?;
+        if opts.dump_mask {
+            Layout::strided(mask_dims, &packed)?;
+        }
+        Ok(Some(d))
+    }
+
+    /// The dropout mask `[b, h, s_q, s_kv]` (packed row-major, as cudnn-frontend sets it): a
+    /// Bernoulli draw with probability `1 − p` from the seed and offset.
+    fn sdpa_rng(&mut self, op: &'static str, d: &Dropout, dims: [i64; 4]) -> Result<TensorId> {
+        let seed = self.operand(d.seed, None, op)?;
+        let offset = self.operand(d.offset, None, op)?;
+        let strides = strides_in_order(&dims, &[0, 1, 2, 3])?;
+        let y = self.push(TensorInfo {
+            name: "sdpa.dropout_mask",
+            dims: dims.to_vec(),
+            strides,
+            dtype: self.intermediate,
+            is_virtual: true,
+            scalar: None,
+            producer: Some(self.ops.len()),
+            consumed: false,
+        });
+        self.ops.push(Op::Rng(RngOp {
+            seed,
+            offset,
+            y: y.index,
+            probability: 1.0 - d.probability,
+        }));
+        Ok(y)
+    }
+
+    /// A graph input holding one 64-bit integer (`CUDNN_DATA_INT64`, dimensions and strides
+    /// `[1, 1, 1, 1]`): the seed or the offset of an attention dropout mask
+    /// ([`SdpaOptions::dropout`]). Bind a device buffer of at least one `i64` to it with
+    /// [`Args::input_i64`](super::Args::input_i64); the value is read from the device at each
+    /// execution, so a new seed or offset needs neither a new graph nor a new plan.
+    ///
+    /// cudnn-frontend's Python tests and PyTorch pass seed and offset so (INT64 device tensors
+    /// `[1, 1, 1, 1]`).
+    #[doc(alias = "CUDNN_ATTR_OPERATION_RNG_SEED")]
+    #[doc(alias = "CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC")]
+    pub fn rng_input(&mut self, name: &'static str) -> TensorId {
+        self.push(TensorInfo {
+            name,
+            dims: vec![1; 4],
+            strides: vec![1; 4],
+            dtype: DType::I64,
+            is_virtual: false,
+            scalar: None,
+            producer: None,
+            consumed: false,
+        })
+    }
+}
+
+/// The Bernoulli random mask of attention dropout (`CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR`
+/// with a `CUDNN_BACKEND_RNG_DESCRIPTOR`, built as cudnn-frontend's `RngNode` does): `y[i]` is 1
+/// with probability `probability`, else 0, from the Philox generator seeded by the `seed` and
+/// `offset` tensors (INT64 device tensors `[1, 1, 1, 1]`).
+#[derive(Debug, Clone)]
+pub(crate) struct RngOp {
+    seed: usize,
+    offset: usize,
+    y: usize,
+    /// The probability of a 1 (`1 − p` for dropout probability `p`).
+    probability: f64,
+}
+
+// SAFETY: `CUDNN_TYPE_RNG_DISTRIBUTION` elements are the C enum `cudnnRngDistribution_t`, whose
+// Rust binding is a `#[repr(transparent)]` newtype of `c_uint` (4 bytes, any value valid); it is
+// only ever set, never read back.
+unsafe impl AttrElem for sys::cudnnRngDistribution_t {
+    const TYPE: sys::cudnnBackendAttributeType_t =
+        sys::cudnnBackendAttributeType_t::CUDNN_TYPE_RNG_DISTRIBUTION;
+}
+
+impl RngOp {
+    pub(crate) fn reads(&self) -> Vec<usize> {
+        vec![self.seed, self.offset]
+    }
+
+    pub(crate) fn name(&self) -> &'static str {
+        "rng (Bernoulli)"
+    }
+
+    pub(crate) fn signature(&self) -> String {
+        format!(
+            "rng({},{},{},p{:x});",
+            self.seed,
+            self.offset,
+            self.y,
+            self.probability.to_bits()
+        )
+    }
+
+    /// The operation descriptor and the RNG descriptor it refers to (kept alive beside it).
+    pub(crate) fn descs(&self, lib: &'static Library, t: &[Desc]) -> Result<(Desc, Option<Desc>)> {
+        let mut r = Desc::new(lib, kind!(CUDNN_BACKEND_RNG_DESCRIPTOR))?;
+        r.set1(
+            attr!(CUDNN_ATTR_RNG_DISTRIBUTION),
+            sys::cudnnRngDistribution_t::CUDNN_RNG_DISTRIBUTION_BERNOULLI,
+        )?;
+        r.set1(
+            attr!(CUDNN_ATTR_RNG_BERNOULLI_DIST_PROBABILITY),
+            self.probability,
+        )?;
+        r.finalize()?;
+        let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR))?;
+        o.set_descs(attr!(CUDNN_ATTR_OPERATION_RNG_YDESC), &[&t[self.y]])?;
+        o.set_descs(attr!(CUDNN_ATTR_OPERATION_RNG_DESC), &[&r])?;
+        // Seed and offset as tensors (not the by-value INT64 seed attribute): the device values
+        // change per step without rebuilding, as cudnn-frontend's SDPA nodes pass them.
+        o.set_descs(attr!(CUDNN_ATTR_OPERATION_RNG_SEED), &[&t[self.seed]])?;
+        o.set_descs(
+            attr!(CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC),
+            &[&t[self.offset]],
+        )?;
+        o.finalize()?;
+        Ok((o, Some(r)))
+    }
+}
+
+impl Graph {
+    /// Scaled dot-product attention forward, `O = softmax(scale · Q·Kᵀ + mask) · V`, as the
+    /// pattern of operations cuDNN's fused flash-attention engines run (the composite pattern of
+    /// cudnn-frontend's `CompositeSDPANode`):
+    ///
+    /// 1. `S = matmul(Q, Kᵀ)` (f32 `[b, h, s_q, s_kv]`), `S = S · scale` (by-value f32 scalar);
+    /// 2. causal: `row = GEN_INDEX(S, axis 2)`, `col = GEN_INDEX(S, axis 3)` (INT32),
+    ///    `keep = CMP_GE(row, col)` (BOOLEAN), `S = BINARY_SELECT(S, −∞, keep)`;
+    /// 3. softmax: `m = reduce_max(S)` `[b, h, s_q, 1]`, `E = exp(S − m)`, `l = reduce_add(E)`,
+    ///    `Stats = m + ln l` (an f32 output in training, virtual otherwise, as cudnn-frontend
+    ///    builds it), `P = E / l` (declared of q's data type, as cudnn-frontend declares the
+    ///    first operand of the second matmul);
+    /// 4. with [`SdpaOptions::dropout`] (probability `p`): `mask = RNG(seed, offset)` (Bernoulli
+    ///    with probability `1 − p`, f32 `[b, h, s_q, s_kv]`, an output with
+    ///    [`SdpaOptions::dump_dropout_mask`]), `P = P · mask · (1 / (1 − p))` (a by-value f32
+    ///    scalar), declared of q's data type instead;
+    /// 5. `O = matmul(P, V)`.
+    ///
+    /// q is `[b, h, s_q, d]`, k `[b, h, s_kv, d]`, v `[b, h, s_kv, d_v]`: graph inputs, all f16
+    /// or all bf16, with unit stride along the head dimension (any other strides, e.g. the
+    /// interleaved `[b, s, h, d]` memory order cudnn-frontend's samples use:
+    /// strides `[s·h·d, d, h·d, 1]`). `d` and `d_v` are at most 128 and multiples of 8. The
+    /// graph's intermediate and compute types must be f32.
+    ///
+    /// Kᵀ is how cuDNN reads k: the graph re-describes `k` as its transposed view
+    /// `[b, h, d, s_kv]` (the same buffer and span; [`Graph::dims`] reports the new dimensions),
+    /// so k must not be read by another operation.
+    ///
+    /// O is marked as an output of q's data type laid out in q's memory order; Stats (training)
+    /// and the dropout mask (when dumped) as f32 outputs. The dropout probability, seed and
+    /// offset are checked here (see [`SdpaOptions::dropout`]).
+    ///
+    /// ```no_run
+    /// use cudnn_safe::graph::{Args, Graph, PlanFilter, SdpaOptions};
+    /// use cudnn_safe::{cuda_context, Cudnn, DType, Workspace};
+    /// # fn main() -> cudnn_safe::Result<()> {
+    /// let ctx = cuda_context(0)?;
+    /// let stream = ctx.default_stream();
+    /// let cudnn = Cudnn::new(stream.clone())?;
+    /// let (b, h, s, d) = (2i64, 8i64, 1024i64, 64i64);
+    /// // [b, h, s, d] tensors stored as [b, s, h, d].
+    /// let strides = [s * h * d, d, h * d, 1];
+    /// let mut g = Graph::new(DType::BF16, DType::F32, DType::F32);
+    /// let q = g.tensor("q", &[b, h, s, d], &strides, DType::BF16)?;
+    /// let k = g.tensor("k", &[b, h, s, d], &strides, DType::BF16)?;
+    /// let v = g.tensor("v", &[b, h, s, d], &strides, DType::BF16)?;
+    /// let out = g.sdpa(q, k, v, &SdpaOptions::new().causal(true).training(true))?;
+    /// let stats = out.stats.expect("training");
+    /// let og = g.build(&cudnn)?;
+    /// let plan = og.plans(&cudnn, &PlanFilter::default())?.plans.remove(0);
+    ///
+    /// let qb = stream.alloc_zeros::<half::bf16>(og.span(q)?).unwrap();
+    /// let kb = stream.alloc_zeros::<half::bf16>(og.span(k)?).unwrap();
+    /// let vb = stream.alloc_zeros::<half::bf16>(og.span(v)?).unwrap();
+    /// let mut ob = stream.alloc_zeros::<half::bf16>(og.span(out.o)?).unwrap();
+    /// let mut sb = stream.alloc_zeros::<f32>(og.span(stats)?).unwrap();
+    /// let mut ws = Workspace::new(stream.clone());
+    /// let mut args = Args::new(&cudnn);
+    /// args.input(q, &qb)?.input(k, &kb)?.input(v, &vb)?;
+    /// args.output(out.o, &mut ob)?.output(stats, &mut sb)?;
+    /// cudnn.execute(&plan, &args, &mut ws)?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "scaled_dot_product_attention")]
+    #[doc(alias = "flash_attention")]
+    #[doc(alias = "CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR")]
+    #[doc(alias = "CUDNN_POINTWISE_GEN_INDEX")]
+    pub fn sdpa(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        opts: &SdpaOptions,
+    ) -> Result<SdpaOutputs> {
+        const OP: &str = "scaled dot-product attention";
+        let (qi, ki, vi) = (self.index(q)?, self.index(k)?, self.index(v)?);
+        self.sdpa_types(OP)?;
+        let dtype = self.tensors[qi].dtype;
+        let qd = self.sdpa_operand(OP, qi, dtype)?;
+        let kd = self.sdpa_operand(OP, ki, dtype)?;
+        let vd = self.sdpa_operand(OP, vi, dtype)?;
+        let (b, h, s_q, d) = (qd[0], qd[1], qd[2], qd[3]);
+        let s_kv = kd[2];
+        self.sdpa_dims(
+            qi,
+            ki,
+            &[b, h, s_kv, d],
+            "k is [b, h, s_kv, d] for q [b, h, s_q, d]",
+        )?;
+        let d_v = vd[3];
+        self.sdpa_dims(
+            ki,
+            vi,
+            &[b, h, s_kv, d_v],
+            "v is [b, h, s_kv, d_v] for k [b, h, s_kv, d]",
+        )?;
+        self.sdpa_head_dim(OP, qi)?;
+        self.sdpa_head_dim(OP, vi)?;
+        self.sdpa_check_unread(OP, ki)?;
+        self.sdpa_distinct(OP, ki, &[qi, vi])?;
+        let scale = sdpa_scale(opts, d)?;
+        let o_strides = self.sdpa_strides_like(&[b, h, s_q, d_v], &self.tensors[qi].strides)?;
+        Layout::strided(&[b, h, s_q, d_v], &o_strides)?;
+        let dropout = self.sdpa_dropout(OP, opts, &[b, h, s_q, s_kv])?;
+        if opts.dump_mask && dropout.is_none() {
+            return Err(Error::invalid(
+                "attention dropout mask output",
+                format!("{OP}: dump_dropout_mask together with dropout"),
+                "no dropout set",
+            ));
+        }
+
+        self.sdpa_transpose_input(ki);
+        let s = self.matmul(q, k)?;
+        self.set_name(s, "sdpa.scores")?;
+        let sc = self.scalar("sdpa.attn_scale", scale, DType::F32)?;
+        let mut s = self.pointwise(PointwiseMode::Mul, s, Some(sc))?;
+        self.set_name(s, "sdpa.scaled_scores")?;
+        if opts.causal {
+            s = self.causal_mask(s)?;
+        }
+        let row = [b, h, s_q, 1];
+        let m = self.reduction(ReduceOp::Max, s, &row)?;
+        self.set_name(m, "sdpa.row_max")?;
+        let sub = self.pointwise(PointwiseMode::Sub, s, Some(m))?;
+        let e = self.pointwise(PointwiseMode::Exp, sub, None)?;
+        self.set_name(e, "sdpa.exp")?;
+        let l = self.reduction(ReduceOp::Add, e, &row)?;
+        self.set_name(l, "sdpa.row_sum")?;
+        // cudnn-frontend's flash-attention softmax always computes the statistics ("As this is
+        // flash attention": `has_stats(true)` in v1.14, a virtual Stats tensor for inference),
+        // so the engines see the same pattern in both phases.
+        let ln = self.pointwise(PointwiseMode::Log, l, None)?;
+        let st = self.pointwise(PointwiseMode::Add, m, Some(ln))?;
+        self.set_name(st, "sdpa.stats")?;
+        let stats = if opts.training {
+            self.mark_output_as(st, DType::F32)?;
+            Some(st)
+        } else {
+            // A virtual result nothing reads: allowed here, as cudnn-frontend leaves it.
+            self.tensors[st.index].consumed = true;
+            None
+        };
+        let mut p = self.pointwise(PointwiseMode::Div, e, Some(l))?;
+        self.set_name(p, "sdpa.probabilities")?;
+        let mut dropout_mask = None;
+        if let Some(dr) = dropout {
+            // cudnn-frontend: rng (Bernoulli 1 − p), "dropout_mask_mul", then "dropout_scale"
+            // (a by-value f32 1/(1 − p)).
+            let mask = self.sdpa_rng(OP, &dr, [b, h, s_q, s_kv])?;
+            let kept = self.pointwise(PointwiseMode::Mul, p, Some(mask))?;
+            self.set_name(kept, "sdpa.dropped_probabilities")?;
+            let ds = self.scalar(
+                "sdpa.dropout_scale",
+                1.0 / (1.0 - dr.probability),
+                DType::F32,
+            )?;
+            p = self.pointwise(PointwiseMode::Mul, kept, Some(ds))?;
+            self.set_name(p, "sdpa.dropout_probabilities")?;
+            if opts.dump_mask {
+                self.mark_output_as(mask, DType::F32)?;
+                dropout_mask = Some(mask);
+            }
+        }
+        // cudnn-frontend: "Requirement by cudnn backend to take in bmm2 aType as i/o type."
+        self.tensors[p.index].dtype = dtype;
+        let o = self.matmul(p, v)?;
+        self.set_name(o, "sdpa.o")?;
+        self.mark_output_strided(o, dtype, &o_strides)?;
+        Ok(SdpaOutputs {
+            o,
+            stats,
+            dropout_mask,
+        })
+    }
+}
+
+/// The attention scale: the option's (finite) or `1/√d`.
+fn sdpa_scale(opts: &SdpaOptions, d: i64) -> Result<f64> {
+    match opts.scale {
+        Some(s) if !s.is_finite() => Err(Error::invalid(
+            "attention scale",
+            "a finite value",
+            format!("{s}"),
+        )),
+        Some(s) => Ok(s),
+        None => Ok(1.0 / (d as f64).sqrt()),
+    }
+}
+
+impl Graph {
+    /// Scaled dot-product attention backward: dQ, dK and dV from q, k, v, the forward output
+    /// `o`, its gradient `d_o` and the forward statistics `stats` (of [`Graph::sdpa`] with
+    /// [`SdpaOptions::training`]), with the same options (scale, causal) as the forward pass.
+    /// The pattern is cudnn-frontend's `CompositeSDPABackwardNode` (cuDNN ≥ 9.6, no dP
+    /// workspace):
+    ///
+    /// 0. with [`SdpaOptions::dropout`] (probability `p`): `mask = RNG(seed, offset)` as in
+    ///    [`Graph::sdpa`]: with the same seed and offset values it is the forward's mask;
+    /// 1. `softmax_sum = reduce_add(dO · O) · c` with `c = 1` (`1 − p` with dropout) (f32
+    ///    `[b, h, s_q, 1]`, a real tensor);
+    /// 2. `S = matmul(Q, Kᵀ) · scale − Stats`, causal mask as in [`Graph::sdpa`], `E = exp(S)`
+    ///    (the recomputed probabilities);
+    /// 3. `dV = matmul(Pᵀ, dO)` with `P = E` (`P = E · mask · (1 / (1 − p))` with dropout; `Pᵀ`
+    ///    a transposed view declared of q's type);
+    /// 4. `dP = matmul(dO, Vᵀ)` (`· mask` with dropout), `dS = (dP − softmax_sum) · E · scale`
+    ///    (`· (1 / (1 − p))` before `scale` with dropout);
+    /// 5. `dK = matmul(dSᵀ, Q)` (`dSᵀ` a transposed view of q's type);
+    /// 6. `dQ_accum = matmul(dS, K)` (K the transposed view of Kᵀ; f32, a real tensor),
+    ///    `dQ = identity(dQ_accum)`.
+    ///
+    /// Shapes and data types as in [`Graph::sdpa`]; `o` and `d_o` are `[b, h, s_q, d_v]` of q's
+    /// type, `stats` f32 `[b, h, s_q, 1]`. Dropout (probability, seed and offset) is checked as
+    /// in [`Graph::sdpa`]; [`SdpaOptions::dump_dropout_mask`] is ignored here. k and v are re-described as their transposed views
+    /// `Kᵀ`, `Vᵀ` (so neither may be read by another operation). dQ, dK and dV are outputs of q's
+    /// type, in the memory order of q, k and v; [`SdpaGrads`] also names the two f32 scratch
+    /// tensors the caller binds.
+    #[doc(alias = "scaled_dot_product_attention_backward")]
+    #[doc(alias = "flash_attention_backward")]
+    #[allow(clippy::too_many_arguments)]
+    pub fn sdpa_backward(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        o: TensorId,
+        d_o: TensorId,
+        stats: TensorId,
+        opts: &SdpaOptions,
+    ) -> Result<SdpaGrads> {
+        const OP: &str = "scaled dot-product attention backward";
+        let (qi, ki, vi) = (self.index(q)?, self.index(k)?, self.index(v)?);
+        let (oi, doi, si) = (self.index(o)?, self.index(d_o)?, self.index(stats)?);
+        self.sdpa_types(OP)?;
+        let dtype = self.tensors[qi].dtype;
+        let qd = self.sdpa_operand(OP, qi, dtype)?;
+        let kd = self.sdpa_operand(OP, ki, dtype)?;
+        let vd = self.sdpa_operand(OP, vi, dtype)?;
+        self.sdpa_operand(OP, oi, dtype)?;
+        self.sdpa_operand(OP, doi, dtype)?;
+        let (b, h, s_q, d) = (qd[0], qd[1], qd[2], qd[3]);
+        let s_kv = kd[2];
+        let d_v = vd[3];
+        self.sdpa_dims(
+            qi,
+            ki,
+            &[b, h, s_kv, d],
+            "k is [b, h, s_kv, d] for q [b, h, s_q, d]",
+        )?;
+        self.sdpa_dims(
+            ki,
+            vi,
+            &[b, h, s_kv, d_v],
+            "v is [b, h, s_kv, d_v] for k [b, h, s_kv, d]",
+        )?;
+        self.sdpa_dims(
+            qi,
+            oi,
+            &[b, h, s_q, d_v],
+            "o is [b, h, s_q, d_v] for q [b, h, s_q, d] and v [b, h, s_kv, d_v]",
+        )?;
+        self.sdpa_dims(oi, doi, &[b, h, s_q, d_v], "dO has o's dimensions")?;
+        let st = &self.tensors[si];
+        if st.scalar.is_some() || st.producer.is_some() || st.dtype != DType::F32 {
+            return Err(Error::UnsupportedDataType {
+                op: OP,
+                detail: format!(
+                    "stats `{}` is {} (an f32 graph input [b, h, s_q, 1])",
+                    st.name, st.dtype
+                ),
+            });
+        }
+        self.sdpa_dims(
+            qi,
+            si,
+            &[b, h, s_q, 1],
+            "stats is [b, h, s_q, 1] for q [b, h, s_q, d]",
+        )?;
+        self.sdpa_head_dim(OP, qi)?;
+        self.sdpa_head_dim(OP, vi)?;
+        self.sdpa_check_unread(OP, ki)?;
+        self.sdpa_check_unread(OP, vi)?;
+        self.sdpa_distinct(OP, ki, &[qi, vi, oi, doi])?;
+        self.sdpa_distinct(OP, vi, &[qi, oi, doi])?;
+        let scale = sdpa_scale(opts, d)?;
+        let dropout = self.sdpa_dropout(OP, opts, &[b, h, s_q, s_kv])?;
+        let dq_strides = self.sdpa_strides_like(&[b, h, s_q, d], &self.tensors[qi].strides)?;
+        let dk_strides = self.sdpa_strides_like(&[b, h, s_kv, d], &self.tensors[ki].strides)?;
+        let dv_strides = self.sdpa_strides_like(&[b, h, s_kv, d_v], &self.tensors[vi].strides)?;
+
+        self.sdpa_transpose_input(ki);
+        self.sdpa_transpose_input(vi);
+        // The same mask as the forward pass (same seed, offset and shape), drawn first as
+        // cudnn-frontend's backward node does.
+        let mask = match dropout {
+            Some(dr) => Some(self.sdpa_rng(OP, &dr, [b, h, s_q, s_kv])?),
+            None => None,
+        };
+        let row = [b, h, s_q, 1];
+        // softmax_sum = Σ_d dO·O (times the inverse dropout scale, 1 without dropout).
+        let dot = self.pointwise(PointwiseMode::Mul, d_o, Some(o))?;
+        let rs = self.reduction(ReduceOp::Add, dot, &row)?;
+        // Packed [b, h, s_q, 1], as cudnn-frontend sets both (not dO's memory order).
+        let row_strides = [h * s_q, s_q, 1, 1];
+        self.tensors[rs.index].strides = row_strides.to_vec();
+        let inv = match dropout {
+            Some(dr) => self.scalar(
+                "sdpa_bwd.dropout_scale_inv",
+                1.0 - dr.probability,
+                DType::F32,
+            )?,
+            None => self.scalar("sdpa_bwd.one", 1.0, DType::F32)?,
+        };
+        let softmax_sum = self.pointwise(PointwiseMode::Mul, rs, Some(inv))?;
+        self.set_name(softmax_sum, "sdpa_bwd.softmax_sum")?;
+        self.mark_output_strided(softmax_sum, DType::F32, &row_strides)?;
+
+        // Recompute the probabilities from the statistics.
+        let s = self.matmul(q, k)?;
+        self.set_name(s, "sdpa_bwd.scores")?;
+        let sc = self.scalar("sdpa_bwd.attn_scale", scale, DType::F32)?;
+        let s = self.pointwise(PointwiseMode::Mul, s, Some(sc))?;
+        let mut s = self.pointwise(PointwiseMode::Sub, s, Some(stats))?;
+        if opts.causal {
+            s = self.causal_mask(s)?;
+        }
+        let e = self.pointwise(PointwiseMode::Exp, s, None)?;
+        self.set_name(e, "sdpa_bwd.probabilities")?;
+
+        // With dropout: P ⊙ mask / (1 − p), the probabilities the forward's second matmul read.
+        let dropout_scale = match dropout {
+            Some(dr) => Some(self.scalar(
+                "sdpa_bwd.dropout_scale",
+                1.0 / (1.0 - dr.probability),
+                DType::F32,
+            )?),
+            None => None,
+        };
+        let mut pd = e;
+        if let (Some(mask), Some(dsc)) = (mask, dropout_scale) {
+            let kept = self.pointwise(PointwiseMode::Mul, e, Some(mask))?;
+            pd = self.pointwise(PointwiseMode::Mul, kept, Some(dsc))?;
+            self.set_name(pd, "sdpa_bwd.dropout_probabilities")?;
+        }
+
+        // dV = Pᵀ·dO
+        let pt = self.transpose(pd)?;
+        self.tensors[pt.index].dtype = dtype;
+        let dv = self.matmul(pt, d_o)?;
+        self.set_name(dv, "sdpa_bwd.dv")?;
+
+        // dS = (dO·Vᵀ − softmax_sum) · P · scale; with dropout
+        // dS = (dO·Vᵀ ⊙ mask − softmax_sum) · P / (1 − p) · scale.
+        let mut dp = self.matmul(d_o, v)?;
+        self.set_name(dp, "sdpa_bwd.dp")?;
+        if let Some(mask) = mask {
+            dp = self.pointwise(PointwiseMode::Mul, dp, Some(mask))?;
+            self.set_name(dp, "sdpa_bwd.dp_dropout")?;
+        }
+        let t = self.pointwise(PointwiseMode::Sub, dp, Some(softmax_sum))?;
+        let mut t = self.pointwise(PointwiseMode::Mul, t, Some(e))?;
+        if let Some(dsc) = dropout_scale {
+            t = self.pointwise(PointwiseMode::Mul, t, Some(dsc))?;
+        }
+        let ds = self.pointwise(PointwiseMode::Mul, t, Some(sc))?;
+        self.set_name(ds, "sdpa_bwd.ds")?;
+
+        // dK = dSᵀ·Q
+        let dst = self.transpose(ds)?;
+        self.tensors[dst.index].dtype = dtype;
+        let dk = self.matmul(dst, q)?;
+        self.set_name(dk, "sdpa_bwd.dk")?;
+
+        // dQ = dS·K, accumulated in f32.
+        let kv = self.transpose(k)?;
+        let dq_accum = self.matmul(ds, kv)?;
+        self.set_name(dq_accum, "sdpa_bwd.dq_accum")?;
+        self.mark_output_as(dq_accum, DType::F32)?;
+        let dq = self.pointwise(PointwiseMode::Identity, dq_accum, None)?;
+        self.set_name(dq, "sdpa_bwd.dq")?;
+
+        self.mark_output_strided(dq, dtype, &dq_strides)?;
+        self.mark_output_strided(dk, dtype, &dk_strides)?;
+        self.mark_output_strided(dv, dtype, &dv_strides)?;
+        Ok(SdpaGrads {
+            dq,
+            dk,
+            dv,
+            softmax_sum,
+            dq_accum,
+        })
+    }
+}

@@ -1,0 +1,1636 @@
+//! Tests of scaled dot-product attention in the graph API ([`Graph::sdpa`],
+//! [`Graph::sdpa_backward`]) and of the graph operations its pattern needs (index generation,
+//! comparisons, binary select, transposed views).
+//!
+//! Host tests build the graphs and let the real cuDNN library finalize every descriptor
+//! (`Graph::check`, no GPU needed), and check the typed rejections. GPU tests compare the
+//! forward output and statistics and the backward gradients with an f64 reference computed from
+//! the inputs as stored (bf16 / f16), on q, k, v laid out `[b, s, h, d]` in memory as
+//! cudnn-frontend's samples do; outputs and scratch buffers are poisoned with NaN first. If the
+//! heuristics offer no plan for a case, the GPU test fails.
+mod common;
+
+use common::*;
+use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
+use cudnn_safe::graph::{
+    Args, Graph, OperationGraph, Plan, PlanFilter, PointwiseMode, SdpaOptions, TensorId,
+};
+use cudnn_safe::half::{bf16, f16};
+use cudnn_safe::{Cudnn, DType, DataType, Error, Workspace};
+use std::sync::Arc;
+
+// ---------------------------------------------------------------------------------------------
+// Shapes, layouts and the f64 reference
+// ---------------------------------------------------------------------------------------------
+
+/// `[b, h, s, d]` stored as `[b, s, h, d]` (cudnn-frontend's samples' interleaved layout).
+fn bshd(dims: [i64; 4]) -> Vec<i64> {
+    let [_, h, s, d] = dims;
+    vec![s * h * d, d, h * d, 1]
+}
+
+/// Attention problem sizes.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    b: usize,
+    h: usize,
+    s_q: usize,
+    s_kv: usize,
+    d: usize,
+}
+
+impl Shape {
+    fn q(&self) -> [i64; 4] {
+        [self.b, self.h, self.s_q, self.d].map(|x| x as i64)
+    }
+    fn kv(&self) -> [i64; 4] {
+        [self.b, self.h, self.s_kv, self.d].map(|x| x as i64)
+    }
+    fn stats(&self) -> [i64; 4] {
+        [self.b, self.h, self.s_q, 1].map(|x| x as i64)
+    }
+}
+
+/// Row-major index of `[b, h, s, d]`.
+fn at(dims: [usize; 4], b: usize, h: usize, s: usize, d: usize) -> usize {
+    ((b * dims[1] + h) * dims[2] + s) * dims[3] + d
+}
+
+/// Forward reference: O (logical row-major `[b, h, s_q, d]`), stats `[b, h, s_q]` and the
+/// probabilities P `[b, h, s_q, s_kv]`.
+struct Forward {
+    o: Vec<f64>,
+    stats: Vec<f64>,
+    p: Vec<f64>,
+}
+
+fn reference_forward(
+    sh: Shape,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    scale: f64,
+    causal: bool,
+) -> Forward {
+    let Shape { b, h, s_q, s_kv, d } = sh;
+    let (qd, kd) = ([b, h, s_q, d], [b, h, s_kv, d]);
+    let mut o = vec![0.0; b * h * s_q * d];
+    let mut stats = vec![0.0; b * h * s_q];
+    let mut p = vec![0.0; b * h * s_q * s_kv];
+    let mut row = vec![0.0; s_kv];
+    for bi in 0..b {
+        for hi in 0..h {
+            for i in 0..s_q {
+                let mut m = f64::NEG_INFINITY;
+                for (j, r) in row.iter_mut().enumerate() {
+                    *r = if causal && j > i {
+                        f64::NEG_INFINITY
+                    } else {
+                        let mut acc = 0.0;
+                        for x in 0..d {
+                            acc += q[at(qd, bi, hi, i, x)] * k[at(kd, bi, hi, j, x)];
+                        }
+                        acc * scale
+                    };
+                    m = m.max(*r);
+                }
+                let sum: f64 = row.iter().map(|&r| (r - m).exp()).sum();
+                stats[(bi * h + hi) * s_q + i] = m + sum.ln();
+                for j in 0..s_kv {
+                    let pij = (row[j] - m).exp() / sum;
+                    p[((bi * h + hi) * s_q + i) * s_kv + j] = pij;
+                    for x in 0..d {
+                        o[at(qd, bi, hi, i, x)] += pij * v[at(kd, bi, hi, j, x)];
+                    }
+                }
+            }
+        }
+    }
+    Forward { o, stats, p }
+}
+
+/// Analytic gradients (dQ, dK, dV, logical row-major) of `sum(O ∘ dO)` given P, with
+/// `D_i = Σ_x dO[i, x]·O[i, x]` from the O the GPU reads.
+fn reference_backward(
+    sh: Shape,
+    [q, k, v]: [&[f64]; 3],
+    o: &[f64],
+    d_o: &[f64],
+    p: &[f64],
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let Shape { b, h, s_q, s_kv, d } = sh;
+    let (qd, kd) = ([b, h, s_q, d], [b, h, s_kv, d]);
+    let mut dq = vec![0.0; q.len()];
+    let mut dk = vec![0.0; k.len()];
+    let mut dv = vec![0.0; v.len()];
+    for bi in 0..b {
+        for hi in 0..h {
+            for i in 0..s_q {
+                let di: f64 = (0..d)
+                    .map(|x| d_o[at(qd, bi, hi, i, x)] * o[at(qd, bi, hi, i, x)])
+                    .sum();
+                for j in 0..s_kv {
+                    let pij = p[((bi * h + hi) * s_q + i) * s_kv + j];
+                    let mut dp = 0.0;
+                    for x in 0..d {
+                        dp += d_o[at(qd, bi, hi, i, x)] * v[at(kd, bi, hi, j, x)];
+                        dv[at(kd, bi, hi, j, x)] += pij * d_o[at(qd, bi, hi, i, x)];
+                    }
+                    let ds = pij * (dp - di) * scale;
+                    for x in 0..d {
+                        dq[at(qd, bi, hi, i, x)] += ds * k[at(kd, bi, hi, j, x)];
+                        dk[at(kd, bi, hi, j, x)] += ds * q[at(qd, bi, hi, i, x)];
+                    }
+                }
+            }
+        }
+    }
+    (dq, dk, dv)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host-only tests
+// ---------------------------------------------------------------------------------------------
+
+/// Whether the cuDNN library loads (host tests that finalize descriptors need it).
+fn have_cudnn() -> bool {
+    let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+    let x = g.tensor_nchw("x", &[1, 1, 1, 4], DType::F32).unwrap();
+    let y = g.pointwise(PointwiseMode::Relu, x, None).unwrap();
+    g.mark_output(y).unwrap();
+    match g.check() {
+        Err(Error::Load(e)) => {
+            if gpu_required() {
+                panic!("cuDNN not loadable: {e}");
+            }
+            eprintln!("skipping: {e}");
+            false
+        }
+        _ => true,
+    }
+}
+
+/// A forward graph on `[b, s, h, d]`-stored inputs.
+fn fwd_graph(
+    dtype: DType,
+    sh: Shape,
+    opts: &SdpaOptions,
+) -> cudnn_safe::Result<(Graph, [TensorId; 3], cudnn_safe::graph::SdpaOutputs)> {
+    let mut g = Graph::new(dtype, DType::F32, DType::F32);
+    let q = g.tensor("q", &sh.q(), &bshd(sh.q()), dtype)?;
+    let k = g.tensor("k", &sh.kv(), &bshd(sh.kv()), dtype)?;
+    let v = g.tensor("v", &sh.kv(), &bshd(sh.kv()), dtype)?;
+    let out = g.sdpa(q, k, v, opts)?;
+    Ok((g, [q, k, v], out))
+}
+
+/// A backward graph: inputs q, k, v, o, dO, stats.
+fn bwd_graph(
+    dtype: DType,
+    sh: Shape,
+    opts: &SdpaOptions,
+) -> cudnn_safe::Result<(Graph, [TensorId; 6], cudnn_safe::graph::SdpaGrads)> {
+    let mut g = Graph::new(dtype, DType::F32, DType::F32);
+    let q = g.tensor("q", &sh.q(), &bshd(sh.q()), dtype)?;
+    let k = g.tensor("k", &sh.kv(), &bshd(sh.kv()), dtype)?;
+    let v = g.tensor("v", &sh.kv(), &bshd(sh.kv()), dtype)?;
+    let o = g.tensor("o", &sh.q(), &bshd(sh.q()), dtype)?;
+    let d_o = g.tensor("dO", &sh.q(), &bshd(sh.q()), dtype)?;
+    let stats = g.tensor_nchw("stats", &sh.stats(), DType::F32)?;
+    let grads = g.sdpa_backward(q, k, v, o, d_o, stats, opts)?;
+    Ok((g, [q, k, v, o, d_o, stats], grads))
+}
+
+const SMALL: Shape = Shape {
+    b: 2,
+    h: 3,
+    s_q: 64,
+    s_kv: 64,
+    d: 64,
+};
+
+#[test]
+fn host_sdpa_forward_shapes_and_finalize() {
+    for dtype in [DType::BF16, DType::F16] {
+        for causal in [false, true] {
+            for training in [false, true] {
+                let sh = Shape { s_kv: 128, ..SMALL };
+                let opts = SdpaOptions::new().causal(causal).training(training);
+                let (g, [_, k, _], out) = fwd_graph(dtype, sh, &opts).unwrap();
+                assert_eq!(g.dims(out.o).unwrap(), &sh.q());
+                // O in q's memory order ([b, s, h, d]).
+                assert_eq!(g.strides(out.o).unwrap(), bshd(sh.q()).as_slice());
+                assert_eq!(g.dtype(out.o).unwrap(), dtype);
+                assert!(!g.is_virtual(out.o).unwrap());
+                // k is described as Kᵀ, same memory.
+                assert_eq!(g.dims(k).unwrap(), &[2, 3, 64, 128]);
+                let ks = bshd(sh.kv());
+                assert_eq!(g.strides(k).unwrap(), &[ks[0], ks[1], ks[3], ks[2]]);
+                match out.stats {
+                    Some(st) => {
+                        assert!(training);
+                        assert_eq!(g.dims(st).unwrap(), &sh.stats());
+                        assert_eq!(g.strides(st).unwrap(), &[3 * 64, 64, 1, 1]);
+                        assert_eq!(g.dtype(st).unwrap(), DType::F32);
+                    }
+                    None => assert!(!training),
+                }
+                if have_cudnn() {
+                    g.check().unwrap_or_else(|e| {
+                        panic!("{dtype} causal={causal} training={training}: {e}")
+                    });
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn host_sdpa_backward_shapes_and_finalize() {
+    for dtype in [DType::BF16, DType::F16] {
+        for causal in [false, true] {
+            let opts = SdpaOptions::new().causal(causal);
+            let (g, _, gr) = bwd_graph(dtype, SMALL, &opts).unwrap();
+            for (t, dims) in [(gr.dq, SMALL.q()), (gr.dk, SMALL.kv()), (gr.dv, SMALL.kv())] {
+                assert_eq!(g.dims(t).unwrap(), &dims);
+                assert_eq!(g.strides(t).unwrap(), bshd(dims).as_slice());
+                assert_eq!(g.dtype(t).unwrap(), dtype);
+            }
+            assert_eq!(g.dims(gr.softmax_sum).unwrap(), &SMALL.stats());
+            assert_eq!(g.dtype(gr.softmax_sum).unwrap(), DType::F32);
+            assert_eq!(g.strides(gr.softmax_sum).unwrap(), &[3 * 64, 64, 1, 1]);
+            assert_eq!(
+                g.strides(gr.dq_accum).unwrap(),
+                &[3 * 64 * 64, 64 * 64, 64, 1]
+            );
+            assert_eq!(g.dims(gr.dq_accum).unwrap(), &SMALL.q());
+            assert_eq!(g.dtype(gr.dq_accum).unwrap(), DType::F32);
+            if have_cudnn() {
+                g.check()
+                    .unwrap_or_else(|e| panic!("{dtype} causal={causal}: {e}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn host_sdpa_signature_distinguishes_options() {
+    let sig = |opts: SdpaOptions| fwd_graph(DType::BF16, SMALL, &opts).unwrap().0.signature();
+    let base = sig(SdpaOptions::new());
+    assert_ne!(base, sig(SdpaOptions::new().causal(true)));
+    assert_ne!(base, sig(SdpaOptions::new().training(true)));
+    assert_ne!(base, sig(SdpaOptions::new().scale(0.5)));
+    // The default scale is 1/√d.
+    assert_eq!(base, sig(SdpaOptions::new().scale(1.0 / 8.0)));
+}
+
+/// The error names `name` (in its message).
+fn names(r: &cudnn_safe::Result<impl std::fmt::Debug>, name: &str) -> bool {
+    match r {
+        Err(e) => format!("{e}").contains(name) || format!("{e:?}").contains(name),
+        Ok(_) => false,
+    }
+}
+
+#[test]
+fn host_sdpa_rejections() {
+    let opts = SdpaOptions::new();
+    let sh = SMALL;
+    let bf = DType::BF16;
+    // Each case builds q, k, v with the given dims / dtypes / strides.
+    let case = |qd: [i64; 4], kd: [i64; 4], vd: [i64; 4], types: [DType; 3], opts: &SdpaOptions| {
+        let mut g = Graph::new(bf, DType::F32, DType::F32);
+        let q = g.tensor("q", &qd, &bshd(qd), types[0]).unwrap();
+        let k = g.tensor("k", &kd, &bshd(kd), types[1]).unwrap();
+        let v = g.tensor("v", &vd, &bshd(vd), types[2]).unwrap();
+        g.sdpa(q, k, v, opts).map(|_| ())
+    };
+    let (q, kv) = (sh.q(), sh.kv());
+    // Shape mismatches name the tensor.
+    let r = case(q, [2, 3, 64, 32], kv, [bf; 3], &opts);
+    assert!(
+        matches!(r, Err(Error::ShapeMismatch { b: "k", .. })),
+        "{r:?}"
+    );
+    let r = case(q, kv, [2, 4, 64, 64], [bf; 3], &opts);
+    assert!(
+        matches!(r, Err(Error::ShapeMismatch { b: "v", .. })),
+        "{r:?}"
+    );
+    let r = case(q, [1, 3, 64, 64], kv, [bf; 3], &opts);
+    assert!(
+        matches!(r, Err(Error::ShapeMismatch { b: "k", .. })),
+        "{r:?}"
+    );
+    // Data types: f32 anywhere, or mixed f16 / bf16.
+    let r = case(q, kv, kv, [DType::F32, DType::F32, DType::F32], &opts);
+    assert!(
+        is_err_kind(&r, "UnsupportedDataType") && names(&r, "`q`"),
+        "{r:?}"
+    );
+    let r = case(q, kv, kv, [bf, bf, DType::F16], &opts);
+    assert!(
+        is_err_kind(&r, "UnsupportedDataType") && names(&r, "`v`"),
+        "{r:?}"
+    );
+    // Head dimension too large, or not a multiple of 8.
+    let big = [2, 3, 64, 256];
+    let r = case(big, big, big, [bf; 3], &opts);
+    assert!(
+        is_err_kind(&r, "InvalidArgument") && names(&r, "`q`"),
+        "{r:?}"
+    );
+    let odd = [2, 3, 64, 60];
+    let r = case(odd, odd, odd, [bf; 3], &opts);
+    assert!(
+        is_err_kind(&r, "InvalidArgument") && names(&r, "`q`"),
+        "{r:?}"
+    );
+    // Non-finite scale.
+    let r = case(q, kv, kv, [bf; 3], &SdpaOptions::new().scale(f64::NAN));
+    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+
+    // Rank 3.
+    let mut g = Graph::new(bf, DType::F32, DType::F32);
+    let q3 = g.tensor_nchw("q", &[3, 64, 64], bf).unwrap();
+    let k = g.tensor("k", &kv, &bshd(kv), bf).unwrap();
+    let v = g.tensor("v", &kv, &bshd(kv), bf).unwrap();
+    let r = g.sdpa(q3, k, v, &opts);
+    assert!(
+        is_err_kind(&r, "InvalidArgument") && names(&r, "`q`"),
+        "{r:?}"
+    );
+    // Head dimension not contiguous.
+    let mut g = Graph::new(bf, DType::F32, DType::F32);
+    let qs = g.tensor("q", &q, &[64 * 64 * 3, 1, 3, 3 * 64], bf).unwrap();
+    let k = g.tensor("k", &kv, &bshd(kv), bf).unwrap();
+    let v = g.tensor("v", &kv, &bshd(kv), bf).unwrap();
+    let r = g.sdpa(qs, k, v, &opts);
+    assert!(
+        is_err_kind(&r, "InvalidArgument") && names(&r, "`q`"),
+        "{r:?}"
+    );
+    // k already read by another operation (its description would change under it).
+    let mut g = Graph::new(bf, DType::F32, DType::F32);
+    let qq = g.tensor("q", &q, &bshd(q), bf).unwrap();
+    let k = g.tensor("k", &kv, &bshd(kv), bf).unwrap();
+    let v = g.tensor("v", &kv, &bshd(kv), bf).unwrap();
+    let relu = g.pointwise(PointwiseMode::Relu, k, None).unwrap();
+    g.mark_output(relu).unwrap();
+    let r = g.sdpa(qq, k, v, &opts);
+    assert!(
+        is_err_kind(&r, "InvalidArgument") && names(&r, "`k`"),
+        "{r:?}"
+    );
+    // One tensor as both q and k (k is re-described as Kᵀ): refused, naming it.
+    let mut g = Graph::new(bf, DType::F32, DType::F32);
+    let x = g.tensor("x", &q, &bshd(q), bf).unwrap();
+    let v = g.tensor("v", &kv, &bshd(kv), bf).unwrap();
+    let r = g.sdpa(x, x, v, &opts);
+    assert!(
+        is_err_kind(&r, "InvalidArgument") && names(&r, "`x`"),
+        "{r:?}"
+    );
+    let r = g.sdpa(x, v, v, &opts);
+    assert!(
+        is_err_kind(&r, "InvalidArgument") && names(&r, "`v`"),
+        "{r:?}"
+    );
+    // An f16 intermediate type.
+    let mut g = Graph::new(bf, DType::F16, DType::F32);
+    let qq = g.tensor("q", &q, &bshd(q), bf).unwrap();
+    let k = g.tensor("k", &kv, &bshd(kv), bf).unwrap();
+    let v = g.tensor("v", &kv, &bshd(kv), bf).unwrap();
+    let r = g.sdpa(qq, k, v, &opts);
+    assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+    // A failed call leaves the graph without operations.
+    assert!(g.check().is_err());
+}
+
+#[test]
+fn host_sdpa_backward_rejections() {
+    let opts = SdpaOptions::new();
+    let bf = DType::BF16;
+    let (q, kv, st) = (SMALL.q(), SMALL.kv(), SMALL.stats());
+    let build = |stats_dims: [i64; 4], stats_type: DType, do_dims: [i64; 4]| {
+        let mut g = Graph::new(bf, DType::F32, DType::F32);
+        let tq = g.tensor("q", &q, &bshd(q), bf).unwrap();
+        let tk = g.tensor("k", &kv, &bshd(kv), bf).unwrap();
+        let tv = g.tensor("v", &kv, &bshd(kv), bf).unwrap();
+        let to = g.tensor("o", &q, &bshd(q), bf).unwrap();
+        let td = g.tensor("dO", &do_dims, &bshd(do_dims), bf).unwrap();
+        let ts = g.tensor_nchw("stats", &stats_dims, stats_type).unwrap();
+        g.sdpa_backward(tq, tk, tv, to, td, ts, &opts).map(|_| ())
+    };
+    assert!(build(st, DType::F32, q).is_ok());
+    let r = build(st, bf, q);
+    assert!(
+        is_err_kind(&r, "UnsupportedDataType") && names(&r, "`stats`"),
+        "{r:?}"
+    );
+    let r = build([2, 3, 64, 2], DType::F32, q);
+    assert!(
+        matches!(r, Err(Error::ShapeMismatch { b: "stats", .. })),
+        "{r:?}"
+    );
+    let r = build(st, DType::F32, [2, 3, 32, 64]);
+    assert!(
+        matches!(r, Err(Error::ShapeMismatch { b: "dO", .. })),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn host_index_compare_select_transpose() {
+    let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
+    let a = g.tensor_nchw("a", &[2, 4, 8], DType::F16).unwrap();
+    let b = g.tensor_nchw("b", &[2, 8, 4], DType::F16).unwrap();
+    let s = g.matmul(a, b).unwrap();
+    // GenIndex: axis within the rank; results are INT32 and stay virtual.
+    let r = g.pointwise(PointwiseMode::GenIndex { axis: 3 }, s, None);
+    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    let row = g
+        .pointwise(PointwiseMode::GenIndex { axis: 1 }, s, None)
+        .unwrap();
+    assert_eq!(g.dtype(row).unwrap(), DType::I32);
+    let col = g
+        .pointwise(PointwiseMode::GenIndex { axis: 2 }, s, None)
+        .unwrap();
+    let r = g.mark_output(row);
+    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    let keep = g.pointwise(PointwiseMode::CmpGe, row, Some(col)).unwrap();
+    assert!(PointwiseMode::CmpGe.is_comparison() && PointwiseMode::CmpGe.is_binary());
+    let r = g.mark_output(keep);
+    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    // The condition must be a comparison result, of x's dimensions.
+    let zero = g.scalar("zero", 0.0, DType::F32).unwrap();
+    let r = g.select(s, zero, s);
+    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    let y = g.select(s, zero, keep).unwrap();
+    assert_eq!(g.dims(y).unwrap(), &[2, 4, 4]);
+    // Transposed view: dims and strides swapped.
+    let t = g.transpose(y).unwrap();
+    assert_eq!(g.dims(t).unwrap(), &[2, 4, 4]);
+    assert_eq!(g.strides(t).unwrap(), &[16, 1, 4]);
+    let r = g.transpose(zero);
+    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    let z = g.pointwise(PointwiseMode::Identity, t, None).unwrap();
+    g.mark_output(z).unwrap();
+    if have_cudnn() {
+        g.check().unwrap();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU tests
+// ---------------------------------------------------------------------------------------------
+
+/// A device buffer for a tensor of `dims` / `strides` holding `vals` (logical row-major order)
+/// at its addressed elements, [`SENTINEL`] elsewhere.
+fn upload<T: DataType>(
+    s: &Arc<CudaStream>,
+    dims: &[i64],
+    strides: &[i64],
+    vals: &[T],
+) -> CudaSlice<T> {
+    let offs = offsets(dims, strides);
+    let span = offs.iter().max().map_or(0, |&m| m + 1);
+    s.clone_htod(&image(span, &offs, |i| vals[i])).unwrap()
+}
+
+/// The addressed elements of a strided device buffer, in logical order.
+fn fetch<T: DataType>(
+    s: &Arc<CudaStream>,
+    dims: &[i64],
+    strides: &[i64],
+    buf: &CudaSlice<T>,
+) -> Vec<T> {
+    let host = download(s, buf);
+    offsets(dims, strides).iter().map(|&o| host[o]).collect()
+}
+
+/// The first `max` plans of the heuristics; panics (the test fails) when there is none.
+fn plans(cudnn: &Cudnn, og: &OperationGraph, max: usize) -> Vec<Plan> {
+    let list = og
+        .plans(cudnn, &PlanFilter::new().max_plans(Some(max)))
+        .unwrap_or_else(|e| panic!("no plan for the attention graph: {e}"));
+    assert!(!list.plans.is_empty(), "no plan: {:?}", list.skipped);
+    for p in &list.plans {
+        eprintln!("  plan {} ws {}", p.name(), p.workspace_size());
+    }
+    list.plans
+}
+
+/// Stats are f32 values computed from f32 scores (matmul accumulation, exp and log in f32):
+/// 1e-3 leaves room for the engines' fast exponentials against the exact f64 reference.
+const STATS_TOL: f64 = 1e-3;
+
+fn fwd_case<T: DataType>(sh: Shape, causal: bool, training: bool, seed: u64) {
+    let Some((s, cudnn)) = gpu() else { return };
+    let opts = SdpaOptions::new().causal(causal).training(training);
+    let (g, [q, k, v], out) = fwd_graph(T::DTYPE, sh, &opts).unwrap();
+    let og = g.build(&cudnn).unwrap();
+    let mut rng = Rng::new(seed);
+    let nq = sh.b * sh.h * sh.s_q * sh.d;
+    let nkv = sh.b * sh.h * sh.s_kv * sh.d;
+    let qv: Vec<T> = rng.values(nq);
+    let kv: Vec<T> = rng.values(nkv);
+    let vv: Vec<T> = rng.values(nkv);
+    let scale = 1.0 / (sh.d as f64).sqrt();
+    let want = reference_forward(sh, &to_f64(&qv), &to_f64(&kv), &to_f64(&vv), scale, causal);
+    let (qs, kvs) = (bshd(sh.q()), bshd(sh.kv()));
+    let qb = upload(&s, &sh.q(), &qs, &qv);
+    let kb = upload(&s, &sh.kv(), &kvs, &kv);
+    let vb = upload(&s, &sh.kv(), &kvs, &vv);
+    let mut ws = Workspace::new(s.clone());
+    for plan in plans(&cudnn, &og, 2) {
+        let mut ob = poisoned_buffer::<T>(&s, og.span(out.o).unwrap());
+        let mut sb = out
+            .stats
+            .map(|st| poisoned_buffer::<f32>(&s, og.span(st).unwrap()));
+        {
+            let mut args = Args::new(&cudnn);
+            args.input(q, &qb)
+                .unwrap()
+                .input(k, &kb)
+                .unwrap()
+                .input(v, &vb)
+                .unwrap();
+            args.output(out.o, &mut ob).unwrap();
+            if let (Some(st), Some(buf)) = (out.stats, sb.as_mut()) {
+                args.output(st, buf).unwrap();
+            }
+            cudnn.execute(&plan, &args, &mut ws).unwrap();
+        }
+        let what = format!(
+            "sdpa {} {sh:?} causal={causal} training={training} plan {}",
+            T::DTYPE,
+            plan.name()
+        );
+        let got = fetch(&s, &sh.q(), &qs, &ob);
+        assert_close(&format!("{what}: O"), &got, &want.o, tol::<T>());
+        if let Some(sb) = sb {
+            let got = download(&s, &sb);
+            assert_close(&format!("{what}: stats"), &got, &want.stats, STATS_TOL);
+        }
+    }
+}
+
+#[test]
+fn gpu_sdpa_forward_bf16_causal_training() {
+    fwd_case::<bf16>(
+        Shape {
+            s_q: 128,
+            s_kv: 128,
+            ..SMALL
+        },
+        true,
+        true,
+        1,
+    );
+}
+
+#[test]
+fn gpu_sdpa_forward_bf16_noncausal_inference() {
+    fwd_case::<bf16>(SMALL, false, false, 2);
+}
+
+#[test]
+fn gpu_sdpa_forward_f16_causal_inference() {
+    fwd_case::<f16>(SMALL, true, false, 3);
+}
+
+#[test]
+fn gpu_sdpa_forward_f16_noncausal_training() {
+    fwd_case::<f16>(
+        Shape {
+            s_q: 128,
+            s_kv: 128,
+            ..SMALL
+        },
+        false,
+        true,
+        4,
+    );
+}
+
+#[test]
+fn gpu_sdpa_forward_cross_attention_bf16_and_f16() {
+    // s_q ≠ s_kv, not causal.
+    let sh = Shape {
+        s_q: 64,
+        s_kv: 128,
+        ..SMALL
+    };
+    fwd_case::<bf16>(sh, false, true, 5);
+    fwd_case::<f16>(sh, false, false, 6);
+}
+
+#[test]
+fn gpu_sdpa_forward_head_dim_128_bf16() {
+    fwd_case::<bf16>(Shape { d: 128, ..SMALL }, true, true, 7);
+}
+
+fn bwd_case<T: DataType>(sh: Shape, causal: bool, seed: u64) {
+    let Some((s, cudnn)) = gpu() else { return };
+    let opts = SdpaOptions::new().causal(causal);
+    let (g, [q, k, v, o, d_o, stats], gr) = bwd_graph(T::DTYPE, sh, &opts).unwrap();
+    let og = g.build(&cudnn).unwrap();
+    let mut rng = Rng::new(seed);
+    let nq = sh.b * sh.h * sh.s_q * sh.d;
+    let nkv = sh.b * sh.h * sh.s_kv * sh.d;
+    let qv: Vec<T> = rng.values(nq);
+    let kv: Vec<T> = rng.values(nkv);
+    let vv: Vec<T> = rng.values(nkv);
+    let dov: Vec<T> = rng.values(nq);
+    let scale = 1.0 / (sh.d as f64).sqrt();
+    let (qf, kf, vf) = (to_f64(&qv), to_f64(&kv), to_f64(&vv));
+    let fwd = reference_forward(sh, &qf, &kf, &vf, scale, causal);
+    // The GPU reads O as stored and the statistics in f32.
+    let ov: Vec<T> = fwd.o.iter().map(|&x| T::from_f64(x)).collect();
+    let sv: Vec<f32> = fwd.stats.iter().map(|&x| x as f32).collect();
+    let (dq, dk, dv) = reference_backward(
+        sh,
+        [&qf, &kf, &vf],
+        &to_f64(&ov),
+        &to_f64(&dov),
+        &fwd.p,
+        scale,
+    );
+    let (qs, kvs) = (bshd(sh.q()), bshd(sh.kv()));
+    let qb = upload(&s, &sh.q(), &qs, &qv);
+    let kb = upload(&s, &sh.kv(), &kvs, &kv);
+    let vb = upload(&s, &sh.kv(), &kvs, &vv);
+    let ob = upload(&s, &sh.q(), &qs, &ov);
+    let dob = upload(&s, &sh.q(), &qs, &dov);
+    let sb = s.clone_htod(&sv).unwrap();
+    let mut ws = Workspace::new(s.clone());
+    for plan in plans(&cudnn, &og, 2) {
+        let mut dqb = poisoned_buffer::<T>(&s, og.span(gr.dq).unwrap());
+        let mut dkb = poisoned_buffer::<T>(&s, og.span(gr.dk).unwrap());
+        let mut dvb = poisoned_buffer::<T>(&s, og.span(gr.dv).unwrap());
+        let mut sumb = poisoned_buffer::<f32>(&s, og.span(gr.softmax_sum).unwrap());
+        let mut accb = poisoned_buffer::<f32>(&s, og.span(gr.dq_accum).unwrap());
+        {
+            let mut args = Args::new(&cudnn);
+            args.input(q, &qb)
+                .unwrap()
+                .input(k, &kb)
+                .unwrap()
+                .input(v, &vb)
+                .unwrap();
+            args.input(o, &ob)
+                .unwrap()
+                .input(d_o, &dob)
+                .unwrap()
+                .input(stats, &sb)
+                .unwrap();
+            args.output(gr.dq, &mut dqb).unwrap();
+            args.output(gr.dk, &mut dkb).unwrap();
+            args.output(gr.dv, &mut dvb).unwrap();
+            args.output(gr.softmax_sum, &mut sumb).unwrap();
+            args.output(gr.dq_accum, &mut accb).unwrap();
+            cudnn.execute(&plan, &args, &mut ws).unwrap();
+        }
+        let what = format!(
+            "sdpa backward {} {sh:?} causal={causal} plan {}",
+            T::DTYPE,
+            plan.name()
+        );
+        // Products of stored (rounded) probabilities and gradients, summed over up to 128
+        // terms: T's tolerance relative to (1 + |w|).
+        let t = tol::<T>();
+        assert_close(
+            &format!("{what}: dQ"),
+            &fetch(&s, &sh.q(), &qs, &dqb),
+            &dq,
+            t,
+        );
+        assert_close(
+            &format!("{what}: dK"),
+            &fetch(&s, &sh.kv(), &kvs, &dkb),
+            &dk,
+            t,
+        );
+        assert_close(
+            &format!("{what}: dV"),
+            &fetch(&s, &sh.kv(), &kvs, &dvb),
+            &dv,
+            t,
+        );
+    }
+}
+
+#[test]
+fn gpu_sdpa_backward_bf16_causal() {
+    bwd_case::<bf16>(
+        Shape {
+            s_q: 128,
+            s_kv: 128,
+            ..SMALL
+        },
+        true,
+        11,
+    );
+}
+
+#[test]
+fn gpu_sdpa_backward_bf16_noncausal() {
+    bwd_case::<bf16>(SMALL, false, 12);
+}
+
+#[test]
+fn gpu_sdpa_backward_f16_causal_and_noncausal() {
+    bwd_case::<f16>(SMALL, true, 13);
+    bwd_case::<f16>(SMALL, false, 14);
+}
+
+#[test]
+fn gpu_sdpa_backward_cross_attention_bf16() {
+    bwd_case::<bf16>(
+        Shape {
+            s_q: 64,
+            s_kv: 128,
+            ..SMALL
+        },
+        false,
+        15,
+    );
+}
+
+#[test]
+fn gpu_sdpa_short_buffers_rejected_outputs_untouched() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let opts = SdpaOptions::new().causal(true).training(true);
+    let (g, [q, k, v], out) = fwd_graph(DType::BF16, SMALL, &opts).unwrap();
+    let og = g.build(&cudnn).unwrap();
+    let plan = plans(&cudnn, &og, 1).remove(0);
+    let stats = out.stats.unwrap();
+    let mut rng = Rng::new(21);
+    let qb = s
+        .clone_htod(&rng.values::<bf16>(og.span(q).unwrap()))
+        .unwrap();
+    let kb = s
+        .clone_htod(&rng.values::<bf16>(og.span(k).unwrap()))
+        .unwrap();
+    let vb = s
+        .clone_htod(&rng.values::<bf16>(og.span(v).unwrap()))
+        .unwrap();
+    let mut ws = Workspace::new(s.clone());
+
+    // O one element short.
+    let (mut short_o, short_before) = sentinel_buffer::<bf16>(&s, og.span(out.o).unwrap() - 1);
+    let (mut sb, s_before) = sentinel_buffer::<f32>(&s, og.span(stats).unwrap());
+    {
+        let mut args = Args::new(&cudnn);
+        args.input(q, &qb)
+            .unwrap()
+            .input(k, &kb)
+            .unwrap()
+            .input(v, &vb)
+            .unwrap();
+        args.output(out.o, &mut short_o)
+            .unwrap()
+            .output(stats, &mut sb)
+            .unwrap();
+        let r = cudnn.execute(&plan, &args, &mut ws);
+        assert!(
+            matches!(r, Err(Error::BufferTooSmall { name: "sdpa.o", .. })),
+            "{r:?}"
+        );
+    }
+    assert_untouched("short O", &s, &short_o, &short_before);
+    assert_untouched("stats beside a short O", &s, &sb, &s_before);
+
+    // Stats one element short.
+    let (mut ob, o_before) = sentinel_buffer::<bf16>(&s, og.span(out.o).unwrap());
+    let (mut short_s, ss_before) = sentinel_buffer::<f32>(&s, og.span(stats).unwrap() - 1);
+    {
+        let mut args = Args::new(&cudnn);
+        args.input(q, &qb)
+            .unwrap()
+            .input(k, &kb)
+            .unwrap()
+            .input(v, &vb)
+            .unwrap();
+        args.output(out.o, &mut ob)
+            .unwrap()
+            .output(stats, &mut short_s)
+            .unwrap();
+        let r = cudnn.execute(&plan, &args, &mut ws);
+        assert!(
+            matches!(
+                r,
+                Err(Error::BufferTooSmall {
+                    name: "sdpa.stats",
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+    }
+    assert_untouched("O beside short stats", &s, &ob, &o_before);
+    assert_untouched("short stats", &s, &short_s, &ss_before);
+
+    // k one element short (an input).
+    let short_k = s.alloc_zeros::<bf16>(og.span(k).unwrap() - 1).unwrap();
+    {
+        let mut args = Args::new(&cudnn);
+        args.input(q, &qb)
+            .unwrap()
+            .input(k, &short_k)
+            .unwrap()
+            .input(v, &vb)
+            .unwrap();
+        args.output(out.o, &mut ob)
+            .unwrap()
+            .output(stats, &mut sb)
+            .unwrap();
+        let r = cudnn.execute(&plan, &args, &mut ws);
+        assert!(
+            matches!(r, Err(Error::BufferTooSmall { name: "k", .. })),
+            "{r:?}"
+        );
+    }
+    assert_untouched("O beside a short k", &s, &ob, &o_before);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dropout
+// ---------------------------------------------------------------------------------------------
+
+/// A forward graph with dropout (probability `p`, seed and offset inputs), training, the mask
+/// dumped.
+#[allow(clippy::type_complexity)]
+fn fwd_dropout_graph(
+    dtype: DType,
+    sh: Shape,
+    causal: bool,
+    p: f64,
+    dump: bool,
+) -> cudnn_safe::Result<(
+    Graph,
+    [TensorId; 3],
+    [TensorId; 2],
+    cudnn_safe::graph::SdpaOutputs,
+)> {
+    let mut g = Graph::new(dtype, DType::F32, DType::F32);
+    let q = g.tensor("q", &sh.q(), &bshd(sh.q()), dtype)?;
+    let k = g.tensor("k", &sh.kv(), &bshd(sh.kv()), dtype)?;
+    let v = g.tensor("v", &sh.kv(), &bshd(sh.kv()), dtype)?;
+    let seed = g.rng_input("seed");
+    let offset = g.rng_input("offset");
+    let opts = SdpaOptions::new()
+        .causal(causal)
+        .training(true)
+        .dropout(p, seed, offset)
+        .dump_dropout_mask(dump);
+    let out = g.sdpa(q, k, v, &opts)?;
+    Ok((g, [q, k, v], [seed, offset], out))
+}
+
+/// A backward graph with dropout: inputs q, k, v, o, dO, stats, then seed and offset.
+#[allow(clippy::type_complexity)]
+fn bwd_dropout_graph(
+    dtype: DType,
+    sh: Shape,
+    causal: bool,
+    p: f64,
+) -> cudnn_safe::Result<(
+    Graph,
+    [TensorId; 6],
+    [TensorId; 2],
+    cudnn_safe::graph::SdpaGrads,
+)> {
+    let mut g = Graph::new(dtype, DType::F32, DType::F32);
+    let q = g.tensor("q", &sh.q(), &bshd(sh.q()), dtype)?;
+    let k = g.tensor("k", &sh.kv(), &bshd(sh.kv()), dtype)?;
+    let v = g.tensor("v", &sh.kv(), &bshd(sh.kv()), dtype)?;
+    let o = g.tensor("o", &sh.q(), &bshd(sh.q()), dtype)?;
+    let d_o = g.tensor("dO", &sh.q(), &bshd(sh.q()), dtype)?;
+    let stats = g.tensor_nchw("stats", &sh.stats(), DType::F32)?;
+    let seed = g.rng_input("seed");
+    let offset = g.rng_input("offset");
+    let opts = SdpaOptions::new().causal(causal).dropout(p, seed, offset);
+    let grads = g.sdpa_backward(q, k, v, o, d_o, stats, &opts)?;
+    Ok((g, [q, k, v, o, d_o, stats], [seed, offset], grads))
+}
+
+/// Forward output with dropout: `O = (P ⊙ mask · c) · V`, `c = 1/(1 − p)`, from the
+/// probabilities P `[b, h, s_q, s_kv]` of [`reference_forward`] and the mask (same shape).
+fn reference_dropout_o(sh: Shape, p: &[f64], mask: &[f64], c: f64, v: &[f64]) -> Vec<f64> {
+    let Shape { b, h, s_q, s_kv, d } = sh;
+    let (qd, kd) = ([b, h, s_q, d], [b, h, s_kv, d]);
+    let mut o = vec![0.0; b * h * s_q * d];
+    for bi in 0..b {
+        for hi in 0..h {
+            for i in 0..s_q {
+                for j in 0..s_kv {
+                    let at_ij = ((bi * h + hi) * s_q + i) * s_kv + j;
+                    let z = p[at_ij] * mask[at_ij] * c;
+                    for x in 0..d {
+                        o[at(qd, bi, hi, i, x)] += z * v[at(kd, bi, hi, j, x)];
+                    }
+                }
+            }
+        }
+    }
+    o
+}
+
+/// Analytic gradients with dropout: with `Z = P ⊙ mask · c` (what multiplied V),
+/// `dV = Zᵀ·dO`, `dZ = dO·Vᵀ`, `D_i = Σ_x dO[i, x]·O[i, x]` (from the O the GPU reads),
+/// `dS = P ⊙ (c · mask ⊙ dZ − D) · scale`, `dQ = dS·K`, `dK = dSᵀ·Q`.
+#[allow(clippy::too_many_arguments)]
+fn reference_dropout_backward(
+    sh: Shape,
+    [q, k, v]: [&[f64]; 3],
+    o: &[f64],
+    d_o: &[f64],
+    p: &[f64],
+    mask: &[f64],
+    c: f64,
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let Shape { b, h, s_q, s_kv, d } = sh;
+    let (qd, kd) = ([b, h, s_q, d], [b, h, s_kv, d]);
+    let mut dq = vec![0.0; q.len()];
+    let mut dk = vec![0.0; k.len()];
+    let mut dv = vec![0.0; v.len()];
+    for bi in 0..b {
+        for hi in 0..h {
+            for i in 0..s_q {
+                let di: f64 = (0..d)
+                    .map(|x| d_o[at(qd, bi, hi, i, x)] * o[at(qd, bi, hi, i, x)])
+                    .sum();
+                for j in 0..s_kv {
+                    let at_ij = ((bi * h + hi) * s_q + i) * s_kv + j;
+                    let (pij, mij) = (p[at_ij], mask[at_ij]);
+                    let z = pij * mij * c;
+                    let mut dz = 0.0;
+                    for x in 0..d {
+                        dz += d_o[at(qd, bi, hi, i, x)] * v[at(kd, bi, hi, j, x)];
+                        dv[at(kd, bi, hi, j, x)] += z * d_o[at(qd, bi, hi, i, x)];
+                    }
+                    let ds = pij * (c * mij * dz - di) * scale;
+                    for x in 0..d {
+                        dq[at(qd, bi, hi, i, x)] += ds * k[at(kd, bi, hi, j, x)];
+                        dk[at(kd, bi, hi, j, x)] += ds * q[at(qd, bi, hi, i, x)];
+                    }
+                }
+            }
+        }
+    }
+    (dq, dk, dv)
+}
+
+#[test]
+fn host_sdpa_dropout_options() {
+    let mut g = Graph::new(DType::BF16, DType::F32, DType::F32);
+    let seed = g.rng_input("seed");
+    let offset = g.rng_input("offset");
+    assert_eq!(g.dims(seed).unwrap(), &[1, 1, 1, 1]);
+    assert_eq!(g.strides(offset).unwrap(), &[1, 1, 1, 1]);
+    assert_eq!(g.dtype(seed).unwrap(), DType::I64);
+    assert!(!g.is_virtual(seed).unwrap());
+    let opts = SdpaOptions::new();
+    assert_eq!(opts.dropout_probability(), None);
+    assert_eq!(opts.dropout_inputs(), None);
+    assert!(!opts.dumps_dropout_mask());
+    let opts = opts.dropout(0.25, seed, offset).dump_dropout_mask(true);
+    assert_eq!(opts.dropout_probability(), Some(0.25));
+    assert_eq!(opts.dropout_inputs(), Some((seed, offset)));
+    assert!(opts.dumps_dropout_mask());
+    // INT64 tensors are made by rng_input only.
+    let r = g.tensor("x", &[1, 1, 1, 1], &[1, 1, 1, 1], DType::I64);
+    assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+}
+
+#[test]
+fn host_sdpa_dropout_forward_shapes_and_finalize() {
+    for dtype in [DType::BF16, DType::F16] {
+        for causal in [false, true] {
+            for dump in [false, true] {
+                for p in [0.0, 0.1] {
+                    let sh = Shape { s_kv: 128, ..SMALL };
+                    let (g, _, [seed, offset], out) =
+                        fwd_dropout_graph(dtype, sh, causal, p, dump).unwrap();
+                    assert_eq!(g.dims(out.o).unwrap(), &sh.q());
+                    assert_eq!(g.dtype(out.o).unwrap(), dtype);
+                    assert!(out.stats.is_some());
+                    match out.dropout_mask {
+                        Some(m) => {
+                            assert!(dump);
+                            assert_eq!(g.dims(m).unwrap(), &[2, 3, 64, 128]);
+                            assert_eq!(g.strides(m).unwrap(), &[3 * 64 * 128, 64 * 128, 128, 1]);
+                            assert_eq!(g.dtype(m).unwrap(), DType::F32);
+                            assert!(!g.is_virtual(m).unwrap());
+                        }
+                        None => assert!(!dump),
+                    }
+                    // Seed and offset stay [1, 1, 1, 1] INT64 inputs.
+                    for t in [seed, offset] {
+                        assert_eq!(g.dtype(t).unwrap(), DType::I64);
+                        assert_eq!(g.dims(t).unwrap(), &[1, 1, 1, 1]);
+                    }
+                    if have_cudnn() {
+                        g.check().unwrap_or_else(|e| {
+                            panic!("{dtype} causal={causal} dump={dump} p={p}: {e}")
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn host_sdpa_dropout_backward_shapes_and_finalize() {
+    for dtype in [DType::BF16, DType::F16] {
+        for causal in [false, true] {
+            for p in [0.0, 0.2] {
+                let (g, _, _, gr) = bwd_dropout_graph(dtype, SMALL, causal, p).unwrap();
+                for (t, dims) in [(gr.dq, SMALL.q()), (gr.dk, SMALL.kv()), (gr.dv, SMALL.kv())] {
+                    assert_eq!(g.dims(t).unwrap(), &dims);
+                    assert_eq!(g.strides(t).unwrap(), bshd(dims).as_slice());
+                    assert_eq!(g.dtype(t).unwrap(), dtype);
+                }
+                assert_eq!(g.dtype(gr.softmax_sum).unwrap(), DType::F32);
+                assert_eq!(g.dtype(gr.dq_accum).unwrap(), DType::F32);
+                if have_cudnn() {
+                    g.check()
+                        .unwrap_or_else(|e| panic!("{dtype} causal={causal} p={p}: {e}"));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn host_sdpa_dropout_signature() {
+    let sig = |p: f64, dump: bool| {
+        fwd_dropout_graph(DType::BF16, SMALL, true, p, dump)
+            .unwrap()
+            .0
+            .signature()
+    };
+    let plain = fwd_graph(
+        DType::BF16,
+        SMALL,
+        &SdpaOptions::new().causal(true).training(true),
+    )
+    .unwrap()
+    .0
+    .signature();
+    assert_ne!(plain, sig(0.1, false));
+    assert_ne!(sig(0.1, false), sig(0.2, false));
+    assert_ne!(sig(0.1, false), sig(0.1, true));
+    assert_eq!(sig(0.1, false), sig(0.1, false));
+}
+
+#[test]
+fn host_sdpa_dropout_rejections() {
+    let bf = DType::BF16;
+    let (q, kv) = (SMALL.q(), SMALL.kv());
+    // The forward with dropout options made from the graph's own seed / offset tensors.
+    let fwd = |make: &dyn Fn(&mut Graph) -> SdpaOptions| {
+        let mut g = Graph::new(bf, DType::F32, DType::F32);
+        let tq = g.tensor("q", &q, &bshd(q), bf).unwrap();
+        let tk = g.tensor("k", &kv, &bshd(kv), bf).unwrap();
+        let tv = g.tensor("v", &kv, &bshd(kv), bf).unwrap();
+        let opts = make(&mut g);
+        let r = g.sdpa(tq, tk, tv, &opts).map(|_| ());
+        // A rejected call leaves k as it was (not re-described as Kᵀ).
+        if r.is_err() {
+            assert_eq!(g.dims(tk).unwrap(), &kv);
+        }
+        r
+    };
+    let with_p = |p: f64| {
+        move |g: &mut Graph| {
+            let (s, o) = (g.rng_input("seed"), g.rng_input("offset"));
+            SdpaOptions::new().dropout(p, s, o)
+        }
+    };
+    for p in [1.0, 1.5, -0.1, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        let r = fwd(&with_p(p));
+        assert!(
+            is_err_kind(&r, "InvalidArgument") && names(&r, "probability"),
+            "p = {p}: {r:?}"
+        );
+    }
+    for p in [0.0, 0.5, 0.999] {
+        fwd(&with_p(p)).unwrap_or_else(|e| panic!("p = {p}: {e}"));
+    }
+    // A seed or offset of the wrong data type, named.
+    let r = fwd(&|g: &mut Graph| {
+        let s = g
+            .tensor_nchw("f32_seed", &[1, 1, 1, 1], DType::F32)
+            .unwrap();
+        let o = g.rng_input("offset");
+        SdpaOptions::new().dropout(0.1, s, o)
+    });
+    assert!(
+        is_err_kind(&r, "UnsupportedDataType") && names(&r, "`f32_seed`"),
+        "{r:?}"
+    );
+    let r = fwd(&|g: &mut Graph| {
+        let s = g.rng_input("seed");
+        let o = g
+            .tensor_nchw("half_offset", &[1, 1, 1, 1], DType::F16)
+            .unwrap();
+        SdpaOptions::new().dropout(0.1, s, o)
+    });
+    assert!(
+        is_err_kind(&r, "UnsupportedDataType") && names(&r, "`half_offset`"),
+        "{r:?}"
+    );
+    // A seed of another graph.
+    let mut other = Graph::new(bf, DType::F32, DType::F32);
+    let foreign = other.rng_input("foreign_seed");
+    let r = fwd(&|g: &mut Graph| {
+        let o = g.rng_input("offset");
+        SdpaOptions::new().dropout(0.1, foreign, o)
+    });
+    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    // A mask dump without dropout.
+    let r = fwd(&|_: &mut Graph| SdpaOptions::new().dump_dropout_mask(true));
+    assert!(
+        is_err_kind(&r, "InvalidArgument") && names(&r, "dump_dropout_mask"),
+        "{r:?}"
+    );
+
+    // The backward pass checks the same.
+    let bwd = |p: f64, seed_type: Option<DType>| {
+        let mut g = Graph::new(bf, DType::F32, DType::F32);
+        let tq = g.tensor("q", &q, &bshd(q), bf).unwrap();
+        let tk = g.tensor("k", &kv, &bshd(kv), bf).unwrap();
+        let tv = g.tensor("v", &kv, &bshd(kv), bf).unwrap();
+        let to = g.tensor("o", &q, &bshd(q), bf).unwrap();
+        let td = g.tensor("dO", &q, &bshd(q), bf).unwrap();
+        let ts = g.tensor_nchw("stats", &SMALL.stats(), DType::F32).unwrap();
+        let s = match seed_type {
+            Some(t) => g.tensor_nchw("bad_seed", &[1, 1, 1, 1], t).unwrap(),
+            None => g.rng_input("seed"),
+        };
+        let o = g.rng_input("offset");
+        let opts = SdpaOptions::new().dropout(p, s, o);
+        let r = g.sdpa_backward(tq, tk, tv, to, td, ts, &opts).map(|_| ());
+        if r.is_err() {
+            assert_eq!(g.dims(tk).unwrap(), &kv);
+            assert_eq!(g.dims(tv).unwrap(), &kv);
+        }
+        r
+    };
+    for p in [1.0, f64::NAN, -0.5] {
+        let r = bwd(p, None);
+        assert!(is_err_kind(&r, "InvalidArgument"), "p = {p}: {r:?}");
+    }
+    let r = bwd(0.1, Some(DType::F32));
+    assert!(
+        is_err_kind(&r, "UnsupportedDataType") && names(&r, "`bad_seed`"),
+        "{r:?}"
+    );
+    bwd(0.1, None).unwrap();
+}
+
+/// Device buffers holding one `i64` each: a dropout seed and offset.
+fn seed_offset(s: &Arc<CudaStream>, seed: i64, offset: i64) -> (CudaSlice<i64>, CudaSlice<i64>) {
+    (
+        s.clone_htod(&[seed]).unwrap(),
+        s.clone_htod(&[offset]).unwrap(),
+    )
+}
+
+/// Checks a dumped mask `[b, h, s_q, s_kv]` holds only 0 and 1 where attention reads it, and
+/// keeps about `1 − p` of those elements: within 6 standard deviations of the binomial count (a
+/// false failure is then below 1e-8). With a causal mask, the positions `j > i` are skipped: a
+/// flash-attention kernel may not visit them at all (they may keep the NaN poison), and they
+/// multiply probabilities that are exactly 0. Returns the mask in f64, 0 at those positions.
+fn check_mask(what: &str, mask: &[f32], p: f64, sh: Shape, causal: bool) -> Vec<f64> {
+    assert_eq!(
+        mask.len(),
+        sh.b * sh.h * sh.s_q * sh.s_kv,
+        "{what}: mask length"
+    );
+    let mut kept = 0usize;
+    let mut read = 0usize;
+    let mut out = vec![0.0; mask.len()];
+    for (e, &m) in mask.iter().enumerate() {
+        let (i, j) = ((e / sh.s_kv) % sh.s_q, e % sh.s_kv);
+        if causal && j > i {
+            continue;
+        }
+        assert!(m == 0.0 || m == 1.0, "{what}: mask element {e} is {m}");
+        read += 1;
+        kept += (m == 1.0) as usize;
+        out[e] = m as f64;
+    }
+    let n = read as f64;
+    let frac = kept as f64 / n;
+    let bound = 6.0 * (p * (1.0 - p) / n).sqrt();
+    assert!(
+        (frac - (1.0 - p)).abs() <= bound,
+        "{what}: kept fraction {frac}, expected {} ± {bound}",
+        1.0 - p
+    );
+    out
+}
+
+/// One forward execution with dropout: (O in logical order, stats, mask).
+#[allow(clippy::too_many_arguments)]
+fn run_dropout_fwd<T: DataType>(
+    s: &Arc<CudaStream>,
+    cudnn: &Cudnn,
+    og: &OperationGraph,
+    plan: &Plan,
+    sh: Shape,
+    [q, k, v]: [TensorId; 3],
+    [seed, offset]: [TensorId; 2],
+    out: &cudnn_safe::graph::SdpaOutputs,
+    [qb, kb, vb]: [&CudaSlice<T>; 3],
+    (sb, ob): (&CudaSlice<i64>, &CudaSlice<i64>),
+) -> (Vec<T>, Vec<f32>, Vec<f32>) {
+    let mut o_buf = poisoned_buffer::<T>(s, og.span(out.o).unwrap());
+    let stats = out.stats.expect("training");
+    let mask = out.dropout_mask.expect("dumped mask");
+    let mut st_buf = poisoned_buffer::<f32>(s, og.span(stats).unwrap());
+    let mut m_buf = poisoned_buffer::<f32>(s, og.span(mask).unwrap());
+    let mut ws = Workspace::new(s.clone());
+    {
+        let mut args = Args::new(cudnn);
+        args.input(q, qb)
+            .unwrap()
+            .input(k, kb)
+            .unwrap()
+            .input(v, vb)
+            .unwrap();
+        args.input_i64(seed, sb)
+            .unwrap()
+            .input_i64(offset, ob)
+            .unwrap();
+        args.output(out.o, &mut o_buf).unwrap();
+        args.output(stats, &mut st_buf).unwrap();
+        args.output(mask, &mut m_buf).unwrap();
+        cudnn.execute(plan, &args, &mut ws).unwrap();
+    }
+    (
+        fetch(s, &sh.q(), &bshd(sh.q()), &o_buf),
+        download(s, &st_buf),
+        download(s, &m_buf),
+    )
+}
+
+fn fwd_dropout_case<T: DataType>(sh: Shape, causal: bool, p: f64, seed: u64) {
+    let Some((s, cudnn)) = gpu() else { return };
+    let (g, qkv, so, out) = fwd_dropout_graph(T::DTYPE, sh, causal, p, true).unwrap();
+    let og = g.build(&cudnn).unwrap();
+    let mut rng = Rng::new(seed);
+    let nq = sh.b * sh.h * sh.s_q * sh.d;
+    let nkv = sh.b * sh.h * sh.s_kv * sh.d;
+    let qv: Vec<T> = rng.values(nq);
+    let kv: Vec<T> = rng.values(nkv);
+    let vv: Vec<T> = rng.values(nkv);
+    let scale = 1.0 / (sh.d as f64).sqrt();
+    let vf = to_f64(&vv);
+    let want = reference_forward(sh, &to_f64(&qv), &to_f64(&kv), &vf, scale, causal);
+    let (qs, kvs) = (bshd(sh.q()), bshd(sh.kv()));
+    let qb = upload(&s, &sh.q(), &qs, &qv);
+    let kb = upload(&s, &sh.kv(), &kvs, &kv);
+    let vb = upload(&s, &sh.kv(), &kvs, &vv);
+    let (sb, ob) = seed_offset(&s, 0x5eed_0000 + seed as i64, 7);
+    // The scale cuDNN multiplies by: a by-value f32.
+    let c = (1.0 / (1.0 - p)) as f32 as f64;
+    for plan in plans(&cudnn, &og, 2) {
+        let what = format!(
+            "sdpa dropout {} {sh:?} causal={causal} p={p} plan {}",
+            T::DTYPE,
+            plan.name()
+        );
+        let (o, stats, mask) = run_dropout_fwd(
+            &s,
+            &cudnn,
+            &og,
+            &plan,
+            sh,
+            qkv,
+            so,
+            &out,
+            [&qb, &kb, &vb],
+            (&sb, &ob),
+        );
+        let mask = check_mask(&what, &mask, p, sh, causal);
+        let want_o = reference_dropout_o(sh, &want.p, &mask, c, &vf);
+        assert_close(&format!("{what}: O"), &o, &want_o, tol::<T>());
+        // Dropout comes after the softmax: the statistics are those without dropout.
+        assert_close(&format!("{what}: stats"), &stats, &want.stats, STATS_TOL);
+    }
+}
+
+#[test]
+fn gpu_sdpa_dropout_forward_bf16_noncausal() {
+    fwd_dropout_case::<bf16>(SMALL, false, 0.2, 31);
+}
+
+#[test]
+fn gpu_sdpa_dropout_forward_bf16_causal() {
+    fwd_dropout_case::<bf16>(
+        Shape {
+            s_q: 128,
+            s_kv: 128,
+            ..SMALL
+        },
+        true,
+        0.1,
+        32,
+    );
+}
+
+#[test]
+fn gpu_sdpa_dropout_forward_f16_causal_and_noncausal() {
+    fwd_dropout_case::<f16>(SMALL, true, 0.3, 33);
+    fwd_dropout_case::<f16>(
+        Shape {
+            s_q: 64,
+            s_kv: 128,
+            ..SMALL
+        },
+        false,
+        0.5,
+        34,
+    );
+}
+
+#[test]
+fn gpu_sdpa_dropout_zero_probability_is_no_dropout() {
+    // p = 0: the mask is all ones and O is attention without dropout.
+    fwd_dropout_case::<bf16>(SMALL, true, 0.0, 35);
+    fwd_dropout_case::<f16>(SMALL, false, 0.0, 36);
+}
+
+fn bwd_dropout_case<T: DataType>(sh: Shape, causal: bool, p: f64, seed: u64) {
+    let Some((s, cudnn)) = gpu() else { return };
+    // The forward graph draws (and dumps) the mask; the backward graph regenerates it from the
+    // same seed and offset values.
+    let (fg, fqkv, fso, fout) = fwd_dropout_graph(T::DTYPE, sh, causal, p, true).unwrap();
+    let (bg, [q, k, v, o, d_o, stats], [bseed, boffset], gr) =
+        bwd_dropout_graph(T::DTYPE, sh, causal, p).unwrap();
+    let fog = fg.build(&cudnn).unwrap();
+    let bog = bg.build(&cudnn).unwrap();
+    let mut rng = Rng::new(seed);
+    let nq = sh.b * sh.h * sh.s_q * sh.d;
+    let nkv = sh.b * sh.h * sh.s_kv * sh.d;
+    let qv: Vec<T> = rng.values(nq);
+    let kv: Vec<T> = rng.values(nkv);
+    let vv: Vec<T> = rng.values(nkv);
+    let dov: Vec<T> = rng.values(nq);
+    let scale = 1.0 / (sh.d as f64).sqrt();
+    let (qf, kf, vf) = (to_f64(&qv), to_f64(&kv), to_f64(&vv));
+    let fwd = reference_forward(sh, &qf, &kf, &vf, scale, causal);
+    let (qs, kvs) = (bshd(sh.q()), bshd(sh.kv()));
+    let qb = upload(&s, &sh.q(), &qs, &qv);
+    let kb = upload(&s, &sh.kv(), &kvs, &kv);
+    let vb = upload(&s, &sh.kv(), &kvs, &vv);
+    let (sb, ob) = seed_offset(&s, 0x0dd_5eed + seed as i64, 3 * seed as i64);
+    let fplan = plans(&cudnn, &fog, 1).remove(0);
+    let (_, _, mask) = run_dropout_fwd(
+        &s,
+        &cudnn,
+        &fog,
+        &fplan,
+        sh,
+        fqkv,
+        fso,
+        &fout,
+        [&qb, &kb, &vb],
+        (&sb, &ob),
+    );
+    let what0 = format!(
+        "sdpa dropout backward {} {sh:?} causal={causal} p={p}",
+        T::DTYPE
+    );
+    let mask = check_mask(&what0, &mask, p, sh, causal);
+    let c = (1.0 / (1.0 - p)) as f32 as f64;
+    // The GPU reads O as stored and the statistics in f32.
+    let o_ref = reference_dropout_o(sh, &fwd.p, &mask, c, &vf);
+    let ov: Vec<T> = o_ref.iter().map(|&x| T::from_f64(x)).collect();
+    let sv: Vec<f32> = fwd.stats.iter().map(|&x| x as f32).collect();
+    let (dq, dk, dv) = reference_dropout_backward(
+        sh,
+        [&qf, &kf, &vf],
+        &to_f64(&ov),
+        &to_f64(&dov),
+        &fwd.p,
+        &mask,
+        c,
+        scale,
+    );
+    let obuf = upload(&s, &sh.q(), &qs, &ov);
+    let dob = upload(&s, &sh.q(), &qs, &dov);
+    let stb = s.clone_htod(&sv).unwrap();
+    let mut ws = Workspace::new(s.clone());
+    for plan in plans(&cudnn, &bog, 2) {
+        let mut dqb = poisoned_buffer::<T>(&s, bog.span(gr.dq).unwrap());
+        let mut dkb = poisoned_buffer::<T>(&s, bog.span(gr.dk).unwrap());
+        let mut dvb = poisoned_buffer::<T>(&s, bog.span(gr.dv).unwrap());
+        let mut sumb = poisoned_buffer::<f32>(&s, bog.span(gr.softmax_sum).unwrap());
+        let mut accb = poisoned_buffer::<f32>(&s, bog.span(gr.dq_accum).unwrap());
+        {
+            let mut args = Args::new(&cudnn);
+            args.input(q, &qb)
+                .unwrap()
+                .input(k, &kb)
+                .unwrap()
+                .input(v, &vb)
+                .unwrap();
+            args.input(o, &obuf).unwrap().input(d_o, &dob).unwrap();
+            args.input(stats, &stb).unwrap();
+            args.input_i64(bseed, &sb)
+                .unwrap()
+                .input_i64(boffset, &ob)
+                .unwrap();
+            args.output(gr.dq, &mut dqb).unwrap();
+            args.output(gr.dk, &mut dkb).unwrap();
+            args.output(gr.dv, &mut dvb).unwrap();
+            args.output(gr.softmax_sum, &mut sumb).unwrap();
+            args.output(gr.dq_accum, &mut accb).unwrap();
+            cudnn.execute(&plan, &args, &mut ws).unwrap();
+        }
+        let what = format!("{what0} plan {}", plan.name());
+        // As without dropout: products of stored probabilities and gradients, summed over up
+        // to 128 terms, T's tolerance relative to (1 + |w|).
+        let t = tol::<T>();
+        assert_close(
+            &format!("{what}: dQ"),
+            &fetch(&s, &sh.q(), &qs, &dqb),
+            &dq,
+            t,
+        );
+        assert_close(
+            &format!("{what}: dK"),
+            &fetch(&s, &sh.kv(), &kvs, &dkb),
+            &dk,
+            t,
+        );
+        assert_close(
+            &format!("{what}: dV"),
+            &fetch(&s, &sh.kv(), &kvs, &dvb),
+            &dv,
+            t,
+        );
+    }
+}
+
+#[test]
+fn gpu_sdpa_dropout_backward_bf16_causal() {
+    bwd_dropout_case::<bf16>(
+        Shape {
+            s_q: 128,
+            s_kv: 128,
+            ..SMALL
+        },
+        true,
+        0.1,
+        41,
+    );
+}
+
+#[test]
+fn gpu_sdpa_dropout_backward_bf16_noncausal() {
+    bwd_dropout_case::<bf16>(SMALL, false, 0.2, 42);
+}
+
+#[test]
+fn gpu_sdpa_dropout_backward_f16_causal_and_noncausal() {
+    bwd_dropout_case::<f16>(SMALL, true, 0.2, 43);
+    bwd_dropout_case::<f16>(SMALL, false, 0.3, 44);
+}
+
+#[test]
+fn gpu_sdpa_dropout_backward_zero_probability() {
+    bwd_dropout_case::<bf16>(SMALL, false, 0.0, 45);
+}
+
+#[test]
+fn gpu_sdpa_dropout_same_seed_same_mask_other_seed_other_mask() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let sh = SMALL;
+    let p = 0.3;
+    let (g, qkv, so, out) = fwd_dropout_graph(DType::BF16, sh, false, p, true).unwrap();
+    let og = g.build(&cudnn).unwrap();
+    let plan = plans(&cudnn, &og, 1).remove(0);
+    let mut rng = Rng::new(51);
+    let nq = sh.b * sh.h * sh.s_q * sh.d;
+    let nkv = sh.b * sh.h * sh.s_kv * sh.d;
+    let (qs, kvs) = (bshd(sh.q()), bshd(sh.kv()));
+    let qb = upload(&s, &sh.q(), &qs, &rng.values::<bf16>(nq));
+    let kb = upload(&s, &sh.kv(), &kvs, &rng.values::<bf16>(nkv));
+    let vb = upload(&s, &sh.kv(), &kvs, &rng.values::<bf16>(nkv));
+    let run = |seed: i64, offset: i64| {
+        let (sb, ob) = seed_offset(&s, seed, offset);
+        run_dropout_fwd(
+            &s,
+            &cudnn,
+            &og,
+            &plan,
+            sh,
+            qkv,
+            so,
+            &out,
+            [&qb, &kb, &vb],
+            (&sb, &ob),
+        )
+    };
+    let (o1, st1, m1) = run(1234, 0);
+    let (o2, st2, m2) = run(1234, 0);
+    // Same seed and offset: identical mask and outputs, bit for bit.
+    assert_eq!(m1, m2, "same seed and offset, different masks");
+    assert!(
+        o1.iter().zip(&o2).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "same seed and offset, different O"
+    );
+    assert_eq!(st1, st2);
+    check_mask("seed 1234", &m1, p, sh, false);
+    // Another seed, or another offset: another mask (each element differs with probability
+    // 2p(1 − p) = 0.42; a quarter of them is far below that) and another O.
+    for (seed, offset) in [(1235, 0), (1234, 1)] {
+        let (o3, _, m3) = run(seed, offset);
+        check_mask("other seed / offset", &m3, p, sh, false);
+        let differ = m1.iter().zip(&m3).filter(|(a, b)| a != b).count();
+        assert!(
+            differ > m1.len() / 4,
+            "seed {seed} offset {offset}: only {differ} of {} mask elements differ",
+            m1.len()
+        );
+        assert!(
+            o1.iter().zip(&o3).any(|(a, b)| a.to_bits() != b.to_bits()),
+            "seed {seed} offset {offset}: same O"
+        );
+    }
+}
+
+#[test]
+fn gpu_sdpa_dropout_seed_bindings_checked() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let sh = SMALL;
+    let (g, [q, k, v], [seed, offset], out) =
+        fwd_dropout_graph(DType::BF16, sh, true, 0.1, true).unwrap();
+    let og = g.build(&cudnn).unwrap();
+    let plan = plans(&cudnn, &og, 1).remove(0);
+    let stats = out.stats.unwrap();
+    let mask = out.dropout_mask.unwrap();
+    let mut rng = Rng::new(61);
+    let qb = s
+        .clone_htod(&rng.values::<bf16>(og.span(q).unwrap()))
+        .unwrap();
+    let kb = s
+        .clone_htod(&rng.values::<bf16>(og.span(k).unwrap()))
+        .unwrap();
+    let vb = s
+        .clone_htod(&rng.values::<bf16>(og.span(v).unwrap()))
+        .unwrap();
+    let (sb, ob) = seed_offset(&s, 9, 0);
+    let f32_seed = s.clone_htod(&[9.0f32]).unwrap();
+    let i64_q = s.alloc_zeros::<i64>(og.span(q).unwrap()).unwrap();
+    let mut ws = Workspace::new(s.clone());
+    let (mut o_buf, o_before) = sentinel_buffer::<bf16>(&s, og.span(out.o).unwrap());
+    let (mut st_buf, st_before) = sentinel_buffer::<f32>(&s, og.span(stats).unwrap());
+    let (mut m_buf, m_before) = sentinel_buffer::<f32>(&s, og.span(mask).unwrap());
+    #[derive(Clone, Copy, Debug)]
+    enum Case {
+        F32Seed,
+        I64Q,
+        NoOffset,
+    }
+    for case in [Case::F32Seed, Case::I64Q, Case::NoOffset] {
+        {
+            let mut args = Args::new(&cudnn);
+            match case {
+                Case::I64Q => args.input_i64(q, &i64_q).unwrap(),
+                _ => args.input(q, &qb).unwrap(),
+            };
+            args.input(k, &kb).unwrap().input(v, &vb).unwrap();
+            match case {
+                Case::F32Seed => args.input(seed, &f32_seed).unwrap(),
+                _ => args.input_i64(seed, &sb).unwrap(),
+            };
+            if !matches!(case, Case::NoOffset) {
+                args.input_i64(offset, &ob).unwrap();
+            }
+            args.output(out.o, &mut o_buf).unwrap();
+            args.output(stats, &mut st_buf).unwrap();
+            args.output(mask, &mut m_buf).unwrap();
+            let r = cudnn.execute(&plan, &args, &mut ws);
+            let ok = match case {
+                Case::F32Seed => is_err_kind(&r, "UnsupportedDataType") && names(&r, "`seed`"),
+                Case::I64Q => is_err_kind(&r, "UnsupportedDataType") && names(&r, "`q`"),
+                Case::NoOffset => is_err_kind(&r, "InvalidArgument") && names(&r, "`offset`"),
+            };
+            assert!(ok, "{case:?}: {r:?}");
+        }
+        assert_untouched(&format!("{case:?}: O"), &s, &o_buf, &o_before);
+        assert_untouched(&format!("{case:?}: stats"), &s, &st_buf, &st_before);
+        assert_untouched(&format!("{case:?}: mask"), &s, &m_buf, &m_before);
+    }
+}
