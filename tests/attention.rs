@@ -1013,6 +1013,10 @@ fn host_sdpa_dropout_forward_shapes_and_finalize() {
         for causal in [false, true] {
             for dump in [false, true] {
                 for p in [0.0, 0.1] {
+                    if dump && p == 0.0 {
+                        // Refused (host_sdpa_dropout_rejections).
+                        continue;
+                    }
                     let sh = Shape { s_kv: 128, ..SMALL };
                     let (g, _, [seed, offset], out) =
                         fwd_dropout_graph(dtype, sh, causal, p, dump).unwrap();
@@ -1123,6 +1127,13 @@ fn host_sdpa_dropout_rejections() {
     for p in [0.0, 0.5, 0.999] {
         fwd(&with_p(p)).unwrap_or_else(|e| panic!("p = {p}: {e}"));
     }
+    // No mask dump at p = 0 (the kernels write none), named.
+    let r = fwd(&|g: &mut Graph| with_p(0.0)(g).dump_dropout_mask(true));
+    assert!(
+        is_err_kind(&r, "InvalidArgument") && names(&r, "probability above 0"),
+        "{r:?}"
+    );
+    fwd(&|g: &mut Graph| with_p(0.1)(g).dump_dropout_mask(true)).unwrap();
     // A seed or offset of the wrong data type, named.
     let r = fwd(&|g: &mut Graph| {
         let s = g
@@ -1254,9 +1265,15 @@ fn run_dropout_fwd<T: DataType>(
 ) -> (Vec<T>, Vec<f32>, Vec<f32>) {
     let mut o_buf = poisoned_buffer::<T>(s, og.span(out.o).unwrap());
     let stats = out.stats.expect("training");
-    let mask = out.dropout_mask.expect("dumped mask");
+    // p = 0 dumps no mask (the library refuses it): the mask is all ones by definition.
+    let mask = out.dropout_mask;
     let mut st_buf = poisoned_buffer::<f32>(s, og.span(stats).unwrap());
-    let mut m_buf = poisoned_buffer::<f32>(s, og.span(mask).unwrap());
+    let mut m_buf = match mask {
+        Some(m) => poisoned_buffer::<f32>(s, og.span(m).unwrap()),
+        None => s
+            .clone_htod(&vec![1.0f32; sh.b * sh.h * sh.s_q * sh.s_kv])
+            .unwrap(),
+    };
     let mut ws = Workspace::new(s.clone());
     {
         let mut args = Args::new(cudnn);
@@ -1272,7 +1289,9 @@ fn run_dropout_fwd<T: DataType>(
             .unwrap();
         args.output(out.o, &mut o_buf).unwrap();
         args.output(stats, &mut st_buf).unwrap();
-        args.output(mask, &mut m_buf).unwrap();
+        if let Some(mask) = mask {
+            args.output(mask, &mut m_buf).unwrap();
+        }
         cudnn.execute(plan, &args, &mut ws).unwrap();
     }
     (
@@ -1284,7 +1303,7 @@ fn run_dropout_fwd<T: DataType>(
 
 fn fwd_dropout_case<T: DataType>(sh: Shape, causal: bool, p: f64, seed: u64) {
     let Some((s, cudnn)) = gpu() else { return };
-    let (g, qkv, so, out) = fwd_dropout_graph(T::DTYPE, sh, causal, p, true).unwrap();
+    let (g, qkv, so, out) = fwd_dropout_graph(T::DTYPE, sh, causal, p, p > 0.0).unwrap();
     let og = g.build(&cudnn).unwrap();
     let mut rng = Rng::new(seed);
     let nq = sh.b * sh.h * sh.s_q * sh.d;
@@ -1373,7 +1392,7 @@ fn bwd_dropout_case<T: DataType>(sh: Shape, causal: bool, p: f64, seed: u64) {
     let Some((s, cudnn)) = gpu() else { return };
     // The forward graph draws (and dumps) the mask; the backward graph regenerates it from the
     // same seed and offset values.
-    let (fg, fqkv, fso, fout) = fwd_dropout_graph(T::DTYPE, sh, causal, p, true).unwrap();
+    let (fg, fqkv, fso, fout) = fwd_dropout_graph(T::DTYPE, sh, causal, p, p > 0.0).unwrap();
     let (bg, [q, k, v, o, d_o, stats], [bseed, boffset], gr) =
         bwd_dropout_graph(T::DTYPE, sh, causal, p).unwrap();
     let fog = fg.build(&cudnn).unwrap();
@@ -1552,14 +1571,21 @@ fn gpu_sdpa_dropout_same_seed_same_mask_other_seed_other_mask() {
     );
     assert_eq!(st1, st2);
     check_mask("seed 1234", &m1, p, sh, false);
-    // Another seed, or another offset: another mask (each element differs with probability
-    // 2p(1 − p) = 0.42; a quarter of them is far below that) and another O.
-    for (seed, offset) in [(1235, 0), (1234, 1)] {
+    // Another seed: an independent mask (each element differs with probability 2p(1 − p) =
+    // 0.42; a quarter of them is far below that). Another offset: another mask, but nearby
+    // offsets share part of the random stream (offset 1 changed about 10 % of the elements on
+    // an H200), so only "different" is asserted for them; the fractions are printed.
+    for (seed, offset) in [(1235, 0), (1234, 1), (1234, 1 << 12), (1234, 1 << 20)] {
         let (o3, _, m3) = run(seed, offset);
         check_mask("other seed / offset", &m3, p, sh, false);
         let differ = m1.iter().zip(&m3).filter(|(a, b)| a != b).count();
+        eprintln!(
+            "  seed {seed} offset {offset}: {differ} of {} mask elements differ from seed 1234 offset 0",
+            m1.len()
+        );
+        let least = if offset == 0 { m1.len() / 4 } else { 1 };
         assert!(
-            differ > m1.len() / 4,
+            differ >= least,
             "seed {seed} offset {offset}: only {differ} of {} mask elements differ",
             m1.len()
         );

@@ -72,7 +72,13 @@ impl SdpaOptions {
     ///
     /// `probability` is finite with `0 ≤ probability < 1` (checked by [`Graph::sdpa`] and
     /// [`Graph::sdpa_backward`]). With 0 the mask is drawn all ones (Bernoulli probability 1) and
-    /// the result is that of attention without dropout; seed and offset are still read.
+    /// the result is that of attention without dropout; seed and offset are still read (and
+    /// [`SdpaOptions::dump_dropout_mask`] is refused: the kernels write no mask then).
+    ///
+    /// A different seed gives an independent mask. A different offset gives a different mask,
+    /// but nearby offsets share part of Philox's stream (on an H200 with cuDNN 9.14, offset 1
+    /// instead of 0 changed about 10 % of a `2×3×64×64` mask at p = 0.3, against 42 % for
+    /// independent masks): advance the offset by large steps, or change the seed, per call.
     ///
     /// ```no_run
     /// use cudnn_safe::graph::{Args, Graph, PlanFilter, SdpaOptions};
@@ -735,12 +741,25 @@ impl Graph {
         let o_strides = self.sdpa_strides_like(&[b, h, s_q, d_v], &self.tensors[qi].strides)?;
         Layout::strided(&[b, h, s_q, d_v], &o_strides)?;
         let dropout = self.sdpa_dropout(OP, opts, &[b, h, s_q, s_kv])?;
-        if opts.dump_mask && dropout.is_none() {
-            return Err(Error::invalid(
-                "attention dropout mask output",
-                format!("{OP}: dump_dropout_mask together with dropout"),
-                "no dropout set",
-            ));
+        match &dropout {
+            None if opts.dump_mask => {
+                return Err(Error::invalid(
+                    "attention dropout mask output",
+                    format!("{OP}: dump_dropout_mask together with dropout"),
+                    "no dropout set",
+                ))
+            }
+            // At keep-probability 1 the fused kernels skip the draw and leave the dump
+            // unwritten (seen on an H200 with cuDNN 9.14 as NaN poison): refused rather than a
+            // silent hole (the mask is all ones by definition).
+            Some(d) if opts.dump_mask && d.probability == 0.0 => {
+                return Err(Error::invalid(
+                    "attention dropout mask output",
+                    format!("{OP}: dump_dropout_mask with a dropout probability above 0"),
+                    "probability 0 (the mask is all ones)",
+                ))
+            }
+            _ => {}
         }
 
         self.sdpa_transpose_input(ki);

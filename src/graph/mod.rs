@@ -80,8 +80,8 @@ pub use engine::{
 };
 pub use exec::{autotune, Args, AutotuneOptions, PlanCache, Timing, Tuned};
 pub use norm::{
-    BatchNormOutputs, BatchNormRunning, GroupNormOutputs, LayerNormGrads, LayerNormOutputs,
-    RmsNormGrads, RmsNormOutputs,
+    BatchNormOutputs, BatchNormRunning, GroupNormMethod, GroupNormOutputs, LayerNormGrads,
+    LayerNormOutputs, RmsNormGrads, RmsNormOutputs,
 };
 pub use union::{ConvApi, GraphSearch};
 
@@ -1365,6 +1365,24 @@ impl Graph {
         Layout::strided(&dims, strides)?.check_output(self.tensors[i].name)?;
         self.mark_output_as(t, dtype)?;
         self.tensors[i].strides = strides.to_vec();
+        Ok(())
+    }
+
+    /// Gives a virtual tensor another data type than the graph's intermediate type (as
+    /// cudnn-frontend's `set_data_type` on an intermediate, e.g. a half ReLU gradient between
+    /// a batch norm and its backward). An input or a tensor marked as an output is refused with
+    /// [`Error::InvalidArgument`] (its type is set where it is created or marked).
+    pub fn set_virtual_dtype(&mut self, t: TensorId, dtype: DType) -> Result<()> {
+        Self::check_float("graph virtual tensor", dtype)?;
+        let i = self.index(t)?;
+        if !self.tensors[i].is_virtual || self.index_or_boolean(i) {
+            return Err(Error::invalid(
+                "virtual tensor data type",
+                "a floating-point virtual tensor (an operation output not marked as an output)",
+                format!("`{}`", self.tensors[i].name),
+            ));
+        }
+        self.tensors[i].dtype = dtype;
         Ok(())
     }
 

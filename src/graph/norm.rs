@@ -16,9 +16,13 @@ use cudnn_safe_sys::Library;
 
 use super::backend::{attr, kind, Desc};
 use super::{stride_order, Graph, Op, PointwiseMode, TensorId};
-use crate::dtype::DType;
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+
+use crate::dtype::{DType, DataType, Scalar};
 use crate::error::{Error, Result};
-use crate::tensor::Layout;
+use crate::handle::Cudnn;
+use crate::ops::OpTensorOp;
+use crate::tensor::{Layout, TensorDesc};
 
 /// Outputs of [`Graph::layer_norm_backward`], [`Graph::instance_norm_backward`] and
 /// [`Graph::batch_norm_backward`]: virtual until marked as outputs.
@@ -90,20 +94,37 @@ pub struct BatchNormOutputs {
     pub running: Option<(TensorId, TensorId)>,
 }
 
-/// Outputs of [`Graph::group_norm`]: virtual until marked as outputs, plus the two constant
-/// inputs the graph needs.
+/// How [`Graph::group_norm_with`] expresses group normalization with cuDNN's normalization
+/// operations (cuDNN has no group-norm engine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum GroupNormMethod {
+    /// Instance norm (`CUDNN_INSTANCE_NORM`) on x viewed as `[N, G, C/G, S, 1]`: the groups
+    /// are the instance norm's channels. The default: instance-norm engines ran for f32, f16
+    /// and bf16 channels-last data on the H200 (cuDNN 9.14).
+    #[default]
+    InstanceNormView,
+    /// Layer norm (`CUDNN_LAYER_NORM`) on x viewed as `[N, G, C/G, S]`, normalizing the last
+    /// two axes (the formulation of earlier versions of this crate).
+    LayerNormView,
+}
+
+/// Outputs of [`Graph::group_norm`] and [`Graph::group_norm_with`]: virtual until marked as
+/// outputs, plus the two constant inputs the graph needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GroupNormOutputs {
-    /// The normalized, scaled and shifted x, with the dimensions of the group view
-    /// `[N, G, C/G, S]` and x's memory layout (a buffer laid out like x fits it).
+    /// The normalized (and, with the affine step, scaled and shifted) x, with the dimensions of
+    /// the group view (`[N, G, C/G, S, 1]` or `[N, G, C/G, S]`, see [`GroupNormMethod`]) and
+    /// x's memory layout (a buffer laid out like x fits it).
     pub y: TensorId,
-    /// Training phase only: mean and inverse standard deviation per `(n, group)`, `[N, G, 1, 1]`.
+    /// Training phase only: mean and inverse standard deviation per `(n, group)`,
+    /// `[N, G, 1, 1, 1]` ([`GroupNormMethod::InstanceNormView`]) or `[N, G, 1, 1]`
+    /// ([`GroupNormMethod::LayerNormView`]).
     pub stats: Option<(TensorId, TensorId)>,
-    /// A graph input `[1, 1, C/G, S]` the caller binds to a buffer of ones (the layer norm's
-    /// unit scale).
+    /// An f32 graph input the caller binds to a buffer of ones (the normalization's unit
+    /// scale): `[1, G, 1, 1, 1]` or `[1, 1, C/G, S]`.
     pub unit_scale: TensorId,
-    /// A graph input `[1, 1, C/G, S]` the caller binds to a buffer of zeros (the layer norm's
-    /// zero bias).
+    /// An f32 graph input the caller binds to a buffer of zeros (the normalization's zero
+    /// bias), with the unit scale's dimensions.
     pub zero_bias: TensorId,
 }
 
@@ -508,6 +529,9 @@ fn stats_rule(mode: NormMode) -> &'static str {
 /// Shapes of a forward operation: (scale and bias dims, statistics dims).
 type Shapes = (Vec<i64>, Vec<i64>);
 
+/// A tensor's (dims, strides).
+type DimsStrides = (Vec<i64>, Vec<i64>);
+
 /// What a forward operation produced: y, mean, inverse variance, next running statistics.
 type FwdOut = (
     TensorId,
@@ -769,6 +793,10 @@ impl Graph {
     /// standard deviation `[N, 1, 1, 1]` are outputs too (mark them, typically as f32, or feed
     /// them to [`Graph::layer_norm_backward`]); otherwise the phase is `CUDNN_NORM_FWD_INFERENCE`
     /// and only y is written. y has x's dimensions and memory order.
+    ///
+    /// Speed: give f16 / bf16 x a scale and bias of x's own type. On an H200 (cuDNN 9.14 and
+    /// 9.19) a bf16 `16384×2048` layer norm with f32 scale and bias got one generic engine
+    /// (0.164 ms), with bf16 scale and bias the fast ones (0.038 ms); f32 x ran in 0.073 ms.
     ///
     /// Data types: f32, f16 or bf16 for every tensor of the operation; [`Graph::build`] and
     /// [`Graph::check`] return [`Error::UnsupportedDataType`] for f64 (cuDNN has no f64 norm
@@ -1036,6 +1064,18 @@ impl Graph {
     /// the given statistics `mean` and `inv_var` `[1, C, 1, 1]` (inputs; `inv_var` is
     /// `1 / √(running_var + ε)`, so no epsilon is taken, as in cudnn-frontend's
     /// `batchnorm_inference`). Returns y (x's dimensions and layout).
+    ///
+    /// The descriptor is set as cudnn-frontend's `BatchnormInferenceNode` sets it (mode, phase,
+    /// x, mean, inverse variance, scale, bias, y; no epsilon, no running statistics), but
+    /// cudnn-frontend runs batch-norm inference only fused into the pattern
+    /// `batch_norm_inference → ReLU backward (PointwiseMode::ReluBwd) → batch_norm_backward`
+    /// (its sample `BN_inference DRelu DBN Graph`: f16 channels-last x `[4, 32, 16, 16]`, f32
+    /// scale, bias, mean and inverse variance `[1, 32, 1, 1]`, y virtual in f32, the ReLU
+    /// gradient virtual in f16). A graph of this operation alone was refused by cuDNN 9.14 on
+    /// an H200 (f32 channels-last: the heuristics' descriptor did not finalize,
+    /// `CUDNN_STATUS_NOT_SUPPORTED`), so [`crate::graph::OperationGraph::plans`] may return a
+    /// typed error for it; the legacy `cudnnBatchNormalizationForwardInference`
+    /// ([`crate::norm`]) covers standalone inference.
     #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR")]
     #[doc(alias = "CUDNN_BATCH_NORM")]
     pub fn batch_norm_inference(
@@ -1103,32 +1143,13 @@ impl Graph {
         })
     }
 
-    /// Group normalization forward, built on layer norm: the channels of x `[N, C, spatial...]`
-    /// fall into `groups` groups of `C/G` consecutive channels; each `(n, group)` is normalized
-    /// over its channels and spatial positions, then scaled and shifted per channel:
+    /// Group normalization forward with a per-channel affine step, in the default formulation
+    /// ([`GroupNormMethod::InstanceNormView`]): the channels of x `[N, C, spatial...]` fall into
+    /// `groups` groups of `C/G` consecutive channels; each `(n, group)` is normalized over its
+    /// channels and spatial positions, then scaled and shifted per channel:
     /// `y = (x − mean) · inv_var · scale[c] + bias[c]` (biased variance, as PyTorch's
-    /// `group_norm`).
-    ///
-    /// cuDNN has no group-norm engine (`CUDNN_GROUP_NORM` exists in the enum, but
-    /// cudnn-frontend has no node for it), so the graph gets three operations on a view of the
-    /// same memory, `[N, G, C/G, S]` with `S` the product of the spatial extents:
-    /// 1. a layer norm whose normalized axes are `C/G` and `S` (scale and bias
-    ///    `[1, 1, C/G, S]`, statistics `[N, G, 1, 1]`) with a unit scale and a zero bias
-    ///    ([`GroupNormOutputs::unit_scale`], [`GroupNormOutputs::zero_bias`]: f32 graph inputs
-    ///    the caller binds to buffers of ones and zeros),
-    /// 2. a pointwise multiplication by `scale` seen as `[1, G, C/G, 1]`,
-    /// 3. a pointwise addition of `bias` seen as `[1, G, C/G, 1]`.
-    ///
-    /// No view change is needed between the operations: x, `scale` and `bias` are described to
-    /// cuDNN in the group view from the start (their strides say where each element lives, so
-    /// buffers laid out as declared still fit). For that x, `scale` and `bias` must be graph
-    /// inputs that no other operation reads, and x's spatial dimensions must form one strided
-    /// run (true for packed NCHW and NHWC); otherwise [`Error::InvalidArgument`]. After the call
-    /// [`Graph::dims`] of x, `scale` and `bias` report the view. y has the view's dimensions and
-    /// x's memory layout; the statistics `[N, G, 1, 1]` follow x's memory order.
-    ///
-    /// Whether an engine fuses the three operations depends on the cuDNN version and layout;
-    /// [`crate::graph::OperationGraph::plans`] says so with a typed error.
+    /// `group_norm`). Same as [`Graph::group_norm_with`] with `Some((scale, bias))` and the
+    /// default method; see there for the view, the extra inputs and the rules.
     ///
     /// ```no_run
     /// use cudnn_safe::graph::{Args, Graph, PlanFilter};
@@ -1160,7 +1181,7 @@ impl Graph {
     /// cudnn.execute(&plan, &args, &mut ws)?;
     /// # Ok(()) }
     /// ```
-    #[doc(alias = "CUDNN_LAYER_NORM")]
+    #[doc(alias = "CUDNN_INSTANCE_NORM")]
     #[doc(alias = "GroupNorm")]
     pub fn group_norm(
         &mut self,
@@ -1171,25 +1192,89 @@ impl Graph {
         epsilon: f64,
         training: bool,
     ) -> Result<GroupNormOutputs> {
+        self.group_norm_with(
+            x,
+            groups,
+            Some((scale, bias)),
+            epsilon,
+            training,
+            GroupNormMethod::default(),
+        )
+    }
+
+    /// Group normalization forward in a chosen formulation, with or without the per-channel
+    /// affine step (`affine = Some((scale, bias))`, both `[1, C, 1, 1]`).
+    ///
+    /// cuDNN has no group-norm engine (`CUDNN_GROUP_NORM` exists in the enum, but
+    /// cudnn-frontend has no node for it), so the graph normalizes a view of the same memory
+    /// (`S` is the product of the spatial extents):
+    /// - [`GroupNormMethod::InstanceNormView`]: x seen as `[N, G, C/G, S, 1]` (packed NCHW:
+    ///   strides `[C·S, (C/G)·S, S, 1, 1]`) normalized by instance norm, statistics
+    ///   `[N, G, 1, 1, 1]`, unit scale and zero bias `[1, G, 1, 1, 1]`;
+    /// - [`GroupNormMethod::LayerNormView`]: x seen as `[N, G, C/G, S]` normalized by layer
+    ///   norm over `C/G` and `S`, statistics `[N, G, 1, 1]`, unit scale and zero bias
+    ///   `[1, 1, C/G, S]`.
+    ///
+    /// The unit scale and zero bias ([`GroupNormOutputs::unit_scale`],
+    /// [`GroupNormOutputs::zero_bias`]) are f32 graph inputs the caller binds to buffers of
+    /// ones and zeros. With `affine`, a pointwise multiplication by `scale` and an addition of
+    /// `bias`, both seen as `[1, G, C/G, 1(, 1)]`, follow in the same graph.
+    ///
+    /// No view change is needed between the operations: x, `scale` and `bias` are described to
+    /// cuDNN in the group view from the start (their strides say where each element lives, so
+    /// buffers laid out as declared still fit). For that x, `scale` and `bias` must be graph
+    /// inputs that no other operation reads, and x's spatial dimensions must form one strided
+    /// run (true for packed NCHW and NHWC); otherwise [`Error::InvalidArgument`]. After the call
+    /// [`Graph::dims`] of x, `scale` and `bias` report the view. y has the view's dimensions and
+    /// x's memory layout; the statistics follow x's memory order.
+    ///
+    /// Whether an engine fuses the operations depends on the cuDNN version, the layout and the
+    /// formulation ([`crate::graph::OperationGraph::plans`] says so with a typed error): on an
+    /// H200 with cuDNN 9.14 the fused layer-norm view with the affine step (NCHW f32) got no
+    /// engine configuration. When no fused graph is offered, normalize without `affine` (mark
+    /// y as an output) and apply the affine step afterwards with
+    /// [`Cudnn::group_norm_affine`](crate::Cudnn::group_norm_affine) on the same buffer.
+    #[doc(alias = "CUDNN_INSTANCE_NORM")]
+    #[doc(alias = "CUDNN_LAYER_NORM")]
+    #[doc(alias = "GroupNorm")]
+    pub fn group_norm_with(
+        &mut self,
+        x: TensorId,
+        groups: i64,
+        affine: Option<(TensorId, TensorId)>,
+        epsilon: f64,
+        training: bool,
+        method: GroupNormMethod,
+    ) -> Result<GroupNormOutputs> {
         const OP: &str = "group norm";
-        let (xi, si, bi) = (self.index(x)?, self.index(scale)?, self.index(bias)?);
-        if xi == si || xi == bi || si == bi {
-            return Err(Error::invalid(
-                "group norm operands",
-                "three distinct tensors x, scale and bias",
-                format!(
-                    "`{}`, `{}`, `{}`",
-                    self.tensors[xi].name, self.tensors[si].name, self.tensors[bi].name
-                ),
-            ));
+        let xi = self.index(x)?;
+        let affine_idx = match affine {
+            Some((s, b)) => Some((self.index(s)?, self.index(b)?)),
+            None => None,
+        };
+        if let Some((si, bi)) = affine_idx {
+            if xi == si || xi == bi || si == bi {
+                return Err(Error::invalid(
+                    "group norm operands",
+                    "three distinct tensors x, scale and bias",
+                    format!(
+                        "`{}`, `{}`, `{}`",
+                        self.tensors[xi].name, self.tensors[si].name, self.tensors[bi].name
+                    ),
+                ));
+            }
         }
         self.norm_check_x(NormMode::Instance, OP, xi)?;
         let xd = self.tensors[xi].dims.clone();
         let param = NormMode::Instance.param_dims(&xd);
         const RULE: &str = "group norm scale and bias are [1, C, 1, ...] for x [N, C, ...]";
-        self.norm_check_dims(xi, si, &param, RULE)?;
-        self.norm_check_dims(xi, bi, &param, RULE)?;
-        for i in [xi, si, bi] {
+        let mut operands = vec![xi];
+        if let Some((si, bi)) = affine_idx {
+            self.norm_check_dims(xi, si, &param, RULE)?;
+            self.norm_check_dims(xi, bi, &param, RULE)?;
+            operands.extend([si, bi]);
+        }
+        for &i in &operands {
             let t = &self.tensors[i];
             if t.producer.is_some() || t.consumed {
                 return Err(Error::invalid(
@@ -1207,7 +1292,7 @@ impl Graph {
                 format!("{groups} groups for `{}`", self.tensors[xi].name),
             ));
         }
-        Self::norm_check_epsilon(NormMode::Layer, epsilon)?;
+        Self::norm_check_epsilon(NormMode::Instance, epsilon)?;
         // The spatial dimensions merge into one axis of stride `run` when each one's stride is
         // the next one's stride times its extent (extent-1 dimensions don't matter).
         let xs = self.tensors[xi].strides.clone();
@@ -1236,24 +1321,48 @@ impl Graph {
         }
         let (s, s_stride) = run.unwrap_or((1, 1));
         let cg = c / groups;
-        let x_view = (
+        let five = method == GroupNormMethod::InstanceNormView;
+        // The instance-norm view appends a unit axis so that the instance norm's "spatial"
+        // axes are `C/G` and `S`; its stride repeats S's (1 for packed NCHW, as a packed 5-D
+        // tensor has).
+        let mut x_view = (
             vec![xd[0], groups, cg, s],
             vec![xs[0], cg * xs[1], xs[1], s_stride],
         );
+        if five {
+            x_view.0.push(1);
+            x_view.1.push(s_stride);
+        }
         let param_view = |strides: &[i64]| {
             let sc = strides[1];
-            (vec![1, groups, cg, 1], vec![c * sc, cg * sc, sc, sc])
+            let mut v = (vec![1, groups, cg, 1], vec![c * sc, cg * sc, sc, sc]);
+            if five {
+                v.0.push(1);
+                v.1.push(sc);
+            }
+            v
         };
-        let s_view = param_view(&self.tensors[si].strides);
-        let b_view = param_view(&self.tensors[bi].strides);
-        for (d, st) in [&x_view, &s_view, &b_view] {
+        let views: Vec<(usize, DimsStrides)> = match affine_idx {
+            Some((si, bi)) => {
+                let s_view = param_view(&self.tensors[si].strides);
+                let b_view = param_view(&self.tensors[bi].strides);
+                vec![(xi, x_view.clone()), (si, s_view), (bi, b_view)]
+            }
+            None => vec![(xi, x_view.clone())],
+        };
+        for (_, (d, st)) in &views {
             Layout::strided(d, st)?;
         }
-        let unit_dims = vec![1, 1, cg, s];
+        let (unit_dims, stats_shapes) = if five {
+            (vec![1, groups, 1, 1, 1], None)
+        } else {
+            let unit = vec![1, 1, cg, s];
+            (unit.clone(), Some((unit, vec![xd[0], groups, 1, 1])))
+        };
         let unit_strides = super::strides_in_order(&unit_dims, &stride_order(&x_view.1))?;
         Layout::strided(&unit_dims, &unit_strides)?;
         // Every check passed: describe the operands in the group view.
-        for (i, (d, st)) in [(xi, x_view), (si, s_view), (bi, b_view)] {
+        for (i, (d, st)) in views {
             self.tensors[i].dims = d;
             self.tensors[i].strides = st;
         }
@@ -1269,19 +1378,28 @@ impl Graph {
             &unit_strides,
             DType::F32,
         )?;
-        let stats_dims = vec![xd[0], groups, 1, 1];
+        let mode = if five {
+            NormMode::Instance
+        } else {
+            NormMode::Layer
+        };
         let (xhat, mean, inv_var, _) = self.norm_forward(
-            NormMode::Layer,
+            mode,
             x,
             unit_scale,
             Some(zero_bias),
             epsilon,
             training,
             None,
-            Some((unit_dims, stats_dims)),
+            stats_shapes,
         )?;
-        let scaled = self.pointwise(PointwiseMode::Mul, xhat, Some(scale))?;
-        let y = self.pointwise(PointwiseMode::Add, scaled, Some(bias))?;
+        let y = match affine {
+            Some((scale, bias)) => {
+                let scaled = self.pointwise(PointwiseMode::Mul, xhat, Some(scale))?;
+                self.pointwise(PointwiseMode::Add, scaled, Some(bias))?
+            }
+            None => xhat,
+        };
         self.set_name(y, "group_norm.y")?;
         Ok(GroupNormOutputs {
             y,
@@ -1289,5 +1407,84 @@ impl Graph {
             unit_scale,
             zero_bias,
         })
+    }
+}
+
+impl Cudnn {
+    /// The per-channel affine step of an unfused group norm, in place:
+    /// `y[n, c, ...] = y[n, c, ...] · scale[c] + bias[c]`, as two `cudnnOpTensor` calls
+    /// ([`Cudnn::op_tensor_inplace`] with [`OpTensorOp::Mul`], then [`OpTensorOp::Add`]).
+    ///
+    /// Use it when no engine fuses the affine step with the normalization: build
+    /// [`Graph::group_norm_with`] with `affine = None`, mark its y as an output bound to a
+    /// buffer laid out like x, execute, then call this with `y_desc` describing that buffer in
+    /// x's declared shape `[N, C, spatial...]` and layout (the group view addresses the same
+    /// elements), and `param_desc` `[1, C, 1, ...]` for `scale` and `bias` (of y's type:
+    /// `cudnnOpTensor` takes one data type).
+    ///
+    /// Checks as [`Cudnn::op_tensor_inplace`] (spans, context, non-overlapping output), plus
+    /// `param_desc` of dimensions `[1, C, 1, ...]` for y `[N, C, ...]`
+    /// ([`Error::ShapeMismatch`] otherwise), before anything is enqueued.
+    ///
+    /// ```no_run
+    /// use cudnn_safe::{cuda_context, Cudnn, TensorDesc};
+    /// # fn main() -> cudnn_safe::Result<()> {
+    /// let ctx = cuda_context(0)?;
+    /// let stream = ctx.default_stream();
+    /// let cudnn = Cudnn::new(stream.clone())?;
+    /// let y_desc = TensorDesc::<f32>::nchw(8, 64, 32, 32)?;
+    /// let p_desc = TensorDesc::<f32>::nchw(1, 64, 1, 1)?;
+    /// // y holds the group-normalized x (a `group_norm_with(.., None, ..)` graph's output).
+    /// let mut y = stream.alloc_zeros::<f32>(8 * 64 * 32 * 32).unwrap();
+    /// let gamma = stream.clone_htod(&vec![1f32; 64]).unwrap();
+    /// let beta = stream.alloc_zeros::<f32>(64).unwrap();
+    /// cudnn.group_norm_affine(&y_desc, &mut y, &p_desc, &gamma, &beta)?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cudnnOpTensor")]
+    #[doc(alias = "GroupNorm")]
+    pub fn group_norm_affine<T: DataType>(
+        &self,
+        y_desc: &TensorDesc<T>,
+        y: &mut impl DevicePtrMut<T>,
+        param_desc: &TensorDesc<T>,
+        scale: &impl DevicePtr<T>,
+        bias: &impl DevicePtr<T>,
+    ) -> Result<()> {
+        let yd = y_desc.dims();
+        let pd = param_desc.dims();
+        let ok = yd.len() >= 2
+            && pd.len() == yd.len()
+            && pd
+                .iter()
+                .enumerate()
+                .all(|(i, &d)| d == if i == 1 { yd[1] } else { 1 });
+        if !ok {
+            return Err(Error::ShapeMismatch {
+                a: "y",
+                a_dims: yd.to_vec(),
+                b: "scale/bias",
+                b_dims: pd.to_vec(),
+                rule: "group norm scale and bias are [1, C, 1, ...] for y [N, C, ...]",
+            });
+        }
+        // Both launches are checked before the first is enqueued: they check the same buffers
+        // against the same descriptors, so the second can only fail where the first did.
+        self.check_tensor("scale", param_desc.layout(), scale, false)?;
+        self.check_tensor("bias", param_desc.layout(), bias, false)?;
+        self.check_tensor("y", y_desc.layout(), y, true)?;
+        let one = T::Scalar::from_f64(1.0);
+        let zero = T::Scalar::from_f64(0.0);
+        self.op_tensor_inplace(
+            OpTensorOp::Mul,
+            one,
+            one,
+            param_desc,
+            scale,
+            zero,
+            y_desc,
+            y,
+        )?;
+        self.op_tensor_inplace(OpTensorOp::Add, one, one, param_desc, bias, zero, y_desc, y)
     }
 }

@@ -353,11 +353,17 @@ pub(crate) const MAX_ITERATIONS: usize = 100;
 pub(crate) const HOPELESS: f32 = 1.5;
 
 /// Launches per round for a probe of `probe_ms` per launch.
+#[cfg(test)]
 pub(crate) fn iterations(probe_ms: f32) -> usize {
+    iterations_for(probe_ms, TARGET_MS)
+}
+
+/// Launches per round of at least `target_ms` for a probe of `probe_ms` per launch.
+fn iterations_for(probe_ms: f32, target_ms: f32) -> usize {
     if probe_ms.is_nan() || probe_ms <= 0.0 {
         return MAX_ITERATIONS;
     }
-    ((TARGET_MS / probe_ms).ceil() as usize).clamp(1, MAX_ITERATIONS)
+    ((target_ms / probe_ms).ceil() as usize).clamp(1, MAX_ITERATIONS)
 }
 
 /// Milliseconds per launch of `launch`, timed with CUDA events on `cudnn`'s stream (see
@@ -365,6 +371,24 @@ pub(crate) fn iterations(probe_ms: f32) -> usize {
 pub(crate) fn time_ms(
     cudnn: &Cudnn,
     best: Option<f32>,
+    launch: impl FnMut() -> Result<()>,
+) -> Result<f32> {
+    time_with(cudnn, best, TARGET_MS, launch)
+}
+
+/// [`time_ms`] with rounds of at least `target_ms` and no early exit (a union search's finals).
+pub(crate) fn time_ms_for(
+    cudnn: &Cudnn,
+    target_ms: f32,
+    launch: impl FnMut() -> Result<()>,
+) -> Result<f32> {
+    time_with(cudnn, None, target_ms, launch)
+}
+
+fn time_with(
+    cudnn: &Cudnn,
+    best: Option<f32>,
+    target_ms: f32,
     mut launch: impl FnMut() -> Result<()>,
 ) -> Result<f32> {
     let stream = cudnn.stream();
@@ -389,7 +413,7 @@ pub(crate) fn time_ms(
     if best.is_some_and(|b| probe > b * HOPELESS) {
         return Ok(probe);
     }
-    let n = iterations(probe);
+    let n = iterations_for(probe, target_ms);
     let mut fastest = f32::INFINITY;
     for _ in 0..ROUNDS {
         fastest = fastest.min(timed(n)?);
