@@ -77,6 +77,8 @@ const FINALISTS: usize = 3;
 const FINAL_PASSES: usize = 3;
 /// Least duration of one timed round in the finals, in ms.
 const FINAL_TARGET_MS: f32 = 1.0;
+/// Least duration of each of the warm-up rounds before a union search's first pass, in ms.
+const WARM_UP_MS: f32 = 2.0;
 
 /// Environment variable naming the autotune cache file used by [`Autotuner::new`].
 pub const CACHE_ENV: &str = "CUDNN_SAFE_AUTOTUNE_CACHE";
@@ -631,6 +633,24 @@ impl Autotuner {
         }
     }
 
+    /// [`Autotuner::prepare`] for a forward problem (the plain call, or the legacy decision of the
+    /// fused one).
+    fn prepare_forward<X: DataType, Y: DataType>(
+        &mut self,
+        cudnn: &Cudnn,
+        x_desc: &TensorDesc<X>,
+        w_desc: &FilterDesc<X>,
+        conv: &ConvDesc,
+        y_desc: &TensorDesc<Y>,
+    ) -> Prepared {
+        let gmode = self.graph;
+        self.prepare(
+            cudnn,
+            [0, x_desc.id(), w_desc.id(), conv.id(), y_desc.id(), 0],
+            |policy, limit| forward_key(x_desc, w_desc, conv, y_desc, policy, limit, gmode),
+        )
+    }
+
     /// The cached ranking for a forward problem under the current policy, if decided already.
     pub fn cached_forward<X: DataType, Y: DataType>(
         &mut self,
@@ -640,12 +660,7 @@ impl Autotuner {
         conv: &ConvDesc,
         y_desc: &TensorDesc<Y>,
     ) -> Option<Vec<Candidate<ConvFwdAlgo>>> {
-        let gmode = self.graph;
-        let prepared = self.prepare(
-            cudnn,
-            [0, x_desc.id(), w_desc.id(), conv.id(), y_desc.id(), 0],
-            |policy, limit| forward_key(x_desc, w_desc, conv, y_desc, policy, limit, gmode),
-        );
+        let prepared = self.prepare_forward(cudnn, x_desc, w_desc, conv, y_desc);
         match prepared {
             Prepared::Known(_, r) => Some(decode(&r.ranking)),
             _ => None,
@@ -663,12 +678,7 @@ impl Autotuner {
         conv: &ConvDesc,
         y_desc: &TensorDesc<Y>,
     ) -> Option<Arc<EngineConfig>> {
-        let gmode = self.graph;
-        let prepared = self.prepare(
-            cudnn,
-            [0, x_desc.id(), w_desc.id(), conv.id(), y_desc.id(), 0],
-            |policy, limit| forward_key(x_desc, w_desc, conv, y_desc, policy, limit, gmode),
-        );
+        let prepared = self.prepare_forward(cudnn, x_desc, w_desc, conv, y_desc);
         match prepared {
             Prepared::Known(_, r) => r.graph.as_ref().map(|g| g.config.clone()),
             _ => None,
@@ -929,15 +939,13 @@ impl Autotuner {
         let prefer = self.graph == GraphSearch::Prefer;
         let policy = self.policy;
         let ws = self.workspace(cudnn);
-        let mut legacy_ms = match gunion::time_ms(cudnn, None, || trial(Trial::Legacy, ws)) {
-            Ok(ms) => ms,
-            Err(e) => {
-                log::debug!("union search: legacy {legacy_name} not timed: {e}");
-                *legacy_find_ms
-            }
-        };
-        // Plans far slower than the bound are not timed precisely: they cannot win.
-        let mut bound = (!prefer && legacy_ms > 0.0).then_some(legacy_ms);
+        // Plans far slower than the best so far are not timed precisely: they cannot win. The
+        // legacy favourite is timed after the plans: building them leaves the GPU idle, and a
+        // candidate timed first runs while the clocks ramp up again (on an H200 the legacy
+        // algorithm timed first lost to graph plans that were 8 % slower in steady state).
+        // A few milliseconds of the legacy call first bring the clocks back up for the plans.
+        let _ = gunion::time_ms_for(cudnn, WARM_UP_MS, || trial(Trial::Legacy, ws));
+        let mut bound: Option<f32> = None;
         let mut timed: Vec<(f32, Plan)> = Vec::new();
         let ids = cg.ids;
         for plan in plans {
@@ -960,6 +968,13 @@ impl Autotuner {
             );
             return Ok(None);
         }
+        let mut legacy_ms = match gunion::time_ms(cudnn, None, || trial(Trial::Legacy, ws)) {
+            Ok(ms) => ms,
+            Err(e) => {
+                log::debug!("union search: legacy {legacy_name} not timed: {e}");
+                *legacy_find_ms
+            }
+        };
         timed.sort_by(|a, b| a.0.total_cmp(&b.0));
         timed.truncate(FINALISTS);
         // Finals: the first pass timed each candidate once, apart from the others, and a clock
@@ -1175,6 +1190,118 @@ impl Autotuner {
         self.exec_held(cudnn, key, op, |plan, ids, ws| exec(plan, ids, ws, out))
     }
 
+    /// [`Autotuner::prepare`] for a backward problem; `x_desc` describes the convolution's input
+    /// (dx for backward data).
+    fn prepare_backward<T: DataType>(
+        &mut self,
+        cudnn: &Cudnn,
+        direction: ConvDirection,
+        x_desc: &TensorDesc<T>,
+        w_desc: &FilterDesc<T>,
+        dy_desc: &TensorDesc<T>,
+        conv: &ConvDesc,
+    ) -> Prepared {
+        let kind = match direction {
+            ConvDirection::Forward => 0,
+            ConvDirection::BackwardData => 1,
+            ConvDirection::BackwardFilter => 2,
+        };
+        let gmode = self.graph;
+        self.prepare(
+            cudnn,
+            [kind, x_desc.id(), w_desc.id(), conv.id(), dy_desc.id(), 0],
+            |policy, limit| {
+                let k = problem_key(
+                    direction,
+                    (x_desc.layout(), T::DTYPE),
+                    w_desc,
+                    (dy_desc.layout(), T::DTYPE),
+                    conv,
+                    policy,
+                    limit,
+                );
+                with_search(k, policy, gmode)
+            },
+        )
+    }
+
+    /// The body of [`forward`](Self::forward), [`backward_data`](Self::backward_data) and
+    /// [`backward_filter`](Self::backward_filter): decides (a benchmark runs on scratch memory
+    /// when `beta ≠ 0`), searches and runs the graph engines where the union search applies,
+    /// else runs the legacy ranking.
+    fn tune<C: ConvCall>(
+        &mut self,
+        cudnn: &Cudnn,
+        call: &C,
+        prepared: Prepared,
+        fixed: C::Algo,
+        (alpha, beta): (C::Scalar, C::Scalar),
+        out: &mut impl DevicePtrMut<C::Out>,
+    ) -> Result<Choice<C::Algo>> {
+        let accumulate = beta.to_f64() != 0.0;
+        let d = self.decide(
+            cudnn,
+            prepared,
+            || call.heuristics(),
+            |ws| {
+                if accumulate {
+                    let mut scratch = alloc::<C::Out>(cudnn, call.out_len())?;
+                    call.find(&mut scratch, ws)
+                } else {
+                    call.find(out, ws)
+                }
+            },
+            fixed,
+        )?;
+        let best = d.entry.first::<C::Algo>();
+        if let (true, Some(best)) = (self.union_on() && call.eligible(), best) {
+            let plain = alpha.to_f64() == 1.0 && !accumulate;
+            let conv = call.conv();
+            let build = || call.graph();
+            let key = d.key.clone();
+            let ran = self.graph_call(
+                cudnn,
+                &d,
+                plain,
+                C::OP,
+                conv,
+                out,
+                &build,
+                |me, out| {
+                    let key = key.as_ref()?;
+                    let legacy = (best.algo.to_string(), best.time_ms);
+                    if accumulate {
+                        let mut s = scratch::<C::Out>(cudnn, call.out_len())?;
+                        let t = trial(call, best.algo, &mut s);
+                        me.union_search(cudnn, key, C::OP, legacy, conv, build, t)
+                    } else {
+                        let t = trial(call, best.algo, out);
+                        me.union_search(cudnn, key, C::OP, legacy, conv, build, t)
+                    }
+                },
+                |plan, ids, ws, out| call.exec(plan, ids, ws, out),
+            )?;
+            if let Some(config) = ran {
+                return Ok(self.graph_choice(best.algo, d.source, config));
+            }
+        }
+        self.run(cudnn, d, |algo, ws| {
+            call.launch(algo, (alpha, beta), ws, out)
+        })
+    }
+
+    /// What a call that ran the graph plan `config` reports: `algo` is the legacy favourite of
+    /// the decision from `source`.
+    fn graph_choice<A>(&self, algo: A, source: Source, config: Arc<EngineConfig>) -> Choice<A> {
+        Choice {
+            algo,
+            source,
+            rank: 0,
+            workspace: self.workspace_bytes(),
+            api: ConvApi::Graph(config),
+        }
+    }
+
     /// `y = alpha·conv(x, w) + beta·y` with the algorithm the policy picks (see
     /// [`Cudnn::conv_forward`] for the types and checks). With `beta ≠ 0` a benchmark runs on
     /// scratch memory, so `y`'s contents are preserved for the accumulation.
@@ -1203,74 +1330,9 @@ impl Autotuner {
             Policy::Fixed(f) => f.forward,
             _ => ConvFwdAlgo::ImplicitGemm,
         };
-        let gmode = self.graph;
-        let prepared = self.prepare(
-            cudnn,
-            [0, x_desc.id(), w_desc.id(), conv.id(), y_desc.id(), 0],
-            |policy, limit| forward_key(x_desc, w_desc, conv, y_desc, policy, limit, gmode),
-        );
-        let accumulate = beta.to_f64() != 0.0;
-        let d = self.decide(
-            cudnn,
-            prepared,
-            || cudnn.conv_forward_heuristics(x_desc, w_desc, conv, y_desc),
-            |ws| {
-                if accumulate {
-                    let mut scratch = alloc::<Y>(cudnn, y_desc.span())?;
-                    cudnn.conv_forward_find(x_desc, x, w_desc, w, conv, y_desc, &mut scratch, ws)
-                } else {
-                    cudnn.conv_forward_find(x_desc, x, w_desc, w, conv, y_desc, y, ws)
-                }
-            },
-            fixed,
-        )?;
-        let best = d.entry.first::<ConvFwdAlgo>();
-        if let (true, Some(best)) = (
-            self.union_on() && gunion::eligible::<X, Y>(x_desc.dims(), w_desc, conv, y_desc.dims()),
-            best,
-        ) {
-            const OP: &str = "forward";
-            let plain = alpha.to_f64() == 1.0 && !accumulate;
-            let build = || gunion::fprop_graph(cudnn, x_desc, w_desc, conv, y_desc, None);
-            let key = d.key.clone();
-            let ran = self.graph_call(
-                cudnn,
-                &d,
-                plain,
-                OP,
-                conv,
-                y,
-                &build,
-                |me, y| {
-                    let key = key.as_ref()?;
-                    let legacy = (best.algo.to_string(), best.time_ms);
-                    let p = (cudnn, x_desc, x, w_desc, w, conv, y_desc, best.algo);
-                    if accumulate {
-                        let mut s = scratch::<Y>(cudnn, y_desc.span())?;
-                        me.union_search(cudnn, key, OP, legacy, conv, build, fwd_trial(p, &mut s))
-                    } else {
-                        me.union_search(cudnn, key, OP, legacy, conv, build, fwd_trial(p, y))
-                    }
-                },
-                |plan, ids, ws, y| {
-                    let mut a = Args::new(cudnn);
-                    a.input(ids.a, x)?.input(ids.b, w)?.output(ids.out, y)?;
-                    cudnn.execute(plan, &a, ws)
-                },
-            )?;
-            if let Some(config) = ran {
-                return Ok(Choice {
-                    algo: best.algo,
-                    source: d.source,
-                    rank: 0,
-                    workspace: self.workspace_bytes(),
-                    api: ConvApi::Graph(config),
-                });
-            }
-        }
-        self.run(cudnn, d, |algo, ws| {
-            cudnn.conv_forward(alpha, x_desc, x, w_desc, w, conv, algo, ws, beta, y_desc, y)
-        })
+        let prepared = self.prepare_forward(cudnn, x_desc, w_desc, conv, y_desc);
+        let call = Fwd(cudnn, x_desc, x, w_desc, w, conv, y_desc);
+        self.tune(cudnn, &call, prepared, fixed, (alpha, beta), y)
     }
 
     /// The fused `y = act(alpha1·conv(x, w) + alpha2·z + bias)` (see
@@ -1318,12 +1380,7 @@ impl Autotuner {
                 Policy::Fixed(f) => f.forward,
                 _ => ConvFwdAlgo::ImplicitGemm,
             };
-            let gmode = self.graph;
-            let prepared = self.prepare(
-                cudnn,
-                [0, x_desc.id(), w_desc.id(), conv.id(), y_desc.id(), 0],
-                |policy, limit| forward_key(x_desc, w_desc, conv, y_desc, policy, limit, gmode),
-            );
+            let prepared = self.prepare_forward(cudnn, x_desc, w_desc, conv, y_desc);
             // The fused output is written, never read (z is a separate buffer), so a benchmark
             // may use `y` itself as its trial output.
             self.decide(
@@ -1420,13 +1477,7 @@ impl Autotuner {
                             build,
                             |t: Trial<'_>, ws: &mut Workspace| match t {
                                 Trial::Plan(plan, ids) => {
-                                    let mut a = Args::new(cudnn);
-                                    a.input(ids.a, x)?.input(ids.b, w)?;
-                                    if let Some(c) = ids.c {
-                                        a.input(c, bias)?;
-                                    }
-                                    a.output(ids.out, &mut *y)?;
-                                    cudnn.execute(plan, &a, ws)
+                                    exec_plan(cudnn, plan, ids, ws, (x, w, Some(bias)), &mut *y)
                                 }
                                 Trial::Legacy => cudnn.conv_bias_activation_forward(
                                     one, x_desc, x, w_desc, w, conv, best.algo, ws, zero, None,
@@ -1435,24 +1486,10 @@ impl Autotuner {
                             },
                         )
                     },
-                    |plan, ids, ws, y| {
-                        let mut a = Args::new(cudnn);
-                        a.input(ids.a, x)?.input(ids.b, w)?;
-                        if let Some(c) = ids.c {
-                            a.input(c, bias)?;
-                        }
-                        a.output(ids.out, y)?;
-                        cudnn.execute(plan, &a, ws)
-                    },
+                    |plan, ids, ws, y| exec_plan(cudnn, plan, ids, ws, (x, w, Some(bias)), y),
                 )?;
                 if let Some(config) = ran {
-                    return Ok(Choice {
-                        algo: best.algo,
-                        source: d.source,
-                        rank: 0,
-                        workspace: self.workspace_bytes(),
-                        api: ConvApi::Graph(config),
-                    });
+                    return Ok(self.graph_choice(best.algo, d.source, config));
                 }
             }
         }
@@ -1487,97 +1524,16 @@ impl Autotuner {
             Policy::Fixed(f) => f.backward_data,
             _ => ConvBwdDataAlgo::Algo1,
         };
-        let gmode = self.graph;
-        let prepared = self.prepare(
+        let prepared = self.prepare_backward(
             cudnn,
-            [1, dx_desc.id(), w_desc.id(), conv.id(), dy_desc.id(), 0],
-            |policy, limit| {
-                let k = problem_key(
-                    ConvDirection::BackwardData,
-                    (dx_desc.layout(), T::DTYPE),
-                    w_desc,
-                    (dy_desc.layout(), T::DTYPE),
-                    conv,
-                    policy,
-                    limit,
-                );
-                with_search(k, policy, gmode)
-            },
+            ConvDirection::BackwardData,
+            dx_desc,
+            w_desc,
+            dy_desc,
+            conv,
         );
-        let accumulate = beta.to_f64() != 0.0;
-        let d = self.decide(
-            cudnn,
-            prepared,
-            || cudnn.conv_backward_data_heuristics(w_desc, dy_desc, conv, dx_desc),
-            |ws| {
-                if accumulate {
-                    let mut scratch = alloc::<T>(cudnn, dx_desc.span())?;
-                    cudnn.conv_backward_data_find(
-                        w_desc,
-                        w,
-                        dy_desc,
-                        dy,
-                        conv,
-                        dx_desc,
-                        &mut scratch,
-                        ws,
-                    )
-                } else {
-                    cudnn.conv_backward_data_find(w_desc, w, dy_desc, dy, conv, dx_desc, dx, ws)
-                }
-            },
-            fixed,
-        )?;
-        let best = d.entry.first::<ConvBwdDataAlgo>();
-        if let (true, Some(best)) = (
-            self.union_on()
-                && gunion::eligible::<T, T>(dx_desc.dims(), w_desc, conv, dy_desc.dims()),
-            best,
-        ) {
-            const OP: &str = "backward-data";
-            let plain = alpha.to_f64() == 1.0 && !accumulate;
-            let build = || gunion::dgrad_graph(cudnn, w_desc, dy_desc, conv, dx_desc);
-            let key = d.key.clone();
-            let ran = self.graph_call(
-                cudnn,
-                &d,
-                plain,
-                OP,
-                conv,
-                dx,
-                &build,
-                |me, dx| {
-                    let key = key.as_ref()?;
-                    let legacy = (best.algo.to_string(), best.time_ms);
-                    let p = (cudnn, w_desc, w, dy_desc, dy, conv, dx_desc, best.algo);
-                    if accumulate {
-                        let mut s = scratch::<T>(cudnn, dx_desc.span())?;
-                        me.union_search(cudnn, key, OP, legacy, conv, build, dgrad_trial(p, &mut s))
-                    } else {
-                        me.union_search(cudnn, key, OP, legacy, conv, build, dgrad_trial(p, dx))
-                    }
-                },
-                |plan, ids, ws, dx| {
-                    let mut a = Args::new(cudnn);
-                    a.input(ids.a, dy)?.input(ids.b, w)?.output(ids.out, dx)?;
-                    cudnn.execute(plan, &a, ws)
-                },
-            )?;
-            if let Some(config) = ran {
-                return Ok(Choice {
-                    algo: best.algo,
-                    source: d.source,
-                    rank: 0,
-                    workspace: self.workspace_bytes(),
-                    api: ConvApi::Graph(config),
-                });
-            }
-        }
-        self.run(cudnn, d, |algo, ws| {
-            cudnn.conv_backward_data(
-                alpha, w_desc, w, dy_desc, dy, conv, algo, ws, beta, dx_desc, dx,
-            )
-        })
+        let call = Dgrad(cudnn, w_desc, w, dy_desc, dy, conv, dx_desc);
+        self.tune(cudnn, &call, prepared, fixed, (alpha, beta), dx)
     }
 
     /// `dw = alpha·backward_filter(x, dy) + beta·dw` with the algorithm the policy picks (see
@@ -1604,97 +1560,16 @@ impl Autotuner {
             Policy::Fixed(f) => f.backward_filter,
             _ => ConvBwdFilterAlgo::Algo1,
         };
-        let gmode = self.graph;
-        let prepared = self.prepare(
+        let prepared = self.prepare_backward(
             cudnn,
-            [2, x_desc.id(), dw_desc.id(), conv.id(), dy_desc.id(), 0],
-            |policy, limit| {
-                let k = problem_key(
-                    ConvDirection::BackwardFilter,
-                    (x_desc.layout(), T::DTYPE),
-                    dw_desc,
-                    (dy_desc.layout(), T::DTYPE),
-                    conv,
-                    policy,
-                    limit,
-                );
-                with_search(k, policy, gmode)
-            },
+            ConvDirection::BackwardFilter,
+            x_desc,
+            dw_desc,
+            dy_desc,
+            conv,
         );
-        let accumulate = beta.to_f64() != 0.0;
-        let d = self.decide(
-            cudnn,
-            prepared,
-            || cudnn.conv_backward_filter_heuristics(x_desc, dy_desc, conv, dw_desc),
-            |ws| {
-                if accumulate {
-                    let mut scratch = alloc::<T>(cudnn, dw_desc.span())?;
-                    cudnn.conv_backward_filter_find(
-                        x_desc,
-                        x,
-                        dy_desc,
-                        dy,
-                        conv,
-                        dw_desc,
-                        &mut scratch,
-                        ws,
-                    )
-                } else {
-                    cudnn.conv_backward_filter_find(x_desc, x, dy_desc, dy, conv, dw_desc, dw, ws)
-                }
-            },
-            fixed,
-        )?;
-        let best = d.entry.first::<ConvBwdFilterAlgo>();
-        if let (true, Some(best)) = (
-            self.union_on()
-                && gunion::eligible::<T, T>(x_desc.dims(), dw_desc, conv, dy_desc.dims()),
-            best,
-        ) {
-            const OP: &str = "backward-filter";
-            let plain = alpha.to_f64() == 1.0 && !accumulate;
-            let build = || gunion::wgrad_graph(cudnn, x_desc, dy_desc, conv, dw_desc);
-            let key = d.key.clone();
-            let ran = self.graph_call(
-                cudnn,
-                &d,
-                plain,
-                OP,
-                conv,
-                dw,
-                &build,
-                |me, dw| {
-                    let key = key.as_ref()?;
-                    let legacy = (best.algo.to_string(), best.time_ms);
-                    let p = (cudnn, x_desc, x, dy_desc, dy, conv, dw_desc, best.algo);
-                    if accumulate {
-                        let mut s = scratch::<T>(cudnn, dw_desc.span())?;
-                        me.union_search(cudnn, key, OP, legacy, conv, build, wgrad_trial(p, &mut s))
-                    } else {
-                        me.union_search(cudnn, key, OP, legacy, conv, build, wgrad_trial(p, dw))
-                    }
-                },
-                |plan, ids, ws, dw| {
-                    let mut a = Args::new(cudnn);
-                    a.input(ids.a, x)?.input(ids.b, dy)?.output(ids.out, dw)?;
-                    cudnn.execute(plan, &a, ws)
-                },
-            )?;
-            if let Some(config) = ran {
-                return Ok(Choice {
-                    algo: best.algo,
-                    source: d.source,
-                    rank: 0,
-                    workspace: self.workspace_bytes(),
-                    api: ConvApi::Graph(config),
-                });
-            }
-        }
-        self.run(cudnn, d, |algo, ws| {
-            cudnn.conv_backward_filter(
-                alpha, x_desc, x, dy_desc, dy, conv, algo, ws, beta, dw_desc, dw,
-            )
-        })
+        let call = Wgrad(cudnn, x_desc, x, dy_desc, dy, conv, dw_desc);
+        self.tune(cudnn, &call, prepared, fixed, (alpha, beta), dw)
     }
 }
 
@@ -1713,109 +1588,287 @@ fn scratch<T: DataType>(cudnn: &Cudnn, len: usize) -> Option<cudarc::driver::Cud
         .ok()
 }
 
-/// The trials of a forward union search writing `out`: a graph plan, or the legacy favourite
-/// with `alpha = 1, beta = 0` as the graph computes.
-#[allow(clippy::type_complexity)] // the problem's parts, as the call takes them
-fn fwd_trial<'a, X: DataType, Y: DataType<Scalar = X::Scalar>, XB, WB, O>(
-    (cudnn, x_desc, x, w_desc, w, conv, y_desc, algo): (
-        &'a Cudnn,
-        &'a TensorDesc<X>,
-        &'a XB,
-        &'a FilterDesc<X>,
-        &'a WB,
-        &'a ConvDesc,
-        &'a TensorDesc<Y>,
-        ConvFwdAlgo,
+/// The bias of the union graphs that have none (a fused forward's graph binds its bias).
+const NO_BIAS: Option<&cudarc::driver::CudaSlice<f32>> = None;
+
+/// Runs a union graph's `plan` writing `out`, with `inputs` bound to its tensors (see [`Ids`]):
+/// `a`, `b`, and the fused forward's bias when the graph has one (`ids.c`).
+fn exec_plan<'a, TA: DataType, TB: DataType, TC: DataType, TO: DataType>(
+    cudnn: &'a Cudnn,
+    plan: &Plan,
+    ids: Ids,
+    ws: &mut Workspace,
+    (a, b, bias): (
+        &'a impl DevicePtr<TA>,
+        &'a impl DevicePtr<TB>,
+        Option<&'a impl DevicePtr<TC>>,
     ),
+    out: &'a mut impl DevicePtrMut<TO>,
+) -> Result<()> {
+    let mut args = Args::new(cudnn);
+    args.input(ids.a, a)?.input(ids.b, b)?;
+    if let (Some(c), Some(bias)) = (ids.c, bias) {
+        args.input(c, bias)?;
+    }
+    args.output(ids.out, out)?;
+    cudnn.execute(plan, &args, ws)
+}
+
+/// The trials of a union search writing `out`: a graph plan, or the legacy favourite `algo` with
+/// `alpha = 1, beta = 0` as the graph computes.
+fn trial<'a, C: ConvCall, O: DevicePtrMut<C::Out>>(
+    call: &'a C,
+    algo: C::Algo,
     out: &'a mut O,
-) -> impl FnMut(Trial<'_>, &mut Workspace) -> Result<()> + 'a
-where
-    XB: DevicePtr<X>,
-    WB: DevicePtr<X>,
-    O: DevicePtrMut<Y>,
-{
-    let (one, zero) = (X::Scalar::from_f64(1.0), X::Scalar::from_f64(0.0));
+) -> impl FnMut(Trial<'_>, &mut Workspace) -> Result<()> + 'a {
+    let (one, zero) = (C::Scalar::from_f64(1.0), C::Scalar::from_f64(0.0));
     move |t, ws| match t {
-        Trial::Plan(plan, ids) => {
-            let mut a = Args::new(cudnn);
-            a.input(ids.a, x)?
-                .input(ids.b, w)?
-                .output(ids.out, &mut *out)?;
-            cudnn.execute(plan, &a, ws)
-        }
-        Trial::Legacy => cudnn.conv_forward(
-            one, x_desc, x, w_desc, w, conv, algo, ws, zero, y_desc, &mut *out,
-        ),
+        Trial::Plan(plan, ids) => call.exec(plan, ids, ws, &mut *out),
+        Trial::Legacy => call.launch(algo, (one, zero), ws, &mut *out),
     }
 }
 
-/// The trials of a backward-data union search writing `out`.
-#[allow(clippy::type_complexity)] // the problem's parts, as the call takes them
-fn dgrad_trial<'a, T: DataType, WB, DYB, O>(
-    (cudnn, w_desc, w, dy_desc, dy, conv, dx_desc, algo): (
-        &'a Cudnn,
-        &'a FilterDesc<T>,
-        &'a WB,
-        &'a TensorDesc<T>,
-        &'a DYB,
-        &'a ConvDesc,
-        &'a TensorDesc<T>,
-        ConvBwdDataAlgo,
-    ),
-    out: &'a mut O,
-) -> impl FnMut(Trial<'_>, &mut Workspace) -> Result<()> + 'a
-where
-    WB: DevicePtr<T>,
-    DYB: DevicePtr<T>,
-    O: DevicePtrMut<T>,
+/// One direction of a convolution call (forward, backward data or backward filter) as
+/// [`Autotuner::tune`] runs it: its descriptors and inputs, with every call that writes the output
+/// generic over the buffer written (the caller's output, or scratch memory when the caller's
+/// contents must be kept).
+trait ConvCall {
+    /// The direction's algorithms.
+    type Algo: ConvAlgorithm;
+    /// The output's element type.
+    type Out: DataType;
+    /// The type of alpha and beta.
+    type Scalar: Scalar;
+    /// The direction's name in logs.
+    const OP: &'static str;
+    /// The convolution.
+    fn conv(&self) -> &ConvDesc;
+    /// Elements of the output (the size of scratch memory standing in for it).
+    fn out_len(&self) -> usize;
+    /// cuDNN's heuristic ranking.
+    fn heuristics(&self) -> Result<Vec<AlgoPerf<Self::Algo>>>;
+    /// cuDNN's benchmark of every algorithm, writing `out`.
+    fn find(
+        &self,
+        out: &mut impl DevicePtrMut<Self::Out>,
+        ws: &mut Workspace,
+    ) -> Result<Vec<AlgoPerf<Self::Algo>>>;
+    /// The legacy call with `algo` and `(alpha, beta)`, writing `out`.
+    fn launch(
+        &self,
+        algo: Self::Algo,
+        alpha_beta: (Self::Scalar, Self::Scalar),
+        ws: &mut Workspace,
+        out: &mut impl DevicePtrMut<Self::Out>,
+    ) -> Result<()>;
+    /// Whether the graph path can express the problem ([`gunion::eligible`]).
+    fn eligible(&self) -> bool;
+    /// The problem as a graph.
+    fn graph(&self) -> Result<ConvGraph>;
+    /// Runs a plan of [`ConvCall::graph`] writing `out`.
+    fn exec(
+        &self,
+        plan: &Plan,
+        ids: Ids,
+        ws: &mut Workspace,
+        out: &mut impl DevicePtrMut<Self::Out>,
+    ) -> Result<()>;
+}
+
+/// `y = conv(x, w)`: the handle, x, w, the convolution and y's descriptor, as the call takes them.
+struct Fwd<'a, X: DataType, Y: DataType, XB, WB>(
+    &'a Cudnn,
+    &'a TensorDesc<X>,
+    &'a XB,
+    &'a FilterDesc<X>,
+    &'a WB,
+    &'a ConvDesc,
+    &'a TensorDesc<Y>,
+);
+
+impl<X: DataType, Y: DataType<Scalar = X::Scalar>, XB: DevicePtr<X>, WB: DevicePtr<X>> ConvCall
+    for Fwd<'_, X, Y, XB, WB>
 {
-    let (one, zero) = (T::Scalar::from_f64(1.0), T::Scalar::from_f64(0.0));
-    move |t, ws| match t {
-        Trial::Plan(plan, ids) => {
-            let mut a = Args::new(cudnn);
-            a.input(ids.a, dy)?
-                .input(ids.b, w)?
-                .output(ids.out, &mut *out)?;
-            cudnn.execute(plan, &a, ws)
-        }
-        Trial::Legacy => cudnn.conv_backward_data(
-            one, w_desc, w, dy_desc, dy, conv, algo, ws, zero, dx_desc, &mut *out,
-        ),
+    type Algo = ConvFwdAlgo;
+    type Out = Y;
+    type Scalar = X::Scalar;
+    const OP: &'static str = "forward";
+    fn conv(&self) -> &ConvDesc {
+        self.5
+    }
+    fn out_len(&self) -> usize {
+        self.6.span()
+    }
+    fn heuristics(&self) -> Result<Vec<AlgoPerf<ConvFwdAlgo>>> {
+        let Fwd(cudnn, x_desc, _, w_desc, _, conv, y_desc) = *self;
+        cudnn.conv_forward_heuristics(x_desc, w_desc, conv, y_desc)
+    }
+    fn find(
+        &self,
+        y: &mut impl DevicePtrMut<Y>,
+        ws: &mut Workspace,
+    ) -> Result<Vec<AlgoPerf<ConvFwdAlgo>>> {
+        let Fwd(cudnn, x_desc, x, w_desc, w, conv, y_desc) = *self;
+        cudnn.conv_forward_find(x_desc, x, w_desc, w, conv, y_desc, y, ws)
+    }
+    fn launch(
+        &self,
+        algo: ConvFwdAlgo,
+        (alpha, beta): (X::Scalar, X::Scalar),
+        ws: &mut Workspace,
+        y: &mut impl DevicePtrMut<Y>,
+    ) -> Result<()> {
+        let Fwd(cudnn, x_desc, x, w_desc, w, conv, y_desc) = *self;
+        cudnn.conv_forward(alpha, x_desc, x, w_desc, w, conv, algo, ws, beta, y_desc, y)
+    }
+    fn eligible(&self) -> bool {
+        let Fwd(_, x_desc, _, w_desc, _, conv, y_desc) = *self;
+        gunion::eligible::<X, Y>(x_desc.dims(), w_desc, conv, y_desc.dims())
+    }
+    fn graph(&self) -> Result<ConvGraph> {
+        let Fwd(cudnn, x_desc, _, w_desc, _, conv, y_desc) = *self;
+        gunion::fprop_graph(cudnn, x_desc, w_desc, conv, y_desc, None)
+    }
+    fn exec(
+        &self,
+        plan: &Plan,
+        ids: Ids,
+        ws: &mut Workspace,
+        y: &mut impl DevicePtrMut<Y>,
+    ) -> Result<()> {
+        exec_plan(self.0, plan, ids, ws, (self.2, self.4, NO_BIAS), y)
     }
 }
 
-/// The trials of a backward-filter union search writing `out`.
-#[allow(clippy::type_complexity)] // the problem's parts, as the call takes them
-fn wgrad_trial<'a, T: DataType, XB, DYB, O>(
-    (cudnn, x_desc, x, dy_desc, dy, conv, dw_desc, algo): (
-        &'a Cudnn,
-        &'a TensorDesc<T>,
-        &'a XB,
-        &'a TensorDesc<T>,
-        &'a DYB,
-        &'a ConvDesc,
-        &'a FilterDesc<T>,
-        ConvBwdFilterAlgo,
-    ),
-    out: &'a mut O,
-) -> impl FnMut(Trial<'_>, &mut Workspace) -> Result<()> + 'a
-where
-    XB: DevicePtr<T>,
-    DYB: DevicePtr<T>,
-    O: DevicePtrMut<T>,
-{
-    let (one, zero) = (T::Scalar::from_f64(1.0), T::Scalar::from_f64(0.0));
-    move |t, ws| match t {
-        Trial::Plan(plan, ids) => {
-            let mut a = Args::new(cudnn);
-            a.input(ids.a, x)?
-                .input(ids.b, dy)?
-                .output(ids.out, &mut *out)?;
-            cudnn.execute(plan, &a, ws)
-        }
-        Trial::Legacy => cudnn.conv_backward_filter(
-            one, x_desc, x, dy_desc, dy, conv, algo, ws, zero, dw_desc, &mut *out,
-        ),
+/// `dx = backward_data(dy, w)`: the handle, w, dy, the convolution and dx's descriptor, as the
+/// call takes them.
+struct Dgrad<'a, T: DataType, WB, DYB>(
+    &'a Cudnn,
+    &'a FilterDesc<T>,
+    &'a WB,
+    &'a TensorDesc<T>,
+    &'a DYB,
+    &'a ConvDesc,
+    &'a TensorDesc<T>,
+);
+
+impl<T: DataType, WB: DevicePtr<T>, DYB: DevicePtr<T>> ConvCall for Dgrad<'_, T, WB, DYB> {
+    type Algo = ConvBwdDataAlgo;
+    type Out = T;
+    type Scalar = T::Scalar;
+    const OP: &'static str = "backward-data";
+    fn conv(&self) -> &ConvDesc {
+        self.5
+    }
+    fn out_len(&self) -> usize {
+        self.6.span()
+    }
+    fn heuristics(&self) -> Result<Vec<AlgoPerf<ConvBwdDataAlgo>>> {
+        let Dgrad(cudnn, w_desc, _, dy_desc, _, conv, dx_desc) = *self;
+        cudnn.conv_backward_data_heuristics(w_desc, dy_desc, conv, dx_desc)
+    }
+    fn find(
+        &self,
+        dx: &mut impl DevicePtrMut<T>,
+        ws: &mut Workspace,
+    ) -> Result<Vec<AlgoPerf<ConvBwdDataAlgo>>> {
+        let Dgrad(cudnn, w_desc, w, dy_desc, dy, conv, dx_desc) = *self;
+        cudnn.conv_backward_data_find(w_desc, w, dy_desc, dy, conv, dx_desc, dx, ws)
+    }
+    fn launch(
+        &self,
+        algo: ConvBwdDataAlgo,
+        (alpha, beta): (T::Scalar, T::Scalar),
+        ws: &mut Workspace,
+        dx: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        let Dgrad(cudnn, w_desc, w, dy_desc, dy, conv, dx_desc) = *self;
+        cudnn.conv_backward_data(
+            alpha, w_desc, w, dy_desc, dy, conv, algo, ws, beta, dx_desc, dx,
+        )
+    }
+    fn eligible(&self) -> bool {
+        let Dgrad(_, w_desc, _, dy_desc, _, conv, dx_desc) = *self;
+        gunion::eligible::<T, T>(dx_desc.dims(), w_desc, conv, dy_desc.dims())
+    }
+    fn graph(&self) -> Result<ConvGraph> {
+        let Dgrad(cudnn, w_desc, _, dy_desc, _, conv, dx_desc) = *self;
+        gunion::dgrad_graph(cudnn, w_desc, dy_desc, conv, dx_desc)
+    }
+    fn exec(
+        &self,
+        plan: &Plan,
+        ids: Ids,
+        ws: &mut Workspace,
+        dx: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        exec_plan(self.0, plan, ids, ws, (self.4, self.2, NO_BIAS), dx)
+    }
+}
+
+/// `dw = backward_filter(x, dy)`: the handle, x, dy, the convolution and dw's descriptor, as the
+/// call takes them.
+struct Wgrad<'a, T: DataType, XB, DYB>(
+    &'a Cudnn,
+    &'a TensorDesc<T>,
+    &'a XB,
+    &'a TensorDesc<T>,
+    &'a DYB,
+    &'a ConvDesc,
+    &'a FilterDesc<T>,
+);
+
+impl<T: DataType, XB: DevicePtr<T>, DYB: DevicePtr<T>> ConvCall for Wgrad<'_, T, XB, DYB> {
+    type Algo = ConvBwdFilterAlgo;
+    type Out = T;
+    type Scalar = T::Scalar;
+    const OP: &'static str = "backward-filter";
+    fn conv(&self) -> &ConvDesc {
+        self.5
+    }
+    fn out_len(&self) -> usize {
+        self.6.span()
+    }
+    fn heuristics(&self) -> Result<Vec<AlgoPerf<ConvBwdFilterAlgo>>> {
+        let Wgrad(cudnn, x_desc, _, dy_desc, _, conv, dw_desc) = *self;
+        cudnn.conv_backward_filter_heuristics(x_desc, dy_desc, conv, dw_desc)
+    }
+    fn find(
+        &self,
+        dw: &mut impl DevicePtrMut<T>,
+        ws: &mut Workspace,
+    ) -> Result<Vec<AlgoPerf<ConvBwdFilterAlgo>>> {
+        let Wgrad(cudnn, x_desc, x, dy_desc, dy, conv, dw_desc) = *self;
+        cudnn.conv_backward_filter_find(x_desc, x, dy_desc, dy, conv, dw_desc, dw, ws)
+    }
+    fn launch(
+        &self,
+        algo: ConvBwdFilterAlgo,
+        (alpha, beta): (T::Scalar, T::Scalar),
+        ws: &mut Workspace,
+        dw: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        let Wgrad(cudnn, x_desc, x, dy_desc, dy, conv, dw_desc) = *self;
+        cudnn.conv_backward_filter(
+            alpha, x_desc, x, dy_desc, dy, conv, algo, ws, beta, dw_desc, dw,
+        )
+    }
+    fn eligible(&self) -> bool {
+        let Wgrad(_, x_desc, _, dy_desc, _, conv, dw_desc) = *self;
+        gunion::eligible::<T, T>(x_desc.dims(), dw_desc, conv, dy_desc.dims())
+    }
+    fn graph(&self) -> Result<ConvGraph> {
+        let Wgrad(cudnn, x_desc, _, dy_desc, _, conv, dw_desc) = *self;
+        gunion::wgrad_graph(cudnn, x_desc, dy_desc, conv, dw_desc)
+    }
+    fn exec(
+        &self,
+        plan: &Plan,
+        ids: Ids,
+        ws: &mut Workspace,
+        dw: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        exec_plan(self.0, plan, ids, ws, (self.2, self.4, NO_BIAS), dw)
     }
 }
 

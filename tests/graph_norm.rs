@@ -21,9 +21,10 @@ mod common;
 
 use std::sync::Arc;
 
+use common::graph_io::{fetch, poisoned, upload};
 use common::{
-    assert_untouched, download, gpu, image, is_err_kind, offsets, poison, sentinel_buffer, tol,
-    Rng, SENTINEL,
+    assert_untouched, download, gpu, have_cudnn, is_err_kind, offsets, sentinel_buffer, to_f64,
+    tol, Rng,
 };
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::graph::{
@@ -231,24 +232,6 @@ fn backward_ref(
 // ---------------------------------------------------------------------------------------------
 // Host-only tests
 // ---------------------------------------------------------------------------------------------
-
-/// Whether the cuDNN library loads (host tests that finalize descriptors need it).
-fn have_cudnn() -> bool {
-    let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
-    let x = g.tensor_nchw("x", &[1, 1, 1, 4], DType::F32).unwrap();
-    let y = g.pointwise(PointwiseMode::Relu, x, None).unwrap();
-    g.mark_output(y).unwrap();
-    match g.check() {
-        Err(Error::Load(e)) => {
-            if common::gpu_required() {
-                panic!("cuDNN not loadable: {e}");
-            }
-            eprintln!("skipping: {e}");
-            false
-        }
-        _ => true,
-    }
-}
 
 /// An input of `dims` in the given layout.
 fn input(g: &mut Graph, name: &'static str, dims: &[i64], nhwc: bool, dt: DType) -> TensorId {
@@ -491,25 +474,18 @@ fn host_output_shapes_layouts_and_types() {
 
     // Signatures tell the modes and phases apart; layer norm keeps its earlier spelling.
     let sigs: Vec<String> = [
-        fwd_graph(Mode::Layer, DType::F32, true, true, true)
-            .g
-            .signature(),
-        fwd_graph(Mode::Layer, DType::F32, true, false, true)
-            .g
-            .signature(),
-        fwd_graph(Mode::Rms, DType::F32, true, true, true)
-            .g
-            .signature(),
-        fwd_graph(Mode::Instance, DType::F32, true, true, true)
-            .g
-            .signature(),
-        fwd_graph(Mode::Batch, DType::F32, true, true, true)
-            .g
-            .signature(),
-        fwd_graph(Mode::BatchInference, DType::F32, true, false, true)
-            .g
-            .signature(),
+        (Mode::Layer, true),
+        (Mode::Layer, false),
+        (Mode::Rms, true),
+        (Mode::Instance, true),
+        (Mode::Batch, true),
+        (Mode::BatchInference, false),
     ]
+    .map(|(mode, training)| {
+        fwd_graph(mode, DType::F32, true, training, true)
+            .g
+            .signature()
+    })
     .into();
     for (i, a) in sigs.iter().enumerate() {
         for b in &sigs[i + 1..] {
@@ -593,6 +569,12 @@ fn host_f64_is_refused_by_type() {
     assert!(format!("{r:?}").contains("layer_norm.mean"), "{r:?}");
 }
 
+/// Asserts `r` is an error of kind `kind` whose `Debug` form contains `name`.
+fn named<T: std::fmt::Debug>(r: &cudnn_safe::Result<T>, kind: &str, name: &str) {
+    assert!(is_err_kind(r, kind), "{name}: {r:?}");
+    assert!(format!("{r:?}").contains(name), "{name}: {r:?}");
+}
+
 #[test]
 fn host_shape_errors_name_the_tensor() {
     let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
@@ -604,28 +586,20 @@ fn host_shape_errors_name_the_tensor() {
     let nc = g.tensor_nhwc("nc", &[4, 16, 1, 1], DType::F32).unwrap();
     let n1 = g.tensor_nhwc("n1", &[4, 1, 1, 1], DType::F32).unwrap();
     let sc = g.scalar("sc", 1.0, DType::F32).unwrap();
-    let named = |r: &cudnn_safe::Result<_>, kind: &str, name: &str| {
-        assert!(is_err_kind(r, kind), "{name}: {r:?}");
-        assert!(format!("{r:?}").contains(name), "{name}: {r:?}");
-    };
     // RMS norm: scale and bias are x's dims with N = 1.
+    named(&g.rms_norm(x, c, None, EPS, true), "ShapeMismatch", "\"c\"");
     named(
-        &g.rms_norm(x, c, None, EPS, true).map(|_| ()),
-        "ShapeMismatch",
-        "\"c\"",
-    );
-    named(
-        &g.rms_norm(x, row, Some(c_bad), EPS, true).map(|_| ()),
+        &g.rms_norm(x, row, Some(c_bad), EPS, true),
         "ShapeMismatch",
         "c_bad",
     );
     named(
-        &g.rms_norm(x2, row, None, EPS, true).map(|_| ()),
+        &g.rms_norm(x2, row, None, EPS, true),
         "InvalidArgument",
         "`x2`",
     );
     named(
-        &g.rms_norm(x, sc, None, EPS, true).map(|_| ()),
+        &g.rms_norm(x, sc, None, EPS, true),
         "ShapeMismatch",
         "\"sc\"",
     );
@@ -635,17 +609,17 @@ fn host_shape_errors_name_the_tensor() {
     }
     // Instance and batch norm: scale and bias are [1, C, 1, 1].
     named(
-        &g.instance_norm(x, row, c, EPS, true).map(|_| ()),
+        &g.instance_norm(x, row, c, EPS, true),
         "ShapeMismatch",
         "\"row\"",
     );
     named(
-        &g.instance_norm(x, c, c_bad, EPS, true).map(|_| ()),
+        &g.instance_norm(x, c, c_bad, EPS, true),
         "ShapeMismatch",
         "c_bad",
     );
     named(
-        &g.batch_norm(x, c_bad, c, EPS, None).map(|_| ()),
+        &g.batch_norm(x, c_bad, c, EPS, None),
         "ShapeMismatch",
         "c_bad",
     );
@@ -657,12 +631,12 @@ fn host_shape_errors_name_the_tensor() {
         })
     };
     named(
-        &g.batch_norm(x, c, c, EPS, run(nc, c, 0.1)).map(|_| ()),
+        &g.batch_norm(x, c, c, EPS, run(nc, c, 0.1)),
         "ShapeMismatch",
         "\"nc\"",
     );
     named(
-        &g.batch_norm(x, c, c, EPS, run(c, c_bad, 0.1)).map(|_| ()),
+        &g.batch_norm(x, c, c, EPS, run(c, c_bad, 0.1)),
         "ShapeMismatch",
         "c_bad",
     );
@@ -671,43 +645,43 @@ fn host_shape_errors_name_the_tensor() {
         assert!(is_err_kind(&r, "InvalidArgument"), "momentum {m}: {r:?}");
     }
     named(
-        &g.batch_norm_inference(x, c, c, nc, c).map(|_| ()),
+        &g.batch_norm_inference(x, c, c, nc, c),
         "ShapeMismatch",
         "\"nc\"",
     );
     named(
-        &g.batch_norm_inference(x, c, c, c, c_bad).map(|_| ()),
+        &g.batch_norm_inference(x, c, c, c, c_bad),
         "ShapeMismatch",
         "c_bad",
     );
     // Backward: dy like x; statistics of the mode's shape.
     named(
-        &g.rms_norm_backward(nc, x, row, n1, true).map(|_| ()),
+        &g.rms_norm_backward(nc, x, row, n1, true),
         "ShapeMismatch",
         "\"nc\"",
     );
     named(
-        &g.rms_norm_backward(x, x, row, nc, true).map(|_| ()),
+        &g.rms_norm_backward(x, x, row, nc, true),
         "ShapeMismatch",
         "\"nc\"",
     );
     named(
-        &g.instance_norm_backward(x, x, c, n1, nc).map(|_| ()),
+        &g.instance_norm_backward(x, x, c, n1, nc),
         "ShapeMismatch",
         "\"n1\"",
     );
     named(
-        &g.instance_norm_backward(x, x, row, nc, nc).map(|_| ()),
+        &g.instance_norm_backward(x, x, row, nc, nc),
         "ShapeMismatch",
         "\"row\"",
     );
     named(
-        &g.batch_norm_backward(x, x, c, nc, c).map(|_| ()),
+        &g.batch_norm_backward(x, x, c, nc, c),
         "ShapeMismatch",
         "\"nc\"",
     );
     named(
-        &g.batch_norm_backward(x, x, c, c, c_bad).map(|_| ()),
+        &g.batch_norm_backward(x, x, c, c, c_bad),
         "ShapeMismatch",
         "c_bad",
     );
@@ -726,6 +700,36 @@ fn host_shape_errors_name_the_tensor() {
         1,
         "only `sc` is a scalar: {before}"
     );
+}
+
+/// The layout group norm's x `[2, 16, 6, 5]` is declared with, and the group view the graph
+/// made of it.
+fn declared_and_view(
+    g: &Graph,
+    x: TensorId,
+    nhwc: bool,
+) -> (cudnn_safe::Layout, cudnn_safe::Layout) {
+    let declared = if nhwc {
+        cudnn_safe::Layout::nhwc_nd(&[2, 16, 6, 5]).unwrap()
+    } else {
+        cudnn_safe::Layout::nchw_nd(&[2, 16, 6, 5]).unwrap()
+    };
+    let view = cudnn_safe::Layout::strided(g.dims(x).unwrap(), g.strides(x).unwrap()).unwrap();
+    (declared, view)
+}
+
+/// The offsets a layout addresses, sorted.
+fn sorted_offsets(l: &cudnn_safe::Layout) -> Vec<usize> {
+    let mut o = offsets(l.dims(), l.strides());
+    o.sort();
+    o
+}
+
+/// Group norm's scale and bias `s`, `b` of `[1, 12, 1, 1]` (f32 NCHW).
+fn group_scale_bias(g: &mut Graph) -> (TensorId, TensorId) {
+    let s = g.tensor_nchw("s", &[1, 12, 1, 1], DType::F32).unwrap();
+    let b = g.tensor_nchw("b", &[1, 12, 1, 1], DType::F32).unwrap();
+    (s, b)
 }
 
 #[test]
@@ -760,25 +764,11 @@ fn host_group_norm_view_and_rules() {
             assert_eq!(g.dtype(t).unwrap(), DType::F32);
         }
         // The x buffer of the declared layout still fits: same span.
-        let declared = if nhwc {
-            cudnn_safe::Layout::nhwc_nd(&[2, 16, 6, 5]).unwrap()
-        } else {
-            cudnn_safe::Layout::nchw_nd(&[2, 16, 6, 5]).unwrap()
-        };
-        let view =
-            cudnn_safe::Layout::strided(g.dims(f.x).unwrap(), g.strides(f.x).unwrap()).unwrap();
+        let (declared, view) = declared_and_view(g, f.x, nhwc);
         assert_eq!(view.span(), declared.span());
         assert_eq!(
-            {
-                let mut o = offsets(view.dims(), view.strides());
-                o.sort();
-                o
-            },
-            {
-                let mut o = offsets(declared.dims(), declared.strides());
-                o.sort();
-                o
-            },
+            sorted_offsets(&view),
+            sorted_offsets(&declared),
             "the view addresses exactly x's elements"
         );
     }
@@ -813,18 +803,12 @@ fn host_group_norm_view_and_rules() {
             assert_eq!(g.dims(t).unwrap(), &[1, 4, 1, 1, 1]);
             assert_eq!(g.dtype(t).unwrap(), DType::F32);
         }
-        let declared = if nhwc {
-            cudnn_safe::Layout::nhwc_nd(&[2, 16, 6, 5]).unwrap()
-        } else {
-            cudnn_safe::Layout::nchw_nd(&[2, 16, 6, 5]).unwrap()
-        };
-        let view =
-            cudnn_safe::Layout::strided(g.dims(f.x).unwrap(), g.strides(f.x).unwrap()).unwrap();
-        let mut a = offsets(view.dims(), view.strides());
-        let mut b = offsets(declared.dims(), declared.strides());
-        a.sort();
-        b.sort();
-        assert_eq!(a, b, "the view addresses exactly x's elements");
+        let (declared, view) = declared_and_view(g, f.x, nhwc);
+        assert_eq!(
+            sorted_offsets(&view),
+            sorted_offsets(&declared),
+            "the view addresses exactly x's elements"
+        );
         // The view's logical order is x's (n, c, spatial) order.
         assert_eq!(
             offsets(view.dims(), view.strides()),
@@ -834,15 +818,13 @@ fn host_group_norm_view_and_rules() {
     // The default method of `group_norm` is the instance-norm view.
     let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
     let x = g.tensor_nchw("x", &[2, 12, 4, 4], DType::F32).unwrap();
-    let s = g.tensor_nchw("s", &[1, 12, 1, 1], DType::F32).unwrap();
-    let b = g.tensor_nchw("b", &[1, 12, 1, 1], DType::F32).unwrap();
+    let (s, b) = group_scale_bias(&mut g);
     let out = g.group_norm(x, 3, s, b, EPS, false).unwrap();
     assert_eq!(g.dims(out.y).unwrap(), &[2, 3, 4, 16, 1]);
     assert!(out.stats.is_none());
     let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
     let x = g.tensor_nchw("x", &[2, 12, 4, 4], DType::F32).unwrap();
-    let s = g.tensor_nchw("s", &[1, 12, 1, 1], DType::F32).unwrap();
-    let b = g.tensor_nchw("b", &[1, 12, 1, 1], DType::F32).unwrap();
+    let (s, b) = group_scale_bias(&mut g);
     let s_bad = g.tensor_nchw("s_bad", &[1, 6, 1, 1], DType::F32).unwrap();
     for groups in [0, 5, -3] {
         let r = g.group_norm(x, groups, s, b, EPS, true);
@@ -873,8 +855,7 @@ fn host_group_norm_view_and_rules() {
     let xp = g
         .tensor("xp", &[2, 12, 4, 4], &[12 * 4 * 8, 4 * 8, 8, 1], DType::F32)
         .unwrap();
-    let s = g.tensor_nchw("s", &[1, 12, 1, 1], DType::F32).unwrap();
-    let b = g.tensor_nchw("b", &[1, 12, 1, 1], DType::F32).unwrap();
+    let (s, b) = group_scale_bias(&mut g);
     let r = g.group_norm(xp, 3, s, b, EPS, false);
     assert!(
         is_err_kind(&r, "InvalidArgument") && format!("{r:?}").contains("xp"),
@@ -910,51 +891,6 @@ fn host_group_norm_view_and_rules() {
 // ---------------------------------------------------------------------------------------------
 // Device helpers
 // ---------------------------------------------------------------------------------------------
-
-fn logical_offsets(og: &OperationGraph, t: TensorId) -> (usize, Vec<usize>) {
-    let l = og.layout(t).unwrap().expect("a bound tensor");
-    (l.span(), offsets(l.dims(), l.strides()))
-}
-
-/// A device buffer holding `logical` (row-major logical order) in `t`'s layout, sentinel in gaps.
-fn upload<T: DataType>(
-    s: &Arc<CudaStream>,
-    og: &OperationGraph,
-    t: TensorId,
-    logical: &[T],
-) -> CudaSlice<T> {
-    let (span, offs) = logical_offsets(og, t);
-    assert_eq!(offs.len(), logical.len(), "`{}`", og.name(t).unwrap());
-    s.clone_htod(&image(span, &offs, |i| logical[i])).unwrap()
-}
-
-/// An output buffer for `t`: NaN at addressed elements, sentinel in gaps.
-fn poisoned<T: DataType>(s: &Arc<CudaStream>, og: &OperationGraph, t: TensorId) -> CudaSlice<T> {
-    let (span, offs) = logical_offsets(og, t);
-    s.clone_htod(&image(span, &offs, |_| poison::<T>()))
-        .unwrap()
-}
-
-/// The logical elements of an output, after checking its gaps kept the sentinel.
-fn fetch<T: DataType>(
-    s: &Arc<CudaStream>,
-    og: &OperationGraph,
-    t: TensorId,
-    buf: &CudaSlice<T>,
-) -> Vec<T> {
-    let host = download(s, buf);
-    let (_, offs) = logical_offsets(og, t);
-    let mut addressed = vec![false; host.len()];
-    for &o in &offs {
-        addressed[o] = true;
-    }
-    for (i, v) in host.iter().enumerate() {
-        if !addressed[i] {
-            assert_eq!(v.to_f64(), SENTINEL, "gap element {i} overwritten");
-        }
-    }
-    offs.iter().map(|&o| host[o]).collect()
-}
 
 fn is_no_engine(e: &Error) -> bool {
     matches!(e, Error::Cudnn { .. } | Error::NoAlgorithm { .. })
@@ -1060,6 +996,46 @@ struct Binding<T> {
     outs_f: Vec<(TensorId, Vec<f64>, f64)>,
 }
 
+/// Binds the uploaded inputs: those of type `T`, then the f32 ones.
+fn bind_inputs<'a, T: DataType>(
+    args: &mut Args<'a>,
+    ins_t: &'a [(TensorId, CudaSlice<T>)],
+    ins_f: &'a [(TensorId, CudaSlice<f32>)],
+) {
+    for (t, buf) in ins_t {
+        args.input(*t, buf).unwrap();
+    }
+    for (t, buf) in ins_f {
+        args.input(*t, buf).unwrap();
+    }
+}
+
+/// Binds `bufs` as the outputs of `expected`, in order.
+fn bind_outputs<'a, T: DataType>(
+    args: &mut Args<'a>,
+    expected: &[(TensorId, Vec<f64>, f64)],
+    bufs: &'a mut [CudaSlice<T>],
+) {
+    for ((t, ..), buf) in expected.iter().zip(bufs.iter_mut()) {
+        args.output(*t, buf).unwrap();
+    }
+}
+
+/// Checks each output buffer against its expected values and tolerance.
+fn check_outputs<T: DataType>(
+    s: &Arc<CudaStream>,
+    og: &OperationGraph,
+    plan: &Plan,
+    expected: &[(TensorId, Vec<f64>, f64)],
+    bufs: &[CudaSlice<T>],
+    what: &str,
+) {
+    for ((t, want, tl), buf) in expected.iter().zip(bufs) {
+        let name = format!("{what} {} `{}`", plan.name(), og.name(*t).unwrap());
+        common::assert_close(&name, &fetch(s, og, *t, buf), want, *tl);
+    }
+}
+
 /// Runs every plan on poisoned outputs and checks them; then binds the first `T` output one
 /// element short, which must be refused with every output (all sentinel-filled) untouched.
 fn run_and_check<T: DataType>(
@@ -1088,30 +1064,15 @@ fn run_and_check<T: DataType>(
             b.outs_f.iter().map(|(t, ..)| poisoned(s, og, *t)).collect();
         {
             let mut args = Args::new(cudnn);
-            for (t, buf) in &ins_t {
-                args.input(*t, buf).unwrap();
-            }
-            for (t, buf) in &ins_f {
-                args.input(*t, buf).unwrap();
-            }
-            for ((t, ..), buf) in b.outs_t.iter().zip(outs_t.iter_mut()) {
-                args.output(*t, buf).unwrap();
-            }
-            for ((t, ..), buf) in b.outs_f.iter().zip(outs_f.iter_mut()) {
-                args.output(*t, buf).unwrap();
-            }
+            bind_inputs(&mut args, &ins_t, &ins_f);
+            bind_outputs(&mut args, &b.outs_t, &mut outs_t);
+            bind_outputs(&mut args, &b.outs_f, &mut outs_f);
             cudnn
                 .execute(plan, &args, &mut ws)
                 .unwrap_or_else(|e| panic!("{what} {}: {e}", plan.name()));
         }
-        for ((t, want, tl), buf) in b.outs_t.iter().zip(&outs_t) {
-            let name = format!("{what} {} `{}`", plan.name(), og.name(*t).unwrap());
-            common::assert_close(&name, &fetch(s, og, *t, buf), want, *tl);
-        }
-        for ((t, want, tl), buf) in b.outs_f.iter().zip(&outs_f) {
-            let name = format!("{what} {} `{}`", plan.name(), og.name(*t).unwrap());
-            common::assert_close(&name, &fetch(s, og, *t, buf), want, *tl);
-        }
+        check_outputs(s, og, plan, &b.outs_t, &outs_t, what);
+        check_outputs(s, og, plan, &b.outs_f, &outs_f, what);
     }
     // Rejected: the first T output one element short. Spans are checked when the plan
     // executes (a binding only records the buffer) or already when bound.
@@ -1128,12 +1089,7 @@ fn run_and_check<T: DataType>(
         .collect();
     {
         let mut args = Args::new(cudnn);
-        for (t, buf) in &ins_t {
-            args.input(*t, buf).unwrap();
-        }
-        for (t, buf) in &ins_f {
-            args.input(*t, buf).unwrap();
-        }
+        bind_inputs(&mut args, &ins_t, &ins_f);
         for ((t, ..), (buf, _)) in b.outs_f.iter().zip(sent_f.iter_mut()) {
             args.output(*t, buf).unwrap();
         }
@@ -1166,10 +1122,6 @@ fn run_and_check<T: DataType>(
     for (buf, before) in &sent_f {
         assert_untouched(&format!("{what} rejected call"), s, buf, before);
     }
-}
-
-fn to_f64<T: DataType>(v: &[T]) -> Vec<f64> {
-    v.iter().map(|x| x.to_f64()).collect()
 }
 
 /// f32 values uniform in `[lo, hi)` and their exact f64 values.
@@ -1643,6 +1595,22 @@ fn group_norm_unfused<T: DataType>(
     true
 }
 
+/// [`mode_all`] of a group-norm mode (only tried); records `"<dtype> <mode>"` in `working` when
+/// any case got a plan.
+fn group_norm_fused<T: DataType>(
+    mode: Mode,
+    nhwc: bool,
+    seed: u64,
+    out: &mut Outcomes,
+    working: &mut Vec<String>,
+) {
+    let before = out.ok;
+    mode_all::<T>(mode, nhwc, seed, false, out);
+    if out.ok > before {
+        working.push(format!("{} {mode:?}", T::DTYPE));
+    }
+}
+
 /// Group norm in every formulation: fused with the affine step or the normalization alone
 /// (instance norm on `[N, G, C/G, S, 1]`, layer norm on `[N, G, C/G, S]`), training and
 /// inference, each data type, NCHW and NHWC; every variant is tried and printed, so the run
@@ -1658,47 +1626,33 @@ fn gpu_group_norm_fused_affine() {
     ];
     for (nhwc, base) in [(false, 500), (true, 560)] {
         let mut working: Vec<String> = Vec::new();
-        let run = |dt: DType, ok: bool, how: String, working: &mut Vec<String>| {
-            if ok {
-                working.push(format!("{dt} {how}"));
-            }
-        };
         for (mi, &method) in methods.iter().enumerate() {
             let seed = base + 30 * mi as u64;
             for affine in [true, false] {
                 let mode = Mode::Group(4, method, affine);
-                let before = out.ok;
-                mode_all::<f32>(mode, nhwc, seed, false, &mut out);
-                run(
-                    DType::F32,
-                    out.ok > before,
-                    format!("{mode:?}"),
-                    &mut working,
-                );
-                let before = out.ok;
-                mode_all::<f16>(mode, nhwc, seed + 10, false, &mut out);
-                run(
-                    DType::F16,
-                    out.ok > before,
-                    format!("{mode:?}"),
-                    &mut working,
-                );
-                let before = out.ok;
-                mode_all::<bf16>(mode, nhwc, seed + 20, false, &mut out);
-                run(
-                    DType::BF16,
-                    out.ok > before,
-                    format!("{mode:?}"),
-                    &mut working,
-                );
+                group_norm_fused::<f32>(mode, nhwc, seed, &mut out, &mut working);
+                group_norm_fused::<f16>(mode, nhwc, seed + 10, &mut out, &mut working);
+                group_norm_fused::<bf16>(mode, nhwc, seed + 20, &mut out, &mut working);
             }
             let how = format!("{method:?} + group_norm_affine");
-            let ok = group_norm_unfused::<f32>(method, nhwc, seed + 5, &mut out);
-            run(DType::F32, ok, how.clone(), &mut working);
-            let ok = group_norm_unfused::<f16>(method, nhwc, seed + 15, &mut out);
-            run(DType::F16, ok, how.clone(), &mut working);
-            let ok = group_norm_unfused::<bf16>(method, nhwc, seed + 25, &mut out);
-            run(DType::BF16, ok, how, &mut working);
+            for (dt, ok) in [
+                (
+                    DType::F32,
+                    group_norm_unfused::<f32>(method, nhwc, seed + 5, &mut out),
+                ),
+                (
+                    DType::F16,
+                    group_norm_unfused::<f16>(method, nhwc, seed + 15, &mut out),
+                ),
+                (
+                    DType::BF16,
+                    group_norm_unfused::<bf16>(method, nhwc, seed + 25, &mut out),
+                ),
+            ] {
+                if ok {
+                    working.push(format!("{dt} {how}"));
+                }
+            }
         }
         eprintln!("GROUP NORM {} works as: {working:?}", layout_name(nhwc));
         if !nhwc && gpu_available() {

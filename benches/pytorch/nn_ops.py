@@ -6,6 +6,11 @@ line: {"op": name, "ms": median per call, ...}. Timing: CUDA events around batch
 of 7 batches, after warm-up (the same method as the Rust benches' batch median).
 """
 import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import timing  # noqa: E402  (sits next to this script)
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -17,21 +22,7 @@ print(json.dumps({"torch": torch.__version__, "cudnn": torch.backends.cudnn.vers
 
 
 def bench(fn, reps=50, warm=5, batches=7):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Event(enable_timing=True)
-    e = torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(batches):
-        s.record()
-        for _ in range(reps):
-            fn()
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e) / reps)
-    ts.sort()
-    return ts[len(ts) // 2]
+    return timing.bench(fn, reps, warm, batches)
 
 
 def report(op, ms, bytes_moved=None, **extra):

@@ -6,6 +6,11 @@ attention through the cuDNN backend), stage by stage, in the same output format:
 Run with PyTorch's own environment: `python3 benches/pytorch/transformer_block.py`. Timing: CUDA
 events around batches of calls, median of 7 batches, after warm-up.
 """
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import timing  # noqa: E402  (sits next to this script)
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -19,21 +24,7 @@ print(f"# torch {torch.__version__} cudnn {torch.backends.cudnn.version()} "
 
 
 def bench(fn, reps=20, warm=5, batches=7):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Event(enable_timing=True)
-    e = torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(batches):
-        s.record()
-        for _ in range(reps):
-            fn()
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e) / reps)
-    ts.sort()
-    return ts[len(ts) // 2]
+    return timing.bench(fn, reps, warm, batches)
 
 
 bf = torch.bfloat16

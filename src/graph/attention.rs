@@ -196,6 +196,10 @@ pub struct SdpaGrads {
     pub dq_accum: TensorId,
 }
 
+/// The sizes of an attention problem, `(b, h, s_q, s_kv, d, d_v)`: q `[b, h, s_q, d]`,
+/// k `[b, h, s_kv, d]`, v `[b, h, s_kv, d_v]`.
+type SdpaSizes = (i64, i64, i64, i64, i64, i64);
+
 /// Largest head dimension accepted (what cuDNN 9's flash-attention engines document for
 /// Hopper-class GPUs with f16 / bf16).
 const MAX_HEAD_DIM: i64 = 128;
@@ -256,13 +260,7 @@ impl Graph {
             ));
         }
         if ct.dims != xt.dims {
-            return Err(Error::ShapeMismatch {
-                a: xt.name,
-                a_dims: xt.dims.clone(),
-                b: ct.name,
-                b_dims: ct.dims.clone(),
-                rule: "the select condition has x's dimensions",
-            });
+            return Err(xt.shape_mismatch(ct, "the select condition has x's dimensions"));
         }
         let r = xt.dims.len();
         if bt.scalar.is_none() {
@@ -273,13 +271,9 @@ impl Graph {
                     .zip(&xt.dims)
                     .all(|(&p, &q)| p == q || p == 1);
             if !ok {
-                return Err(Error::ShapeMismatch {
-                    a: xt.name,
-                    a_dims: xt.dims.clone(),
-                    b: bt.name,
-                    b_dims: bt.dims.clone(),
-                    rule: "b has x's rank, each dimension equal to x's or 1",
-                });
+                return Err(
+                    xt.shape_mismatch(bt, "b has x's rank, each dimension equal to x's or 1")
+                );
             }
         }
         let dims = xt.dims.clone();
@@ -385,15 +379,45 @@ impl Graph {
     fn sdpa_dims(&self, a: usize, b: usize, want: &[i64], rule: &'static str) -> Result<()> {
         let (at, bt) = (&self.tensors[a], &self.tensors[b]);
         if bt.dims != want {
-            return Err(Error::ShapeMismatch {
-                a: at.name,
-                a_dims: at.dims.clone(),
-                b: bt.name,
-                b_dims: bt.dims.clone(),
-                rule,
-            });
+            return Err(at.shape_mismatch(bt, rule));
         }
         Ok(())
+    }
+
+    /// The checks [`Graph::sdpa`] and [`Graph::sdpa_backward`] open with, in this order: f32
+    /// intermediate and compute types; q, k, v and then `more` (o and dO) attention operands
+    /// of q's data type; k `[b, h, s_kv, d]` for q `[b, h, s_q, d]`; v `[b, h, s_kv, d_v]`.
+    /// Returns q's data type and the sizes.
+    fn sdpa_qkv(
+        &self,
+        op: &'static str,
+        [qi, ki, vi]: [usize; 3],
+        more: &[usize],
+    ) -> Result<(DType, SdpaSizes)> {
+        self.sdpa_types(op)?;
+        let dtype = self.tensors[qi].dtype;
+        let qd = self.sdpa_operand(op, qi, dtype)?;
+        let kd = self.sdpa_operand(op, ki, dtype)?;
+        let vd = self.sdpa_operand(op, vi, dtype)?;
+        for &i in more {
+            self.sdpa_operand(op, i, dtype)?;
+        }
+        let (b, h, s_q, d) = (qd[0], qd[1], qd[2], qd[3]);
+        let s_kv = kd[2];
+        let d_v = vd[3];
+        self.sdpa_dims(
+            qi,
+            ki,
+            &[b, h, s_kv, d],
+            "k is [b, h, s_kv, d] for q [b, h, s_q, d]",
+        )?;
+        self.sdpa_dims(
+            ki,
+            vi,
+            &[b, h, s_kv, d_v],
+            "v is [b, h, s_kv, d_v] for k [b, h, s_kv, d]",
+        )?;
+        Ok((dtype, (b, h, s_q, s_kv, d, d_v)))
     }
 
     /// The head dimension `d` of tensor `i` is at most 128 and a multiple of 8.
@@ -713,26 +737,7 @@ impl Graph {
     ) -> Result<SdpaOutputs> {
         const OP: &str = "scaled dot-product attention";
         let (qi, ki, vi) = (self.index(q)?, self.index(k)?, self.index(v)?);
-        self.sdpa_types(OP)?;
-        let dtype = self.tensors[qi].dtype;
-        let qd = self.sdpa_operand(OP, qi, dtype)?;
-        let kd = self.sdpa_operand(OP, ki, dtype)?;
-        let vd = self.sdpa_operand(OP, vi, dtype)?;
-        let (b, h, s_q, d) = (qd[0], qd[1], qd[2], qd[3]);
-        let s_kv = kd[2];
-        self.sdpa_dims(
-            qi,
-            ki,
-            &[b, h, s_kv, d],
-            "k is [b, h, s_kv, d] for q [b, h, s_q, d]",
-        )?;
-        let d_v = vd[3];
-        self.sdpa_dims(
-            ki,
-            vi,
-            &[b, h, s_kv, d_v],
-            "v is [b, h, s_kv, d_v] for k [b, h, s_kv, d]",
-        )?;
+        let (dtype, (b, h, s_q, s_kv, d, d_v)) = self.sdpa_qkv(OP, [qi, ki, vi], &[])?;
         self.sdpa_head_dim(OP, qi)?;
         self.sdpa_head_dim(OP, vi)?;
         self.sdpa_check_unread(OP, ki)?;
@@ -883,28 +888,7 @@ impl Graph {
         const OP: &str = "scaled dot-product attention backward";
         let (qi, ki, vi) = (self.index(q)?, self.index(k)?, self.index(v)?);
         let (oi, doi, si) = (self.index(o)?, self.index(d_o)?, self.index(stats)?);
-        self.sdpa_types(OP)?;
-        let dtype = self.tensors[qi].dtype;
-        let qd = self.sdpa_operand(OP, qi, dtype)?;
-        let kd = self.sdpa_operand(OP, ki, dtype)?;
-        let vd = self.sdpa_operand(OP, vi, dtype)?;
-        self.sdpa_operand(OP, oi, dtype)?;
-        self.sdpa_operand(OP, doi, dtype)?;
-        let (b, h, s_q, d) = (qd[0], qd[1], qd[2], qd[3]);
-        let s_kv = kd[2];
-        let d_v = vd[3];
-        self.sdpa_dims(
-            qi,
-            ki,
-            &[b, h, s_kv, d],
-            "k is [b, h, s_kv, d] for q [b, h, s_q, d]",
-        )?;
-        self.sdpa_dims(
-            ki,
-            vi,
-            &[b, h, s_kv, d_v],
-            "v is [b, h, s_kv, d_v] for k [b, h, s_kv, d]",
-        )?;
+        let (dtype, (b, h, s_q, s_kv, d, d_v)) = self.sdpa_qkv(OP, [qi, ki, vi], &[oi, doi])?;
         self.sdpa_dims(
             qi,
             oi,

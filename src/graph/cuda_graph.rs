@@ -85,6 +85,17 @@ fn driver(context: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> 
     move |e| Error::driver(context, e)
 }
 
+/// A handle the driver returned with success, as non-null; a null one (which the driver never
+/// returns with success) is reported as `CUDA_ERROR_UNKNOWN` while `context`.
+fn non_null<T>(raw: *mut T, context: &'static str) -> Result<NonNull<c_void>> {
+    NonNull::new(raw.cast::<c_void>()).ok_or_else(|| {
+        Error::driver(
+            context,
+            cudarc::driver::DriverError(CUresult::CUDA_ERROR_UNKNOWN),
+        )
+    })
+}
+
 /// An owned `CUgraph`: destroyed exactly once in `Drop`, which logs and never panics.
 struct OwnedGraph {
     raw: NonNull<c_void>,
@@ -99,12 +110,7 @@ impl OwnedGraph {
         unsafe { cudarc::driver::sys::cuGraphCreate(&mut g, 0) }
             .result()
             .map_err(driver("creating a CUDA graph"))?;
-        let raw = NonNull::new(g.cast::<c_void>()).ok_or_else(|| {
-            Error::driver(
-                "creating a CUDA graph",
-                cudarc::driver::DriverError(CUresult::CUDA_ERROR_UNKNOWN),
-            )
-        })?;
+        let raw = non_null(g, "creating a CUDA graph")?;
         Ok(OwnedGraph {
             raw,
             ctx: ctx.clone(),
@@ -142,12 +148,7 @@ impl OwnedExec {
         // SAFETY: `graph` is a live graph owned by the caller; instantiation only reads it.
         let e = unsafe { cu::graph::instantiate(graph.as_raw(), CUgraphInstantiate_flags(0)) }
             .map_err(driver("instantiating a CUDA graph"))?;
-        let raw = NonNull::new(e.cast::<c_void>()).ok_or_else(|| {
-            Error::driver(
-                "instantiating a CUDA graph",
-                cudarc::driver::DriverError(CUresult::CUDA_ERROR_UNKNOWN),
-            )
-        })?;
+        let raw = non_null(e, "instantiating a CUDA graph")?;
         Ok(OwnedExec {
             raw,
             ctx: graph.ctx.clone(),
@@ -345,16 +346,7 @@ impl Cudnn {
     ) -> Result<PlanGraph<'g>> {
         plan.graph.check_handle(self)?;
         require_native_support(&plan.name(), plan.behavior_notes())?;
-        let ptrs = args.pointers(self, &plan.graph)?;
-        if **ws.stream().context() != **self.context() {
-            return Err(Error::ForeignContext {
-                name: "workspace",
-                expected: self.context().ordinal(),
-                found: ws.stream().context().ordinal(),
-            });
-        }
-        ws.prepare(plan.workspace_size())?;
-        self.bind()?;
+        let ptrs = self.prepare_launch(plan, args, ws)?;
         let stream: &'g CudaStream = self.stream();
         // Every launch takes the pointer again (with its guard); this one only reads it.
         let wp = ws.device_ptr_mut(stream).0 as usize;

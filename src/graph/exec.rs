@@ -5,7 +5,7 @@ use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 
 use super::backend::{attr, ffi, kind, Desc};
 use super::build::{GraphInner, OperationGraph};
@@ -52,16 +52,52 @@ impl<'a> Args<'a> {
         }
     }
 
-    fn push(&mut self, e: Entry<'a>) -> Result<&mut Self> {
-        if self.entries.iter().any(|x| x.id == e.id) {
+    /// Where a buffer lives: the device ordinal of its context when it is not the handle's,
+    /// and its length. Taken before its device pointer, whose guard borrows it.
+    fn origin<T>(&self, buf: &impl DeviceSlice<T>) -> (Option<usize>, usize) {
+        let ctx = buf.stream().context();
+        let foreign = (**ctx != *self.ctx).then(|| ctx.ordinal());
+        (foreign, buf.len())
+    }
+
+    /// Records a binding of tensor `id` to a buffer: its [`Args::origin`], then its device
+    /// pointer with the guard to keep.
+    fn push(
+        &mut self,
+        id: TensorId,
+        dtype: DType,
+        output: bool,
+        (foreign, len): (Option<usize>, usize),
+        (ptr, guard): (u64, SyncOnDrop<'a>),
+    ) -> Result<&mut Self> {
+        if self.entries.iter().any(|x| x.id == id) {
             return Err(Error::invalid(
                 "graph buffer binding",
                 "one buffer per tensor",
-                format!("tensor uid {} bound twice", e.id.uid()),
+                format!("tensor uid {} bound twice", id.uid()),
             ));
         }
-        self.entries.push(e);
+        self.entries.push(Entry {
+            id,
+            ptr,
+            len,
+            dtype,
+            output,
+            foreign,
+            _guard: guard,
+        });
         Ok(self)
+    }
+
+    /// A binding of a buffer the graph reads, of `dtype`.
+    fn push_input<T>(
+        &mut self,
+        t: TensorId,
+        buf: &'a impl DevicePtr<T>,
+        dtype: DType,
+    ) -> Result<&mut Self> {
+        let origin = self.origin(buf);
+        self.push(t, dtype, false, origin, buf.device_ptr(self.stream))
     }
 
     /// Binds a buffer the graph reads.
@@ -70,19 +106,7 @@ impl<'a> Args<'a> {
         t: TensorId,
         buf: &'a impl DevicePtr<T>,
     ) -> Result<&mut Self> {
-        let ctx = buf.stream().context();
-        let foreign = (**ctx != *self.ctx).then(|| ctx.ordinal());
-        let len = buf.len();
-        let (ptr, guard) = buf.device_ptr(self.stream);
-        self.push(Entry {
-            id: t,
-            ptr,
-            len,
-            dtype: T::DTYPE,
-            output: false,
-            foreign,
-            _guard: guard,
-        })
+        self.push_input(t, buf, T::DTYPE)
     }
 
     /// Binds a buffer of 64-bit integers the graph reads: a [`DType::I64`] tensor, such as the
@@ -90,19 +114,7 @@ impl<'a> Args<'a> {
     /// every binding (a tensor of another data type rejects it, and an i64 tensor rejects a
     /// buffer bound with [`Args::input`]).
     pub fn input_i64(&mut self, t: TensorId, buf: &'a impl DevicePtr<i64>) -> Result<&mut Self> {
-        let ctx = buf.stream().context();
-        let foreign = (**ctx != *self.ctx).then(|| ctx.ordinal());
-        let len = buf.len();
-        let (ptr, guard) = buf.device_ptr(self.stream);
-        self.push(Entry {
-            id: t,
-            ptr,
-            len,
-            dtype: DType::I64,
-            output: false,
-            foreign,
-            _guard: guard,
-        })
+        self.push_input(t, buf, DType::I64)
     }
 
     /// Binds a buffer the graph writes (a tensor marked as an output).
@@ -111,19 +123,8 @@ impl<'a> Args<'a> {
         t: TensorId,
         buf: &'a mut impl DevicePtrMut<T>,
     ) -> Result<&mut Self> {
-        let ctx = buf.stream().context();
-        let foreign = (**ctx != *self.ctx).then(|| ctx.ordinal());
-        let len = buf.len();
-        let (ptr, guard) = buf.device_ptr_mut(self.stream);
-        self.push(Entry {
-            id: t,
-            ptr,
-            len,
-            dtype: T::DTYPE,
-            output: true,
-            foreign,
-            _guard: guard,
-        })
+        let origin = self.origin(&*buf);
+        self.push(t, T::DTYPE, true, origin, buf.device_ptr_mut(self.stream))
     }
 
     /// Checks the bindings against a plan's graph and returns the device pointers in the
@@ -258,6 +259,29 @@ pub(crate) fn variant_pack(
 }
 
 impl Cudnn {
+    /// The checks and preparation [`Cudnn::execute`] and [`Cudnn::populate_cuda_graph`] share
+    /// once the plan is known to be this handle's: the bindings checked against the plan's graph
+    /// (their pointers in pack order, [`Args::pointers`]), the workspace on this handle's
+    /// context and grown to the plan's workspace size, this handle's context bound.
+    pub(crate) fn prepare_launch(
+        &self,
+        plan: &Plan,
+        args: &Args<'_>,
+        ws: &mut Workspace,
+    ) -> Result<Vec<usize>> {
+        let ptrs = args.pointers(self, &plan.graph)?;
+        if **ws.stream().context() != **self.context() {
+            return Err(Error::ForeignContext {
+                name: "workspace",
+                expected: self.context().ordinal(),
+                found: ws.stream().context().ordinal(),
+            });
+        }
+        ws.prepare(plan.workspace_size())?;
+        self.bind()?;
+        Ok(ptrs)
+    }
+
     /// Executes a plan on the buffers bound in `args`, with workspace from `ws` (grown to the
     /// plan's [`Plan::workspace_size`] if its limit allows).
     ///
@@ -270,16 +294,7 @@ impl Cudnn {
     #[doc(alias = "cudnnBackendExecute")]
     pub fn execute(&self, plan: &Plan, args: &Args<'_>, ws: &mut Workspace) -> Result<()> {
         plan.graph.check_handle(self)?;
-        let ptrs = args.pointers(self, &plan.graph)?;
-        if **ws.stream().context() != **self.context() {
-            return Err(Error::ForeignContext {
-                name: "workspace",
-                expected: self.context().ordinal(),
-                found: ws.stream().context().ordinal(),
-            });
-        }
-        ws.prepare(plan.workspace_size())?;
-        self.bind()?;
+        let ptrs = self.prepare_launch(plan, args, ws)?;
         let stream: &CudaStream = self.stream();
         let (wp, _gw) = ws.device_ptr_mut(stream);
         let wp = wp as usize;
@@ -303,7 +318,7 @@ impl Cudnn {
         // tensor's span, is 16-byte aligned, and outputs do not overlap themselves; the guards in
         // `args` and `_gw` keep the buffers alive and ordered until the work is enqueued. Scalars
         // point to 8-byte host words of the graph (alive in `plan`), holding the tensor's type.
-        // The workspace holds at least the plan's workspace size (`prepare` above).
+        // The workspace holds at least the plan's workspace size (`prepare` in `prepare_launch`).
         unsafe {
             ffi::cudnnBackendExecute(self.lib(), self.as_raw(), plan.plan.as_raw(), pack.as_raw())
         }
@@ -587,18 +602,12 @@ impl PlanCache {
         og: &OperationGraph,
         filter: &PlanFilter,
     ) -> Result<&Plan> {
-        let key = Self::key(cudnn, og, filter);
-        if self.get(cudnn, og, filter).is_some() {
-            return Ok(&self.plans[&key]);
-        }
-        let plan = match self.persisted(cudnn, og, &key) {
-            Some(p) => p,
-            None => og
+        self.get_or_make(cudnn, og, filter, || {
+            Ok(og
                 .plans(cudnn, &filter.clone().max_plans(Some(1)))?
                 .plans
-                .swap_remove(0),
-        };
-        self.insert(cudnn, og, filter, plan)
+                .swap_remove(0))
+        })
     }
 
     /// The cached plan, or the persisted configuration's plan, or the fastest of the filter's
@@ -613,13 +622,27 @@ impl PlanCache {
         ws: &mut Workspace,
         opts: &AutotuneOptions,
     ) -> Result<&Plan> {
+        self.get_or_make(cudnn, og, filter, || {
+            Ok(autotune(cudnn, og.plans(cudnn, filter)?.plans, args, ws, opts)?.plan)
+        })
+    }
+
+    /// The cached plan, or the persisted configuration's plan, or the plan of `make`, stored
+    /// for next time.
+    fn get_or_make(
+        &mut self,
+        cudnn: &Cudnn,
+        og: &OperationGraph,
+        filter: &PlanFilter,
+        make: impl FnOnce() -> Result<Plan>,
+    ) -> Result<&Plan> {
         let key = Self::key(cudnn, og, filter);
         if self.get(cudnn, og, filter).is_some() {
             return Ok(&self.plans[&key]);
         }
         let plan = match self.persisted(cudnn, og, &key) {
             Some(p) => p,
-            None => autotune(cudnn, og.plans(cudnn, filter)?.plans, args, ws, opts)?.plan,
+            None => make()?,
         };
         self.insert(cudnn, og, filter, plan)
     }

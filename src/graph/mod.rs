@@ -492,6 +492,20 @@ pub(crate) struct TensorInfo {
     pub(crate) consumed: bool,
 }
 
+impl TensorInfo {
+    /// [`Error::ShapeMismatch`] between this tensor and `other` (names and dimensions), for
+    /// the rule they break.
+    pub(crate) fn shape_mismatch(&self, other: &TensorInfo, rule: &'static str) -> Error {
+        Error::ShapeMismatch {
+            a: self.name,
+            a_dims: self.dims.clone(),
+            b: other.name,
+            b_dims: other.dims.clone(),
+            rule,
+        }
+    }
+}
+
 /// One operation of a graph (tensor indices into `Graph::tensors`).
 #[derive(Debug, Clone)]
 pub(crate) enum Op {
@@ -852,13 +866,7 @@ impl Graph {
             }
         }
         if ta.dims.len() != tb.dims.len() || ta.dims.len() != conv.spatial_dims() + 2 {
-            return Err(Error::ShapeMismatch {
-                a: ta.name,
-                a_dims: ta.dims.clone(),
-                b: tb.name,
-                b_dims: tb.dims.clone(),
-                rule: "convolution operands have the same rank, 2 + the number of spatial dimensions of the parameters",
-            });
+            return Err(ta.shape_mismatch(tb, "convolution operands have the same rank, 2 + the number of spatial dimensions of the parameters"));
         }
         Ok(())
     }
@@ -869,26 +877,17 @@ impl Graph {
         let (xd, wd) = (&xt.dims, &wt.dims);
         let groups_ok = xd[1] % wd[1] == 0 && wd[0] % (xd[1] / wd[1]) == 0;
         if !groups_ok {
-            return Err(Error::ShapeMismatch {
-                a: xt.name,
-                a_dims: xd.clone(),
-                b: wt.name,
-                b_dims: wd.clone(),
-                rule: "input channels are a multiple g of the filter's channels, and the filter count a multiple of g (groups)",
-            });
+            return Err(xt.shape_mismatch(wt, "input channels are a multiple g of the filter's channels, and the filter count a multiple of g (groups)"));
         }
         let mut out = vec![xd[0], wd[0]];
         for a in 0..conv.spatial_dims() {
             match conv.out_extent(a, xd[a + 2], wd[a + 2]) {
                 Some(e) => out.push(e),
                 None => {
-                    return Err(Error::ShapeMismatch {
-                        a: xt.name,
-                        a_dims: xd.clone(),
-                        b: wt.name,
-                        b_dims: wd.clone(),
-                        rule: "the dilated filter fits the padded input in every spatial dimension",
-                    })
+                    return Err(xt.shape_mismatch(
+                        wt,
+                        "the dilated filter fits the padded input in every spatial dimension",
+                    ))
                 }
             }
         }
@@ -1045,33 +1044,18 @@ impl Graph {
         let (ad, bd) = (&at.dims, &bt.dims);
         let r = ad.len();
         if r < 3 || bd.len() != r || at.scalar.is_some() || bt.scalar.is_some() {
-            return Err(Error::ShapeMismatch {
-                a: at.name,
-                a_dims: ad.clone(),
-                b: bt.name,
-                b_dims: bd.clone(),
-                rule: "matmul operands have the same rank, at least 3 ([batch..., rows, columns])",
-            });
+            return Err(at.shape_mismatch(
+                bt,
+                "matmul operands have the same rank, at least 3 ([batch..., rows, columns])",
+            ));
         }
         if ad[r - 1] != bd[r - 2] {
-            return Err(Error::ShapeMismatch {
-                a: at.name,
-                a_dims: ad.clone(),
-                b: bt.name,
-                b_dims: bd.clone(),
-                rule: "a's column count (K) equals b's row count",
-            });
+            return Err(at.shape_mismatch(bt, "a's column count (K) equals b's row count"));
         }
         let mut dims = Vec::with_capacity(r);
         for i in 0..r - 2 {
             if ad[i] != bd[i] && ad[i] != 1 && bd[i] != 1 {
-                return Err(Error::ShapeMismatch {
-                    a: at.name,
-                    a_dims: ad.clone(),
-                    b: bt.name,
-                    b_dims: bd.clone(),
-                    rule: "each batch dimension of a and b is equal or 1",
-                });
+                return Err(at.shape_mismatch(bt, "each batch dimension of a and b is equal or 1"));
             }
             dims.push(ad[i].max(bd[i]));
         }
@@ -1175,13 +1159,10 @@ impl Graph {
                             .zip(&bt.dims)
                             .all(|(&p, &q)| p == q || p == 1 || q == 1);
                     if !ok {
-                        return Err(Error::ShapeMismatch {
-                            a: xt.name,
-                            a_dims: xt.dims.clone(),
-                            b: bt.name,
-                            b_dims: bt.dims.clone(),
-                            rule: "pointwise operands have the same rank and each dimension equal or 1",
-                        });
+                        return Err(xt.shape_mismatch(
+                            bt,
+                            "pointwise operands have the same rank and each dimension equal or 1",
+                        ));
                     }
                     let dims: Vec<i64> = xt
                         .dims
@@ -1258,13 +1239,7 @@ impl Graph {
         }
         let (dyt, xt) = (&self.tensors[dyi], &self.tensors[xi]);
         if dyt.dims != xt.dims || dyt.scalar.is_some() || xt.scalar.is_some() {
-            return Err(Error::ShapeMismatch {
-                a: dyt.name,
-                a_dims: dyt.dims.clone(),
-                b: xt.name,
-                b_dims: xt.dims.clone(),
-                rule: "dy and x have the same dimensions",
-            });
+            return Err(dyt.shape_mismatch(xt, "dy and x have the same dimensions"));
         }
         let dims = dyt.dims.clone();
         let order = stride_order(&dyt.strides);

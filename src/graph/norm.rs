@@ -14,7 +14,7 @@
 use cudnn_safe_sys as sys;
 use cudnn_safe_sys::Library;
 
-use super::backend::{attr, kind, Desc};
+use super::backend::{attr, kind, Attr, Desc};
 use super::{stride_order, Graph, Op, PointwiseMode, TensorId};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
@@ -230,13 +230,15 @@ pub(crate) struct NormBwdOp {
     dbias: Option<usize>,
 }
 
-fn fwd_name(mode: NormMode) -> &'static str {
-    match mode {
-        NormMode::Layer => "layer norm forward",
-        NormMode::Rms => "RMS norm forward",
-        NormMode::Instance => "instance norm forward",
-        NormMode::Batch => "batch norm forward",
+/// Sets each present tensor of `tensors` (an attribute and an index into `t`, the graph's tensor
+/// descriptors) on `o`, in the order given; absent ones are not set.
+fn set_tensor_descs(o: &mut Desc, t: &[Desc], tensors: &[(Attr, Option<usize>)]) -> Result<()> {
+    for &(a, i) in tensors {
+        if let Some(i) = i {
+            o.set_descs(a, &[&t[i]])?;
+        }
     }
+    Ok(())
 }
 
 /// Data types the norm engines take: f32, f16 and bf16 (cudnn-frontend's norm samples and tests
@@ -273,7 +275,7 @@ impl NormFwdOp {
     }
 
     pub(crate) fn name(&self) -> &'static str {
-        fwd_name(self.mode)
+        names(self.mode).fwd
     }
 
     /// The operation's part of [`Graph::signature`] (layer norm keeps its earlier spelling,
@@ -321,49 +323,49 @@ impl NormFwdOp {
             sys::cudnnBackendNormFwdPhase_t::CUDNN_NORM_FWD_INFERENCE
         };
         o.set1(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_PHASE), phase)?;
-        o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_XDESC), &[&t[self.x]])?;
-        o.set_descs(
-            attr!(CUDNN_ATTR_OPERATION_NORM_FWD_SCALE_DESC),
-            &[&t[self.scale]],
+        let run = self.running;
+        set_tensor_descs(
+            &mut o,
+            t,
+            &[
+                (attr!(CUDNN_ATTR_OPERATION_NORM_FWD_XDESC), Some(self.x)),
+                (
+                    attr!(CUDNN_ATTR_OPERATION_NORM_FWD_SCALE_DESC),
+                    Some(self.scale),
+                ),
+                (attr!(CUDNN_ATTR_OPERATION_NORM_FWD_BIAS_DESC), self.bias),
+                (
+                    attr!(CUDNN_ATTR_OPERATION_NORM_FWD_EPSILON_DESC),
+                    self.epsilon,
+                ),
+                (attr!(CUDNN_ATTR_OPERATION_NORM_FWD_YDESC), Some(self.y)),
+                (attr!(CUDNN_ATTR_OPERATION_NORM_FWD_MEAN_DESC), self.mean),
+                (
+                    attr!(CUDNN_ATTR_OPERATION_NORM_FWD_INV_VARIANCE_DESC),
+                    self.inv_var,
+                ),
+                (
+                    attr!(CUDNN_ATTR_OPERATION_NORM_FWD_EXP_AVG_FACTOR_DESC),
+                    run.map(|r| r.momentum),
+                ),
+                (
+                    attr!(CUDNN_ATTR_OPERATION_NORM_FWD_INPUT_RUNNING_MEAN_DESC),
+                    run.map(|r| r.prev_mean),
+                ),
+                (
+                    attr!(CUDNN_ATTR_OPERATION_NORM_FWD_INPUT_RUNNING_VAR_DESC),
+                    run.map(|r| r.prev_var),
+                ),
+                (
+                    attr!(CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_MEAN_DESC),
+                    run.map(|r| r.next_mean),
+                ),
+                (
+                    attr!(CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_VAR_DESC),
+                    run.map(|r| r.next_var),
+                ),
+            ],
         )?;
-        if let Some(b) = self.bias {
-            o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_BIAS_DESC), &[&t[b]])?;
-        }
-        if let Some(e) = self.epsilon {
-            o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_EPSILON_DESC), &[&t[e]])?;
-        }
-        o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_YDESC), &[&t[self.y]])?;
-        if let Some(m) = self.mean {
-            o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_FWD_MEAN_DESC), &[&t[m]])?;
-        }
-        if let Some(v) = self.inv_var {
-            o.set_descs(
-                attr!(CUDNN_ATTR_OPERATION_NORM_FWD_INV_VARIANCE_DESC),
-                &[&t[v]],
-            )?;
-        }
-        if let Some(r) = self.running {
-            o.set_descs(
-                attr!(CUDNN_ATTR_OPERATION_NORM_FWD_EXP_AVG_FACTOR_DESC),
-                &[&t[r.momentum]],
-            )?;
-            o.set_descs(
-                attr!(CUDNN_ATTR_OPERATION_NORM_FWD_INPUT_RUNNING_MEAN_DESC),
-                &[&t[r.prev_mean]],
-            )?;
-            o.set_descs(
-                attr!(CUDNN_ATTR_OPERATION_NORM_FWD_INPUT_RUNNING_VAR_DESC),
-                &[&t[r.prev_var]],
-            )?;
-            o.set_descs(
-                attr!(CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_MEAN_DESC),
-                &[&t[r.next_mean]],
-            )?;
-            o.set_descs(
-                attr!(CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_VAR_DESC),
-                &[&t[r.next_var]],
-            )?;
-        }
         o.finalize()?;
         Ok(o)
     }
@@ -378,12 +380,7 @@ impl NormBwdOp {
     }
 
     pub(crate) fn name(&self) -> &'static str {
-        match self.mode {
-            NormMode::Layer => "layer norm backward",
-            NormMode::Rms => "RMS norm backward",
-            NormMode::Instance => "instance norm backward",
-            NormMode::Batch => "batch norm backward",
-        }
+        names(self.mode).bwd
     }
 
     /// The operation's part of [`Graph::signature`] (layer norm keeps its earlier spelling).
@@ -427,34 +424,39 @@ impl NormBwdOp {
         o.set1(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_MODE), self.mode.raw())?;
         // No epsilon: cuDNN ≥ 8.9.6 takes the saved inverse variance instead (cudnn-frontend
         // sets the epsilon descriptor only for older versions).
-        o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_XDESC), &[&t[self.x]])?;
-        o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DYDESC), &[&t[self.dy]])?;
-        o.set_descs(
-            attr!(CUDNN_ATTR_OPERATION_NORM_BWD_SCALE_DESC),
-            &[&t[self.scale]],
+        set_tensor_descs(
+            &mut o,
+            t,
+            &[
+                (attr!(CUDNN_ATTR_OPERATION_NORM_BWD_XDESC), Some(self.x)),
+                (attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DYDESC), Some(self.dy)),
+                (
+                    attr!(CUDNN_ATTR_OPERATION_NORM_BWD_SCALE_DESC),
+                    Some(self.scale),
+                ),
+                (attr!(CUDNN_ATTR_OPERATION_NORM_BWD_MEAN_DESC), self.mean),
+                (
+                    attr!(CUDNN_ATTR_OPERATION_NORM_BWD_INV_VARIANCE_DESC),
+                    Some(self.inv_var),
+                ),
+                (
+                    attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DSCALE_DESC),
+                    Some(self.dscale),
+                ),
+                (attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DBIAS_DESC), self.dbias),
+                (attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DXDESC), Some(self.dx)),
+            ],
         )?;
-        if let Some(m) = self.mean {
-            o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_MEAN_DESC), &[&t[m]])?;
-        }
-        o.set_descs(
-            attr!(CUDNN_ATTR_OPERATION_NORM_BWD_INV_VARIANCE_DESC),
-            &[&t[self.inv_var]],
-        )?;
-        o.set_descs(
-            attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DSCALE_DESC),
-            &[&t[self.dscale]],
-        )?;
-        if let Some(db) = self.dbias {
-            o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DBIAS_DESC), &[&t[db]])?;
-        }
-        o.set_descs(attr!(CUDNN_ATTR_OPERATION_NORM_BWD_DXDESC), &[&t[self.dx]])?;
         o.finalize()?;
         Ok(o)
     }
 }
 
-/// The names an operation gives its scalar and output tensors (they appear in errors).
+/// The names of a mode's forward and backward operations, and those they give their scalar and
+/// output tensors (they appear in errors).
 struct Names {
+    fwd: &'static str,
+    bwd: &'static str,
     epsilon: &'static str,
     y: &'static str,
     mean: &'static str,
@@ -467,6 +469,8 @@ struct Names {
 fn names(mode: NormMode) -> Names {
     match mode {
         NormMode::Layer => Names {
+            fwd: "layer norm forward",
+            bwd: "layer norm backward",
             epsilon: "layer_norm.epsilon",
             y: "layer_norm.y",
             mean: "layer_norm.mean",
@@ -476,6 +480,8 @@ fn names(mode: NormMode) -> Names {
             dbias: "layer_norm_bwd.dbias",
         },
         NormMode::Rms => Names {
+            fwd: "RMS norm forward",
+            bwd: "RMS norm backward",
             epsilon: "rms_norm.epsilon",
             y: "rms_norm.y",
             mean: "rms_norm.mean",
@@ -485,6 +491,8 @@ fn names(mode: NormMode) -> Names {
             dbias: "rms_norm_bwd.dbias",
         },
         NormMode::Instance => Names {
+            fwd: "instance norm forward",
+            bwd: "instance norm backward",
             epsilon: "instance_norm.epsilon",
             y: "instance_norm.y",
             mean: "instance_norm.mean",
@@ -494,6 +502,8 @@ fn names(mode: NormMode) -> Names {
             dbias: "instance_norm_bwd.dbias",
         },
         NormMode::Batch => Names {
+            fwd: "batch norm forward",
+            bwd: "batch norm backward",
             epsilon: "batch_norm.epsilon",
             y: "batch_norm.y",
             mean: "batch_norm.mean",
@@ -572,13 +582,7 @@ impl Graph {
     ) -> Result<()> {
         let (xt, tt) = (&self.tensors[xi], &self.tensors[ti]);
         if tt.dims != want || tt.scalar.is_some() {
-            return Err(Error::ShapeMismatch {
-                a: xt.name,
-                a_dims: xt.dims.clone(),
-                b: tt.name,
-                b_dims: tt.dims.clone(),
-                rule,
-            });
+            return Err(xt.shape_mismatch(tt, rule));
         }
         Ok(())
     }
@@ -610,7 +614,7 @@ impl Graph {
         shapes: Option<Shapes>,
     ) -> Result<FwdOut> {
         let n = names(mode);
-        let op = fwd_name(mode);
+        let op = n.fwd;
         let xi = self.index(x)?;
         let si = self.index(scale)?;
         let bi = bias.map(|b| self.index(b)).transpose()?;
@@ -642,10 +646,7 @@ impl Graph {
         let eps = self.scalar(n.epsilon, epsilon, DType::F32)?;
         let xi = self.operand(x, None, op)?;
         let si = self.operand(scale, None, op)?;
-        let bi = match bias {
-            Some(b) => Some(self.operand(b, None, op)?),
-            None => None,
-        };
+        let bi = bias.map(|b| self.operand(b, None, op)).transpose()?;
         let ei = self.operand(eps, Some(r), op)?;
         let running_in = match running {
             Some(run) => {
@@ -719,12 +720,7 @@ impl Graph {
         with_dbias: bool,
     ) -> Result<(TensorId, TensorId, Option<TensorId>)> {
         let n = names(mode);
-        let op = match mode {
-            NormMode::Layer => "layer norm backward",
-            NormMode::Rms => "RMS norm backward",
-            NormMode::Instance => "instance norm backward",
-            NormMode::Batch => "batch norm backward",
-        };
+        let op = n.bwd;
         let dyi = self.index(dy)?;
         let xi = self.index(x)?;
         let si = self.index(scale)?;
@@ -751,10 +747,7 @@ impl Graph {
         let dyi = self.operand(dy, None, op)?;
         let xi = self.operand(x, None, op)?;
         let si = self.operand(scale, None, op)?;
-        let mi = match mean {
-            Some(m) => Some(self.operand(m, None, op)?),
-            None => None,
-        };
+        let mi = mean.map(|m| self.operand(m, None, op)).transpose()?;
         let vi = self.operand(inv_var, None, op)?;
         let opi = self.ops.len();
         let dx = self.output(n.dx, x_dims, &dx_order, opi)?;
@@ -776,6 +769,44 @@ impl Graph {
             dbias: dbias.map(|t| t.index),
         }));
         Ok((dx, dscale, dbias))
+    }
+
+    /// A forward operation with a bias and no running statistics, its mean and inverse
+    /// variance paired (layer and instance norm).
+    fn norm_forward_stats(
+        &mut self,
+        mode: NormMode,
+        x: TensorId,
+        scale: TensorId,
+        bias: TensorId,
+        epsilon: f64,
+        training: bool,
+    ) -> Result<LayerNormOutputs> {
+        let (y, mean, inv_var, _) =
+            self.norm_forward(mode, x, scale, Some(bias), epsilon, training, None, None)?;
+        Ok(LayerNormOutputs {
+            y,
+            stats: mean.zip(inv_var),
+        })
+    }
+
+    /// A backward operation reading the mean and giving dbias (layer, instance and batch norm).
+    fn norm_backward_grads(
+        &mut self,
+        mode: NormMode,
+        dy: TensorId,
+        x: TensorId,
+        scale: TensorId,
+        mean: TensorId,
+        inv_var: TensorId,
+    ) -> Result<LayerNormGrads> {
+        let (dx, dscale, dbias) =
+            self.norm_backward(mode, dy, x, scale, Some(mean), inv_var, true)?;
+        Ok(LayerNormGrads {
+            dx,
+            dscale,
+            dbias: dbias.expect("asked for dbias"),
+        })
     }
 
     /// Layer normalization forward (`CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR`,
@@ -845,20 +876,7 @@ impl Graph {
         epsilon: f64,
         training: bool,
     ) -> Result<LayerNormOutputs> {
-        let (y, mean, inv_var, _) = self.norm_forward(
-            NormMode::Layer,
-            x,
-            scale,
-            Some(bias),
-            epsilon,
-            training,
-            None,
-            None,
-        )?;
-        Ok(LayerNormOutputs {
-            y,
-            stats: mean.zip(inv_var),
-        })
+        self.norm_forward_stats(NormMode::Layer, x, scale, bias, epsilon, training)
     }
 
     /// Layer normalization backward (`CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR`,
@@ -878,13 +896,7 @@ impl Graph {
         mean: TensorId,
         inv_var: TensorId,
     ) -> Result<LayerNormGrads> {
-        let (dx, dscale, dbias) =
-            self.norm_backward(NormMode::Layer, dy, x, scale, Some(mean), inv_var, true)?;
-        Ok(LayerNormGrads {
-            dx,
-            dscale,
-            dbias: dbias.expect("asked for dbias"),
-        })
+        self.norm_backward_grads(NormMode::Layer, dy, x, scale, mean, inv_var)
     }
 
     /// RMS normalization forward (`CUDNN_RMS_NORM`): each row `x[n, ...]` is scaled by its
@@ -977,20 +989,7 @@ impl Graph {
         epsilon: f64,
         training: bool,
     ) -> Result<LayerNormOutputs> {
-        let (y, mean, inv_var, _) = self.norm_forward(
-            NormMode::Instance,
-            x,
-            scale,
-            Some(bias),
-            epsilon,
-            training,
-            None,
-            None,
-        )?;
-        Ok(LayerNormOutputs {
-            y,
-            stats: mean.zip(inv_var),
-        })
+        self.norm_forward_stats(NormMode::Instance, x, scale, bias, epsilon, training)
     }
 
     /// Instance normalization backward (`CUDNN_INSTANCE_NORM`): from `dy`, the forward input
@@ -1006,13 +1005,7 @@ impl Graph {
         mean: TensorId,
         inv_var: TensorId,
     ) -> Result<LayerNormGrads> {
-        let (dx, dscale, dbias) =
-            self.norm_backward(NormMode::Instance, dy, x, scale, Some(mean), inv_var, true)?;
-        Ok(LayerNormGrads {
-            dx,
-            dscale,
-            dbias: dbias.expect("asked for dbias"),
-        })
+        self.norm_backward_grads(NormMode::Instance, dy, x, scale, mean, inv_var)
     }
 
     /// Batch normalization forward, training phase (`CUDNN_BATCH_NORM`,
@@ -1134,13 +1127,7 @@ impl Graph {
         mean: TensorId,
         inv_var: TensorId,
     ) -> Result<LayerNormGrads> {
-        let (dx, dscale, dbias) =
-            self.norm_backward(NormMode::Batch, dy, x, scale, Some(mean), inv_var, true)?;
-        Ok(LayerNormGrads {
-            dx,
-            dscale,
-            dbias: dbias.expect("asked for dbias"),
-        })
+        self.norm_backward_grads(NormMode::Batch, dy, x, scale, mean, inv_var)
     }
 
     /// Group normalization forward with a per-channel affine step, in the default formulation
@@ -1453,12 +1440,7 @@ impl Cudnn {
     ) -> Result<()> {
         let yd = y_desc.dims();
         let pd = param_desc.dims();
-        let ok = yd.len() >= 2
-            && pd.len() == yd.len()
-            && pd
-                .iter()
-                .enumerate()
-                .all(|(i, &d)| d == if i == 1 { yd[1] } else { 1 });
+        let ok = yd.len() >= 2 && pd == NormMode::Instance.param_dims(yd);
         if !ok {
             return Err(Error::ShapeMismatch {
                 a: "y",

@@ -140,15 +140,18 @@ fn new_graph(dtype: DType, conv: &ConvDesc) -> Graph {
     Graph::new(dtype, DType::F32, conv.compute())
 }
 
-/// Marks `t` the graph's output with the legacy descriptor's dims (checked) and strides.
+/// Marks `ids.out` the graph's output with the legacy descriptor's dims (checked) and strides,
+/// and builds the graph.
 fn finish(
+    cudnn: &Cudnn,
     mut g: Graph,
-    t: TensorId,
+    ids: Ids,
     name: &'static str,
     dtype: DType,
     layout: &Layout,
     rule: &'static str,
-) -> Result<Graph> {
+) -> Result<ConvGraph> {
+    let t = ids.out;
     if g.dims(t)? != layout.dims() {
         return Err(Error::ShapeMismatch {
             a: name,
@@ -160,7 +163,8 @@ fn finish(
     }
     g.mark_output_strided(t, dtype, layout.strides())?;
     g.set_name(t, name)?;
-    Ok(g)
+    let og = g.build(cudnn)?;
+    Ok(ConvGraph { og, ids })
 }
 
 /// `y = conv_fprop(x, w)`, optionally followed by `+ bias` and an activation (the fused
@@ -186,24 +190,14 @@ pub(crate) fn fprop_graph<X: DataType, Y: DataType>(
         }
         c = Some(b);
     }
-    let g = finish(
-        g,
-        y,
-        "y",
-        Y::DTYPE,
-        y_desc.layout(),
-        "y must have the convolution's output dimensions",
-    )?;
-    let og = g.build(cudnn)?;
-    Ok(ConvGraph {
-        og,
-        ids: Ids {
-            a: x,
-            b: w,
-            c,
-            out: y,
-        },
-    })
+    let ids = Ids {
+        a: x,
+        b: w,
+        c,
+        out: y,
+    };
+    let rule = "y must have the convolution's output dimensions";
+    finish(cudnn, g, ids, "y", Y::DTYPE, y_desc.layout(), rule)
 }
 
 /// `dx = conv_dgrad(dy, w)` with dx of `dx_desc`'s dims and strides.
@@ -218,24 +212,14 @@ pub(crate) fn dgrad_graph<T: DataType>(
     let dy = g.tensor("dy", dy_desc.dims(), dy_desc.layout().strides(), T::DTYPE)?;
     let w = g.tensor("w", w_desc.dims(), w_desc.layout().strides(), T::DTYPE)?;
     let dx = g.conv_dgrad(dy, w, dx_desc.dims(), &params(conv))?;
-    let g = finish(
-        g,
-        dx,
-        "dx",
-        T::DTYPE,
-        dx_desc.layout(),
-        "dx must have the input dimensions of the convolution",
-    )?;
-    let og = g.build(cudnn)?;
-    Ok(ConvGraph {
-        og,
-        ids: Ids {
-            a: dy,
-            b: w,
-            c: None,
-            out: dx,
-        },
-    })
+    let ids = Ids {
+        a: dy,
+        b: w,
+        c: None,
+        out: dx,
+    };
+    let rule = "dx must have the input dimensions of the convolution";
+    finish(cudnn, g, ids, "dx", T::DTYPE, dx_desc.layout(), rule)
 }
 
 /// `dw = conv_wgrad(x, dy)` with dw of `dw_desc`'s dims and strides (KRSC for an NHWC filter).
@@ -250,24 +234,14 @@ pub(crate) fn wgrad_graph<T: DataType>(
     let x = g.tensor("x", x_desc.dims(), x_desc.layout().strides(), T::DTYPE)?;
     let dy = g.tensor("dy", dy_desc.dims(), dy_desc.layout().strides(), T::DTYPE)?;
     let dw = g.conv_wgrad(x, dy, dw_desc.dims(), &params(conv))?;
-    let g = finish(
-        g,
-        dw,
-        "dw",
-        T::DTYPE,
-        dw_desc.layout(),
-        "dw must have the filter's dimensions",
-    )?;
-    let og = g.build(cudnn)?;
-    Ok(ConvGraph {
-        og,
-        ids: Ids {
-            a: x,
-            b: dy,
-            c: None,
-            out: dw,
-        },
-    })
+    let ids = Ids {
+        a: x,
+        b: dy,
+        c: None,
+        out: dw,
+    };
+    let rule = "dw must have the filter's dimensions";
+    finish(cudnn, g, ids, "dw", T::DTYPE, dw_desc.layout(), rule)
 }
 
 /// The plan filter matching the legacy convolution's numerics: no tensor cores under

@@ -3,12 +3,14 @@
 //! per-dtype tolerances, row-major index walking, host copies and comparisons.
 //!
 //! Everything here is independent of the crate under test except [`gpu`], which opens the
-//! handle the tests exercise.
+//! handle the tests exercise, [`have_cudnn`], which finalizes a tiny graph, and [`graph_io`],
+//! the buffers of graph-API tensors.
 #![allow(dead_code)]
 
 use std::sync::Arc;
 
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
+use cudnn_safe::graph::{Graph, PointwiseMode};
 use cudnn_safe::{cuda_context, Cudnn, DType, DataType, Error, Scalar};
 
 /// Whether the runner demands a GPU (`CUDNN_SAFE_REQUIRE_GPU=1`): then a test that would skip
@@ -282,5 +284,89 @@ pub fn is_err_kind<T: std::fmt::Debug>(r: &Result<T, Error>, variant: &str) -> b
     match r {
         Err(e) => format!("{e:?}").starts_with(variant),
         Ok(_) => false,
+    }
+}
+
+/// Whether the cuDNN library loads (host tests that finalize descriptors need it): `false`
+/// (printed as a skip) when it does not, a panic when the GPU is required.
+pub fn have_cudnn() -> bool {
+    let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
+    let x = g.tensor_nchw("x", &[1, 1, 1, 4], DType::F32).unwrap();
+    let y = g.pointwise(PointwiseMode::Relu, x, None).unwrap();
+    g.mark_output(y).unwrap();
+    match g.check() {
+        Err(Error::Load(e)) => {
+            if gpu_required() {
+                panic!("cuDNN not loadable: {e}");
+            }
+            eprintln!("skipping: {e}");
+            false
+        }
+        _ => true,
+    }
+}
+
+/// Device buffers of graph-API tensors in the layouts a built [`OperationGraph`] gives them:
+/// values in logical row-major order at the addressed elements, [`SENTINEL`] in the gaps.
+///
+/// [`OperationGraph`]: cudnn_safe::graph::OperationGraph
+pub mod graph_io {
+    use std::sync::Arc;
+
+    use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
+    use cudnn_safe::graph::{OperationGraph, TensorId};
+    use cudnn_safe::DataType;
+
+    use super::{download, image, offsets, poison, SENTINEL};
+
+    /// The span of `t`'s layout and the offsets of its logical elements.
+    pub fn logical_offsets(og: &OperationGraph, t: TensorId) -> (usize, Vec<usize>) {
+        let l = og.layout(t).unwrap().expect("a bound tensor");
+        (l.span(), offsets(l.dims(), l.strides()))
+    }
+
+    /// A device buffer holding `logical` (row-major logical order) in `t`'s layout, sentinel in
+    /// gaps.
+    pub fn upload<T: DataType>(
+        s: &Arc<CudaStream>,
+        og: &OperationGraph,
+        t: TensorId,
+        logical: &[T],
+    ) -> CudaSlice<T> {
+        let (span, offs) = logical_offsets(og, t);
+        assert_eq!(offs.len(), logical.len(), "`{}`", og.name(t).unwrap());
+        s.clone_htod(&image(span, &offs, |i| logical[i])).unwrap()
+    }
+
+    /// An output buffer for `t`: NaN at addressed elements, sentinel in gaps.
+    pub fn poisoned<T: DataType>(
+        s: &Arc<CudaStream>,
+        og: &OperationGraph,
+        t: TensorId,
+    ) -> CudaSlice<T> {
+        let (span, offs) = logical_offsets(og, t);
+        s.clone_htod(&image(span, &offs, |_| poison::<T>()))
+            .unwrap()
+    }
+
+    /// The logical elements of an output, after checking its gaps kept the sentinel.
+    pub fn fetch<T: DataType>(
+        s: &Arc<CudaStream>,
+        og: &OperationGraph,
+        t: TensorId,
+        buf: &CudaSlice<T>,
+    ) -> Vec<T> {
+        let host = download(s, buf);
+        let (_, offs) = logical_offsets(og, t);
+        let mut addressed = vec![false; host.len()];
+        for &o in &offs {
+            addressed[o] = true;
+        }
+        for (i, v) in host.iter().enumerate() {
+            if !addressed[i] {
+                assert_eq!(v.to_f64(), SENTINEL, "gap element {i} overwritten");
+            }
+        }
+        offs.iter().map(|&o| host[o]).collect()
     }
 }
