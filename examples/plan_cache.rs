@@ -18,9 +18,13 @@
 //!      absent file, which it then writes);
 //!    * `warm`: the parent's cache file ([`OperationGraph::plan_from_config`] through
 //!      [`PlanCache::get_or_build`]: no heuristics, one plan built);
-//!    * `warm+preload`: the same, after `dlopen`ing every cuDNN sub-library next to
-//!      `libcudnn.so.9` during library load, so that cuDNN's lazy loading of its engine
-//!      libraries is counted as library load rather than as the first plan build.
+//!    * `warm+preload`: the same, after [`cudnn_safe::graph::preload`] during library load: it
+//!      opens every cuDNN sub-library next to `libcudnn.so.9` and builds a tiny plan, so that
+//!      cuDNN's lazy loading of its engine libraries and its one-time engine initialization
+//!      count as library load rather than as the first plan build;
+//!    * `warm+preload+eager`: the same with `CUDA_MODULE_LOADING=EAGER` in the child's
+//!      environment: CUDA loads every kernel module while the preload opens the libraries
+//!      (a longer library load), and the first execution loads none.
 //!
 //!    Each prints its phases in milliseconds: `cuda_init` (driver and primary context),
 //!    `cudnn_new` (`Cudnn::new`: loading libcudnn and creating the handle), `preload`;
@@ -50,7 +54,7 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, ExitCode};
 use std::sync::Arc;
 use std::time::Instant;
@@ -313,6 +317,10 @@ fn run_child(mode: &str, cache: &Path, out: &Path, no_rtc: bool) -> BoxResult<Re
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
     cmd.arg("--child").arg(mode).arg(cache).arg(out);
+    if mode.ends_with("+eager") {
+        // Read by CUDA when the child initializes it: every kernel module loads with its library.
+        cmd.env("CUDA_MODULE_LOADING", "EAGER");
+    }
     if no_rtc {
         cmd.arg(NO_RTC);
     }
@@ -492,6 +500,7 @@ fn parent_in(stream: &Arc<CudaStream>, cudnn: &Cudnn, opts: &Opts, dir: &Path) -
         ("cold", dir.join("absent_plans.txt")),
         ("warm", cache_path.clone()),
         ("warm+preload", cache_path.clone()),
+        ("warm+preload+eager", cache_path.clone()),
     ] {
         let out = dir.join(format!("y_{}.bin", mode.replace('+', "_")));
         match run_child(mode, &cache, &out, opts.no_rtc) {
@@ -600,64 +609,6 @@ fn mapped_libs() -> BTreeSet<String> {
         .collect()
 }
 
-/// The path libcudnn.so was mapped from.
-fn cudnn_path() -> Option<PathBuf> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    maps.lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|p| {
-            Path::new(p)
-                .file_name()
-                .is_some_and(|f| f.to_string_lossy().starts_with("libcudnn.so"))
-        })
-        .map(PathBuf::from)
-}
-
-/// `dlopen` of every `libcudnn_*.so*` next to libcudnn.so, so that cuDNN's own lazy loading
-/// later finds them loaded (the dynamic loader matches them by soname). Returns how many
-/// opened; the handles are never closed (the libraries stay loaded, as cuDNN keeps them).
-#[cfg(target_os = "linux")]
-fn preload_cudnn() -> BoxResult<usize> {
-    use std::ffi::{c_char, c_int, c_void, CString};
-    use std::os::unix::ffi::OsStrExt;
-    extern "C" {
-        fn dlopen(filename: *const c_char, flags: c_int) -> *mut c_void;
-    }
-    const RTLD_LAZY: c_int = 1;
-    let dir = cudnn_path()
-        .and_then(|p| p.parent().map(Path::to_path_buf))
-        .ok_or("libcudnn.so is not mapped")?;
-    let mut opened = 0;
-    let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name().is_some_and(|f| {
-                let f = f.to_string_lossy();
-                f.starts_with("libcudnn_") && f.contains(".so")
-            })
-        })
-        .collect();
-    names.sort();
-    for p in names {
-        let c = CString::new(p.as_os_str().as_bytes())?;
-        // SAFETY: `c` is a NUL-terminated path that lives for the call. Loading a cuDNN
-        // sub-library runs its initializers, exactly as cuDNN's own dlopen of it would; the
-        // handle is leaked on purpose (never closed), so nothing is unloaded under cuDNN.
-        let h = unsafe { dlopen(c.as_ptr(), RTLD_LAZY) };
-        if h.is_null() {
-            eprintln!("preload: could not open {}", p.display());
-        } else {
-            opened += 1;
-        }
-    }
-    Ok(opened)
-}
-
-#[cfg(not(target_os = "linux"))]
-fn preload_cudnn() -> BoxResult<usize> {
-    Ok(0)
-}
-
 fn child_run(args: &[String]) -> BoxResult<()> {
     let (mode, cache, out, no_rtc) = match args {
         [m, c, o] => (m, c, o, false),
@@ -685,11 +636,18 @@ fn child_run(args: &[String]) -> BoxResult<()> {
     let t = Instant::now();
     let cudnn = Cudnn::new(stream.clone())?;
     report("cudnn_new", t);
-    if mode == "warm+preload" {
+    if mode.starts_with("warm+preload") {
         let t = Instant::now();
-        let n = preload_cudnn()?;
+        let p = cudnn_safe::graph::preload(&cudnn)?;
         report("preload", t);
-        eprintln!("preloaded {n} cuDNN sub-libraries");
+        eprintln!(
+            "preload: {} cuDNN sub-libraries opened in {:.1} ms, engines initialized in {:.1} ms \
+             ({})",
+            p.libraries,
+            p.open.as_secs_f64() * 1e3,
+            p.engines.as_secs_f64() * 1e3,
+            p.engine
+        );
     }
 
     let t = Instant::now();

@@ -85,10 +85,16 @@ pub const CACHE_ENV: &str = "CUDNN_SAFE_AUTOTUNE_CACHE";
 
 const FILE_HEADER: &str = "# cudnn-safe autotune cache v1: device<TAB>problem key<TAB>algo:workspace_bytes:ms,...[<TAB>graph=<engine config>:workspace_bytes:ms]";
 
-/// Graph plans a union search builds and times per heuristic mode by default (heuristics A, then
-/// as many again from the fallback list): what the raw-C measurement that found the graph
-/// engines 1.37x faster than PyTorch in fp16/bf16 tried. See [`Autotuner::graph_plans`].
+/// Graph plans a union search builds and times per source by default (heuristics A, B, the
+/// fallback list, every engine with its default knobs). See [`Autotuner::graph_plans`].
 pub const DEFAULT_GRAPH_PLANS: usize = 24;
+
+/// Fastest graph plans of a union search's first pass whose knob neighbourhoods are searched by
+/// default. See [`Autotuner::refine_knobs`].
+pub const DEFAULT_REFINE_KNOBS: usize = 2;
+
+/// Most neighbour configurations one union search tries while refining knobs.
+const MAX_REFINE_CONFIGS: usize = 64;
 
 /// How an [`Autotuner`] picks a convolution algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -230,7 +236,7 @@ pub struct TunerStats {
     pub plan_builds: u64,
     /// Union searches run (graph plans built and timed against the legacy favourite).
     pub graph_searches: u64,
-    /// Graph plans the union searches built (and timed).
+    /// Graph plans the union searches built (and timed), knob refinements included.
     pub graph_plans: u64,
     /// Wall time the union searches spent asking the heuristics and building plans (engines
     /// that compile at run time make this the larger part of a search).
@@ -350,6 +356,7 @@ pub struct Autotuner {
     workspace: Option<Workspace>,
     graph: GraphSearch,
     graph_plans: usize,
+    refine_knobs: usize,
     cache: HashMap<Key, Arc<Entry>>,
     /// Plans of graph decisions, built on the handle they last ran on.
     held: HashMap<Key, HeldPlan>,
@@ -385,6 +392,7 @@ impl Autotuner {
             workspace: None,
             graph: GraphSearch::default(),
             graph_plans: DEFAULT_GRAPH_PLANS,
+            refine_knobs: DEFAULT_REFINE_KNOBS,
             cache: HashMap::new(),
             held: HashMap::new(),
             path: None,
@@ -447,16 +455,19 @@ impl Autotuner {
     /// The union search runs after the legacy benchmark of a new problem: the problem is rebuilt
     /// as a graph (same dims, strides, data types, padding, strides, dilations, mode and compute
     /// type: `conv_fprop`, `conv_dgrad` or `conv_wgrad`, or `conv_fprop → bias → activation` for
-    /// the fused call); up to [`Autotuner::graph_plans`] plans from heuristics A and as many
-    /// from the fallback list are built under a filter matching the legacy numerics (no tensor
+    /// the fused call); up to [`Autotuner::graph_plans`] plans from each of heuristics A,
+    /// heuristics B, the fallback list and the engine list (default knobs, no engine that
+    /// compiles at run time) are built under a filter matching the legacy numerics (no tensor
     /// cores with [`MathType::Fma`](crate::conv::MathType::Fma), no input down-conversion unless
     /// `TensorOpAllowConversion`, no reduced-precision accumulation with an f32 compute type,
     /// deterministic engines only under [`Policy::Deterministic`], the workspace limit); each
     /// plan and the legacy favourite are timed alike with CUDA events (on the caller's output,
     /// or on scratch memory when `beta ≠ 0`): a warm-up, a probe, then the best of 3 rounds of
     /// as many back-to-back launches as last 0.3 ms (a plan whose probe is 1.5× slower than
-    /// the best so far is not timed further; finalists within 25% of each other are timed once
-    /// more, back to back). A faster graph plan is remembered in the decision
+    /// the best so far is not timed further); the knob neighbourhoods of the
+    /// [`Autotuner::refine_knobs`] fastest plans are built and timed the same way; finalists
+    /// within 25% of each other are timed once more, back to back. A faster graph plan is
+    /// remembered in the decision
     /// (and in the cache file as its engine configuration) and runs for every later call with
     /// `alpha = 1, beta = 0` (the graph computes the plain result only; the fused call also
     /// needs no `z`). Other calls, and problems the graph cannot express (f64, int8, mixed
@@ -475,15 +486,34 @@ impl Autotuner {
         self
     }
 
-    /// Most graph plans a union search builds and times per heuristic mode (at least 1; default
-    /// 24): up to this many from heuristics A, then up to this many more
-    /// from the fallback list. Fewer make a first call cheaper (each plan is built, and engines
-    /// that compile at run time take long to build) at the risk of missing the fastest engine.
-    /// Not part of the cache key: decisions already made stand.
+    /// Most graph plans a union search builds and times per source (at least 1; default
+    /// 24): up to this many from heuristics A, then up to this many new ones from heuristics B,
+    /// from the fallback list and from the engine list. Fewer make a first call cheaper (each
+    /// plan is built, and engines that compile at run time take long to build) at the risk of
+    /// missing the fastest engine. Not part of the cache key: decisions already made stand.
     #[must_use]
     pub fn graph_plans(mut self, per_mode: usize) -> Self {
         self.graph_plans = per_mode.max(1);
         self
+    }
+
+    /// How many of the fastest graph plans of a union search's first pass get their knob
+    /// neighbourhood searched (default [`DEFAULT_REFINE_KNOBS`]; 0: none): every configuration
+    /// that differs from the plan's in one knob
+    /// ([`knob_neighbours`](crate::graph::OperationGraph::knob_neighbours)), at most 64 per
+    /// search, is built and timed like the heuristics' proposals. Heuristics propose a few
+    /// points of each engine's knob space; this tries the points next to the best of them
+    /// (each costs a plan build, about 0.2 ms, and a timing). Not part of the cache key.
+    #[must_use]
+    pub fn refine_knobs(mut self, plans: usize) -> Self {
+        self.refine_knobs = plans;
+        self
+    }
+
+    /// How many plans' knob neighbourhoods a union search searches
+    /// ([`Autotuner::refine_knobs`]).
+    pub fn refine_knobs_count(&self) -> usize {
+        self.refine_knobs
     }
 
     /// The graph search mode.
@@ -938,6 +968,7 @@ impl Autotuner {
         self.stats.graph_build += build_time;
         let prefer = self.graph == GraphSearch::Prefer;
         let policy = self.policy;
+        let (limit, refine) = (self.limit, self.refine_knobs);
         let ws = self.workspace(cudnn);
         // Plans far slower than the best so far are not timed precisely: they cannot win. The
         // legacy favourite is timed after the plans: building them leaves the GPU idle, and a
@@ -961,6 +992,62 @@ impl Autotuner {
                 Err(e) => return Err(e),
             }
         }
+        // Knob refinement: the neighbours of the fastest plans, timed against the same bound.
+        let mut refined = 0;
+        if refine > 0 && !timed.is_empty() {
+            timed.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let seeds: Vec<EngineConfig> = timed
+                .iter()
+                .take(refine)
+                .map(|(_, p)| p.config().clone())
+                .collect();
+            let mut seen: std::collections::HashSet<EngineConfig> =
+                timed.iter().map(|(_, p)| p.config().clone()).collect();
+            let refuse = gunion::filter(conv, deterministic, limit, &[], 1);
+            let mut tried = 0;
+            'seeds: for seed in seeds {
+                let neighbours = match cg.og.knob_neighbours(cudnn, &seed) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        log::debug!("union search: no knob neighbours of {seed}: {e}");
+                        continue;
+                    }
+                };
+                for config in neighbours {
+                    if tried >= MAX_REFINE_CONFIGS {
+                        break 'seeds;
+                    }
+                    if !seen.insert(config.clone()) {
+                        continue;
+                    }
+                    tried += 1;
+                    // Most neighbours the engine does not support for this graph: not logged.
+                    let Ok(plan) = cg.og.plan_from_config(cudnn, &config) else {
+                        continue;
+                    };
+                    if refuse
+                        .refuse(plan.numerical_notes(), plan.behavior_notes())
+                        .is_some()
+                        || plan.workspace_size() > limit
+                    {
+                        continue;
+                    }
+                    refined += 1;
+                    match gunion::time_ms(cudnn, bound, || trial(Trial::Plan(&plan, ids), ws)) {
+                        Ok(ms) => {
+                            log::debug!("union search: graph {} (knobs) {ms:.4} ms", plan.name());
+                            bound = Some(bound.map_or(ms, |b| b.min(ms)));
+                            timed.push((ms, plan));
+                        }
+                        Err(e) if falls_back(&e) => {
+                            log::debug!("union search: graph {} failed: {e}", plan.name());
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+        let built = built + refined;
         if timed.is_empty() {
             log::info!(
                 "conv {op} union search: no graph plan ran ({built} built in {:.1} ms, {skipped} skipped); legacy {legacy_name} stands",
@@ -1016,6 +1103,7 @@ impl Autotuner {
             }
             timed.sort_by(|a, b| a.0.total_cmp(&b.0));
         }
+        self.stats.graph_plans += refined as u64;
         let (ms, plan) = timed.swap_remove(0);
         let wins = prefer || legacy_ms < 0.0 || ms < legacy_ms;
         log::info!(
@@ -2254,6 +2342,9 @@ mod tests {
         let t = t.graph_plans(4);
         assert_eq!(t.graph_plans_per_mode(), 4);
         assert_eq!(t.graph_plans(0).graph_plans_per_mode(), 1);
+        let t = Autotuner::new(Policy::Benchmark).without_cache_file();
+        assert_eq!(t.refine_knobs_count(), DEFAULT_REFINE_KNOBS);
+        assert_eq!(t.refine_knobs(0).refine_knobs_count(), 0);
         let off = Autotuner::new(Policy::Benchmark)
             .without_cache_file()
             .graph_search(GraphSearch::Off);

@@ -829,42 +829,151 @@ fn input<T: DataType>(g: &mut Graph, name: &'static str, dims: &[i64], nhwc: boo
 // GPU: convolution
 // ---------------------------------------------------------------------------------------------
 
-fn conv_fprop_case<T: DataType>(nhwc: bool, filter: PlanFilter, seed: u64) {
-    let Some((s, cudnn)) = gpu() else { return };
-    let geo = conv_geometry();
-    let mut rng = Rng::new(seed);
-    let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
-    let x = input::<T>(&mut g, "x", &geo.x, nhwc);
-    let w = input::<T>(&mut g, "w", &geo.w, nhwc);
-    let y = g.conv_fprop(x, w, &geo.params()).unwrap();
-    g.mark_output(y).unwrap();
-    assert_eq!(g.dims(y).unwrap(), &geo.y());
-    let og = g.build(&cudnn).unwrap();
-    let (xv, xf) = values::<T>(&mut rng, count(&geo.x));
-    let (wv, wf) = values::<T>(&mut rng, count(&geo.w));
-    let mut want = vec![0.0; count(&geo.y())];
-    geo.for_each_term(|xi, fi, yi| want[yi] += xf[xi] * wf[fi]);
-    let xb = upload(&s, &og, x, &xv);
-    let wb = upload(&s, &og, w, &wv);
-    let mut ws = Workspace::new(s.clone());
-    for plan in some_plans(&cudnn, &og, filter.clone(), 3) {
-        let mut yb = poisoned::<T>(&s, &og, y);
+/// A convolution forward graph on uploaded random inputs with its f64 reference.
+struct FpropFixture<T: DataType> {
+    s: Arc<CudaStream>,
+    cudnn: Cudnn,
+    og: OperationGraph,
+    ids: [TensorId; 3],
+    xb: CudaSlice<T>,
+    wb: CudaSlice<T>,
+    want: Vec<f64>,
+    ws: Workspace,
+}
+
+impl<T: DataType> FpropFixture<T> {
+    fn new(geo: &Conv, nhwc: bool, seed: u64) -> Option<Self> {
+        let (s, cudnn) = gpu()?;
+        let mut rng = Rng::new(seed);
+        let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
+        let x = input::<T>(&mut g, "x", &geo.x, nhwc);
+        let w = input::<T>(&mut g, "w", &geo.w, nhwc);
+        let y = g.conv_fprop(x, w, &geo.params()).unwrap();
+        g.mark_output(y).unwrap();
+        assert_eq!(g.dims(y).unwrap(), &geo.y());
+        let og = g.build(&cudnn).unwrap();
+        let (xv, xf) = values::<T>(&mut rng, count(&geo.x));
+        let (wv, wf) = values::<T>(&mut rng, count(&geo.w));
+        let mut want = vec![0.0; count(&geo.y())];
+        geo.for_each_term(|xi, fi, yi| want[yi] += xf[xi] * wf[fi]);
+        let xb = upload(&s, &og, x, &xv);
+        let wb = upload(&s, &og, w, &wv);
+        let ws = Workspace::new(s.clone());
+        Some(FpropFixture {
+            s,
+            cudnn,
+            og,
+            ids: [x, w, y],
+            xb,
+            wb,
+            want,
+            ws,
+        })
+    }
+
+    /// Runs `plan` on a poisoned output and checks it against the reference.
+    fn check_plan(&mut self, plan: &Plan, what: &str) {
+        let [x, w, y] = self.ids;
+        let mut yb = poisoned::<T>(&self.s, &self.og, y);
         run(
-            &cudnn,
-            &plan,
-            &[(x, &xb), (w, &wb)],
+            &self.cudnn,
+            plan,
+            &[(x, &self.xb), (w, &self.wb)],
             &mut [(y, &mut yb)],
-            &mut ws,
+            &mut self.ws,
         )
         .unwrap();
-        let got = fetch(&s, &og, y, &yb);
+        let got = fetch(&self.s, &self.og, y, &yb);
         check(
-            &format!("conv fprop {} {}", T::DTYPE, plan.name()),
+            &format!("conv fprop {} {what} {}", T::DTYPE, plan.name()),
             &got,
-            &want,
-            plan_tol::<T>(&plan),
+            &self.want,
+            plan_tol::<T>(plan),
         );
     }
+}
+
+fn conv_fprop_case<T: DataType>(nhwc: bool, filter: PlanFilter, seed: u64) {
+    let Some(mut f) = FpropFixture::<T>::new(&conv_geometry(), nhwc, seed) else {
+        return;
+    };
+    for plan in some_plans(&f.cudnn, &f.og, filter.clone(), 3) {
+        f.check_plan(&plan, "");
+    }
+}
+
+/// Every knob neighbour of the first heuristic plans that builds computes the convolution
+/// (against f64, output poisoned), and the heuristics' own knob values lie in the ranges the
+/// engines report.
+fn conv_knob_neighbours_case<T: DataType>(nhwc: bool, filter: PlanFilter, seed: u64) {
+    let geo = Conv {
+        x: [2, 16, 12, 10],
+        w: [16, 16, 3, 3],
+        pad: [1, 1],
+        stride: [1, 1],
+        dil: [1, 1],
+    };
+    let Some(mut f) = FpropFixture::<T>::new(&geo, nhwc, seed) else {
+        return;
+    };
+    let mut checked = 0;
+    for seed_plan in some_plans(&f.cudnn, &f.og, filter.clone(), 3) {
+        let config = seed_plan.config().clone();
+        let ranges = f.og.knob_ranges(&f.cudnn, config.engine).unwrap();
+        for (k, v) in &config.knobs {
+            let r = ranges.iter().find(|r| r.knob == *k);
+            assert!(
+                r.is_some_and(|r| r.contains(*v)),
+                "{config}: knob {k} = {v} outside the engine's ranges {ranges:?}"
+            );
+        }
+        let neighbours = f.og.knob_neighbours(&f.cudnn, &config).unwrap();
+        assert!(neighbours
+            .iter()
+            .all(|n| n.engine == config.engine && *n != config));
+        for n in neighbours.iter().take(24) {
+            let Ok(plan) = f.og.plan_from_config(&f.cudnn, n) else {
+                continue;
+            };
+            if filter
+                .refuse(plan.numerical_notes(), plan.behavior_notes())
+                .is_some()
+                || plan.workspace_size() > filter.workspace_limit()
+            {
+                continue;
+            }
+            f.check_plan(&plan, "knob neighbour");
+            checked += 1;
+        }
+    }
+    eprintln!("{checked} knob neighbours checked");
+    assert!(checked > 0, "no knob neighbour of the first plans built");
+}
+
+/// `graph::preload` opens the sub-libraries next to the loaded cuDNN and builds a plan; a plan
+/// built afterwards still runs correctly.
+#[test]
+fn gpu_preload_opens_sub_libraries_and_builds_a_plan() {
+    let Some((_s, cudnn)) = gpu() else { return };
+    let p = cudnn_safe::graph::preload(&cudnn).unwrap();
+    eprintln!("{p:?}");
+    assert!(p.engine.starts_with("eng"), "{p:?}");
+    if cfg!(target_os = "linux") {
+        assert!(p.libraries > 0, "no sub-library opened: {p:?}");
+    }
+    // Preloading twice is harmless.
+    assert!(cudnn_safe::graph::preload(&cudnn).is_ok());
+    conv_fprop_case::<f32>(false, PlanFilter::new().no_tensor_cores(true), 63);
+}
+
+#[test]
+fn gpu_conv_knob_neighbours_f16_nhwc() {
+    conv_knob_neighbours_case::<f16>(true, PlanFilter::new(), 61);
+}
+
+#[test]
+fn gpu_conv_knob_neighbours_f32_tf32() {
+    conv_knob_neighbours_case::<f32>(false, PlanFilter::new(), 62);
 }
 
 #[test]

@@ -6,8 +6,8 @@ the Rust bench:
     attention fwd bf16 b8 h16 s4096 d128 causal: X ms, Y TFLOP/s
 and `fwd+bwd` (forward then backward through autograd). FLOPs as FlashAttention counts them:
 causal forward 4*b*h*s^2*d/2, backward 2.5 times that. q, k, v are [b, h, s, d] views of
-[b, s, h, d] storage, as the Rust bench lays them out. Timing: CUDA events around batches of calls,
-median of 7 batches, after warm-up.
+[b, s, h, d] storage, as the Rust bench lays them out. Timing: `timing.bench_like_rust` (batches
+of about 25 ms, median of 5, after warm-up), as the Rust bench times its lines.
 """
 import json
 import os
@@ -27,8 +27,11 @@ print(json.dumps({"torch": torch.__version__, "cudnn": torch.backends.cudnn.vers
                   "gpu": torch.cuda.get_device_name(), "impl": "pytorch"}))
 
 
-def bench(fn, reps=10, warm=3, batches=7):
-    return timing.bench(fn, reps, warm, batches)
+def bench(fn, warm=3):
+    # Warm-up, then the Rust bench's own batch rule (about 25 ms per batch, median of 5).
+    for _ in range(warm):
+        fn()
+    return timing.bench_like_rust(fn)
 
 
 def report(what, ms, flops):

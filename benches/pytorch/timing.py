@@ -1,8 +1,30 @@
-"""Timing shared by the PyTorch comparison scripts in this folder (attention.py, nn_ops.py,
-transformer_block.py): CUDA events around batches of calls, median of the batches, after warm-up —
-the same method as the Rust benches' batch median. The scripts import it from the folder they sit in.
+"""Timing shared by the PyTorch comparison scripts in this folder (attention.py, conv.py, nn_ops.py,
+transformer_block.py): CUDA events around batches of calls, median of the batches, after warm-up.
+The scripts import it from the folder they sit in.
+
+`bench_like_rust` is exactly the Rust benches' `median_ms` (benches/common/mod.rs): one timed call
+sizes batches of about 25 ms (3 to 500 calls), median of 5. Use it where a line is compared with a
+Rust bench line: on an H200 a long compute-bound kernel runs measurably slower in a 25 ms batch than
+in a 9 ms one (the clocks settle lower under sustained load), so both sides must time alike.
 """
 import torch
+
+
+def _per_call_ms(fn, calls):
+    """Milliseconds per call of `calls` back-to-back calls of `fn`, between two CUDA events."""
+    s = torch.cuda.Event(enable_timing=True)
+    e = torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(calls):
+        fn()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e) / calls
+
+
+def _median(fn, calls, batches):
+    ts = sorted(_per_call_ms(fn, calls) for _ in range(batches))
+    return ts[len(ts) // 2]
 
 
 def bench(fn, reps, warm, batches=7):
@@ -11,15 +33,18 @@ def bench(fn, reps, warm, batches=7):
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
-    s = torch.cuda.Event(enable_timing=True)
-    e = torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(batches):
-        s.record()
-        for _ in range(reps):
-            fn()
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e) / reps)
-    ts.sort()
-    return ts[len(ts) // 2]
+    return _median(fn, reps, batches)
+
+
+# The Rust benches' batch rule (benches/common/mod.rs: BATCH_MS, BATCHES).
+BATCH_MS = 25.0
+BATCHES = 5
+
+
+def bench_like_rust(fn):
+    """Median over 5 batches of the milliseconds per call of `fn`, each batch sized to about 25 ms
+    by one timed call first (3 to 500 calls), as the Rust benches' `median_ms` does."""
+    torch.cuda.synchronize()
+    once = _per_call_ms(fn, 1)
+    calls = min(500, max(3, int(BATCH_MS / max(once, 1e-3))))
+    return _median(fn, calls, BATCHES)

@@ -123,7 +123,23 @@ pub struct Library {
     origin: String,
     version: usize,
     cudart_version: usize,
+    /// The sub-libraries opened from the main library's directory ([`Library::open`]); kept
+    /// open for the library's life.
+    siblings: Vec<(String, libloading::Library)>,
 }
+
+/// cuDNN 9's sub-libraries, each before those that need it. `libcudnn.so.9` opens them lazily by
+/// soname (`libcudnn_graph.so.9`, ...), which the dynamic loader resolves through its usual
+/// search, not from `libcudnn.so.9`'s own directory.
+pub const SUB_LIBRARIES: [&str; 7] = [
+    "libcudnn_graph",
+    "libcudnn_engines_precompiled",
+    "libcudnn_engines_runtime_compiled",
+    "libcudnn_heuristic",
+    "libcudnn_ops",
+    "libcudnn_cnn",
+    "libcudnn_adv",
+];
 
 impl fmt::Debug for Library {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -131,6 +147,10 @@ impl fmt::Debug for Library {
             .field("origin", &self.origin)
             .field("version", &format_version(self.version))
             .field("cudart_version", &self.cudart_version)
+            .field(
+                "siblings",
+                &self.siblings.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -153,6 +173,10 @@ impl Library {
     pub fn cudart_version(&self) -> usize {
         self.cudart_version
     }
+    /// The sub-libraries [`Library::open`] opened from the main library's directory (paths).
+    pub fn sub_libraries(&self) -> Vec<&str> {
+        self.siblings.iter().map(|(n, _)| n.as_str()).collect()
+    }
 
     /// Opens the library at `path` (a file path or a soname for the dynamic loader), checks it
     /// and returns it. This does not touch the process-wide library used by [`library`].
@@ -161,14 +185,40 @@ impl Library {
     /// Opening a shared library runs its initialisers: `path` must name a cuDNN library (or a
     /// library whose initialisers are sound to run); any other library is rejected afterwards
     /// by the symbol and version checks, but its initialisers have already run.
+    ///
+    /// When `path` names a file in a directory (not a bare soname), the cuDNN sub-libraries in
+    /// that directory ([`SUB_LIBRARIES`], `<name>.so.<major>`) are opened first: `libcudnn.so`
+    /// loads `libcudnn_graph` from its initializer, and the others later, by name, and the
+    /// dynamic loader hands it those already loaded. Otherwise another cuDNN on the loader's
+    /// search path (`LD_LIBRARY_PATH`, the system directories) supplies them — one version's
+    /// front library running another's sub-libraries, which `cudnnGetVersion` then reports and
+    /// whose legacy calls fail with `CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH`. A sub-library
+    /// that does not open is left to cuDNN's own lookup.
     pub unsafe fn open(path: impl AsRef<Path>) -> Result<Library, LoadError> {
         let path = path.as_ref();
         let origin = path.display().to_string();
+        let mut siblings = Vec::new();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            for name in SUB_LIBRARIES {
+                let p = dir.join(format!("{name}.so.{CUDNN_MAJOR}"));
+                if !p.exists() {
+                    continue;
+                }
+                // SAFETY: a `libcudnn_*` library next to the cuDNN the caller named is part of
+                // that cuDNN; its initialisers run exactly as they would when libcudnn.so opens
+                // it. The handle is kept in the `Library`, so it stays loaded while that lives.
+                if let Ok(s) = unsafe { libloading::Library::new(&p) } {
+                    siblings.push((p.display().to_string(), s));
+                }
+            }
+        }
         // SAFETY: the caller vouches that running this library's initialisers is sound.
         let lib = unsafe { libloading::Library::new(path) }.map_err(|e| LoadError::NotFound {
             tried: vec![(origin.clone(), short_reason(&e))],
         })?;
-        Self::from_libloading(lib, origin)
+        let mut lib = Self::from_libloading(lib, origin)?;
+        lib.siblings = siblings;
+        Ok(lib)
     }
 
     fn from_libloading(lib: libloading::Library, origin: String) -> Result<Library, LoadError> {
@@ -194,6 +244,7 @@ impl Library {
             origin,
             version: 0,
             cudart_version: 0,
+            siblings: Vec::new(),
         };
         let get_version = crate::sym!(lib, cudnnGetVersion)?;
         let get_cudart = crate::sym!(lib, cudnnGetCudartVersion)?;

@@ -85,3 +85,45 @@ fn version_rules() {
     assert!(e.contains("9.1.0") && e.contains("9.14.0"), "{e}");
     assert_eq!(loader::format_version(91400), "9.14.0");
 }
+
+/// With `CUDNN_SAFE_LIBRARY` naming a cuDNN directory (as CI does), the library opens the
+/// sub-libraries of that directory, so that no other cuDNN on the search path supplies them.
+#[test]
+fn a_library_in_a_directory_opens_its_own_sub_libraries() {
+    let Some(v) = std::env::var_os(loader::LIBRARY_ENV).filter(|v| !v.is_empty()) else {
+        eprintln!("skipping: {} is not set", loader::LIBRARY_ENV);
+        return;
+    };
+    let cands = loader::candidates(Some(&v));
+    // SAFETY: the path the environment names for cuDNN, as the process-wide loader opens it.
+    let lib = match unsafe { loader::load_from_candidates(&cands) } {
+        Ok(l) => l,
+        Err(e) => {
+            if std::env::var_os("CUDNN_SAFE_REQUIRE_LIBRARY").is_some() {
+                panic!("cuDNN not loadable: {e}");
+            }
+            eprintln!("skipping: {e}");
+            return;
+        }
+    };
+    let dir = PathBuf::from(lib.origin())
+        .parent()
+        .expect("a path in a directory")
+        .to_path_buf();
+    let subs = lib.sub_libraries();
+    assert!(
+        subs.iter()
+            .all(|s| PathBuf::from(s).parent() == Some(dir.as_path())),
+        "{subs:?} not all in {}",
+        dir.display()
+    );
+    let graph = dir.join("libcudnn_graph.so.9");
+    if graph.exists() {
+        assert!(
+            subs.contains(&graph.display().to_string().as_str()),
+            "{subs:?} lacks {}",
+            graph.display()
+        );
+    }
+    assert!(format!("{lib:?}").contains("siblings"));
+}

@@ -154,6 +154,91 @@ impl FromStr for EngineConfig {
     }
 }
 
+/// The values one knob of an engine accepts (`CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR`): `min` to
+/// `max` in steps of `stride`. Read with [`OperationGraph::knob_ranges`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[doc(alias = "CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR")]
+pub struct KnobRange {
+    /// The knob (`cudnnBackendKnobType_t` value), as in [`EngineConfig::knobs`].
+    pub knob: u32,
+    /// The smallest value.
+    pub min: i64,
+    /// The largest value.
+    pub max: i64,
+    /// The step between values (at least 1).
+    pub stride: i64,
+}
+
+/// Most values [`KnobRange::values_near`] returns.
+pub const MAX_KNOB_VALUES: usize = 16;
+
+impl KnobRange {
+    /// Whether `v` is one of the knob's values.
+    pub fn contains(&self, v: i64) -> bool {
+        let stride = self.stride.max(1);
+        v >= self.min && v <= self.max && (v - self.min) % stride == 0
+    }
+
+    /// Up to `n` of the knob's values, those nearest `around` first (all of them, in order, for
+    /// a knob with at most `n` values). An empty range (`max < min`) has none.
+    pub fn values_near(&self, around: i64, n: usize) -> Vec<i64> {
+        // i128: `max - min` of an i64 range cannot overflow there.
+        let (min, max, stride) = (
+            i128::from(self.min),
+            i128::from(self.max),
+            i128::from(self.stride.max(1)),
+        );
+        if max < min || n == 0 {
+            return Vec::new();
+        }
+        let count = (max - min) / stride + 1;
+        let value = |i: i128| (min + i * stride) as i64;
+        if count <= n as i128 {
+            return (0..count).map(value).collect();
+        }
+        // The value at or below `around` in the range, then alternately above and below it.
+        let centre = (i128::from(around).clamp(min, max) - min) / stride;
+        let mut out = Vec::with_capacity(n);
+        out.push(value(centre));
+        let mut step = 1;
+        while out.len() < n {
+            let (up, down) = (centre + step, centre - step);
+            if up >= count && down < 0 {
+                break;
+            }
+            if up < count {
+                out.push(value(up));
+            }
+            if down >= 0 && out.len() < n {
+                out.push(value(down));
+            }
+            step += 1;
+        }
+        out
+    }
+}
+
+impl EngineConfig {
+    /// The value chosen for `knob`, if the configuration sets it.
+    pub fn knob(&self, knob: u32) -> Option<i64> {
+        self.knobs.iter().find(|(t, _)| *t == knob).map(|&(_, v)| v)
+    }
+
+    /// This configuration with `knob` set to `value` (replaced, or added in knob order).
+    #[must_use]
+    pub fn with_knob(&self, knob: u32, value: i64) -> EngineConfig {
+        let mut c = self.clone();
+        match c.knobs.iter_mut().find(|(t, _)| *t == knob) {
+            Some(kv) => kv.1 = value,
+            None => {
+                c.knobs.push((knob, value));
+                c.knobs.sort_by_key(|&(t, _)| t);
+            }
+        }
+        c
+    }
+}
+
 /// Which engine configurations [`OperationGraph::plans`] proposes and keeps.
 ///
 /// The default asks heuristics A then fallback, keeps every configuration, and caps the
@@ -264,7 +349,7 @@ impl PlanFilter {
     }
 
     /// Why a configuration with these notes is refused, if it is.
-    pub(crate) fn refuse(
+    pub fn refuse(
         &self,
         notes: &[NumericalNote],
         behavior: &[BehaviorNote],
@@ -351,6 +436,31 @@ fn engine_notes(engine: &Desc) -> Result<(Vec<NumericalNote>, Vec<BehaviorNote>)
         .map(BehaviorNote::from_raw)
         .collect();
     Ok((notes, behavior))
+}
+
+/// An engine's knob ranges (the engine descriptor is finalized).
+fn knob_ranges_of(lib: &'static Library, engine: &Desc) -> Result<Vec<KnobRange>> {
+    let mut infos = (0..knob_count())
+        .map(|_| Desc::new(lib, kind!(CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR)))
+        .collect::<Result<Vec<_>>>()?;
+    let n = engine.get_descs(attr!(CUDNN_ATTR_ENGINE_KNOB_INFO), &mut infos)?;
+    infos.truncate(n);
+    let mut out = Vec::with_capacity(n);
+    for i in &infos {
+        let t = i.get(
+            attr!(CUDNN_ATTR_KNOB_INFO_TYPE),
+            1,
+            sys::cudnnBackendKnobType_t(u32::MAX),
+        )?;
+        let Some(t) = t.first() else { continue };
+        out.push(KnobRange {
+            knob: t.0,
+            min: i.get_i64(attr!(CUDNN_ATTR_KNOB_INFO_MINIMUM_VALUE))?,
+            max: i.get_i64(attr!(CUDNN_ATTR_KNOB_INFO_MAXIMUM_VALUE))?,
+            stride: i.get_i64(attr!(CUDNN_ATTR_KNOB_INFO_STRIDE))?.max(1),
+        });
+    }
+    Ok(out)
 }
 
 /// Describes a finalized engine configuration proposed by a heuristic.
@@ -520,14 +630,20 @@ impl OperationGraph {
     }
 
     /// An engine configuration built here: engine `id` of this graph with the given knobs.
-    fn configure(&self, lib: &'static Library, config: &EngineConfig) -> Result<Candidate> {
+    /// The finalized engine descriptor of engine `id` for this graph.
+    fn engine_desc(&self, lib: &'static Library, id: i64) -> Result<Desc> {
         let mut engine = Desc::new(lib, kind!(CUDNN_BACKEND_ENGINE_DESCRIPTOR))?;
         engine.set_descs(
             attr!(CUDNN_ATTR_ENGINE_OPERATION_GRAPH),
             &[&self.inner.graph],
         )?;
-        engine.set1(attr!(CUDNN_ATTR_ENGINE_GLOBAL_INDEX), config.engine)?;
+        engine.set1(attr!(CUDNN_ATTR_ENGINE_GLOBAL_INDEX), id)?;
         engine.finalize()?;
+        Ok(engine)
+    }
+
+    fn configure(&self, lib: &'static Library, config: &EngineConfig) -> Result<Candidate> {
+        let engine = self.engine_desc(lib, config.engine)?;
         let mut knobs = Vec::with_capacity(config.knobs.len());
         for &(t, v) in &config.knobs {
             let mut k = Desc::new(lib, kind!(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR))?;
@@ -729,6 +845,53 @@ impl OperationGraph {
         Ok(PlanList { plans, skipped })
     }
 
+    /// The knobs of engine `engine` for this graph and the values each accepts
+    /// (`CUDNN_ATTR_ENGINE_KNOB_INFO`). Errors when the engine does not support the graph.
+    #[doc(alias = "CUDNN_ATTR_ENGINE_KNOB_INFO")]
+    pub fn knob_ranges(&self, cudnn: &Cudnn, engine: i64) -> Result<Vec<KnobRange>> {
+        self.inner.check_handle(cudnn)?;
+        // The engine alone: a configuration without knob choices does not finalize for every
+        // engine (the SDPA backward engines want a kernel configuration).
+        let e = self.engine_desc(cudnn.lib(), engine)?;
+        knob_ranges_of(cudnn.lib(), &e)
+    }
+
+    /// The configurations that differ from `config` in one knob: for each knob of its engine,
+    /// up to [`MAX_KNOB_VALUES`] values nearest the current one (or the knob's smallest value
+    /// when `config` leaves it unset). Heuristics propose a few points of this space; a search
+    /// around the fastest of them (as the union autotune does,
+    /// [`Autotuner::refine_knobs`](crate::Autotuner::refine_knobs)) times kernels no heuristic
+    /// proposed. Not every neighbour builds: [`OperationGraph::plan_from_config`] refuses those
+    /// the engine does not support for this graph.
+    ///
+    /// ```no_run
+    /// # fn f(cudnn: &cudnn_safe::Cudnn, og: &cudnn_safe::graph::OperationGraph,
+    /// #      plan: &cudnn_safe::graph::Plan) -> cudnn_safe::Result<()> {
+    /// for config in og.knob_neighbours(cudnn, plan.config())? {
+    ///     if let Ok(p) = og.plan_from_config(cudnn, &config) {
+    ///         println!("{} needs {} workspace bytes", p.name(), p.workspace_size());
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn knob_neighbours(
+        &self,
+        cudnn: &Cudnn,
+        config: &EngineConfig,
+    ) -> Result<Vec<EngineConfig>> {
+        let ranges = self.knob_ranges(cudnn, config.engine)?;
+        let mut out = Vec::new();
+        for r in ranges {
+            let current = config.knob(r.knob);
+            for v in r.values_near(current.unwrap_or(r.min), MAX_KNOB_VALUES) {
+                if Some(v) != current {
+                    out.push(config.with_knob(r.knob, v));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Rebuilds the plan of a known engine configuration (e.g. one persisted by a
     /// [`super::PlanCache`] or read from [`Plan::config`]) without asking the heuristics.
     pub fn plan_from_config(&self, cudnn: &Cudnn, config: &EngineConfig) -> Result<Plan> {
@@ -736,5 +899,82 @@ impl OperationGraph {
         cudnn.bind()?;
         let c = self.configure(cudnn.lib(), config)?;
         self.finish(cudnn, c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_knob_ranges_list_every_value() {
+        let r = KnobRange {
+            knob: 2,
+            min: 0,
+            max: 6,
+            stride: 2,
+        };
+        assert_eq!(r.values_near(4, 16), vec![0, 2, 4, 6]);
+        assert!(r.contains(4) && !r.contains(3) && !r.contains(8) && !r.contains(-2));
+        let empty = KnobRange {
+            knob: 2,
+            min: 3,
+            max: 1,
+            stride: 1,
+        };
+        assert!(empty.values_near(2, 16).is_empty());
+        assert!(r.values_near(2, 0).is_empty());
+    }
+
+    #[test]
+    fn large_knob_ranges_give_the_values_nearest_the_current_one() {
+        let r = KnobRange {
+            knob: 27,
+            min: 1,
+            max: 1000,
+            stride: 1,
+        };
+        let v = r.values_near(500, 5);
+        assert_eq!(v, vec![500, 501, 499, 502, 498]);
+        // At the edge the values come from one side; outside the range, from the nearest edge.
+        assert_eq!(r.values_near(1, 4), vec![1, 2, 3, 4]);
+        assert_eq!(r.values_near(5000, 3), vec![1000, 999, 998]);
+        // A huge range does not overflow the count.
+        let huge = KnobRange {
+            knob: 1,
+            min: i64::MIN,
+            max: i64::MAX,
+            stride: 1,
+        };
+        assert_eq!(huge.values_near(0, 3), vec![0, 1, -1]);
+        // A zero stride is read as 1.
+        let zero = KnobRange {
+            knob: 1,
+            min: 0,
+            max: 2,
+            stride: 0,
+        };
+        assert_eq!(zero.values_near(0, 8), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn with_knob_replaces_or_adds_in_knob_order() {
+        let c: EngineConfig = "eng62_k2=7_k13=1_k27=4".parse().unwrap();
+        assert_eq!(c.knob(13), Some(1));
+        assert_eq!(c.knob(5), None);
+        assert_eq!(c.with_knob(13, 0).to_string(), "eng62_k2=7_k13=0_k27=4");
+        assert_eq!(
+            c.with_knob(18, 3).to_string(),
+            "eng62_k2=7_k13=1_k18=3_k27=4"
+        );
+        assert_eq!(
+            EngineConfig {
+                engine: 5,
+                knobs: vec![]
+            }
+            .with_knob(1, 2)
+            .to_string(),
+            "eng5_k1=2"
+        );
     }
 }

@@ -70,19 +70,22 @@ mod cuda_graph;
 mod engine;
 mod exec;
 mod norm;
+mod preload;
 pub(crate) mod union;
 
 pub use attention::{SdpaGrads, SdpaOptions, SdpaOutputs};
 pub use build::OperationGraph;
 pub use cuda_graph::{PlanGraph, CUDA_GRAPH_NOT_SUPPORTED};
 pub use engine::{
-    BehaviorNote, EngineConfig, HeurMode, NumericalNote, Plan, PlanFilter, PlanList, Skipped,
+    BehaviorNote, EngineConfig, HeurMode, KnobRange, NumericalNote, Plan, PlanFilter, PlanList,
+    Skipped, MAX_KNOB_VALUES,
 };
 pub use exec::{autotune, Args, AutotuneOptions, PlanCache, Timing, Tuned};
 pub use norm::{
     BatchNormOutputs, BatchNormRunning, GroupNormMethod, GroupNormOutputs, LayerNormGrads,
     LayerNormOutputs, RmsNormGrads, RmsNormOutputs,
 };
+pub use preload::{preload, Preloaded};
 pub use union::{ConvApi, GraphSearch};
 
 /// Identifies a tensor of one [`Graph`] (and of the [`OperationGraph`] built from it).

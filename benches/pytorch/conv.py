@@ -1,0 +1,46 @@
+"""PyTorch benchmark-mode convolution on the seven configurations of cudnn-safe's `graph` bench
+(`union` lines), so the two can be compared on one machine in one device call.
+
+Run with PyTorch's own environment: `python3 benches/pytorch/conv.py [fp16,bf16,tf32,fp32]`.
+Prints one JSON line per case: {"mode", "cfg" (as the Rust ops name it), "ms"}. Modes: fp16 and
+bf16 in channels-last, tf32 (`allow_tf32 = True`) and fp32 (`allow_tf32 = False`) in NCHW;
+`torch.backends.cudnn.benchmark = True`; inputs `randn`, weights `nn.Conv2d`'s own initialization,
+no bias, padding r // 2. Timing: `timing.bench_like_rust` (the Rust bench's batch rule) after the
+first call (which runs PyTorch's search) and 10 warm-up calls.
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import timing  # noqa: E402
+
+CONFIGS = [(32, 64, 56, 56, 128, 3, 1), (16, 256, 28, 28, 512, 3, 1), (1, 3, 224, 224, 64, 7, 2),
+           (8, 512, 14, 14, 1024, 3, 2), (32, 256, 56, 56, 256, 3, 1), (64, 64, 56, 56, 64, 1, 1),
+           (32, 128, 28, 28, 128, 5, 1)]
+MODES = {
+    "fp16": (torch.float16, torch.channels_last, True),
+    "bf16": (torch.bfloat16, torch.channels_last, True),
+    "tf32": (torch.float32, torch.contiguous_format, True),
+    "fp32": (torch.float32, torch.contiguous_format, False),
+}
+
+print(json.dumps({"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+                  "gpu": torch.cuda.get_device_name(), "impl": "pytorch"}), flush=True)
+torch.backends.cudnn.benchmark = True
+for name in (sys.argv[1].split(",") if len(sys.argv) > 1 else list(MODES)):
+    dtype, layout, tf32 = MODES[name]
+    torch.backends.cudnn.allow_tf32 = tf32
+    for (n, c, h, w, k, r, s) in CONFIGS:
+        x = torch.randn(n, c, h, w, device="cuda", dtype=dtype).to(memory_format=layout)
+        conv = nn.Conv2d(c, k, r, stride=s, padding=r // 2, bias=False)
+        conv = conv.to("cuda", dtype).to(memory_format=layout)
+        with torch.no_grad():
+            for _ in range(11):
+                conv(x)
+            ms = timing.bench_like_rust(lambda: conv(x))
+        print(json.dumps({"mode": name, "cfg": f"{n}x{c}x{h}x{w}_k{k}_r{r}_s{s}", "ms": ms}),
+              flush=True)
