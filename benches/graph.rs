@@ -1426,7 +1426,10 @@ fn union_case<T: DataType<Scalar = f32>>(
     let (cudnn, stream, test) = (run.cudnn, run.stream, run.args.test);
     let measured = (|| -> BoxResult<(f64, Choice<ConvFwdAlgo>, u64)> {
         let mut d = ConvData::<T>::new(cudnn, mode, cfg)?;
-        let mut tuner = Autotuner::new(Policy::Benchmark).without_cache_file();
+        // Heuristics B on: the documented union numbers search it (`Autotuner::heuristics_b`).
+        let mut tuner = Autotuner::new(Policy::Benchmark)
+            .without_cache_file()
+            .heuristics_b(true);
         let ConvData {
             x_d,
             w_d,

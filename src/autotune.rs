@@ -357,6 +357,7 @@ pub struct Autotuner {
     graph: GraphSearch,
     graph_plans: usize,
     refine_knobs: usize,
+    heuristics_b: bool,
     cache: HashMap<Key, Arc<Entry>>,
     /// Plans of graph decisions, built on the handle they last ran on.
     held: HashMap<Key, HeldPlan>,
@@ -393,6 +394,7 @@ impl Autotuner {
             graph: GraphSearch::default(),
             graph_plans: DEFAULT_GRAPH_PLANS,
             refine_knobs: DEFAULT_REFINE_KNOBS,
+            heuristics_b: false,
             cache: HashMap::new(),
             held: HashMap::new(),
             path: None,
@@ -456,8 +458,8 @@ impl Autotuner {
     /// as a graph (same dims, strides, data types, padding, strides, dilations, mode and compute
     /// type: `conv_fprop`, `conv_dgrad` or `conv_wgrad`, or `conv_fprop → bias → activation` for
     /// the fused call); up to [`Autotuner::graph_plans`] plans from each of heuristics A,
-    /// heuristics B, the fallback list and the engine list (default knobs, no engine that
-    /// compiles at run time) are built under a filter matching the legacy numerics (no tensor
+    /// heuristics B (with [`Autotuner::heuristics_b`]), the fallback list and the engine list
+    /// (default knobs, no engine that compiles at run time) are built under a filter matching the legacy numerics (no tensor
     /// cores with [`MathType::Fma`](crate::conv::MathType::Fma), no input down-conversion unless
     /// `TensorOpAllowConversion`, no reduced-precision accumulation with an f32 compute type,
     /// deterministic engines only under [`Policy::Deterministic`], the workspace limit); each
@@ -508,6 +510,24 @@ impl Autotuner {
     pub fn refine_knobs(mut self, plans: usize) -> Self {
         self.refine_knobs = plans;
         self
+    }
+
+    /// Whether union searches also ask cuDNN's heuristics mode B (a neural-network ranking; off
+    /// by default, as in PyTorch, which reads `TORCH_CUDNN_USE_HEURISTIC_MODE_B`). On an H200
+    /// with cuDNN 9.19 it proposed the only plans that run the 5×5 layer of the benchmark set
+    /// 1.5× faster than PyTorch (fp16, bf16 and TF32 alike). Off by default because cuDNN 9.14's
+    /// mode-B query creates an internal cuDNN handle it never destroys (about 25 KB of device
+    /// memory, once per process), which `compute-sanitizer --leak-check full` reports as three
+    /// leaked allocations. Not part of the cache key.
+    #[must_use]
+    pub fn heuristics_b(mut self, yes: bool) -> Self {
+        self.heuristics_b = yes;
+        self
+    }
+
+    /// Whether union searches ask heuristics mode B ([`Autotuner::heuristics_b`]).
+    pub fn uses_heuristics_b(&self) -> bool {
+        self.heuristics_b
     }
 
     /// How many plans' knob neighbourhoods a union search searches
@@ -962,6 +982,7 @@ impl Autotuner {
             deterministic,
             self.limit,
             self.graph_plans,
+            self.heuristics_b,
         )?;
         let built = plans.len();
         self.stats.graph_plans += built as u64;
@@ -2345,6 +2366,9 @@ mod tests {
         let t = Autotuner::new(Policy::Benchmark).without_cache_file();
         assert_eq!(t.refine_knobs_count(), DEFAULT_REFINE_KNOBS);
         assert_eq!(t.refine_knobs(0).refine_knobs_count(), 0);
+        let t = Autotuner::new(Policy::Benchmark).without_cache_file();
+        assert!(!t.uses_heuristics_b());
+        assert!(t.heuristics_b(true).uses_heuristics_b());
         let off = Autotuner::new(Policy::Benchmark)
             .without_cache_file()
             .graph_search(GraphSearch::Off);

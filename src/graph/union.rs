@@ -267,11 +267,12 @@ pub(crate) fn filter(
         .max_plans(Some(max_plans))
 }
 
-/// Where a union search's plans come from, in order: heuristics A, heuristics B, the fallback
-/// list, then every engine of the graph with its default knobs (engines that compile kernels at
-/// run time left out of that last source: each would cost a compilation). On an H200 with cuDNN
-/// 9.19, B alone proposed the plans 1.5× faster than any of A's on the 5×5 convolution of the
-/// benchmark set, and the engine list alone a 1×1 plan 4.5 % faster than the heuristics' best.
+/// Where a union search's plans come from, in order: heuristics A, heuristics B (only when the
+/// tuner asks for it: `Autotuner::heuristics_b`), the fallback list, then every engine of the
+/// graph with its default knobs (engines that compile kernels at run time left out of that last
+/// source: each would cost a compilation). On an H200 with cuDNN 9.19, B alone proposed the
+/// plans 1.5× faster than any of A's on the 5×5 convolution of the benchmark set, and the engine
+/// list alone a 1×1 plan 4.5 % faster than the heuristics' best.
 pub(crate) const SOURCES: [(Option<HeurMode>, &str); 4] = [
     (Some(HeurMode::A), "A"),
     (Some(HeurMode::B), "B"),
@@ -280,7 +281,7 @@ pub(crate) const SOURCES: [(Option<HeurMode>, &str); 4] = [
 ];
 
 /// The plans of a union search: up to `per_mode` new configurations from each of [`SOURCES`]
-/// (configurations an earlier source proposed are not counted twice). Returns the plans, how
+/// (B only `with_b`; configurations an earlier source proposed are not counted twice). Returns the plans, how
 /// many configurations were skipped, and the wall time spent building.
 pub(crate) fn search_plans(
     cudnn: &Cudnn,
@@ -289,12 +290,16 @@ pub(crate) fn search_plans(
     deterministic: bool,
     workspace: usize,
     per_mode: usize,
+    with_b: bool,
 ) -> Result<(Vec<Plan>, usize, std::time::Duration)> {
     let started = std::time::Instant::now();
     let mut plans: Vec<Plan> = Vec::new();
     let mut skipped = 0;
     let mut last_error = None;
     for (mode, name) in SOURCES {
+        if mode == Some(HeurMode::B) && !with_b {
+            continue;
+        }
         // Later sources often repeat earlier ones: ask for enough to find `per_mode` new ones.
         let ask = per_mode + plans.len();
         let f = match mode {
