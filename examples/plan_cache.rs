@@ -24,14 +24,22 @@
 //!      count as library load rather than as the first plan build;
 //!    * `warm+preload+eager`: the same with `CUDA_MODULE_LOADING=EAGER` in the child's
 //!      environment: CUDA loads every kernel module while the preload opens the libraries
-//!      (a longer library load), and the first execution loads none.
+//!      (a longer library load), and the first execution loads none;
+//!    * `tuner+preload`: the same convolution through an [`Autotuner`] (benchmark policy, union
+//!      search) reading the decision the parent's tuner saved, after the preload: its first
+//!      call rebuilds the remembered plan and CUDA loads the kernel lazily;
+//!    * `tuner+preload+warm_up`: the same with [`Autotuner::warm_up`] at start-up (phase
+//!      `warm_up`, counted with library load like the preload): the decision is replayed on
+//!      scratch buffers, so the first call finds its plan held and its kernel loaded.
 //!
 //!    Each prints its phases in milliseconds: `cuda_init` (driver and primary context),
 //!    `cudnn_new` (`Cudnn::new`: loading libcudnn and creating the handle), `preload`;
+//!    `warm_up` (tuner children: opening the tuner's file and [`Autotuner::warm_up`]);
 //!    then — the part the issue's **≤ 10 ms beyond library load** target is about —
 //!    `graph_build` ([`Graph`] described and [`Graph::build`]), `cache_open` (reading the file),
 //!    `plan` (the cache lookup and the plan build), `workspace` (allocating it), `bind`
-//!    ([`Args`]), `first_execute` ([`Cudnn::execute`] and a stream synchronize); and, outside
+//!    ([`Args`]), `first_execute` ([`Cudnn::execute`] and a stream synchronize; in the tuner
+//!    children the first [`Autotuner::forward`] and a synchronize, descriptors included); and, outside
 //!    the figure, `inputs` (allocating and uploading x and w), `second_execute` (same pointers:
 //!    the variant pack is reused, kernels are loaded) and `repacked_execute` (another output
 //!    buffer: the variant pack is rebuilt). From those it estimates the first-call overhead
@@ -60,13 +68,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use common::{device_line, drv, open_gpu, options};
+use cudnn_safe::conv::ConvDesc;
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::graph::{
     autotune, Args, AutotuneOptions, ConvParams, Graph, OperationGraph, Plan, PlanCache,
     PlanFilter, TensorId,
 };
 use cudnn_safe::half::f16;
-use cudnn_safe::{cuda_context, Cudnn, DType, Result, Workspace};
+use cudnn_safe::{
+    cuda_context, Autotuner, Cudnn, DType, FilterDesc, Policy, Result, TensorDesc, TensorFormat,
+    Workspace,
+};
 
 const USAGE: &str = "usage: plan_cache [--max-plans N] [--no-runtime-compilation] [--keep]
   --max-plans N               plans built and timed by the parent's autotune (default 12)
@@ -296,10 +308,11 @@ const BEYOND: [&str; 6] = [
     "first_execute",
 ];
 /// Every phase a child reports, in order.
-const PHASES: [&str; 12] = [
+const PHASES: [&str; 13] = [
     "cuda_init",
     "cudnn_new",
     "preload",
+    "warm_up",
     "graph_build",
     "cache_open",
     "plan",
@@ -345,6 +358,16 @@ fn run_child(mode: &str, cache: &Path, out: &Path, no_rtc: bool) -> BoxResult<Re
         return Err(format!("{mode} child exited with {}: {text}", o.status).into());
     }
     Ok(r)
+}
+
+/// Writes a child's output for the parent ([`read_output`]): f16 bits, little-endian.
+fn write_output(stream: &Arc<CudaStream>, y: &CudaSlice<f16>, path: &str) -> BoxResult<()> {
+    let bytes: Vec<u8> = download(stream, y)?
+        .iter()
+        .flat_map(|v| v.to_bits().to_le_bytes())
+        .collect();
+    std::fs::write(path, bytes)?;
+    Ok(())
 }
 
 fn read_output(path: &Path) -> BoxResult<Vec<f16>> {
@@ -492,6 +515,15 @@ fn parent_in(stream: &Arc<CudaStream>, cudnn: &Cudnn, opts: &Opts, dir: &Path) -
         .alloc_zeros::<f16>(og.span(y)?)
         .map_err(drv("allocating y"))?;
     execute(cudnn, plan, [(x, &xb), (w, &wb)], (y, &mut y_ref), &mut ws)?;
+
+    // The tuner children read a decision of the parent's tuner (union search, benchmark policy).
+    let tuner_path = dir.join("tuner.txt");
+    let mut tuner = Autotuner::new(Policy::Benchmark).cache_file(&tuner_path);
+    tuner.clear();
+    eprintln!("tuner: union search of the same convolution...");
+    let choice = tuner_forward(cudnn, &mut tuner, &xb, &wb, &mut scratch)?;
+    tuner.save()?;
+    println!("tuner decision: {}", choice.describe());
     let want = download(stream, &y_ref)?;
     let mut ok = check_reference(&xh, &wh, &want);
 
@@ -501,6 +533,8 @@ fn parent_in(stream: &Arc<CudaStream>, cudnn: &Cudnn, opts: &Opts, dir: &Path) -
         ("warm", cache_path.clone()),
         ("warm+preload", cache_path.clone()),
         ("warm+preload+eager", cache_path.clone()),
+        ("tuner+preload", tuner_path.clone()),
+        ("tuner+preload+warm_up", tuner_path.clone()),
     ] {
         let out = dir.join(format!("y_{}.bin", mode.replace('+', "_")));
         match run_child(mode, &cache, &out, opts.no_rtc) {
@@ -524,24 +558,26 @@ fn print_reports(reports: &[(&str, Report)]) {
         return;
     }
     print!("\n{:<22}", "phase (ms)");
+    let width = |mode: &str| mode.len().max(13) + 1;
     for (mode, _) in reports {
-        print!("{mode:>14}");
+        print!("{mode:>w$}", w = width(mode));
     }
     println!();
     for p in PHASES {
         let counted = if BEYOND.contains(&p) { " *" } else { "" };
         print!("{:<22}", format!("{p}{counted}"));
-        for (_, r) in reports {
+        for (mode, r) in reports {
+            let w = width(mode);
             match r.get(p) {
-                Some(v) => print!("{v:>14.3}"),
-                None => print!("{:>14}", "-"),
+                Some(v) => print!("{v:>w$.3}"),
+                None => print!("{:>w$}", "-"),
             }
         }
         println!();
     }
     println!("(* counted in the figure beyond library load)");
     for (mode, r) in reports {
-        let load: f64 = ["cuda_init", "cudnn_new", "preload"]
+        let load: f64 = ["cuda_init", "cudnn_new", "preload", "warm_up"]
             .iter()
             .filter_map(|p| r.get(p))
             .sum();
@@ -615,6 +651,9 @@ fn child_run(args: &[String]) -> BoxResult<()> {
         [m, c, o, f] if f == NO_RTC => (m, c, o, true),
         _ => return Err("child arguments: MODE CACHE OUT [--no-runtime-compilation]".into()),
     };
+    if mode.starts_with("tuner") {
+        return child_tuner(mode, cache, out);
+    }
     let mut libs = mapped_libs();
     // Prints a phase's time, then (outside the timed region) the libraries it mapped.
     let mut report = |name: &str, t: Instant| {
@@ -629,13 +668,7 @@ fn child_run(args: &[String]) -> BoxResult<()> {
         libs = now;
     };
 
-    let t = Instant::now();
-    let ctx = cuda_context(0)?;
-    let stream = ctx.default_stream();
-    report("cuda_init", t);
-    let t = Instant::now();
-    let cudnn = Cudnn::new(stream.clone())?;
-    report("cudnn_new", t);
+    let (stream, cudnn) = open_timed(&mut report)?;
     if mode.starts_with("warm+preload") {
         let t = Instant::now();
         let p = cudnn_safe::graph::preload(&cudnn)?;
@@ -699,13 +732,82 @@ fn child_run(args: &[String]) -> BoxResult<()> {
     println!("engine {} {}", plan.name(), plan.is_deterministic());
     println!("notes {} {:?}", plan.name(), plan.behavior_notes());
 
-    let host = download(&stream, &y1)?;
-    let bytes: Vec<u8> = host
-        .iter()
-        .flat_map(|v| v.to_bits().to_le_bytes())
-        .collect();
-    std::fs::write(out, bytes)?;
-    Ok(())
+    write_output(&stream, &y1, out)
+}
+
+/// `y = conv(x, w)` through `tuner` with legacy descriptors of the graph's problem (NHWC, KRSC).
+fn tuner_forward(
+    cudnn: &Cudnn,
+    tuner: &mut Autotuner,
+    x: &CudaSlice<f16>,
+    w: &CudaSlice<f16>,
+    y: &mut CudaSlice<f16>,
+) -> Result<cudnn_safe::Choice<cudnn_safe::conv::ConvFwdAlgo>> {
+    let x_d = TensorDesc::<f16>::nhwc_nd(&X)?;
+    let w_d = FilterDesc::<f16>::new(&[K, X[1], R, R], TensorFormat::Nhwc)?;
+    let conv = ConvDesc::builder(2).pads(&[R / 2, R / 2]).build::<f16>()?;
+    let y_d = TensorDesc::<f16>::nhwc_nd(&y_dims())?;
+    tuner.forward(cudnn, 1.0, &x_d, x, &w_d, w, &conv, 0.0, &y_d, y)
+}
+
+/// A child's CUDA context, default stream and cuDNN handle, reporting the `cuda_init` and
+/// `cudnn_new` phases.
+fn open_timed(mut report: impl FnMut(&str, Instant)) -> BoxResult<(Arc<CudaStream>, Cudnn)> {
+    let t = Instant::now();
+    let ctx = cuda_context(0)?;
+    let stream = ctx.default_stream();
+    report("cuda_init", t);
+    let t = Instant::now();
+    let cudnn = Cudnn::new(stream.clone())?;
+    report("cudnn_new", t);
+    Ok((stream, cudnn))
+}
+
+/// A tuner child: preload, the tuner's file (and [`Autotuner::warm_up`] in `+warm_up` mode),
+/// then the first [`Autotuner::forward`] of the process.
+fn child_tuner(mode: &str, cache: &str, out: &str) -> BoxResult<()> {
+    let phase = |name: &str, t: Instant| println!("phase {name} {:.4}", ms(t));
+    let (stream, cudnn) = open_timed(phase)?;
+    let t = Instant::now();
+    cudnn_safe::graph::preload(&cudnn)?;
+    phase("preload", t);
+    let t = Instant::now();
+    let mut tuner = Autotuner::new(Policy::Benchmark).cache_file(cache);
+    if mode.ends_with("+warm_up") {
+        let w = tuner.warm_up(&cudnn)?;
+        eprintln!(
+            "warm-up: {} decision(s) replayed ({} graph), {} skipped, in {:.1} ms",
+            w.replayed,
+            w.graph,
+            w.skipped,
+            w.elapsed.as_secs_f64() * 1e3
+        );
+        phase("warm_up", t);
+    } else {
+        phase("cache_open", t);
+    }
+    let t = Instant::now();
+    let (xh, wh) = host_inputs();
+    let (xb, wb) = (upload(&stream, &xh)?, upload(&stream, &wh)?);
+    let mut y1 = stream
+        .alloc_zeros::<f16>(xh.len() / X[1] as usize * K as usize)
+        .map_err(drv("allocating y"))?;
+    stream.synchronize().map_err(drv("synchronizing"))?;
+    phase("inputs", t);
+    let t = Instant::now();
+    let choice = tuner_forward(&cudnn, &mut tuner, &xb, &wb, &mut y1)?;
+    stream.synchronize().map_err(drv("synchronizing"))?;
+    phase("first_execute", t);
+    let t = Instant::now();
+    tuner_forward(&cudnn, &mut tuner, &xb, &wb, &mut y1)?;
+    stream.synchronize().map_err(drv("synchronizing"))?;
+    phase("second_execute", t);
+    let stats = tuner.stats();
+    if stats.benchmarks != 0 || stats.misses != 0 {
+        return Err(format!("the tuner searched again: {stats:?}").into());
+    }
+    println!("engine tuner:{} false", choice.describe().replace(' ', ":"));
+    write_output(&stream, &y1, out)
 }
 
 #[cfg(test)]

@@ -23,7 +23,9 @@
 //! A decision is made once per problem (direction, dims, strides, data types, convolution
 //! parameters, math type, policy, workspace limit, GPU model and cuDNN version) and logged with
 //! the `log` crate at `info` level. When the chosen algorithm cannot run (its workspace cannot
-//! be allocated, or cuDNN refuses it), the next candidate is tried.
+//! be allocated, or cuDNN refuses it), the next candidate is tried. A process that starts with
+//! a cache file can replay its decisions at start-up ([`Autotuner::warm_up`]): the first call
+//! of each problem then builds no plan and loads no kernel.
 //!
 //! ```no_run
 //! use cudnn_safe::{conv::ConvDesc, cuda_context, Autotuner, Cudnn, FilterDesc, Policy,
@@ -57,7 +59,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 use crate::conv::{
     AlgoPerf, ConvAlgorithm, ConvBwdDataAlgo, ConvBwdFilterAlgo, ConvDesc, ConvDirection,
-    ConvFwdAlgo, FusedActivation,
+    ConvFwdAlgo, ConvMode, FusedActivation, MathType,
 };
 use crate::dtype::{DType, DataType, Scalar};
 use crate::error::{Error, Result};
@@ -85,8 +87,9 @@ pub const CACHE_ENV: &str = "CUDNN_SAFE_AUTOTUNE_CACHE";
 
 const FILE_HEADER: &str = "# cudnn-safe autotune cache v1: device<TAB>problem key<TAB>algo:workspace_bytes:ms,...[<TAB>graph=<engine config>:workspace_bytes:ms]";
 
-/// Graph plans a union search builds and times per source by default (heuristics A, B, the
-/// fallback list, every engine with its default knobs). See [`Autotuner::graph_plans`].
+/// Graph plans a union search builds and times per source by default (heuristics A, B when
+/// [`Autotuner::heuristics_b`] asks for it, the fallback list, every engine with its default
+/// knobs). See [`Autotuner::graph_plans`].
 pub const DEFAULT_GRAPH_PLANS: usize = 24;
 
 /// Fastest graph plans of a union search's first pass whose knob neighbourhoods are searched by
@@ -243,6 +246,148 @@ pub struct TunerStats {
     pub graph_build: Duration,
     /// Wall time of the union searches in all: graph built, plans built, every candidate timed.
     pub graph_search: Duration,
+}
+
+/// What [`Autotuner::warm_up`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WarmUp {
+    /// Decisions replayed: plans rebuilt and held, kernels loaded.
+    pub replayed: usize,
+    /// Of those, how many run a graph plan.
+    pub graph: usize,
+    /// Remembered decisions of this GPU and cuDNN version not replayed (another policy, limit or
+    /// search mode, a fused bias-activation call, a data type the replay does not cover, or a
+    /// replay that failed).
+    pub skipped: usize,
+    /// Wall time of the warm-up, the GPU work included.
+    pub elapsed: Duration,
+}
+
+/// The convolution and the descriptors of `a`, the filter and `b` of a [`KeyProblem`].
+type KeyDescs<T> = (ConvDesc, TensorDesc<T>, FilterDesc<T>, TensorDesc<T>);
+
+/// A plain convolution problem read back from its key ([`problem_key`], [`with_search`]).
+#[derive(Debug, Clone, PartialEq)]
+struct KeyProblem {
+    dir: ConvDirection,
+    a_t: DType,
+    b_t: DType,
+    compute: DType,
+    math: MathType,
+    mode: ConvMode,
+    groups: i64,
+    spatial: usize,
+    pads: Vec<i64>,
+    strides: Vec<i64>,
+    dilations: Vec<i64>,
+    a_dims: Vec<i64>,
+    a_strides: Vec<i64>,
+    w_format: TensorFormat,
+    w_dims: Vec<i64>,
+    b_dims: Vec<i64>,
+    b_strides: Vec<i64>,
+}
+
+impl KeyProblem {
+    /// The convolution and the descriptors of `a`, the filter and `b`, in `T`.
+    fn descriptors<T: DataType>(&self) -> Result<KeyDescs<T>> {
+        let conv = ConvDesc::builder(self.spatial)
+            .pads(&self.pads)
+            .strides(&self.strides)
+            .dilations(&self.dilations)
+            .groups(self.groups)
+            .mode(self.mode)
+            .math(self.math)
+            .compute(self.compute)
+            .build::<T>()?;
+        Ok((
+            conv,
+            TensorDesc::<T>::strided(&self.a_dims, &self.a_strides)?,
+            FilterDesc::<T>::new(&self.w_dims, self.w_format)?,
+            TensorDesc::<T>::strided(&self.b_dims, &self.b_strides)?,
+        ))
+    }
+
+    /// The key these descriptors have under `policy`, `limit` and `search`.
+    fn key<T: DataType>(
+        &self,
+        (conv, a, w, b): &KeyDescs<T>,
+        policy: Policy,
+        limit: usize,
+        search: GraphSearch,
+    ) -> Vec<i64> {
+        let k = problem_key(
+            self.dir,
+            (a.layout(), T::DTYPE),
+            w,
+            (b.layout(), T::DTYPE),
+            conv,
+            policy,
+            limit,
+        );
+        with_search(k, policy, search)
+    }
+
+    /// The problem of a plain forward, backward-data or backward-filter key; `None` for other
+    /// keys (fused calls, unknown codes, a length that does not match the ranks).
+    fn decode(k: &[i64]) -> Option<KeyProblem> {
+        let dir = match *k.first()? {
+            0 => ConvDirection::Forward,
+            1 => ConvDirection::BackwardData,
+            2 => ConvDirection::BackwardFilter,
+            _ => return None,
+        };
+        let spatial = usize::try_from(*k.get(7)?)
+            .ok()
+            .filter(|s| (1..=6).contains(s))?;
+        let rank = usize::try_from(*k.get(8)?)
+            .ok()
+            .filter(|&t| t == spatial + 2)?;
+        // Header, three spatial lists, a's dims and strides, filter format and dims, b's dims
+        // and strides, policy and limit; the search suffix is optional.
+        let len = 9 + 3 * spatial + 5 * rank + 3;
+        if k.len() != len && k.len() != len + 1 {
+            return None;
+        }
+        let mut at = 9;
+        let mut take = |n: usize| {
+            let v = k[at..at + n].to_vec();
+            at += n;
+            v
+        };
+        let pads = take(spatial);
+        let strides = take(spatial);
+        let dilations = take(spatial);
+        let a_dims = take(rank);
+        let a_strides = take(rank);
+        let w_format = format_from_code(take(1)[0])?;
+        let w_dims = take(rank);
+        let b_dims = take(rank);
+        let b_strides = take(rank);
+        Some(KeyProblem {
+            dir,
+            a_t: dtype_from_code(k[1])?,
+            b_t: dtype_from_code(k[2])?,
+            compute: dtype_from_code(k[3])?,
+            math: MathType::from_raw(crate::sys::cudnnMathType_t(u32::try_from(k[4]).ok()?))?,
+            mode: match k[5] {
+                0 => ConvMode::CrossCorrelation,
+                1 => ConvMode::Convolution,
+                _ => return None,
+            },
+            groups: k[6],
+            spatial,
+            pads,
+            strides,
+            dilations,
+            a_dims,
+            a_strides,
+            w_format,
+            w_dims,
+            b_dims,
+            b_strides,
+        })
+    }
 }
 
 /// A cache key: the GPU and cuDNN version, and the problem as integers. Its hash is computed
@@ -459,8 +604,9 @@ impl Autotuner {
     /// type: `conv_fprop`, `conv_dgrad` or `conv_wgrad`, or `conv_fprop → bias → activation` for
     /// the fused call); up to [`Autotuner::graph_plans`] plans from each of heuristics A,
     /// heuristics B (with [`Autotuner::heuristics_b`]), the fallback list and the engine list
-    /// (default knobs, no engine that compiles at run time) are built under a filter matching the legacy numerics (no tensor
-    /// cores with [`MathType::Fma`](crate::conv::MathType::Fma), no input down-conversion unless
+    /// (default knobs, no engine that compiles at run time) are built under a filter matching
+    /// the legacy numerics (no tensor cores with [`MathType::Fma`](crate::conv::MathType::Fma),
+    /// no input down-conversion unless
     /// `TensorOpAllowConversion`, no reduced-precision accumulation with an f32 compute type,
     /// deterministic engines only under [`Policy::Deterministic`], the workspace limit); each
     /// plan and the legacy favourite are timed alike with CUDA events (on the caller's output,
@@ -489,8 +635,9 @@ impl Autotuner {
     }
 
     /// Most graph plans a union search builds and times per source (at least 1; default
-    /// 24): up to this many from heuristics A, then up to this many new ones from heuristics B,
-    /// from the fallback list and from the engine list. Fewer make a first call cheaper (each
+    /// 24): up to this many from heuristics A, then up to this many new ones from heuristics B
+    /// (when [`Autotuner::heuristics_b`] asks for it), from the fallback list and from the
+    /// engine list. Fewer make a first call cheaper (each
     /// plan is built, and engines that compile at run time take long to build) at the risk of
     /// missing the fastest engine. Not part of the cache key: decisions already made stand.
     #[must_use]
@@ -570,6 +717,119 @@ impl Autotuner {
     pub fn stats(&self) -> TunerStats {
         self.stats
     }
+    /// Replays every remembered convolution decision of this GPU and cuDNN version that this
+    /// tuner's policy, workspace limit and search mode would look up (typically those read from
+    /// the cache file), once, on scratch buffers of the problem's size: each graph decision's
+    /// plan is rebuilt and held, and the kernels of every decision are loaded. Call it at
+    /// start-up, after [`crate::graph::preload`]: the first real call of each problem then builds
+    /// nothing and loads nothing. On an H200 with cuDNN 9.19 the first execution of a cached
+    /// fp16 convolution plan in a new process costs 12–18 ms of CUDA's lazy kernel loading; after
+    /// the warm-up it costs what the steady state does.
+    ///
+    /// Decisions of fused bias-activation calls and of data types the graph path does not cover
+    /// (f64, int8) are left for their first call ([`WarmUp::skipped`]), as are those of other
+    /// policies, limits and search modes. A replay that fails is logged and counted as skipped;
+    /// the decision stays as it was. Replays count as cache hits in [`Autotuner::stats`].
+    ///
+    /// ```no_run
+    /// # fn f(cudnn: &cudnn_safe::Cudnn) -> cudnn_safe::Result<()> {
+    /// use cudnn_safe::{Autotuner, Policy};
+    /// cudnn_safe::graph::preload(cudnn)?;
+    /// let mut tuner = Autotuner::new(Policy::Benchmark).cache_file("/var/cache/app/conv.txt");
+    /// let w = tuner.warm_up(cudnn)?;
+    /// println!("{} decisions ready ({} graph plans) in {:?}", w.replayed, w.graph, w.elapsed);
+    /// # Ok(()) }
+    /// ```
+    pub fn warm_up(&mut self, cudnn: &Cudnn) -> Result<WarmUp> {
+        let started = Instant::now();
+        let mut done = WarmUp::default();
+        if let Policy::Fixed(_) = self.policy {
+            return Ok(done);
+        }
+        let device = self.device(cudnn);
+        let mut problems: Vec<Vec<i64>> = self
+            .cache
+            .keys()
+            .filter(|k| k.device == device)
+            .map(|k| k.problem.clone())
+            .collect();
+        problems.sort();
+        for p in problems {
+            match self.replay(cudnn, &p) {
+                Ok(Some(graph)) => {
+                    done.replayed += 1;
+                    done.graph += usize::from(graph);
+                }
+                Ok(None) => done.skipped += 1,
+                Err(e) => {
+                    log::info!("autotune warm-up: a remembered decision was not replayed: {e}");
+                    done.skipped += 1;
+                }
+            }
+        }
+        cudnn
+            .stream()
+            .synchronize()
+            .map_err(|e| Error::driver("synchronizing after the autotune warm-up", e))?;
+        done.elapsed = started.elapsed();
+        log::info!(
+            "autotune warm-up: {} decisions replayed ({} graph plans), {} skipped, {:.1} ms",
+            done.replayed,
+            done.graph,
+            done.skipped,
+            done.elapsed.as_secs_f64() * 1e3
+        );
+        Ok(done)
+    }
+
+    /// One decision of [`Autotuner::warm_up`]: `Some(ran a graph plan)`, or `None` when the key
+    /// is not one this tuner replays.
+    fn replay(&mut self, cudnn: &Cudnn, key: &[i64]) -> Result<Option<bool>> {
+        let Some(p) = KeyProblem::decode(key) else {
+            return Ok(None);
+        };
+        match (p.a_t, p.b_t) {
+            (DType::F32, DType::F32) => self.replay_as::<f32>(cudnn, &p, key),
+            (DType::F16, DType::F16) => self.replay_as::<half::f16>(cudnn, &p, key),
+            (DType::BF16, DType::BF16) => self.replay_as::<half::bf16>(cudnn, &p, key),
+            _ => Ok(None),
+        }
+    }
+
+    fn replay_as<T: DataType>(
+        &mut self,
+        cudnn: &Cudnn,
+        p: &KeyProblem,
+        key: &[i64],
+    ) -> Result<Option<bool>> {
+        let descs = p.descriptors::<T>()?;
+        // Only a problem whose key this tuner computes the same way is a cache hit.
+        if p.key(&descs, self.policy, self.limit, self.graph) != key {
+            return Ok(None);
+        }
+        let (conv, a_d, w_d, b_d) = descs;
+        let (one, zero) = (T::Scalar::from_f64(1.0), T::Scalar::from_f64(0.0));
+        let a = alloc::<T>(cudnn, a_d.span())?;
+        let mut w = alloc::<T>(cudnn, w_d.span())?;
+        let mut b = alloc::<T>(cudnn, b_d.span())?;
+        let api = match p.dir {
+            ConvDirection::Forward => {
+                self.forward(cudnn, one, &a_d, &a, &w_d, &w, &conv, zero, &b_d, &mut b)?
+                    .api
+            }
+            ConvDirection::BackwardData => {
+                let mut dx = a;
+                self.backward_data(cudnn, one, &w_d, &w, &b_d, &b, &conv, zero, &a_d, &mut dx)?
+                    .api
+            }
+            ConvDirection::BackwardFilter => {
+                self.backward_filter(cudnn, one, &a_d, &a, &b_d, &b, &conv, zero, &w_d, &mut w)?
+                    .api
+            }
+        };
+        Ok(Some(api.is_graph()))
+    }
+
     /// Forgets every decision in memory (the file is left as it is).
     pub fn clear(&mut self) {
         self.cache.clear();
@@ -2071,6 +2331,25 @@ fn dtype_code(d: DType) -> i64 {
     i64::from(d.raw().0)
 }
 
+/// The data types a warm-up replays, by [`dtype_code`].
+fn dtype_from_code(c: i64) -> Option<DType> {
+    [DType::F32, DType::F16, DType::BF16]
+        .into_iter()
+        .find(|&d| dtype_code(d) == c)
+}
+
+/// Inverse of [`format_code`] for filter formats.
+fn format_from_code(c: i64) -> Option<TensorFormat> {
+    match c {
+        0 => Some(TensorFormat::Nchw),
+        1 => Some(TensorFormat::Nhwc),
+        101..=255 => Some(TensorFormat::NchwVectC {
+            width: u8::try_from(c - 100).ok()?,
+        }),
+        _ => None,
+    }
+}
+
 fn format_code(f: TensorFormat) -> i64 {
     match f {
         TensorFormat::Nchw => 0,
@@ -2376,6 +2655,131 @@ mod tests {
         let heuristic = Autotuner::new(Policy::Heuristic).without_cache_file();
         assert!(!heuristic.union_on());
         assert_eq!(heuristic.stats(), TunerStats::default());
+    }
+
+    /// Rebuilds the descriptors of a decoded key and computes the key again.
+    fn rekey<T: DataType>(
+        p: &KeyProblem,
+        policy: Policy,
+        limit: usize,
+        g: GraphSearch,
+    ) -> Vec<i64> {
+        p.key(&p.descriptors::<T>().unwrap(), policy, limit, g)
+    }
+
+    #[test]
+    fn warm_up_reads_problems_back_from_their_keys() {
+        let Some(()) = crate::checks::lib_or_skip() else {
+            return;
+        };
+        use half::f16;
+        // A grouped, strided, dilated f16 NHWC problem with an odd layout for b.
+        let conv = ConvDesc::builder(2)
+            .pads(&[1, 2])
+            .strides(&[2, 1])
+            .dilations(&[1, 2])
+            .groups(2)
+            .mode(ConvMode::Convolution)
+            .math(MathType::TensorOp)
+            .build::<f16>()
+            .unwrap();
+        let x = TensorDesc::<f16>::nhwc(2, 8, 9, 10).unwrap();
+        let w = FilterDesc::<f16>::new(&[16, 4, 3, 3], TensorFormat::Nhwc).unwrap();
+        let y_dims = conv.output_dims(x.dims(), w.dims()).unwrap();
+        let y = TensorDesc::<f16>::nchw_nd(&y_dims).unwrap();
+        for dir in [
+            ConvDirection::Forward,
+            ConvDirection::BackwardData,
+            ConvDirection::BackwardFilter,
+        ] {
+            for (policy, g) in [
+                (Policy::Benchmark, GraphSearch::Union),
+                (Policy::Benchmark, GraphSearch::Prefer),
+                (Policy::Deterministic, GraphSearch::Off),
+                (Policy::Heuristic, GraphSearch::Union),
+            ] {
+                let key = with_search(
+                    problem_key(
+                        dir,
+                        (x.layout(), DType::F16),
+                        &w,
+                        (y.layout(), DType::F16),
+                        &conv,
+                        policy,
+                        1 << 20,
+                    ),
+                    policy,
+                    g,
+                );
+                let p = KeyProblem::decode(&key).unwrap_or_else(|| panic!("{dir:?}: {key:?}"));
+                assert_eq!(p.dir, dir);
+                assert_eq!(
+                    (p.a_t, p.b_t, p.compute),
+                    (DType::F16, DType::F16, DType::F32)
+                );
+                assert_eq!(
+                    (p.math, p.mode, p.groups),
+                    (MathType::TensorOp, ConvMode::Convolution, 2)
+                );
+                assert_eq!(
+                    (p.pads.as_slice(), p.strides.as_slice()),
+                    (&[1, 2][..], &[2, 1][..])
+                );
+                assert_eq!(p.a_strides, x.layout().strides());
+                assert_eq!(p.w_format, TensorFormat::Nhwc);
+                assert_eq!(p.b_dims, y_dims);
+                assert_eq!(
+                    rekey::<f16>(&p, policy, 1 << 20, g),
+                    key,
+                    "{dir:?} {policy:?} {g:?}"
+                );
+                // Another policy or limit computes another key: not replayed by that tuner.
+                assert_ne!(rekey::<f16>(&p, policy, 1 << 21, g), key);
+            }
+        }
+    }
+
+    #[test]
+    fn warm_up_leaves_keys_it_cannot_read() {
+        // [dir, a, b, compute, math, mode, groups, spatial 1, rank 3, pad, stride, dilation,
+        //  a dims ×3, a strides ×3, filter format, w dims ×3, b dims ×3, b strides ×3, policy, limit]
+        let f32c = dtype_code(DType::F32);
+        let good: Vec<i64> = vec![
+            0, f32c, f32c, f32c, 0, 0, 1, 1, 3, 0, 1, 1, 1, 4, 8, 32, 8, 1, 0, 2, 4, 3, 1, 2, 8,
+            16, 8, 1, 2, 0,
+        ];
+        let p = KeyProblem::decode(&good).expect("a plain forward key");
+        assert_eq!((p.spatial, p.w_dims.as_slice()), (1, &[2, 4, 3][..]));
+        assert_eq!(p.b_strides, [16, 8, 1]);
+        let mut suffixed = good.clone();
+        suffixed.push(-1);
+        assert!(KeyProblem::decode(&suffixed).is_some());
+        let mut fused = good.clone();
+        fused[0] = 17;
+        assert_eq!(
+            KeyProblem::decode(&fused),
+            None,
+            "fused bias-activation keys"
+        );
+        assert_eq!(KeyProblem::decode(&good[..good.len() - 1]), None, "short");
+        let mut long = suffixed.clone();
+        long.push(0);
+        assert_eq!(KeyProblem::decode(&long), None, "long");
+        let mut rank = good.clone();
+        rank[8] = 4;
+        assert_eq!(KeyProblem::decode(&rank), None, "rank not spatial + 2");
+        let mut dtype = good.clone();
+        dtype[1] = dtype_code(DType::F64);
+        assert_eq!(KeyProblem::decode(&dtype), None, "f64 is not replayed");
+        let mut math = good.clone();
+        math[4] = 9;
+        assert_eq!(KeyProblem::decode(&math), None, "unknown math type");
+        assert_eq!(KeyProblem::decode(&[]), None);
+        assert_eq!(
+            format_from_code(format_code(TensorFormat::NchwVectC { width: 32 })),
+            Some(TensorFormat::NchwVectC { width: 32 })
+        );
+        assert_eq!(format_from_code(2), None, "filters are never strided");
     }
 
     #[test]

@@ -69,7 +69,7 @@ mod workspace;
 
 pub use activation::{ActivationDesc, ActivationMode, NanPropagation};
 pub use autotune::{
-    Autotuner, Candidate, Choice, FixedAlgos, Policy, Source, TunerStats, CACHE_ENV,
+    Autotuner, Candidate, Choice, FixedAlgos, Policy, Source, TunerStats, WarmUp, CACHE_ENV,
     DEFAULT_GRAPH_PLANS, DEFAULT_REFINE_KNOBS,
 };
 pub use dropout::{Dropout, DropoutReserve};

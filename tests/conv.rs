@@ -3755,6 +3755,91 @@ fn union_graph_decision_persists_and_is_rebuilt_without_benchmark() {
 }
 
 #[test]
+fn union_warm_up_replays_cached_decisions() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(1009);
+    let s16 = union_setup::<f16>(&g, &mut rng, &UNION_F16);
+    let s32 = union_setup::<f32>(&g, &mut rng, &UNION_FP32);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let path = std::env::temp_dir().join(format!(
+        "cudnn-safe-warm-up-test-{}-{nanos}.txt",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+    let tuner = |policy| {
+        fresh(policy)
+            .graph_search(GraphSearch::Prefer)
+            .cache_file(&path)
+    };
+
+    // One process decides two problems (graph plans under `Prefer`) and saves them.
+    let mut a = tuner(Policy::Benchmark);
+    let (c16, y16) = union_call(&g, &mut rng, &mut a, &s16, &UNION_F16, 1.0, 0.0);
+    let (c32, _) = union_call(&g, &mut rng, &mut a, &s32, &UNION_FP32, 1.0, 0.0);
+    assert!(
+        c16.api.is_graph() && c32.api.is_graph(),
+        "{} / {}",
+        c16.describe(),
+        c32.describe()
+    );
+    drop(a);
+
+    // The next warms both up at start-up: plans rebuilt and held, nothing benchmarked.
+    let mut b = tuner(Policy::Benchmark);
+    let warm = b.warm_up(&g.cudnn).unwrap();
+    assert_eq!(
+        (warm.replayed, warm.graph, warm.skipped),
+        (2, 2, 0),
+        "{warm:?}"
+    );
+    let stats = b.stats();
+    assert_eq!(
+        (stats.benchmarks, stats.misses, stats.plan_builds),
+        (0, 0, 2),
+        "{stats:?}"
+    );
+    // Its first real call builds nothing more and computes the same bits.
+    let (cb, yb) = union_call(&g, &mut rng, &mut b, &s16, &UNION_F16, 1.0, 0.0);
+    assert_eq!(
+        (cb.source, &cb.api),
+        (Source::Cache, &c16.api),
+        "{}",
+        cb.describe()
+    );
+    assert_eq!(b.stats().plan_builds, 2, "{:?}", b.stats());
+    assert_eq!(b.stats().benchmarks, 0);
+    let differ = y16
+        .iter()
+        .zip(&yb)
+        .filter(|(p, q)| p.to_bits() != q.to_bits())
+        .count();
+    assert_eq!(differ, 0, "{differ} outputs differ after the warm-up");
+    // A warm-up twice replays again, building nothing (the plans are held).
+    let again = b.warm_up(&g.cudnn).unwrap();
+    assert_eq!((again.replayed, b.stats().plan_builds), (2, 2), "{again:?}");
+    drop(b);
+
+    // Another policy computes other keys: nothing of the file is its own.
+    let mut c = tuner(Policy::Deterministic);
+    let w = c.warm_up(&g.cudnn).unwrap();
+    assert_eq!((w.replayed, w.skipped), (0, 2), "{w:?}");
+    assert_eq!(c.stats().plan_builds, 0);
+    // A fixed policy keeps no decisions.
+    let mut d = tuner(Policy::Fixed(Default::default()));
+    assert_eq!(d.warm_up(&g.cudnn).unwrap(), cudnn_safe::WarmUp::default());
+    drop((c, d));
+    let _ = std::fs::remove_file(&path);
+    println!(
+        "autotune warm-up: 2 decisions ({}, {}) replayed in {:?}, first call served by the held plan",
+        c16.describe(),
+        c32.describe(),
+        warm.elapsed
+    );
+}
+
+#[test]
 fn union_deterministic_policy_picks_deterministic_graph_plans() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(1008);

@@ -31,10 +31,13 @@ pub struct Preloaded {
 ///    finalizes in 0.2–0.3 ms instead of 40 ms).
 ///
 /// Nothing executes on the GPU. What stays for the first execution of each plan is CUDA's lazy
-/// loading of the kernel's module (12 ms there for a tensor-core convolution kernel). A process
-/// started with `CUDA_MODULE_LOADING=EAGER` loads every module while the sub-libraries open
-/// instead (≈0.8 s with cuDNN 9.19), after which the first execution of any plan costs no
-/// loading: the trade for latency-sensitive servers that start once.
+/// loading of its kernel (12–18 ms there for a tensor-core convolution kernel; each engine
+/// configuration is a kernel of its own: executing a tiny convolution, or the same engine with
+/// other knobs, loads nothing the cached plan needs). [`crate::Autotuner::warm_up`] replays the
+/// remembered convolution decisions at start-up, which loads exactly their kernels. A process
+/// started with `CUDA_MODULE_LOADING=EAGER` loads every kernel while the sub-libraries open
+/// instead (2.3–3.2 s with cuDNN 9.19), after which the first execution of any plan costs no
+/// loading.
 ///
 /// ```no_run
 /// # fn f(cudnn: &cudnn_safe::Cudnn) -> cudnn_safe::Result<()> {
