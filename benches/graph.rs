@@ -48,6 +48,12 @@
 //!   `union_conv_fwd_<mode>_geomean` line per mode gives the geometric mean, the number of graph
 //!   wins and the ratio to the better of the graph and legacy lines of the same run. Under
 //!   `cargo test --benches` only the tiny configuration runs.
+//! * **Paired comparison with PyTorch** (with `GRAPH_BENCH_PYTORCH` set; ops
+//!   `paired_conv_fwd_<mode>_<cfg>` and `…_geomean`): the union cases stay alive, several
+//!   PyTorch processes (`benches/pytorch/conv.py --serve`) run their benchmark-mode search on the
+//!   same cases, then rounds of timing alternate between the two sides case by case, so both
+//!   are timed in the same thermal state (see [`paired`]). The convolution inputs follow
+//!   PyTorch's script: standard-normal `x`, weights uniform within ±1/√fan_in.
 //!
 //! Device times are CUDA-event medians ([`median_ms`]: 5 batches of about 25 ms after a warm-up
 //! call). Each measurement prints one JSON line (`{"op": …, "ms": …, "impl": "cudnn-safe", …}`);
@@ -60,6 +66,10 @@
 //!   adds `tf32_nhwc,fp32_nhwc`).
 //! * `GRAPH_BENCH_CRITERION`: the modes whose convolutions criterion also measures (default
 //!   `fp16`; `all`, `none` or a list) — the JSON lines cover every measured mode either way.
+//! * `GRAPH_BENCH_PYTORCH`: the command starting a PyTorch worker, without `--serve` (for
+//!   example `env -u LD_LIBRARY_PATH python3 benches/pytorch/conv.py`, run through `sh -c`);
+//!   unset, no paired comparison. `GRAPH_BENCH_PYTORCH_RUNS` (default 3) PyTorch processes,
+//!   `GRAPH_BENCH_ROUNDS` (default 3) rounds.
 //!
 //! With `--warm-up-time 1 --measurement-time 2` the default run is 21 criterion benchmarks plus
 //! 28 autotuned convolution cases; building plans may compile kernels at run time (up to about a
@@ -71,13 +81,15 @@
 //! no device, no cuDNN) it prints `no GPU: <why>` and exits cleanly.
 mod common;
 
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::Instant;
 
 use common::{
-    batch_ms, enqueue_loop, exit_on_error, list_only, median_ms, per_call_us, print_header,
-    print_op_error, print_op_line, print_summary, sample_size, setup_or_skip, tflops, timed_iters,
-    values, Args, BoxResult, Summary,
+    batch_ms, enqueue_loop, exit_on_error, list_only, median_ms, normal_values, per_call_us,
+    print_header, print_op_error, print_op_line, print_summary, sample_size, setup_or_skip, tflops,
+    timed_iters, values, Args, BoxResult, Summary,
 };
 use criterion::{Criterion, Throughput};
 use cudnn_safe::conv::{ConvAlgorithm, ConvDesc, ConvFwdAlgo, FusedActivation, MathType};
@@ -549,8 +561,13 @@ impl<T: DataType<Scalar = f32>> ConvData<T> {
 
         let flops = 2 * y_dims.iter().product::<i64>() * cfg.c * cfg.r * cfg.r;
         Ok(ConvData {
-            xb: stream.clone_htod(&values::<T>(x_d.span(), 1.0))?,
-            wb: stream.clone_htod(&values::<T>(w_d.span(), 0.05))?,
+            // PyTorch's data in `benches/pytorch/conv.py`: `randn` inputs, `nn.Conv2d`'s own
+            // weights (uniform within ±1/√fan_in).
+            xb: stream.clone_htod(&normal_values::<T>(x_d.span()))?,
+            wb: stream.clone_htod(&values::<T>(
+                w_d.span(),
+                1.0 / ((cfg.c * cfg.r * cfg.r) as f64).sqrt(),
+            ))?,
             y_graph: stream.alloc_zeros::<T>(y_d.span())?,
             y_legacy: stream.alloc_zeros::<T>(y_d.span())?,
             x_d,
@@ -1409,61 +1426,74 @@ fn fused(run: &mut Run) -> BoxResult<()> {
 // Union autotune: the Autotuner's Benchmark policy searching legacy algorithms and graph engines
 // ---------------------------------------------------------------------------------------------
 
+/// A union case kept alive after its search: the data and the tuner holding its decision, so the
+/// paired comparison ([`paired`]) can time the same steady-state call again later.
+struct Held<T: DataType> {
+    d: ConvData<T>,
+    tuner: Autotuner,
+}
+
+/// The steady-state call of a held union case, whatever its element type.
+trait HeldCall {
+    fn call(&mut self, cudnn: &Cudnn) -> BoxResult<Choice<ConvFwdAlgo>>;
+}
+
+impl<T: DataType<Scalar = f32>> HeldCall for Held<T> {
+    fn call(&mut self, cudnn: &Cudnn) -> BoxResult<Choice<ConvFwdAlgo>> {
+        let d = &mut self.d;
+        Ok(self.tuner.forward(
+            cudnn,
+            1.0,
+            &d.x_d,
+            &d.xb,
+            &d.w_d,
+            &d.wb,
+            &d.conv,
+            0.0,
+            &d.y_d,
+            &mut d.y_legacy,
+        )?)
+    }
+}
+
+/// What one union case measured: its time, whether a graph engine ran, and (when the paired
+/// comparison asked for it) the case itself.
+type UnionOutcome<'a> = (f64, bool, Option<Box<dyn HeldCall + 'a>>);
+
 /// One configuration in one mode through [`Autotuner::forward`] under [`Policy::Benchmark`]
 /// (union search on, no cache file): the first call decides, then the steady-state call is
-/// timed as the other lines are. Returns the time and whether a graph engine ran.
+/// timed as the other lines are. Returns the time, whether a graph engine ran and, with `keep`,
+/// the case for [`paired`].
 fn union_case<T: DataType<Scalar = f32>>(
     run: &mut Run,
     mode: &Mode,
     cfg: &Cfg,
     progress: &str,
-) -> Option<Result<(f64, bool), String>> {
+    keep: bool,
+) -> Option<Result<UnionOutcome<'static>, String>> {
     let op = format!("union_conv_fwd_{}_{}", mode.name, cfg.name());
     if !run.args.runs_any(GROUP, &[&op]) {
         return None;
     }
     eprintln!("graph bench: union {progress} {} {}", mode.name, cfg.name());
     let (cudnn, stream, test) = (run.cudnn, run.stream, run.args.test);
-    let measured = (|| -> BoxResult<(f64, Choice<ConvFwdAlgo>, u64)> {
-        let mut d = ConvData::<T>::new(cudnn, mode, cfg)?;
+    let measured = (|| -> BoxResult<(f64, Choice<ConvFwdAlgo>, u64, Held<T>)> {
+        let d = ConvData::<T>::new(cudnn, mode, cfg)?;
+        let flops = d.flops;
         // Heuristics B on: the documented union numbers search it (`Autotuner::heuristics_b`).
-        let mut tuner = Autotuner::new(Policy::Benchmark)
+        let tuner = Autotuner::new(Policy::Benchmark)
             .without_cache_file()
             .heuristics_b(true);
-        let ConvData {
-            x_d,
-            w_d,
-            conv,
-            y_d,
-            xb,
-            wb,
-            y_legacy,
-            flops,
-            ..
-        } = &mut d;
-        let mut call = || {
-            tuner.forward(
-                cudnn,
-                1.0,
-                x_d,
-                &*xb,
-                w_d,
-                &*wb,
-                conv,
-                0.0,
-                y_d,
-                &mut *y_legacy,
-            )
-        };
-        let first = call()?;
+        let mut held = Held { d, tuner };
+        let first = held.call(cudnn)?;
         let ms = median_ms(stream, test, || {
-            call()?;
+            held.call(cudnn)?;
             Ok(())
         })?;
-        Ok((ms, first, *flops))
+        Ok((ms, first, flops, held))
     })();
     match measured {
-        Ok((ms, choice, flops)) => {
+        Ok((ms, choice, flops, held)) => {
             run.record(
                 &op,
                 ms,
@@ -1473,7 +1503,8 @@ fn union_case<T: DataType<Scalar = f32>>(
                     tflops(flops as f64, ms)
                 ),
             );
-            Some(Ok((ms, choice.api.is_graph())))
+            let held = keep.then(|| Box::new(held) as Box<dyn HeldCall>);
+            Some(Ok((ms, choice.api.is_graph(), held)))
         }
         Err(e) => {
             print_op_error(&op, &e);
@@ -1482,9 +1513,22 @@ fn union_case<T: DataType<Scalar = f32>>(
     }
 }
 
+/// Geometric mean of `v` (1 when empty).
+fn geomean(v: &[f64]) -> f64 {
+    (v.iter().map(|x| x.ln()).sum::<f64>() / v.len().max(1) as f64).exp()
+}
+
+/// Median of `v` (NaN when empty).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// The union group: every measured mode and configuration (the tiny one under
 /// `cargo test --benches`), then per mode the geometric mean of the union times and, where the
-/// graph and legacy lines of the same run exist, of their better time (`best_of_both`).
+/// graph and legacy lines of the same run exist, of their better time (`best_of_both`). With
+/// `GRAPH_BENCH_PYTORCH` set, the cases stay alive for the [`paired`] comparison.
 fn union(run: &mut Run, rows: &[Row]) {
     let modes = modes_from_env("GRAPH_BENCH_MODES", Mode::DEFAULT);
     let cfgs: Vec<Cfg> = if run.args.test {
@@ -1492,6 +1536,10 @@ fn union(run: &mut Run, rows: &[Row]) {
     } else {
         CONFIGS.to_vec()
     };
+    let pytorch = std::env::var("GRAPH_BENCH_PYTORCH")
+        .ok()
+        .filter(|c| !c.trim().is_empty());
+    let mut held = Vec::new();
     let total = modes.len() * cfgs.len();
     let mut i = 0;
     for mode in &modes {
@@ -1501,14 +1549,16 @@ fn union(run: &mut Run, rows: &[Row]) {
         for cfg in &cfgs {
             i += 1;
             let progress = format!("[{i}/{total}]");
+            let keep = pytorch.is_some();
             let r = match mode.dtype {
-                DType::F16 => union_case::<f16>(run, mode, cfg, &progress),
-                DType::BF16 => union_case::<bf16>(run, mode, cfg, &progress),
-                _ => union_case::<f32>(run, mode, cfg, &progress),
+                DType::F16 => union_case::<f16>(run, mode, cfg, &progress, keep),
+                DType::BF16 => union_case::<bf16>(run, mode, cfg, &progress, keep),
+                _ => union_case::<f32>(run, mode, cfg, &progress, keep),
             };
-            if let Some(Ok((ms, graph))) = r {
+            if let Some(Ok((ms, graph, case))) = r {
                 times.push(ms);
                 graph_wins += usize::from(graph);
+                held.extend(case.map(|c| (*mode, *cfg, c)));
                 let both = rows
                     .iter()
                     .find(|r| r.mode == mode.name && r.cfg == cfg.name())
@@ -1516,19 +1566,15 @@ fn union(run: &mut Run, rows: &[Row]) {
                         (Ok((g, _)), Ok((l, _))) => Some(g.min(*l)),
                         _ => None,
                     });
-                best.extend(both.map(|b| (ms, b)));
+                best.extend(both);
             }
         }
         if times.is_empty() {
             continue;
         }
-        let geomean = |v: &mut dyn Iterator<Item = f64>| {
-            let (sum, n) = v.fold((0.0, 0usize), |(s, n), x| (s + x.ln(), n + 1));
-            (sum / n.max(1) as f64).exp()
-        };
-        let g = geomean(&mut times.iter().copied());
+        let g = geomean(&times);
         let vs_best = if best.len() == times.len() {
-            let b = geomean(&mut best.iter().map(|(_, b)| *b));
+            let b = geomean(&best);
             format!(
                 "\"best_of_both_geomean_ms\": {b:.5}, \"union_over_best_of_both\": {:.3}",
                 g / b
@@ -1542,6 +1588,245 @@ fn union(run: &mut Run, rows: &[Row]) {
             times.len()
         );
     }
+    if let Some(cmd) = pytorch {
+        if let Err(e) = paired(run, &cmd, &mut held) {
+            print_op_error("paired_conv_fwd", &e);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Paired comparison with PyTorch: both sides timed case by case, interleaved
+// ---------------------------------------------------------------------------------------------
+
+/// A PyTorch process serving `benches/pytorch/conv.py --serve`'s protocol.
+struct Worker {
+    id: usize,
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Worker {
+    /// Starts `cmd --serve` through `sh -c` (so `cmd` may carry `env -u …` and arguments).
+    fn start(cmd: &str, id: usize) -> BoxResult<Worker> {
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(format!("{cmd} --serve"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting PyTorch worker `{cmd} --serve`: {e}"))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err("PyTorch worker without pipes".into());
+        };
+        Ok(Worker {
+            id,
+            child,
+            stdin,
+            stdout: BufReader::new(stdout),
+        })
+    }
+
+    /// Sends one command and returns the rest of the answer line starting with `tag`; lines
+    /// starting with `{` (the worker's header) are printed as they come.
+    fn ask(&mut self, command: &str, tag: &str) -> BoxResult<String> {
+        writeln!(self.stdin, "{command}")?;
+        self.stdin.flush()?;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.stdout.read_line(&mut line)? == 0 {
+                return Err(format!("PyTorch worker {} ended at `{command}`", self.id).into());
+            }
+            let t = line.trim();
+            if let Some(rest) = t.strip_prefix(tag) {
+                return Ok(rest.trim().to_string());
+            }
+            if let Some(why) = t.strip_prefix("ERR") {
+                let id = self.id;
+                return Err(format!("PyTorch worker {id} at `{command}`: {}", why.trim()).into());
+            }
+            if t.starts_with('{') {
+                println!("{t}");
+            } else if !t.is_empty() {
+                eprintln!("PyTorch worker {}: {t}", self.id);
+            }
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Errors here only mean the worker is gone already.
+        let _ = writeln!(self.stdin, "quit");
+        let _ = self.stdin.flush();
+        let _ = self.child.wait();
+    }
+}
+
+/// A positive count from the environment variable `var` (`default` when unset or unreadable).
+fn count_from_env(var: &str, default: usize) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(default)
+}
+
+/// The union cases against PyTorch's benchmark mode, timed in the same thermal state.
+///
+/// `GRAPH_BENCH_PYTORCH_RUNS` PyTorch processes (default 3; each picks its own plans, which vary
+/// from process to process) are started one after the other with `cmd --serve` and each runs
+/// its search on every case before any timing starts. Then `GRAPH_BENCH_ROUNDS` rounds (default
+/// 3) go through the cases; per case the Rust call and every PyTorch process are timed back to
+/// back with the same rule ([`median_ms`], `timing.bench_like_rust`), the side that goes first
+/// rotating from round to round. A case's ratio is PyTorch's time (the median over its
+/// processes of each one's median over rounds) over ours (the median over rounds). Prints a
+/// `paired_conv_fwd_<mode>_<cfg>` line per case, a `…_geomean` line per mode (with each
+/// PyTorch process's own geomean ratio and the smallest layer ratio) and a table.
+fn paired(run: &mut Run, cmd: &str, held: &mut [(Mode, Cfg, Box<dyn HeldCall>)]) -> BoxResult<()> {
+    let (cudnn, stream, test) = (run.cudnn, run.stream, run.args.test);
+    let runs = count_from_env("GRAPH_BENCH_PYTORCH_RUNS", 3);
+    let rounds = count_from_env("GRAPH_BENCH_ROUNDS", 3);
+    let name = |m: &Mode, c: &Cfg| format!("{}_{}", m.name, c.name());
+    let mut workers = Vec::with_capacity(runs);
+    for id in 0..runs {
+        let t = Instant::now();
+        let mut w = Worker::start(cmd, id)?;
+        for (k, (mode, cfg, _)) in held.iter().enumerate() {
+            eprintln!(
+                "graph bench: paired PyTorch run {}/{runs} search [{}/{}] {}",
+                id + 1,
+                k + 1,
+                held.len(),
+                name(mode, cfg)
+            );
+            let [n, c, h, wd] = cfg.x_dims();
+            w.ask(
+                &format!(
+                    "case {} {} {n} {c} {h} {wd} {} {} {}",
+                    name(mode, cfg),
+                    mode.name,
+                    cfg.k,
+                    cfg.r,
+                    cfg.s
+                ),
+                "OK",
+            )?;
+        }
+        eprintln!(
+            "graph bench: PyTorch run {} ready in {:.1} s",
+            id + 1,
+            t.elapsed().as_secs_f64()
+        );
+        workers.push(w);
+    }
+    let sides = runs + 1;
+    let mut ours = vec![Vec::new(); held.len()];
+    let mut theirs = vec![vec![Vec::new(); runs]; held.len()];
+    for round in 0..rounds {
+        for (i, (mode, cfg, case)) in held.iter_mut().enumerate() {
+            eprintln!(
+                "graph bench: paired round {}/{rounds} [{}/{}] {}",
+                round + 1,
+                i + 1,
+                ours.len(),
+                name(mode, cfg)
+            );
+            for k in 0..sides {
+                match (k + round) % sides {
+                    0 => ours[i].push(median_ms(stream, test, || {
+                        case.call(cudnn)?;
+                        Ok(())
+                    })?),
+                    side => {
+                        let ms =
+                            workers[side - 1].ask(&format!("time {}", name(mode, cfg)), "MS")?;
+                        theirs[i][side - 1].push(ms.parse::<f64>()?);
+                    }
+                }
+            }
+        }
+    }
+    drop(workers);
+
+    let mut table = Vec::new();
+    let mut by_mode: Vec<(Mode, Vec<usize>)> = Vec::new();
+    for (i, (mode, cfg, _)) in held.iter().enumerate() {
+        let ms = median(&ours[i]);
+        let per_run: Vec<f64> = theirs[i].iter().map(|v| median(v)).collect();
+        let py = median(&per_run);
+        let list = |v: &[f64]| {
+            v.iter()
+                .map(|x| format!("{x:.5}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        run.record(
+            &format!("paired_conv_fwd_{}", name(mode, cfg)),
+            ms,
+            &format!(
+                "\"pytorch_ms\": {py:.5}, \"pytorch_over_cudnn_safe\": {:.3}, \"pytorch_runs_ms\": [{}], \"rounds_ms\": [{}]",
+                py / ms,
+                list(&per_run),
+                list(&ours[i])
+            ),
+        );
+        table.push((name(mode, cfg), ms, py, per_run));
+        match by_mode.iter_mut().find(|(m, _)| m.name == mode.name) {
+            Some((_, v)) => v.push(i),
+            None => by_mode.push((*mode, vec![i])),
+        }
+    }
+    let mut geo = Vec::new();
+    for (mode, idx) in &by_mode {
+        let ours_g = geomean(&idx.iter().map(|&i| table[i].1).collect::<Vec<_>>());
+        let py_g = geomean(&idx.iter().map(|&i| table[i].2).collect::<Vec<_>>());
+        let per_run: Vec<String> = (0..runs)
+            .map(|r| {
+                let g = geomean(&idx.iter().map(|&i| table[i].3[r]).collect::<Vec<_>>());
+                format!("{:.3}", g / ours_g)
+            })
+            .collect();
+        let (worst, worst_name) = idx
+            .iter()
+            .map(|&i| (table[i].2 / table[i].1, &table[i].0))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(r, n)| (r, n.clone()))
+            .unwrap_or((f64::NAN, String::new()));
+        println!(
+            "{{\"op\": \"paired_conv_fwd_{}_geomean\", \"ms\": {ours_g:.5}, \"pytorch_ms\": {py_g:.5}, \"pytorch_over_cudnn_safe\": {:.3}, \"per_pytorch_run\": [{}], \"smallest_layer_ratio\": {worst:.3}, \"smallest_layer\": \"{worst_name}\", \"runs\": {runs}, \"rounds\": {rounds}, \"impl\": \"cudnn-safe\"}}",
+            mode.name,
+            py_g / ours_g,
+            per_run.join(", ")
+        );
+        geo.push((mode.name, ours_g, py_g, per_run));
+    }
+    println!(
+        "\npaired comparison: {runs} PyTorch processes, {rounds} interleaved rounds (ms per call; ratio = PyTorch / cudnn-safe)"
+    );
+    println!(
+        "{:<34} {:>11} {:>11} {:>7}  PyTorch per process",
+        "case", "cudnn-safe", "PyTorch", "ratio"
+    );
+    for (n, ms, py, per_run) in &table {
+        let runs: Vec<String> = per_run.iter().map(|x| format!("{x:.4}")).collect();
+        println!(
+            "{n:<34} {ms:>11.4} {py:>11.4} {:>7.3}  {}",
+            py / ms,
+            runs.join(" ")
+        );
+    }
+    for (m, ours_g, py_g, per_run) in &geo {
+        println!(
+            "{:<34} {ours_g:>11.4} {py_g:>11.4} {:>7.3}  per process {}",
+            format!("{m} geomean"),
+            py_g / ours_g,
+            per_run.join(" ")
+        );
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------

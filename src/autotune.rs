@@ -74,13 +74,25 @@ use crate::workspace::{Workspace, MAX_WORKSPACE_BYTES};
 const RETIME_WITHIN: f32 = 1.25;
 
 /// Most graph plans in a union search's finals (the fastest of the first pass).
-const FINALISTS: usize = 3;
-/// Interleaved passes over the finalists.
-const FINAL_PASSES: usize = 3;
+const FINALISTS: usize = 4;
+/// Interleaved passes over the finalists; each finalist keeps the median of its passes.
+const FINAL_PASSES: usize = 5;
 /// Least duration of one timed round in the finals, in ms.
-const FINAL_TARGET_MS: f32 = 1.0;
+const FINAL_TARGET_MS: f32 = 2.0;
+/// Wall-clock milliseconds the leader runs back to back before the finals, so they time the
+/// settled clocks of a busy GPU (the first pass runs in bursts between plan builds, at the
+/// higher clocks of a GPU that was idle; on an H200 a 0.19 ms convolution runs 0.166 ms there,
+/// and close candidates can swap places between the two states).
+const FINAL_HEAT_MS: f32 = 200.0;
 /// Least duration of each of the warm-up rounds before a union search's first pass, in ms.
 const WARM_UP_MS: f32 = 2.0;
+
+/// Median of `times` (the upper one of an even count); `None` when empty.
+fn median(times: &[f32]) -> Option<f32> {
+    let mut v = times.to_vec();
+    v.sort_by(f32::total_cmp);
+    v.get(v.len() / 2).copied()
+}
 
 /// Environment variable naming the autotune cache file used by [`Autotuner::new`].
 pub const CACHE_ENV: &str = "CUDNN_SAFE_AUTOTUNE_CACHE";
@@ -1349,38 +1361,43 @@ impl Autotuner {
         // change in between can tip a close call (a 0.17 ms fp16 convolution was seen picked
         // 10 % slower than the legacy algorithm it beat in that pass). The graph plans within
         // `RETIME_WITHIN` of the best, and the legacy favourite when it is that close, run again
-        // in interleaved passes of longer rounds; each keeps its best time of the finals.
+        // after `FINAL_HEAT_MS` of the leader (settled clocks), in interleaved passes of longer
+        // rounds; each keeps the median of its passes.
         let leader = timed[0].0;
         let close =
             |ms: f32| ms > 0.0 && ms < leader * RETIME_WITHIN && ms * RETIME_WITHIN > leader;
         let legacy_in = !prefer && close(legacy_ms);
         timed.retain(|(ms, _)| close(*ms) || *ms == leader);
         if timed.len() > 1 || legacy_in {
-            let mut finals: Vec<f32> = vec![f32::INFINITY; timed.len()];
-            let mut legacy_final = f32::INFINITY;
+            let (leader_plan, leader_ms) = (&timed[0].1, timed[0].0);
+            let _ = gunion::heat(cudnn, FINAL_HEAT_MS, leader_ms, || {
+                trial(Trial::Plan(leader_plan, ids), ws)
+            });
+            let mut finals: Vec<Vec<f32>> = vec![Vec::new(); timed.len()];
+            let mut legacy_final = Vec::new();
             for _ in 0..FINAL_PASSES {
                 if legacy_in {
                     if let Ok(ms) =
                         gunion::time_ms_for(cudnn, FINAL_TARGET_MS, || trial(Trial::Legacy, ws))
                     {
-                        legacy_final = legacy_final.min(ms);
+                        legacy_final.push(ms);
                     }
                 }
-                for ((_, plan), best) in timed.iter().zip(finals.iter_mut()) {
+                for ((_, plan), times) in timed.iter().zip(finals.iter_mut()) {
                     if let Ok(ms) = gunion::time_ms_for(cudnn, FINAL_TARGET_MS, || {
                         trial(Trial::Plan(plan, ids), ws)
                     }) {
-                        *best = best.min(ms);
+                        times.push(ms);
                     }
                 }
             }
-            for ((ms, _), f) in timed.iter_mut().zip(&finals) {
-                if f.is_finite() {
-                    *ms = *f;
+            for ((ms, _), times) in timed.iter_mut().zip(&finals) {
+                if let Some(m) = median(times) {
+                    *ms = m;
                 }
             }
-            if legacy_final.is_finite() {
-                legacy_ms = legacy_final;
+            if let Some(m) = median(&legacy_final) {
+                legacy_ms = m;
             }
             timed.sort_by(|a, b| a.0.total_cmp(&b.0));
         }
@@ -2496,6 +2513,15 @@ mod tests {
             workspace,
             ms,
         }
+    }
+
+    #[test]
+    fn finals_keep_the_median_of_their_passes() {
+        // One fast outlier (a pass timed before the clocks settled) does not decide.
+        assert_eq!(median(&[0.19, 0.166, 0.19, 0.188, 0.191]), Some(0.19));
+        assert_eq!(median(&[2.0, 1.0]), Some(2.0));
+        assert_eq!(median(&[0.5]), Some(0.5));
+        assert_eq!(median(&[]), None);
     }
 
     #[test]

@@ -290,6 +290,27 @@ pub fn values<T: DataType>(n: usize, scale: f64) -> Vec<T> {
         .collect()
 }
 
+/// `n` deterministic standard-normal values (Box–Muller over SplitMix64): the
+/// distribution of PyTorch's `randn`, for inputs of a line compared with a PyTorch line (a
+/// tensor-core kernel's power draw, and so its clocks under sustained load, depend on the data).
+pub fn normal_values<T: DataType>(n: usize) -> Vec<T> {
+    // SplitMix64: consecutive indices give independent-looking uniforms in (0, 1).
+    let unit = |i: u64| {
+        let mut z = i.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    (0..n as u64)
+        .map(|i| {
+            let (u1, u2) = (unit(2 * i), unit(2 * i + 1));
+            let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+            T::from_f64(z)
+        })
+        .collect()
+}
+
 /// TFLOP/s of `flops` floating-point operations in `ms` milliseconds.
 pub fn tflops(flops: f64, ms: f64) -> f64 {
     flops / (ms * 1e-3) / 1e12

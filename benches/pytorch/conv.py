@@ -7,6 +7,15 @@ bf16 in channels-last, tf32 (`allow_tf32 = True`) and fp32 (`allow_tf32 = False`
 `torch.backends.cudnn.benchmark = True`; inputs `randn`, weights `nn.Conv2d`'s own initialization,
 no bias, padding r // 2. Timing: `timing.bench_like_rust` (the Rust bench's batch rule) after the
 first call (which runs PyTorch's search) and 10 warm-up calls.
+
+`python3 benches/pytorch/conv.py --serve` is the worker of the graph bench's paired comparison
+(`GRAPH_BENCH_PYTORCH`): it reads commands on stdin, one per line, and answers each on stdout:
+* `case NAME MODE N C H W K R S`: builds that case as above and runs its first call and warm-up
+  (PyTorch's search); answers `OK`.
+* `time NAME`: times the case with `timing.bench_like_rust` (with its mode's TF32 setting, which
+  is part of PyTorch's plan-cache key); answers `MS <milliseconds per call>`.
+* `quit` (or end of input): exits.
+An unknown mode or name is answered `ERR <why>`. Other lines it prints (the header) start with `{`.
 """
 import json
 import os
@@ -28,19 +37,62 @@ MODES = {
     "fp32": (torch.float32, torch.contiguous_format, False),
 }
 
+
+def prepare(name, cfg):
+    """Input and convolution of one case, after its first call (the search) and 10 warm-ups."""
+    dtype, layout, tf32 = MODES[name]
+    torch.backends.cudnn.allow_tf32 = tf32
+    (n, c, h, w, k, r, s) = cfg
+    x = torch.randn(n, c, h, w, device="cuda", dtype=dtype).to(memory_format=layout)
+    conv = nn.Conv2d(c, k, r, stride=s, padding=r // 2, bias=False)
+    conv = conv.to("cuda", dtype).to(memory_format=layout)
+    with torch.no_grad():
+        for _ in range(11):
+            conv(x)
+    torch.cuda.synchronize()
+    return x, conv, tf32
+
+
+def time_case(case):
+    x, conv, tf32 = case
+    torch.backends.cudnn.allow_tf32 = tf32
+    with torch.no_grad():
+        return timing.bench_like_rust(lambda: conv(x))
+
+
+def serve():
+    cases = {}
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "quit":
+            break
+        try:
+            if words[0] == "case" and len(words) == 10:
+                if words[2] not in MODES:
+                    raise ValueError(f"unknown mode {words[2]}")
+                cases[words[1]] = prepare(words[2], tuple(int(v) for v in words[3:]))
+                print("OK", flush=True)
+            elif words[0] == "time" and len(words) == 2:
+                if words[1] not in cases:
+                    raise ValueError(f"no case named {words[1]}")
+                print(f"MS {time_case(cases[words[1]]):.6f}", flush=True)
+            else:
+                raise ValueError(f"unknown command {line.strip()!r}")
+        except Exception as e:  # answered, so the bench reports it instead of waiting
+            print(f"ERR {e}".replace("\n", " "), flush=True)
+
+
 print(json.dumps({"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
                   "gpu": torch.cuda.get_device_name(), "impl": "pytorch"}), flush=True)
 torch.backends.cudnn.benchmark = True
+if len(sys.argv) > 1 and sys.argv[1] == "--serve":
+    serve()
+    sys.exit(0)
 for name in (sys.argv[1].split(",") if len(sys.argv) > 1 else list(MODES)):
-    dtype, layout, tf32 = MODES[name]
-    torch.backends.cudnn.allow_tf32 = tf32
-    for (n, c, h, w, k, r, s) in CONFIGS:
-        x = torch.randn(n, c, h, w, device="cuda", dtype=dtype).to(memory_format=layout)
-        conv = nn.Conv2d(c, k, r, stride=s, padding=r // 2, bias=False)
-        conv = conv.to("cuda", dtype).to(memory_format=layout)
-        with torch.no_grad():
-            for _ in range(11):
-                conv(x)
-            ms = timing.bench_like_rust(lambda: conv(x))
+    for cfg in CONFIGS:
+        (n, c, h, w, k, r, s) = cfg
+        ms = time_case(prepare(name, cfg))
         print(json.dumps({"mode": name, "cfg": f"{n}x{c}x{h}x{w}_k{k}_r{r}_s{s}", "ms": ms}),
               flush=True)

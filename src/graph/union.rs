@@ -416,6 +416,34 @@ fn time_with(
     Ok(fastest)
 }
 
+/// Runs `launch` back to back for about `heat_ms` of wall clock, in batches of about
+/// [`HEAT_BATCH_MS`] by `per_launch_ms` (each followed by a synchronize, so the clock measures
+/// the GPU's work rather than the enqueueing). A GPU that has been idle runs its first ~0.2 s of
+/// load at higher clocks than it settles to; candidates timed after this run are timed in the
+/// state a busy program sees.
+pub(crate) fn heat(
+    cudnn: &Cudnn,
+    heat_ms: f32,
+    per_launch_ms: f32,
+    mut launch: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    let stream = cudnn.stream();
+    let batch = iterations_for(per_launch_ms, HEAT_BATCH_MS).max(1);
+    let started = std::time::Instant::now();
+    while started.elapsed().as_secs_f32() * 1e3 < heat_ms {
+        for _ in 0..batch {
+            launch()?;
+        }
+        stream
+            .synchronize()
+            .map_err(|e| Error::driver("synchronizing an autotune warm-up", e))?;
+    }
+    Ok(())
+}
+
+/// GPU time of one batch of [`heat`], in ms.
+pub(crate) const HEAT_BATCH_MS: f32 = 5.0;
+
 /// Whether the plan was built on this handle (plans run only there).
 pub(crate) fn built_on(plan: &Plan, cudnn: &Cudnn) -> bool {
     plan.graph.check_handle(cudnn).is_ok()
