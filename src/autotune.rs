@@ -74,11 +74,18 @@ use crate::workspace::{Workspace, MAX_WORKSPACE_BYTES};
 const RETIME_WITHIN: f32 = 1.25;
 
 /// Most graph plans in a union search's finals (the fastest of the first pass).
-const FINALISTS: usize = 4;
-/// Interleaved passes over the finalists; each finalist keeps the median of its passes.
-const FINAL_PASSES: usize = 5;
+const FINALISTS: usize = 6;
+/// Sweeps over the finalists, the second in reverse order; each finalist keeps the mean of its
+/// sweeps, so that a slow drift of the clocks during the finals weighs on all of them alike.
+const FINAL_SWEEPS: usize = 2;
+/// Wall-clock milliseconds each finalist runs alone before it is timed in a sweep
+/// ([`gunion::sustained_ms`]: at the power limit, a plan's sustained speed depends on its own
+/// power draw, which interleaved short rounds cannot see).
+const FINAL_SOLO_MS: f32 = 25.0;
+/// Timed rounds per finalist and sweep (the median counts).
+const FINAL_ROUNDS: usize = 5;
 /// Least duration of one timed round in the finals, in ms.
-const FINAL_TARGET_MS: f32 = 2.0;
+const FINAL_TARGET_MS: f32 = 4.0;
 /// Wall-clock milliseconds the leader runs back to back before the finals, so they time the
 /// settled clocks of a busy GPU (the first pass runs in bursts between plan builds, at the
 /// higher clocks of a GPU that was idle; on an H200 a 0.19 ms convolution runs 0.166 ms there,
@@ -87,11 +94,9 @@ const FINAL_HEAT_MS: f32 = 200.0;
 /// Least duration of each of the warm-up rounds before a union search's first pass, in ms.
 const WARM_UP_MS: f32 = 2.0;
 
-/// Median of `times` (the upper one of an even count); `None` when empty.
-fn median(times: &[f32]) -> Option<f32> {
-    let mut v = times.to_vec();
-    v.sort_by(f32::total_cmp);
-    v.get(v.len() / 2).copied()
+/// A finalist's time from its sweeps: their mean (`None` when no sweep timed it).
+fn final_ms(sweeps: &[f32]) -> Option<f32> {
+    (!sweeps.is_empty()).then(|| sweeps.iter().sum::<f32>() / sweeps.len() as f32)
 }
 
 /// Environment variable naming the autotune cache file used by [`Autotuner::new`].
@@ -625,8 +630,13 @@ impl Autotuner {
     /// or on scratch memory when `beta ≠ 0`): a warm-up, a probe, then the best of 3 rounds of
     /// as many back-to-back launches as last 0.3 ms (a plan whose probe is 1.5× slower than
     /// the best so far is not timed further); the knob neighbourhoods of the
-    /// [`Autotuner::refine_knobs`] fastest plans are built and timed the same way; finalists
-    /// within 25% of each other are timed once more, back to back. A faster graph plan is
+    /// [`Autotuner::refine_knobs`] fastest plans are built and timed the same way. Then the
+    /// finals: up to six plans within 25% of the fastest, and the legacy favourite when it is
+    /// that close, are timed again after 200 ms of the leader, each running alone for 25 ms
+    /// before five rounds of at least 4 ms (the median counts), in two sweeps of opposite order
+    /// (the mean counts): at the power limit a plan's sustained speed depends on its own power
+    /// draw, which short interleaved rounds cannot see. A contested search costs about 0.5 to
+    /// 1.5 s more for the finals. A faster graph plan is
     /// remembered in the decision
     /// (and in the cache file as its engine configuration) and runs for every later call with
     /// `alpha = 1, beta = 0` (the graph computes the plain result only; the fused call also
@@ -1357,12 +1367,13 @@ impl Autotuner {
         };
         timed.sort_by(|a, b| a.0.total_cmp(&b.0));
         timed.truncate(FINALISTS);
-        // Finals: the first pass timed each candidate once, apart from the others, and a clock
-        // change in between can tip a close call (a 0.17 ms fp16 convolution was seen picked
-        // 10 % slower than the legacy algorithm it beat in that pass). The graph plans within
-        // `RETIME_WITHIN` of the best, and the legacy favourite when it is that close, run again
-        // after `FINAL_HEAT_MS` of the leader (settled clocks), in interleaved passes of longer
-        // rounds; each keeps the median of its passes.
+        // Finals: the first pass timed each candidate once, apart from the others, in short
+        // bursts (a clock change in between can tip a close call: a 0.17 ms fp16 convolution
+        // was seen picked 10 % slower than the legacy algorithm it beat in that pass). The graph
+        // plans within `RETIME_WITHIN` of the best, and the legacy favourite when it is that
+        // close, run again after `FINAL_HEAT_MS` of the leader (settled clocks): each alone for
+        // `FINAL_SOLO_MS`, then timed (its sustained speed), in `FINAL_SWEEPS` sweeps of
+        // alternating order; each keeps the mean of its sweeps.
         let leader = timed[0].0;
         let close =
             |ms: f32| ms > 0.0 && ms < leader * RETIME_WITHIN && ms * RETIME_WITHIN > leader;
@@ -1373,31 +1384,51 @@ impl Autotuner {
             let _ = gunion::heat(cudnn, FINAL_HEAT_MS, leader_ms, || {
                 trial(Trial::Plan(leader_plan, ids), ws)
             });
-            let mut finals: Vec<Vec<f32>> = vec![Vec::new(); timed.len()];
-            let mut legacy_final = Vec::new();
-            for _ in 0..FINAL_PASSES {
-                if legacy_in {
-                    if let Ok(ms) =
-                        gunion::time_ms_for(cudnn, FINAL_TARGET_MS, || trial(Trial::Legacy, ws))
-                    {
-                        legacy_final.push(ms);
-                    }
-                }
-                for ((_, plan), times) in timed.iter().zip(finals.iter_mut()) {
-                    if let Ok(ms) = gunion::time_ms_for(cudnn, FINAL_TARGET_MS, || {
-                        trial(Trial::Plan(plan, ids), ws)
-                    }) {
-                        times.push(ms);
+            // Entry 0 is the legacy favourite (timed only when it is in the finals).
+            let entries = timed.len() + 1;
+            let mut sweeps: Vec<Vec<f32>> = vec![Vec::new(); entries];
+            for sweep in 0..FINAL_SWEEPS {
+                for i in 0..entries {
+                    let k = if sweep % 2 == 0 { i } else { entries - 1 - i };
+                    let ms = match k {
+                        0 if !legacy_in => continue,
+                        0 => gunion::sustained_ms(
+                            cudnn,
+                            FINAL_SOLO_MS,
+                            FINAL_ROUNDS,
+                            FINAL_TARGET_MS,
+                            || trial(Trial::Legacy, ws),
+                        ),
+                        _ => {
+                            let plan = &timed[k - 1].1;
+                            gunion::sustained_ms(
+                                cudnn,
+                                FINAL_SOLO_MS,
+                                FINAL_ROUNDS,
+                                FINAL_TARGET_MS,
+                                || trial(Trial::Plan(plan, ids), ws),
+                            )
+                        }
+                    };
+                    match ms {
+                        Ok(ms) if ms > 0.0 => sweeps[k].push(ms),
+                        Ok(_) => {}
+                        // The legacy favourite's first-pass time stands if it fails here.
+                        Err(e) if k == 0 || falls_back(&e) => {
+                            log::debug!("union search finals: candidate {k} failed: {e}");
+                        }
+                        Err(e) => return Err(e),
                     }
                 }
             }
-            for ((ms, _), times) in timed.iter_mut().zip(&finals) {
-                if let Some(m) = median(times) {
+            if let Some(m) = final_ms(&sweeps[0]) {
+                legacy_ms = m;
+            }
+            for ((ms, plan), times) in timed.iter_mut().zip(&sweeps[1..]) {
+                if let Some(m) = final_ms(times) {
+                    log::debug!("union search finals: graph {} {m:.4} ms", plan.name());
                     *ms = m;
                 }
-            }
-            if let Some(m) = median(&legacy_final) {
-                legacy_ms = m;
             }
             timed.sort_by(|a, b| a.0.total_cmp(&b.0));
         }
@@ -2516,12 +2547,11 @@ mod tests {
     }
 
     #[test]
-    fn finals_keep_the_median_of_their_passes() {
-        // One fast outlier (a pass timed before the clocks settled) does not decide.
-        assert_eq!(median(&[0.19, 0.166, 0.19, 0.188, 0.191]), Some(0.19));
-        assert_eq!(median(&[2.0, 1.0]), Some(2.0));
-        assert_eq!(median(&[0.5]), Some(0.5));
-        assert_eq!(median(&[]), None);
+    fn finals_keep_the_mean_of_their_sweeps() {
+        // Two sweeps in opposite orders: a drift of the clocks weighs on every finalist alike.
+        assert_eq!(final_ms(&[0.25, 0.75]), Some(0.5));
+        assert_eq!(final_ms(&[0.5]), Some(0.5));
+        assert_eq!(final_ms(&[]), None);
     }
 
     #[test]

@@ -371,7 +371,7 @@ pub(crate) fn time_ms(
     time_with(cudnn, best, TARGET_MS, launch)
 }
 
-/// [`time_ms`] with rounds of at least `target_ms` and no early exit (a union search's finals).
+/// [`time_ms`] with rounds of at least `target_ms` and no early exit (a union search's warm-up).
 pub(crate) fn time_ms_for(
     cudnn: &Cudnn,
     target_ms: f32,
@@ -386,34 +386,80 @@ fn time_with(
     target_ms: f32,
     mut launch: impl FnMut() -> Result<()>,
 ) -> Result<f32> {
-    let stream = cudnn.stream();
-    let event = || {
-        stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(|e| Error::driver("recording an autotune event", e))
-    };
-    let mut timed = |n: usize| -> Result<f32> {
-        let start = event()?;
-        for _ in 0..n {
-            launch()?;
-        }
-        let end = event()?;
-        let ms = start
-            .elapsed_ms(&end)
-            .map_err(|e| Error::driver("timing an autotune candidate", e))?;
-        Ok(ms / n as f32)
-    };
-    timed(1)?;
-    let probe = timed(PROBE)?;
+    batch_ms(cudnn, 1, &mut launch)?;
+    let probe = batch_ms(cudnn, PROBE, &mut launch)?;
     if best.is_some_and(|b| probe > b * HOPELESS) {
         return Ok(probe);
     }
     let n = iterations_for(probe, target_ms);
     let mut fastest = f32::INFINITY;
     for _ in 0..ROUNDS {
-        fastest = fastest.min(timed(n)?);
+        fastest = fastest.min(batch_ms(cudnn, n, &mut launch)?);
     }
     Ok(fastest)
+}
+
+/// Milliseconds per launch of `n` back-to-back launches, between two CUDA events on `cudnn`'s
+/// stream.
+fn batch_ms(cudnn: &Cudnn, n: usize, launch: &mut impl FnMut() -> Result<()>) -> Result<f32> {
+    let stream = cudnn.stream();
+    let event = || {
+        stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| Error::driver("recording an autotune event", e))
+    };
+    let start = event()?;
+    for _ in 0..n {
+        launch()?;
+    }
+    let end = event()?;
+    let ms = start
+        .elapsed_ms(&end)
+        .map_err(|e| Error::driver("timing an autotune candidate", e))?;
+    Ok(ms / n.max(1) as f32)
+}
+
+/// Median of `times` (the upper one of an even count); `None` when empty.
+pub(crate) fn median(times: &[f32]) -> Option<f32> {
+    let mut v = times.to_vec();
+    v.sort_by(f32::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
+/// Most launches per round of [`sustained_ms`] (a 0.01 ms kernel fills a 5 ms round).
+const SUSTAINED_MAX_LAUNCHES: usize = 2000;
+
+/// Milliseconds per launch of `launch` running alone under sustained load, as a training loop
+/// or a benchmark that repeats one layer sees it: after a warm-up launch and a probe, `launch`
+/// runs back to back for `solo_ms` of wall clock ([`heat`]), then `rounds` rounds of at least
+/// `target_ms` each are timed; the median round.
+///
+/// Why alone: a GPU at its power limit lowers its clocks by the power the running kernels
+/// draw, so a plan that draws more runs slower once it has run for a while. Short rounds
+/// interleaved between candidates time them all at the clocks the mix of them set; only a
+/// candidate that runs alone for some milliseconds shows its own sustained speed (on an H200,
+/// fp16 plans that interleaved rounds of 2 to 25 ms could not order, all within 0.6 % of each
+/// other, fell into two groups 2 % apart when each ran alone for 125 ms).
+pub(crate) fn sustained_ms(
+    cudnn: &Cudnn,
+    solo_ms: f32,
+    rounds: usize,
+    target_ms: f32,
+    mut launch: impl FnMut() -> Result<()>,
+) -> Result<f32> {
+    batch_ms(cudnn, 1, &mut launch)?;
+    let probe = batch_ms(cudnn, PROBE, &mut launch)?;
+    heat(cudnn, solo_ms, probe, &mut launch)?;
+    let n = if probe.is_nan() || probe <= 0.0 {
+        SUSTAINED_MAX_LAUNCHES
+    } else {
+        ((target_ms / probe).ceil() as usize).clamp(1, SUSTAINED_MAX_LAUNCHES)
+    };
+    let mut times = Vec::with_capacity(rounds.max(1));
+    for _ in 0..rounds.max(1) {
+        times.push(batch_ms(cudnn, n, &mut launch)?);
+    }
+    Ok(median(&times).unwrap_or(f32::NAN))
 }
 
 /// Runs `launch` back to back for about `heat_ms` of wall clock, in batches of about
@@ -452,6 +498,15 @@ pub(crate) fn built_on(plan: &Plan, cudnn: &Cudnn) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sustained_rounds_keep_their_median() {
+        // One fast outlier (a round timed before the clocks settled) does not decide.
+        assert_eq!(median(&[0.19, 0.166, 0.19, 0.188, 0.191]), Some(0.19));
+        assert_eq!(median(&[2.0, 1.0]), Some(2.0));
+        assert_eq!(median(&[0.5]), Some(0.5));
+        assert_eq!(median(&[]), None);
+    }
 
     #[test]
     fn iterations_time_every_round_over_the_target() {
