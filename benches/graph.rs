@@ -70,6 +70,16 @@
 //!   example `env -u LD_LIBRARY_PATH python3 benches/pytorch/conv.py`, run through `sh -c`);
 //!   unset, no paired comparison. `GRAPH_BENCH_PYTORCH_RUNS` (default 3) PyTorch processes,
 //!   `GRAPH_BENCH_ROUNDS` (default 3) rounds.
+//! * `GRAPH_BENCH_PAIRED_PLANS` (default 0): with the paired comparison, also time that many
+//!   of each case's fastest graph plans (a short first pass over heuristics A, B and fallback)
+//!   in the same rounds, as further sides (ops `paired_plan_conv_fwd_<mode>_<cfg>`, one line
+//!   per plan, and a table); the union's own pick among them, timed twice, shows the noise.
+//!   `GRAPH_BENCH_PAIRED_EXTRA`: engine configurations to time that way, as
+//!   `<mode>_<cfg>=<config>` items separated by `;` (such as
+//!   `fp16_16x256x28x28_k512_r3_s1=eng62_k2=0_k13=1_k18=0_k25=0_k27=1_k28=1`).
+//! * `GRAPH_BENCH_CONFIGS`: comma-separated parts of configuration names (such as
+//!   `16x256,32x256`); the convolution and union lines then cover only the configurations whose
+//!   name contains one of them (default: all seven).
 //!
 //! With `--warm-up-time 1 --measurement-time 2` the default run is 21 criterion benchmarks plus
 //! 28 autotuned convolution cases; building plans may compile kernels at run time (up to about a
@@ -744,15 +754,36 @@ fn conv_case<T: DataType<Scalar = f32>>(
     })
 }
 
+/// The configurations `GRAPH_BENCH_CONFIGS` selects from `all`: those whose name contains one of
+/// its comma-separated parts (all of them when unset or empty).
+fn configs_from_env(all: &[Cfg]) -> Vec<Cfg> {
+    let parts: Vec<String> = std::env::var("GRAPH_BENCH_CONFIGS")
+        .unwrap_or_default()
+        .split(',')
+        .map(|p| p.trim().to_string())
+        .filter(|p| !p.is_empty())
+        .collect();
+    let picked: Vec<Cfg> = all
+        .iter()
+        .filter(|c| parts.is_empty() || parts.iter().any(|p| c.name().contains(p.as_str())))
+        .copied()
+        .collect();
+    if picked.is_empty() {
+        eprintln!("graph bench: GRAPH_BENCH_CONFIGS={parts:?} selects no configuration");
+    }
+    picked
+}
+
 /// Every selected configuration in every measured mode.
 fn conv_forward(run: &mut Run, rows: &mut Vec<Row>) {
     let modes = modes_from_env("GRAPH_BENCH_MODES", Mode::DEFAULT);
     let in_criterion = modes_from_env("GRAPH_BENCH_CRITERION", "fp16");
-    let total = modes.len() * CONFIGS.len();
+    let cfgs = configs_from_env(&CONFIGS);
+    let total = modes.len() * cfgs.len();
     let mut i = 0;
     for mode in &modes {
         let crit = in_criterion.iter().any(|m| m.name == mode.name);
-        for cfg in &CONFIGS {
+        for cfg in &cfgs {
             i += 1;
             let progress = format!("[{i}/{total}]");
             let row = match mode.dtype {
@@ -1433,13 +1464,14 @@ struct Held<T: DataType> {
     tuner: Autotuner,
 }
 
-/// The steady-state call of a held union case, whatever its element type.
-trait HeldCall {
-    fn call(&mut self, cudnn: &Cudnn) -> BoxResult<Choice<ConvFwdAlgo>>;
+/// A call the paired comparison times: a held union case, or one graph plan of a case.
+trait PairedCall {
+    fn call(&mut self, cudnn: &Cudnn) -> BoxResult<()>;
 }
 
-impl<T: DataType<Scalar = f32>> HeldCall for Held<T> {
-    fn call(&mut self, cudnn: &Cudnn) -> BoxResult<Choice<ConvFwdAlgo>> {
+impl<T: DataType<Scalar = f32>> Held<T> {
+    /// The steady-state call: the tuner's decision (the search on the first call).
+    fn forward(&mut self, cudnn: &Cudnn) -> BoxResult<Choice<ConvFwdAlgo>> {
         let d = &mut self.d;
         Ok(self.tuner.forward(
             cudnn,
@@ -1456,9 +1488,146 @@ impl<T: DataType<Scalar = f32>> HeldCall for Held<T> {
     }
 }
 
+impl<T: DataType<Scalar = f32>> PairedCall for Held<T> {
+    fn call(&mut self, cudnn: &Cudnn) -> BoxResult<()> {
+        self.forward(cudnn)?;
+        Ok(())
+    }
+}
+
+/// One graph plan of a case on its own copy of the case's data (the same values), executed
+/// directly: the paired comparison's other plans (`GRAPH_BENCH_PAIRED_PLANS`).
+struct PlanCall<T: DataType> {
+    d: ConvData<T>,
+    plan: Plan,
+    ws: Workspace,
+}
+
+impl<T: DataType<Scalar = f32>> PlanCall<T> {
+    /// `config` built on a new copy of the case's data.
+    fn new(
+        cudnn: &Cudnn,
+        mode: &Mode,
+        cfg: &Cfg,
+        config: &cudnn_safe::graph::EngineConfig,
+    ) -> BoxResult<Self> {
+        let d = ConvData::<T>::new(cudnn, mode, cfg)?;
+        let plan = d.og.plan_from_config(cudnn, config)?;
+        Ok(PlanCall {
+            d,
+            plan,
+            ws: Workspace::new(cudnn.stream().clone()),
+        })
+    }
+}
+
+impl<T: DataType<Scalar = f32>> PairedCall for PlanCall<T> {
+    fn call(&mut self, cudnn: &Cudnn) -> BoxResult<()> {
+        let d = &mut self.d;
+        let mut b = Bindings::new(cudnn);
+        b.input(d.x, &d.xb)?
+            .input(d.w, &d.wb)?
+            .output(d.y, &mut d.y_graph)?;
+        cudnn.execute(&self.plan, &b, &mut self.ws)?;
+        Ok(())
+    }
+}
+
+/// A plan timed next to a held case: its label (engine configuration, why it was chosen) and
+/// its call.
+type OtherPlan = (String, Box<dyn PairedCall>);
+
+/// A union case kept for [`paired`]: mode, configuration, the held call and the other plans.
+type HeldCase = (Mode, Cfg, Box<dyn PairedCall>, Vec<OtherPlan>);
+
+/// The other plans timed next to the union's pick in [`paired`]: the `GRAPH_BENCH_PAIRED_PLANS`
+/// fastest graph plans of a short first pass over heuristics A, B and fallback (up to 40
+/// plans, each timed as the best of three batches of about 3 ms), then the configurations
+/// `GRAPH_BENCH_PAIRED_EXTRA` names for this case (`<mode>_<cfg>=<engine config>` items
+/// separated by `;`) that are not among them. The label of the union's own pick says so: that
+/// plan timed twice in the same rounds shows the noise of the comparison.
+fn other_plans<T: DataType<Scalar = f32>>(
+    cudnn: &Cudnn,
+    mode: &Mode,
+    cfg: &Cfg,
+    pick: &str,
+) -> BoxResult<Vec<OtherPlan>> {
+    let n = count_from_env("GRAPH_BENCH_PAIRED_PLANS", 0);
+    let case = format!("{}_{}", mode.name, cfg.name());
+    let extra: Vec<cudnn_safe::graph::EngineConfig> = std::env::var("GRAPH_BENCH_PAIRED_EXTRA")
+        .unwrap_or_default()
+        .split(';')
+        .filter_map(|item| item.trim().split_once('='))
+        .filter(|(c, _)| *c == case)
+        .map(|(_, conf)| conf.parse())
+        .collect::<cudnn_safe::Result<_>>()?;
+    if n == 0 && extra.is_empty() {
+        return Ok(Vec::new());
+    }
+    let stream = cudnn.stream();
+    let mut d = ConvData::<T>::new(cudnn, mode, cfg)?;
+    let mut ws = Workspace::new(stream.clone());
+    let mut timed = Vec::new();
+    if n > 0 {
+        let filter = mode
+            .filter()
+            .heuristics(&[HeurMode::A, HeurMode::B, HeurMode::Fallback])
+            .max_plans(Some(40));
+        for plan in d.og.plans(cudnn, &filter)?.plans {
+            let mut call = || -> BoxResult<()> {
+                let mut b = Bindings::new(cudnn);
+                b.input(d.x, &d.xb)?
+                    .input(d.w, &d.wb)?
+                    .output(d.y, &mut d.y_graph)?;
+                cudnn.execute(&plan, &b, &mut ws)?;
+                Ok(())
+            };
+            // A plan that fails to execute is left out, as the union search leaves it out.
+            if batch_ms(stream, 3, &mut call).is_err() {
+                continue;
+            }
+            let calls = ((3.0 / batch_ms(stream, 2, &mut call)?) as usize).clamp(3, 200);
+            let mut best = f64::INFINITY;
+            for _ in 0..3 {
+                best = best.min(batch_ms(stream, calls, &mut call)?);
+            }
+            timed.push((best, plan.config().clone()));
+        }
+        timed.sort_by(|a, b| a.0.total_cmp(&b.0));
+        timed.truncate(n);
+    }
+    let mut out: Vec<OtherPlan> = Vec::new();
+    let mut names = Vec::new();
+    let labelled = timed
+        .into_iter()
+        .map(|(ms, c)| (format!("first pass {ms:.4}"), c))
+        .chain(extra.into_iter().map(|c| ("named".to_string(), c)));
+    for (why, config) in labelled {
+        let name = config.to_string();
+        if names.contains(&name) {
+            continue;
+        }
+        let tag = if name == pick {
+            ", the union's pick"
+        } else {
+            ""
+        };
+        out.push((
+            format!("{name} ({why}{tag})"),
+            Box::new(PlanCall::<T>::new(cudnn, mode, cfg, &config)?),
+        ));
+        names.push(name);
+    }
+    Ok(out)
+}
+
+/// A union case's search: the steady-state time, the decision, the FLOP count, the held case and
+/// its other plans.
+type Searched<T> = (f64, Choice<ConvFwdAlgo>, u64, Held<T>, Vec<OtherPlan>);
+
 /// What one union case measured: its time, whether a graph engine ran, and (when the paired
-/// comparison asked for it) the case itself.
-type UnionOutcome<'a> = (f64, bool, Option<Box<dyn HeldCall + 'a>>);
+/// comparison asked for it) the case itself with its other plans.
+type UnionOutcome = (f64, bool, Option<(Box<dyn PairedCall>, Vec<OtherPlan>)>);
 
 /// One configuration in one mode through [`Autotuner::forward`] under [`Policy::Benchmark`]
 /// (union search on, no cache file): the first call decides, then the steady-state call is
@@ -1470,14 +1639,14 @@ fn union_case<T: DataType<Scalar = f32>>(
     cfg: &Cfg,
     progress: &str,
     keep: bool,
-) -> Option<Result<UnionOutcome<'static>, String>> {
+) -> Option<Result<UnionOutcome, String>> {
     let op = format!("union_conv_fwd_{}_{}", mode.name, cfg.name());
     if !run.args.runs_any(GROUP, &[&op]) {
         return None;
     }
     eprintln!("graph bench: union {progress} {} {}", mode.name, cfg.name());
     let (cudnn, stream, test) = (run.cudnn, run.stream, run.args.test);
-    let measured = (|| -> BoxResult<(f64, Choice<ConvFwdAlgo>, u64, Held<T>)> {
+    let measured = (|| -> BoxResult<Searched<T>> {
         let d = ConvData::<T>::new(cudnn, mode, cfg)?;
         let flops = d.flops;
         // Heuristics B on: the documented union numbers search it (`Autotuner::heuristics_b`).
@@ -1485,15 +1654,18 @@ fn union_case<T: DataType<Scalar = f32>>(
             .without_cache_file()
             .heuristics_b(true);
         let mut held = Held { d, tuner };
-        let first = held.call(cudnn)?;
-        let ms = median_ms(stream, test, || {
-            held.call(cudnn)?;
-            Ok(())
-        })?;
-        Ok((ms, first, flops, held))
+        let first = held.forward(cudnn)?;
+        let ms = median_ms(stream, test, || held.call(cudnn))?;
+        let others = if keep {
+            let pick = first.describe();
+            other_plans::<T>(cudnn, mode, cfg, pick.trim_start_matches("graph "))?
+        } else {
+            Vec::new()
+        };
+        Ok((ms, first, flops, held, others))
     })();
     match measured {
-        Ok((ms, choice, flops, held)) => {
+        Ok((ms, choice, flops, held, others)) => {
             run.record(
                 &op,
                 ms,
@@ -1503,7 +1675,7 @@ fn union_case<T: DataType<Scalar = f32>>(
                     tflops(flops as f64, ms)
                 ),
             );
-            let held = keep.then(|| Box::new(held) as Box<dyn HeldCall>);
+            let held = keep.then(|| (Box::new(held) as Box<dyn PairedCall>, others));
             Some(Ok((ms, choice.api.is_graph(), held)))
         }
         Err(e) => {
@@ -1534,7 +1706,7 @@ fn union(run: &mut Run, rows: &[Row]) {
     let cfgs: Vec<Cfg> = if run.args.test {
         vec![TINY]
     } else {
-        CONFIGS.to_vec()
+        configs_from_env(&CONFIGS)
     };
     let pytorch = std::env::var("GRAPH_BENCH_PYTORCH")
         .ok()
@@ -1558,7 +1730,7 @@ fn union(run: &mut Run, rows: &[Row]) {
             if let Some(Ok((ms, graph, case))) = r {
                 times.push(ms);
                 graph_wins += usize::from(graph);
-                held.extend(case.map(|c| (*mode, *cfg, c)));
+                held.extend(case.map(|(c, others)| (*mode, *cfg, c, others)));
                 let both = rows
                     .iter()
                     .find(|r| r.mode == mode.name && r.cfg == cfg.name())
@@ -1682,10 +1854,14 @@ fn count_from_env(var: &str, default: usize) -> usize {
 /// 3) go through the cases; per case the Rust call and every PyTorch process are timed back to
 /// back with the same rule ([`median_ms`], `timing.bench_like_rust`), the side that goes first
 /// rotating from round to round. A case's ratio is PyTorch's time (the median over its
-/// processes of each one's median over rounds) over ours (the median over rounds). Prints a
-/// `paired_conv_fwd_<mode>_<cfg>` line per case, a `…_geomean` line per mode (with each
-/// PyTorch process's own geomean ratio and the smallest layer ratio) and a table.
-fn paired(run: &mut Run, cmd: &str, held: &mut [(Mode, Cfg, Box<dyn HeldCall>)]) -> BoxResult<()> {
+/// processes of each one's median over rounds) over ours (the median over rounds); its
+/// `median_round_ratio` is the median over rounds of each round's own ratio (PyTorch's median
+/// process in that round over ours in that round), which a drift of the clocks between rounds
+/// does not move. Each case's other plans ([`other_plans`]) are further sides of its rounds.
+/// Prints a `paired_conv_fwd_<mode>_<cfg>` line per case, a `…_geomean` line per
+/// mode (with each PyTorch process's own geomean ratio and the smallest layer ratio, by both
+/// rules) and a table.
+fn paired(run: &mut Run, cmd: &str, held: &mut [HeldCase]) -> BoxResult<()> {
     let (cudnn, stream, test) = (run.cudnn, run.stream, run.args.test);
     let runs = count_from_env("GRAPH_BENCH_PYTORCH_RUNS", 3);
     let rounds = count_from_env("GRAPH_BENCH_ROUNDS", 3);
@@ -1694,7 +1870,7 @@ fn paired(run: &mut Run, cmd: &str, held: &mut [(Mode, Cfg, Box<dyn HeldCall>)])
     for id in 0..runs {
         let t = Instant::now();
         let mut w = Worker::start(cmd, id)?;
-        for (k, (mode, cfg, _)) in held.iter().enumerate() {
+        for (k, (mode, cfg, _, _)) in held.iter().enumerate() {
             eprintln!(
                 "graph bench: paired PyTorch run {}/{runs} search [{}/{}] {}",
                 id + 1,
@@ -1722,11 +1898,15 @@ fn paired(run: &mut Run, cmd: &str, held: &mut [(Mode, Cfg, Box<dyn HeldCall>)])
         );
         workers.push(w);
     }
-    let sides = runs + 1;
     let mut ours = vec![Vec::new(); held.len()];
     let mut theirs = vec![vec![Vec::new(); runs]; held.len()];
+    // Per case, per other plan, its time in each round.
+    let mut other_ms: Vec<Vec<Vec<f64>>> = held
+        .iter()
+        .map(|(_, _, _, others)| vec![Vec::new(); others.len()])
+        .collect();
     for round in 0..rounds {
-        for (i, (mode, cfg, case)) in held.iter_mut().enumerate() {
+        for (i, (mode, cfg, case, others)) in held.iter_mut().enumerate() {
             eprintln!(
                 "graph bench: paired round {}/{rounds} [{}/{}] {}",
                 round + 1,
@@ -1734,29 +1914,81 @@ fn paired(run: &mut Run, cmd: &str, held: &mut [(Mode, Cfg, Box<dyn HeldCall>)])
                 ours.len(),
                 name(mode, cfg)
             );
+            let sides = runs + 1 + others.len();
             for k in 0..sides {
                 match (k + round) % sides {
-                    0 => ours[i].push(median_ms(stream, test, || {
-                        case.call(cudnn)?;
-                        Ok(())
-                    })?),
-                    side => {
+                    0 => ours[i].push(median_ms(stream, test, || case.call(cudnn))?),
+                    side if side <= runs => {
                         let ms =
                             workers[side - 1].ask(&format!("time {}", name(mode, cfg)), "MS")?;
                         theirs[i][side - 1].push(ms.parse::<f64>()?);
+                    }
+                    side => {
+                        let other = &mut others[side - runs - 1].1;
+                        other_ms[i][side - runs - 1]
+                            .push(median_ms(stream, test, || other.call(cudnn))?);
                     }
                 }
             }
         }
     }
     drop(workers);
+    // PyTorch's median process in each round (the reference of the per-round ratios).
+    let pytorch_rounds = |i: usize| -> Vec<f64> {
+        (0..ours[i].len())
+            .map(|r| median(&theirs[i].iter().map(|v| v[r]).collect::<Vec<_>>()))
+            .collect()
+    };
+    let median_round_ratio = |py_rounds: &[f64], v: &[f64]| -> f64 {
+        median(
+            &py_rounds
+                .iter()
+                .zip(v)
+                .map(|(p, o)| p / o)
+                .collect::<Vec<_>>(),
+        )
+    };
+    let mut other_lines = Vec::new();
+    for (i, (mode, cfg, _, others)) in held.iter().enumerate() {
+        let py = median(&theirs[i].iter().map(|v| median(v)).collect::<Vec<_>>());
+        let py_rounds = pytorch_rounds(i);
+        for (k, (label, _)) in others.iter().enumerate() {
+            let v = &other_ms[i][k];
+            let ms = median(v);
+            let list = v
+                .iter()
+                .map(|x| format!("{x:.5}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            println!(
+                "{{\"op\": \"paired_plan_conv_fwd_{}\", \"plan\": {label:?}, \"ms\": {ms:.5}, \"pytorch_ms\": {py:.5}, \"pytorch_over_plan\": {:.3}, \"median_round_ratio\": {:.3}, \"rounds_ms\": [{list}], \"impl\": \"cudnn-safe\"}}",
+                name(mode, cfg),
+                py / ms,
+                median_round_ratio(&py_rounds, v)
+            );
+            other_lines.push(format!(
+                "{:<34} {ms:>11.4} {py:>11.4} {:>7.3} {:>9.3}  {label}",
+                name(mode, cfg),
+                py / ms,
+                median_round_ratio(&py_rounds, v)
+            ));
+        }
+    }
 
     let mut table = Vec::new();
     let mut by_mode: Vec<(Mode, Vec<usize>)> = Vec::new();
-    for (i, (mode, cfg, _)) in held.iter().enumerate() {
+    for (i, (mode, cfg, _, _)) in held.iter().enumerate() {
         let ms = median(&ours[i]);
         let per_run: Vec<f64> = theirs[i].iter().map(|v| median(v)).collect();
         let py = median(&per_run);
+        // Within a round both sides ran back to back, so a round's ratio is free of the drift
+        // between rounds: PyTorch's median process of that round over ours of that round.
+        let round_ratios: Vec<f64> = pytorch_rounds(i)
+            .iter()
+            .zip(&ours[i])
+            .map(|(p, o)| p / o)
+            .collect();
+        let by_round = median(&round_ratios);
         let list = |v: &[f64]| {
             v.iter()
                 .map(|x| format!("{x:.5}"))
@@ -1767,13 +1999,23 @@ fn paired(run: &mut Run, cmd: &str, held: &mut [(Mode, Cfg, Box<dyn HeldCall>)])
             &format!("paired_conv_fwd_{}", name(mode, cfg)),
             ms,
             &format!(
-                "\"pytorch_ms\": {py:.5}, \"pytorch_over_cudnn_safe\": {:.3}, \"pytorch_runs_ms\": [{}], \"rounds_ms\": [{}]",
+                "\"pytorch_ms\": {py:.5}, \"pytorch_over_cudnn_safe\": {:.3}, \"pytorch_runs_ms\": [{}], \"rounds_ms\": [{}], \"pytorch_rounds_ms\": [{}], \"round_ratios\": [{}], \"median_round_ratio\": {by_round:.3}",
                 py / ms,
                 list(&per_run),
-                list(&ours[i])
+                list(&ours[i]),
+                theirs[i]
+                    .iter()
+                    .map(|v| format!("[{}]", list(v)))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                round_ratios
+                    .iter()
+                    .map(|x| format!("{x:.3}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         );
-        table.push((name(mode, cfg), ms, py, per_run));
+        table.push((name(mode, cfg), ms, py, per_run, by_round));
         match by_mode.iter_mut().find(|(m, _)| m.name == mode.name) {
             Some((_, v)) => v.push(i),
             None => by_mode.push((*mode, vec![i])),
@@ -1789,42 +2031,57 @@ fn paired(run: &mut Run, cmd: &str, held: &mut [(Mode, Cfg, Box<dyn HeldCall>)])
                 format!("{:.3}", g / ours_g)
             })
             .collect();
-        let (worst, worst_name) = idx
-            .iter()
-            .map(|&i| (table[i].2 / table[i].1, &table[i].0))
-            .min_by(|a, b| a.0.total_cmp(&b.0))
-            .map(|(r, n)| (r, n.clone()))
-            .unwrap_or((f64::NAN, String::new()));
+        let smallest = |ratio: &dyn Fn(usize) -> f64| {
+            idx.iter()
+                .map(|&i| (ratio(i), table[i].0.clone()))
+                .min_by(|a, b| a.0.total_cmp(&b.0))
+                .unwrap_or((f64::NAN, String::new()))
+        };
+        let (worst, worst_name) = smallest(&|i| table[i].2 / table[i].1);
+        let (worst_r, worst_r_name) = smallest(&|i| table[i].4);
+        let by_round_g = geomean(&idx.iter().map(|&i| table[i].4).collect::<Vec<_>>());
         println!(
-            "{{\"op\": \"paired_conv_fwd_{}_geomean\", \"ms\": {ours_g:.5}, \"pytorch_ms\": {py_g:.5}, \"pytorch_over_cudnn_safe\": {:.3}, \"per_pytorch_run\": [{}], \"smallest_layer_ratio\": {worst:.3}, \"smallest_layer\": \"{worst_name}\", \"runs\": {runs}, \"rounds\": {rounds}, \"impl\": \"cudnn-safe\"}}",
+            "{{\"op\": \"paired_conv_fwd_{}_geomean\", \"ms\": {ours_g:.5}, \"pytorch_ms\": {py_g:.5}, \"pytorch_over_cudnn_safe\": {:.3}, \"per_pytorch_run\": [{}], \"smallest_layer_ratio\": {worst:.3}, \"smallest_layer\": \"{worst_name}\", \"median_round_ratio_geomean\": {by_round_g:.3}, \"smallest_median_round_ratio\": {worst_r:.3}, \"smallest_median_round_layer\": \"{worst_r_name}\", \"runs\": {runs}, \"rounds\": {rounds}, \"impl\": \"cudnn-safe\"}}",
             mode.name,
             py_g / ours_g,
             per_run.join(", ")
         );
-        geo.push((mode.name, ours_g, py_g, per_run));
+        geo.push((mode.name, ours_g, py_g, per_run, by_round_g));
     }
     println!(
         "\npaired comparison: {runs} PyTorch processes, {rounds} interleaved rounds (ms per call; ratio = PyTorch / cudnn-safe)"
     );
     println!(
-        "{:<34} {:>11} {:>11} {:>7}  PyTorch per process",
-        "case", "cudnn-safe", "PyTorch", "ratio"
+        "{:<34} {:>11} {:>11} {:>7} {:>9}  PyTorch per process",
+        "case", "cudnn-safe", "PyTorch", "ratio", "by round"
     );
-    for (n, ms, py, per_run) in &table {
+    for (n, ms, py, per_run, by_round) in &table {
         let runs: Vec<String> = per_run.iter().map(|x| format!("{x:.4}")).collect();
         println!(
-            "{n:<34} {ms:>11.4} {py:>11.4} {:>7.3}  {}",
+            "{n:<34} {ms:>11.4} {py:>11.4} {:>7.3} {by_round:>9.3}  {}",
             py / ms,
             runs.join(" ")
         );
     }
-    for (m, ours_g, py_g, per_run) in &geo {
+    for (m, ours_g, py_g, per_run, by_round_g) in &geo {
         println!(
-            "{:<34} {ours_g:>11.4} {py_g:>11.4} {:>7.3}  per process {}",
+            "{:<34} {ours_g:>11.4} {py_g:>11.4} {:>7.3} {by_round_g:>9.3}  per process {}",
             format!("{m} geomean"),
             py_g / ours_g,
             per_run.join(" ")
         );
+    }
+    if !other_lines.is_empty() {
+        println!(
+            "\nother plans of the same cases, timed in the same rounds (GRAPH_BENCH_PAIRED_PLANS)"
+        );
+        println!(
+            "{:<34} {:>11} {:>11} {:>7} {:>9}  plan",
+            "case", "plan", "PyTorch", "ratio", "by round"
+        );
+        for line in &other_lines {
+            println!("{line}");
+        }
     }
     Ok(())
 }
