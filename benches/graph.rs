@@ -77,6 +77,8 @@
 //!   `GRAPH_BENCH_PAIRED_EXTRA`: engine configurations to time that way, as
 //!   `<mode>_<cfg>=<config>` items separated by `;` (such as
 //!   `fp16_16x256x28x28_k512_r3_s1=eng62_k2=0_k13=1_k18=0_k25=0_k27=1_k28=1`).
+//! * `GRAPH_BENCH_FINALISTS`, `GRAPH_BENCH_FINAL_SOLO_MS`: the union tuner's
+//!   [`Autotuner::finalists`] and [`Autotuner::final_solo_ms`] (defaults 6 and 25 ms).
 //! * `GRAPH_BENCH_CONFIGS`: comma-separated parts of configuration names (such as
 //!   `16x256,32x256`); the convolution and union lines then cover only the configurations whose
 //!   name contains one of them (default: all seven).
@@ -1650,9 +1652,16 @@ fn union_case<T: DataType<Scalar = f32>>(
         let d = ConvData::<T>::new(cudnn, mode, cfg)?;
         let flops = d.flops;
         // Heuristics B on: the documented union numbers search it (`Autotuner::heuristics_b`).
-        let tuner = Autotuner::new(Policy::Benchmark)
+        let mut tuner = Autotuner::new(Policy::Benchmark)
             .without_cache_file()
             .heuristics_b(true);
+        // The finals' size, when an experiment asks for another than the default.
+        if let Some(n) = env_number::<usize>("GRAPH_BENCH_FINALISTS") {
+            tuner = tuner.finalists(n);
+        }
+        if let Some(ms) = env_number::<f32>("GRAPH_BENCH_FINAL_SOLO_MS") {
+            tuner = tuner.final_solo_ms(ms);
+        }
         let mut held = Held { d, tuner };
         let first = held.forward(cudnn)?;
         let ms = median_ms(stream, test, || held.call(cudnn))?;
@@ -1837,13 +1846,14 @@ impl Drop for Worker {
     }
 }
 
+/// The number in the environment variable `var` (`None` when unset or unreadable).
+fn env_number<N: std::str::FromStr>(var: &str) -> Option<N> {
+    std::env::var(var).ok().and_then(|v| v.trim().parse().ok())
+}
+
 /// A positive count from the environment variable `var` (`default` when unset or unreadable).
 fn count_from_env(var: &str, default: usize) -> usize {
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(default)
+    env_number(var).filter(|&n| n > 0).unwrap_or(default)
 }
 
 /// The union cases against PyTorch's benchmark mode, timed in the same thermal state.

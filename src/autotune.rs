@@ -73,15 +73,18 @@ use crate::workspace::{Workspace, MAX_WORKSPACE_BYTES};
 /// the first pass's best (a clear winner needs no second look).
 const RETIME_WITHIN: f32 = 1.25;
 
-/// Most graph plans in a union search's finals (the fastest of the first pass).
-const FINALISTS: usize = 6;
+/// Most graph plans in a union search's finals by default (the fastest of the first pass; see
+/// [`Autotuner::finalists`]).
+pub const DEFAULT_FINALISTS: usize = 6;
 /// Sweeps over the finalists, the second in reverse order; each finalist keeps the mean of its
 /// sweeps, so that a slow drift of the clocks during the finals weighs on all of them alike.
 const FINAL_SWEEPS: usize = 2;
-/// Wall-clock milliseconds each finalist runs alone before it is timed in a sweep
+/// Wall-clock milliseconds each finalist runs alone before it is timed in a sweep, by default
 /// ([`gunion::sustained_ms`]: at the power limit, a plan's sustained speed depends on its own
-/// power draw, which interleaved short rounds cannot see).
-const FINAL_SOLO_MS: f32 = 25.0;
+/// power draw, which interleaved short rounds cannot see; see [`Autotuner::final_solo_ms`]).
+pub const DEFAULT_FINAL_SOLO_MS: f32 = 25.0;
+/// Most wall-clock milliseconds [`Autotuner::final_solo_ms`] accepts (10 s).
+const MAX_FINAL_SOLO_MS: f32 = 10_000.0;
 /// Timed rounds per finalist and sweep (the median counts).
 const FINAL_ROUNDS: usize = 5;
 /// Least duration of one timed round in the finals, in ms.
@@ -263,6 +266,10 @@ pub struct TunerStats {
     pub graph_build: Duration,
     /// Wall time of the union searches in all: graph built, plans built, every candidate timed.
     pub graph_search: Duration,
+    /// Candidates the union searches' finals timed again (graph plans and legacy favourites;
+    /// each counts once per search, whatever the number of sweeps). 0 when no search was
+    /// contested or [`Autotuner::finalists`] is 0.
+    pub finalists: u64,
 }
 
 /// What [`Autotuner::warm_up`] did.
@@ -520,6 +527,8 @@ pub struct Autotuner {
     graph_plans: usize,
     refine_knobs: usize,
     heuristics_b: bool,
+    finalists: usize,
+    final_solo_ms: f32,
     cache: HashMap<Key, Arc<Entry>>,
     /// Plans of graph decisions, built on the handle they last ran on.
     held: HashMap<Key, HeldPlan>,
@@ -557,6 +566,8 @@ impl Autotuner {
             graph_plans: DEFAULT_GRAPH_PLANS,
             refine_knobs: DEFAULT_REFINE_KNOBS,
             heuristics_b: false,
+            finalists: DEFAULT_FINALISTS,
+            final_solo_ms: DEFAULT_FINAL_SOLO_MS,
             cache: HashMap::new(),
             held: HashMap::new(),
             path: None,
@@ -636,7 +647,8 @@ impl Autotuner {
     /// before five rounds of at least 4 ms (the median counts), in two sweeps of opposite order
     /// (the mean counts): at the power limit a plan's sustained speed depends on its own power
     /// draw, which short interleaved rounds cannot see. A contested search costs about 0.5 to
-    /// 1.5 s more for the finals. A faster graph plan is
+    /// 1.5 s more for the finals ([`Autotuner::finalists`] and [`Autotuner::final_solo_ms`]
+    /// set their size). A faster graph plan is
     /// remembered in the decision
     /// (and in the cache file as its engine configuration) and runs for every later call with
     /// `alpha = 1, beta = 0` (the graph computes the plain result only; the fused call also
@@ -697,6 +709,46 @@ impl Autotuner {
     /// Whether union searches ask heuristics mode B ([`Autotuner::heuristics_b`]).
     pub fn uses_heuristics_b(&self) -> bool {
         self.heuristics_b
+    }
+
+    /// Most graph plans a union search's finals time again (default [`DEFAULT_FINALISTS`]):
+    /// the fastest plans of the first pass within 25 % of the best, plus the legacy favourite
+    /// when it is that close. The finals run only when the first pass left more than one
+    /// candidate that close; each finalist costs two sweeps of [`Autotuner::final_solo_ms`]
+    /// alone and five timed rounds of at least 4 ms (about 0.1 s per finalist by default).
+    /// 0 skips the finals: the first pass decides, which makes a contested first call 0.5 to
+    /// 1.5 s cheaper and, where the fastest plans lie within a few percent of each other, the
+    /// pick less sure. [`TunerStats::finalists`] counts what the finals timed. Not part of the
+    /// cache key.
+    ///
+    /// ```no_run
+    /// use cudnn_safe::{Autotuner, Policy};
+    /// // Many convolution shapes and a short job: let the first pass decide.
+    /// let quick = Autotuner::new(Policy::Benchmark).finalists(0);
+    /// // A long training run on few shapes: time more finalists, each alone for longer.
+    /// let thorough = Autotuner::new(Policy::Benchmark).finalists(8).final_solo_ms(100.0);
+    /// # let _ = (quick, thorough);
+    /// ```
+    #[must_use]
+    pub fn finalists(mut self, plans: usize) -> Self {
+        self.finalists = plans;
+        self
+    }
+
+    /// Wall-clock milliseconds each finalist of a union search runs alone, back to back,
+    /// before its timed rounds in each sweep (default [`DEFAULT_FINAL_SOLO_MS`]; a negative or
+    /// NaN value counts as 0, more than 10 s as 10 s). At the GPU's power limit a plan's sustained speed depends on its
+    /// own power draw, which shows only after it has run alone for a while; plans whose kernels
+    /// are long (a few tenths of a millisecond) can keep changing places for longer than the
+    /// default. Each millisecond costs two per finalist. Not part of the cache key.
+    #[must_use]
+    pub fn final_solo_ms(mut self, ms: f32) -> Self {
+        self.final_solo_ms = if ms > 0.0 {
+            ms.min(MAX_FINAL_SOLO_MS)
+        } else {
+            0.0
+        };
+        self
     }
 
     /// How many plans' knob neighbourhoods a union search searches
@@ -1272,6 +1324,7 @@ impl Autotuner {
         let prefer = self.graph == GraphSearch::Prefer;
         let policy = self.policy;
         let (limit, refine) = (self.limit, self.refine_knobs);
+        let (finalists, solo_ms) = (self.finalists, self.final_solo_ms);
         let ws = self.workspace(cudnn);
         // Plans far slower than the best so far are not timed precisely: they cannot win. The
         // legacy favourite is timed after the plans: building them leaves the GPU idle, and a
@@ -1366,20 +1419,23 @@ impl Autotuner {
             }
         };
         timed.sort_by(|a, b| a.0.total_cmp(&b.0));
-        timed.truncate(FINALISTS);
+        timed.truncate(finalists.max(1));
         // Finals: the first pass timed each candidate once, apart from the others, in short
         // bursts (a clock change in between can tip a close call: a 0.17 ms fp16 convolution
         // was seen picked 10 % slower than the legacy algorithm it beat in that pass). The graph
         // plans within `RETIME_WITHIN` of the best, and the legacy favourite when it is that
         // close, run again after `FINAL_HEAT_MS` of the leader (settled clocks): each alone for
-        // `FINAL_SOLO_MS`, then timed (its sustained speed), in `FINAL_SWEEPS` sweeps of
-        // alternating order; each keeps the mean of its sweeps.
+        // `final_solo_ms`, then timed (its sustained speed), in `FINAL_SWEEPS` sweeps of
+        // alternating order; each keeps the mean of its sweeps. At most `finalists` graph plans;
+        // none (the first pass decides) with 0.
         let leader = timed[0].0;
         let close =
             |ms: f32| ms > 0.0 && ms < leader * RETIME_WITHIN && ms * RETIME_WITHIN > leader;
         let legacy_in = !prefer && close(legacy_ms);
         timed.retain(|(ms, _)| close(*ms) || *ms == leader);
-        if timed.len() > 1 || legacy_in {
+        let mut finals_timed = 0;
+        if finalists > 0 && (timed.len() > 1 || legacy_in) {
+            finals_timed = timed.len() + usize::from(legacy_in);
             let (leader_plan, leader_ms) = (&timed[0].1, timed[0].0);
             let _ = gunion::heat(cudnn, FINAL_HEAT_MS, leader_ms, || {
                 trial(Trial::Plan(leader_plan, ids), ws)
@@ -1394,7 +1450,7 @@ impl Autotuner {
                         0 if !legacy_in => continue,
                         0 => gunion::sustained_ms(
                             cudnn,
-                            FINAL_SOLO_MS,
+                            solo_ms,
                             FINAL_ROUNDS,
                             FINAL_TARGET_MS,
                             || trial(Trial::Legacy, ws),
@@ -1403,7 +1459,7 @@ impl Autotuner {
                             let plan = &timed[k - 1].1;
                             gunion::sustained_ms(
                                 cudnn,
-                                FINAL_SOLO_MS,
+                                solo_ms,
                                 FINAL_ROUNDS,
                                 FINAL_TARGET_MS,
                                 || trial(Trial::Plan(plan, ids), ws),
@@ -1433,6 +1489,7 @@ impl Autotuner {
             timed.sort_by(|a, b| a.0.total_cmp(&b.0));
         }
         self.stats.graph_plans += refined as u64;
+        self.stats.finalists += finals_timed as u64;
         let (ms, plan) = timed.swap_remove(0);
         let wins = prefer || legacy_ms < 0.0 || ms < legacy_ms;
         log::info!(
@@ -2543,6 +2600,28 @@ mod tests {
             config: Arc::new(config.parse().unwrap()),
             workspace,
             ms,
+        }
+    }
+
+    #[test]
+    fn finals_knobs_take_sane_values() {
+        let t = Autotuner::new(Policy::Benchmark).without_cache_file();
+        assert_eq!(
+            (t.finalists, t.final_solo_ms),
+            (DEFAULT_FINALISTS, DEFAULT_FINAL_SOLO_MS)
+        );
+        let t = t.finalists(0).final_solo_ms(100.0);
+        assert_eq!((t.finalists, t.final_solo_ms), (0, 100.0));
+        for (asked, kept) in [
+            (-1.0, 0.0),
+            (f32::NAN, 0.0),
+            (f32::INFINITY, MAX_FINAL_SOLO_MS),
+            (0.5, 0.5),
+        ] {
+            let t = Autotuner::new(Policy::Benchmark)
+                .without_cache_file()
+                .final_solo_ms(asked);
+            assert_eq!(t.final_solo_ms, kept, "final_solo_ms({asked})");
         }
     }
 

@@ -70,7 +70,7 @@ mod workspace;
 pub use activation::{ActivationDesc, ActivationMode, NanPropagation};
 pub use autotune::{
     Autotuner, Candidate, Choice, FixedAlgos, Policy, Source, TunerStats, WarmUp, CACHE_ENV,
-    DEFAULT_GRAPH_PLANS, DEFAULT_REFINE_KNOBS,
+    DEFAULT_FINALISTS, DEFAULT_FINAL_SOLO_MS, DEFAULT_GRAPH_PLANS, DEFAULT_REFINE_KNOBS,
 };
 pub use dropout::{Dropout, DropoutReserve};
 pub use dtype::{DType, DataType, Scalar};

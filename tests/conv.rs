@@ -38,7 +38,8 @@ use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::DType;
 use cudnn_safe::{
     cuda_context, Autotuner, Choice, Cudnn, DataType, Error, FilterDesc, FixedAlgos, Policy,
-    Source, StatusFamily, TensorDesc, TensorFormat, Workspace,
+    Source, StatusFamily, TensorDesc, TensorFormat, Workspace, DEFAULT_FINALISTS,
+    DEFAULT_FINAL_SOLO_MS,
 };
 
 /// The device-0 default stream and a handle on it.
@@ -4180,6 +4181,54 @@ fn union_backward_and_fused_scaled_or_accumulating_calls_use_legacy() {
         ));
     }
     println!("union with beta ≠ 0 or alpha ≠ 1: {}", report.join("; "));
+}
+
+/// The finals' knobs: with `finalists(0)` the first pass decides (the finals time nothing);
+/// with `finalists(2)` they time at most the two best plans (under `GraphSearch::Prefer` the
+/// legacy favourite is not a finalist); a short `final_solo_ms` still yields a decision that
+/// runs and matches the reference (checked in `call`), as the default finals do.
+#[test]
+fn union_finals_follow_the_tuner_knobs() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(1107);
+    let mode = &UNION_F16;
+    let p = UnionProblem::<f16>::new(&g, &mut rng, mode);
+    let mut report = Vec::new();
+    for (label, finalists, solo_ms, most) in [
+        ("no finals", 0, DEFAULT_FINAL_SOLO_MS, 0),
+        ("two finalists, 1 ms alone", 2, 1.0, 2),
+        (
+            "default",
+            DEFAULT_FINALISTS,
+            DEFAULT_FINAL_SOLO_MS,
+            DEFAULT_FINALISTS,
+        ),
+    ] {
+        let mut tuner = fresh(Policy::Benchmark)
+            .graph_search(GraphSearch::Prefer)
+            .graph_plans(UNION_TEST_PLANS)
+            .finalists(finalists)
+            .final_solo_ms(solo_ms);
+        let (first, _) = p.call(&g, &mut rng, &mut tuner, mode, UnionDir::Data, 1.0, 0.0);
+        let (second, _) = p.call(&g, &mut rng, &mut tuner, mode, UnionDir::Data, 1.0, 0.0);
+        assert!(first.api.is_graph(), "{label}: {}", first.describe());
+        assert_eq!(first.source, Source::Benchmark, "{label}");
+        assert_eq!(second.source, Source::Cache, "{label}");
+        assert_eq!(second.api, first.api, "{label}: the cached decision");
+        let stats = tuner.stats();
+        assert_eq!(stats.graph_searches, 1, "{label}: {stats:?}");
+        assert!(
+            stats.finalists as usize <= most,
+            "{label}: the finals timed {} candidates, at most {most} allowed",
+            stats.finalists
+        );
+        report.push(format!(
+            "{label}: {} timed in the finals, {}",
+            stats.finalists,
+            first.describe()
+        ));
+    }
+    println!("union finals knobs: {}", report.join("; "));
 }
 
 #[test]
