@@ -1544,7 +1544,7 @@ type HeldCase = (Mode, Cfg, Box<dyn PairedCall>, Vec<OtherPlan>);
 
 /// The other plans timed next to the union's pick in [`paired`]: the `GRAPH_BENCH_PAIRED_PLANS`
 /// fastest graph plans of a short first pass over heuristics A, B and fallback (up to 40
-/// plans, each timed as the best of three batches of about 3 ms), then the configurations
+/// plans ranked by [`autotune`]: best of three rounds of ten executions), then the configurations
 /// `GRAPH_BENCH_PAIRED_EXTRA` names for this case (`<mode>_<cfg>=<engine config>` items
 /// separated by `;`) that are not among them. The label of the union's own pick says so: that
 /// plan timed twice in the same rounds shows the noise of the comparison.
@@ -1575,28 +1575,28 @@ fn other_plans<T: DataType<Scalar = f32>>(
             .filter()
             .heuristics(&[HeurMode::A, HeurMode::B, HeurMode::Fallback])
             .max_plans(Some(40));
-        for plan in d.og.plans(cudnn, &filter)?.plans {
-            let mut call = || -> BoxResult<()> {
-                let mut b = Bindings::new(cudnn);
-                b.input(d.x, &d.xb)?
-                    .input(d.w, &d.wb)?
-                    .output(d.y, &mut d.y_graph)?;
-                cudnn.execute(&plan, &b, &mut ws)?;
-                Ok(())
-            };
-            // A plan that fails to execute is left out, as the union search leaves it out.
-            if batch_ms(stream, 3, &mut call).is_err() {
-                continue;
-            }
-            let calls = ((3.0 / batch_ms(stream, 2, &mut call)?) as usize).clamp(3, 200);
-            let mut best = f64::INFINITY;
-            for _ in 0..3 {
-                best = best.min(batch_ms(stream, calls, &mut call)?);
-            }
-            timed.push((best, plan.config().clone()));
-        }
-        timed.sort_by(|a, b| a.0.total_cmp(&b.0));
-        timed.truncate(n);
+        let plans = d.og.plans(cudnn, &filter)?.plans;
+        let configs: Vec<(String, cudnn_safe::graph::EngineConfig)> = plans
+            .iter()
+            .map(|p| (p.name(), p.config().clone()))
+            .collect();
+        let mut b = Bindings::new(cudnn);
+        b.input(d.x, &d.xb)?
+            .input(d.w, &d.wb)?
+            .output(d.y, &mut d.y_graph)?;
+        // The library's ranking (best of three rounds of ten executions each; a plan that fails
+        // to execute is left out, as the union search leaves it out), fastest first.
+        let opts = AutotuneOptions::new().rounds(3).iterations(10);
+        let tuned = autotune(cudnn, plans, &b, &mut ws, &opts)?;
+        timed = tuned
+            .timings
+            .iter()
+            .filter_map(|t| {
+                let config = configs.iter().find(|(name, _)| *name == t.name)?;
+                Some((t.ms, config.1.clone()))
+            })
+            .take(n)
+            .collect();
     }
     let mut out: Vec<OtherPlan> = Vec::new();
     let mut names = Vec::new();

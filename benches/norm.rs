@@ -41,7 +41,10 @@
 //!   as `[h, w, D, 1]`: `part-reduce_dbeta_2stage_inner` (`w` first: `[h, 1, D, 1]`, then
 //!   `h`) and `part-reduce_dbeta_2stage_outer` (`h` first: `[1, w, D, 1]`, then `w`); for the
 //!   group norm `[N, C, S, 1]` the same names reduce `S` first (`[N, C, 1, 1]`, then `N`)
-//!   and `N` first (`[1, C, S, 1]`, then `S`).
+//!   and `N` first (`[1, C, S, 1]`, then `S`);
+//! * the layer norm only, its graph formulation (one cuDNN normalization kernel per call):
+//!   `fwd-graph`, `train-graph` (y and the f32 statistics), `bwd-graph` (dx, dγ, dβ) and
+//!   `train_bwd-graph`, compared with `reductions` like the others.
 //!
 //! Bytes are counted as the PyTorch script counts them: each input read once, each output
 //! written once (forward `2×`, backward `3×` the tensor: `dy` and `x` in, `dx` out; parts by
@@ -313,6 +316,11 @@ impl Problem {
         for (name, _, _) in self.methods() {
             for kind in ["fwd", "train", "bwd", "train_bwd"] {
                 v.push(self.op(&format!("{kind}-{name}")));
+            }
+        }
+        if self.layer {
+            for kind in ["fwd", "train", "bwd", "train_bwd"] {
+                v.push(self.op(&format!("{kind}-graph")));
             }
         }
         for p in PARTS {
@@ -975,7 +983,141 @@ fn run_problem(
     }
     let reference = reference(p, stream, cudnn, &mut d)?;
     run_methods(r, p, cudnn, &mut d, &reference)?;
+    if p.layer {
+        run_graph(r, p, cudnn, &mut d, &reference)?;
+    }
     run_parts(r, p, cudnn, &mut d, &reference)
+}
+
+/// The layer norm's graph formulation (one cuDNN normalization kernel per call):
+/// `fwd-graph` ([`Cudnn::layer_norm_forward_graph`]), `train-graph`
+/// ([`Cudnn::layer_norm_forward_training_graph`]), `bwd-graph`
+/// ([`Cudnn::layer_norm_backward_graph`]) and `train_bwd-graph`, compared with
+/// `reductions` as the other formulations are. The plans are built before the first timed call.
+fn run_graph(
+    r: &mut Runner,
+    p: &Problem,
+    cudnn: &Cudnn,
+    d: &mut Data,
+    reference: &Reference,
+) -> BoxResult<()> {
+    let stream = r.stream;
+    let nb = p.nb();
+    let ops: Vec<String> = ["fwd", "train", "bwd", "train_bwd"]
+        .iter()
+        .map(|k| p.op(&format!("{k}-graph")))
+        .collect();
+    if !r.any_selected(&ops) {
+        for op in &ops {
+            list_only(r.c, GROUP, &[op.as_str()]);
+        }
+        return Ok(());
+    }
+    let ln = LayerNorm::<f32>::new(p.dims, 1, EPS)?;
+    if let Err(e) = ln
+        .build_graph_plan(cudnn)
+        .and_then(|()| ln.build_graph_training_plans(cudnn))
+    {
+        for op in &ops {
+            print_op_error(op, &e);
+        }
+        return Ok(());
+    }
+    let diff = |d: &Data| -> BoxResult<String> {
+        Ok(format!(
+            "\"max_abs_diff\": {{\"dx\": {}, \"dgamma\": {}, \"dbeta\": {}}}",
+            max_abs_diff(stream, &d.dx, &reference.dx)?,
+            max_abs_diff(stream, &d.dgamma, &reference.dgamma)?,
+            max_abs_diff(stream, &d.dbeta, &reference.dbeta)?
+        ))
+    };
+    // The two forwards (inference, training), each checked against `reductions` first.
+    for (op, training) in [(&ops[0], false), (&ops[1], true)] {
+        if !r.selected(op) {
+            continue;
+        }
+        let Data {
+            x,
+            gamma,
+            beta,
+            y,
+            ws,
+            ..
+        } = &mut *d;
+        let mut call = |y: &mut CudaSlice<f32>| -> cudnn_safe::Result<()> {
+            if training {
+                cudnn.layer_norm_forward_training_graph(&ln, x, gamma, beta, y, ws)?;
+                Ok(())
+            } else {
+                cudnn.layer_norm_forward_graph(&ln, x, gamma, beta, y, ws)
+            }
+        };
+        let note = match call(y) {
+            Ok(()) => Some(format!(
+                "\"max_abs_diff\": {}",
+                max_abs_diff(stream, y, &reference.y)?
+            )),
+            Err(_) => None,
+        };
+        r.bench(op, Some(2.0 * nb), note, &mut || Ok(call(y)?));
+    }
+    if r.selected(&ops[2]) {
+        let saved = {
+            let Data {
+                x,
+                gamma,
+                beta,
+                y,
+                ws,
+                ..
+            } = d;
+            cudnn.layer_norm_forward_training_graph(&ln, x, gamma, beta, y, ws)
+        };
+        match saved {
+            Err(e) => print_op_error(&ops[2], &e),
+            Ok(saved) => {
+                let call = |d: &mut Data| {
+                    let Data {
+                        x,
+                        dy,
+                        gamma,
+                        dx,
+                        dgamma,
+                        dbeta,
+                        ws,
+                        ..
+                    } = d;
+                    cudnn
+                        .layer_norm_backward_graph(&ln, &saved, x, dy, gamma, dx, dgamma, dbeta, ws)
+                };
+                let note = match call(d) {
+                    Ok(()) => Some(diff(d)?),
+                    Err(_) => None,
+                };
+                r.bench(&ops[2], Some(3.0 * nb), note, &mut || Ok(call(d)?));
+            }
+        }
+    }
+    if r.selected(&ops[3]) {
+        r.bench(&ops[3], None, None, &mut || {
+            let Data {
+                x,
+                dy,
+                gamma,
+                beta,
+                y,
+                dx,
+                dgamma,
+                dbeta,
+                ws,
+                ..
+            } = d;
+            let saved = cudnn.layer_norm_forward_training_graph(&ln, x, gamma, beta, y, ws)?;
+            cudnn.layer_norm_backward_graph(&ln, &saved, x, dy, gamma, dx, dgamma, dbeta, ws)?;
+            Ok(())
+        });
+    }
+    Ok(())
 }
 
 fn main() {

@@ -80,8 +80,8 @@ pub const DEFAULT_FINALISTS: usize = 6;
 /// sweeps, so that a slow drift of the clocks during the finals weighs on all of them alike.
 const FINAL_SWEEPS: usize = 2;
 /// Wall-clock milliseconds each finalist runs alone before it is timed in a sweep, by default
-/// ([`gunion::sustained_ms`]: at the power limit, a plan's sustained speed depends on its own
-/// power draw, which interleaved short rounds cannot see; see [`Autotuner::final_solo_ms`]).
+/// (at the power limit, a plan's sustained speed depends on its own power draw, which
+/// interleaved short rounds cannot see; see [`Autotuner::final_solo_ms`]).
 pub const DEFAULT_FINAL_SOLO_MS: f32 = 25.0;
 /// Most wall-clock milliseconds [`Autotuner::final_solo_ms`] accepts (10 s).
 const MAX_FINAL_SOLO_MS: f32 = 10_000.0;
@@ -737,10 +737,14 @@ impl Autotuner {
 
     /// Wall-clock milliseconds each finalist of a union search runs alone, back to back,
     /// before its timed rounds in each sweep (default [`DEFAULT_FINAL_SOLO_MS`]; a negative or
-    /// NaN value counts as 0, more than 10 s as 10 s). At the GPU's power limit a plan's sustained speed depends on its
-    /// own power draw, which shows only after it has run alone for a while; plans whose kernels
-    /// are long (a few tenths of a millisecond) can keep changing places for longer than the
-    /// default. Each millisecond costs two per finalist. Not part of the cache key.
+    /// NaN value counts as 0, more than 10 s as 10 s). At the GPU's power limit a plan's
+    /// sustained speed depends on its own power draw, which shows only after it has run alone
+    /// for a while; plans whose kernels are long (a few tenths of a millisecond) can keep
+    /// changing places for longer than the default. Longer is not surer: on an H200, for a
+    /// 0.45 ms TF32 convolution whose best plans lie within 2 % of each other, 200 ms picked
+    /// the plan fastest under sustained load and 1000 ms did not (the finals then read the
+    /// top plans within 0.5 %). Each millisecond costs two per finalist. Not part of the cache
+    /// key.
     #[must_use]
     pub fn final_solo_ms(mut self, ms: f32) -> Self {
         self.final_solo_ms = if ms > 0.0 {
@@ -1335,18 +1339,29 @@ impl Autotuner {
         let mut bound: Option<f32> = None;
         let mut timed: Vec<(f32, Plan)> = Vec::new();
         let ids = cg.ids;
-        for plan in plans {
-            match gunion::time_ms(cudnn, bound, || trial(Trial::Plan(&plan, ids), ws)) {
+        // Times `plan` against the bound and keeps it when it ran; a plan that fails in a way
+        // another candidate may not is skipped, any other error ends the search.
+        let mut time_plan = |plan: Plan,
+                             tag: &str,
+                             bound: &mut Option<f32>,
+                             timed: &mut Vec<(f32, Plan)>|
+         -> Result<()> {
+            match gunion::time_ms(cudnn, *bound, || trial(Trial::Plan(&plan, ids), ws)) {
                 Ok(ms) => {
-                    log::debug!("union search: graph {} {ms:.4} ms", plan.name());
-                    bound = Some(bound.map_or(ms, |b| b.min(ms)));
+                    log::debug!("union search: graph {}{tag} {ms:.4} ms", plan.name());
+                    *bound = Some(bound.map_or(ms, |b| b.min(ms)));
                     timed.push((ms, plan));
+                    Ok(())
                 }
                 Err(e) if falls_back(&e) => {
-                    log::debug!("union search: graph {} failed: {e}", plan.name());
+                    log::debug!("union search: graph {}{tag} failed: {e}", plan.name());
+                    Ok(())
                 }
-                Err(e) => return Err(e),
+                Err(e) => Err(e),
             }
+        };
+        for plan in plans {
+            time_plan(plan, "", &mut bound, &mut timed)?;
         }
         // Knob refinement: the neighbours of the fastest plans, timed against the same bound.
         let mut refined = 0;
@@ -1389,17 +1404,7 @@ impl Autotuner {
                         continue;
                     }
                     refined += 1;
-                    match gunion::time_ms(cudnn, bound, || trial(Trial::Plan(&plan, ids), ws)) {
-                        Ok(ms) => {
-                            log::debug!("union search: graph {} (knobs) {ms:.4} ms", plan.name());
-                            bound = Some(bound.map_or(ms, |b| b.min(ms)));
-                            timed.push((ms, plan));
-                        }
-                        Err(e) if falls_back(&e) => {
-                            log::debug!("union search: graph {} failed: {e}", plan.name());
-                        }
-                        Err(e) => return Err(e),
-                    }
+                    time_plan(plan, " (knobs)", &mut bound, &mut timed)?;
                 }
             }
         }

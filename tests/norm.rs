@@ -24,7 +24,8 @@ use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::norm::{
     BatchNorm, BatchNormMode, BatchNormOps, BatchNormSaved, FeatureLayout, GroupNorm, LayerNorm,
-    NormAffine, NormMethod, NormParamGrads, NormStats, NormType, RunningStats, MIN_EPSILON,
+    LayerNormGraphSaved, NormAffine, NormMethod, NormParamGrads, NormStats, NormType, RunningStats,
+    MIN_EPSILON,
 };
 use cudnn_safe::{sys, Cudnn, DType, DataType, Error, Layout, Workspace};
 
@@ -2132,6 +2133,145 @@ fn layer_norm_graph_formulation_every_type() {
     layer_norm_graph_case::<bf16>(903);
 }
 
+/// The graph training path of one `LayerNorm<T>` (`rows × d`) against the f64 reference: y and
+/// the f32 statistics of the forward, then dx, dγ, dβ of the backward for two different dy, all
+/// outputs poisoned with NaN; then the rejections (saved values of another object or another
+/// x, a short dx, a short γ), each leaving every output untouched.
+fn layer_norm_graph_training_case<T: NormType>(dims: &[i64], normalized: usize, seed: u64) {
+    let Some((stream, cudnn)) = gpu() else { return };
+    let what = format!("LayerNorm graph training {} {dims:?}", T::DTYPE);
+    let eps = 1e-5;
+    let ln = LayerNorm::<T>::new(dims, normalized, eps).unwrap();
+    let (n, d, rows) = (ln.len(), ln.features(), ln.rows());
+    assert!(!ln.has_graph_training_plans());
+    let maps = Maps {
+        group: (0..n).map(|i| i / d).collect(),
+        feature: (0..n).map(|i| i % d).collect(),
+        groups: rows,
+        features: d,
+    };
+    let mut rng = Rng::new(seed);
+    let xv: Vec<T> = rng.values_in(n, -1.5, 2.5);
+    let gv: Vec<T> = rng.values_in(d, 0.5, 1.5);
+    let bv: Vec<T> = rng.values(d);
+    let (x64, g64, b64) = (rounded(&xv), rounded(&gv), rounded(&bv));
+    let (y_ref, xhat, mean_ref, rstd_ref) = affine_forward_ref(&x64, &maps, &g64, &b64, eps);
+    let (x, gamma, beta) = (dev(&stream, &xv), dev(&stream, &gv), dev(&stream, &bv));
+    let mut ws = Workspace::new(stream.clone());
+    // The engine's f32 statistics (one pass, rsqrt) lose a few bits against the f64 reference.
+    let t = dtol::<T>().max(1e-4);
+
+    let mut y = poisoned_buffer::<T>(&stream, n);
+    let saved = cudnn
+        .layer_norm_forward_training_graph(&ln, &x, &gamma, &beta, &mut y, &mut ws)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(ln.has_graph_training_plans());
+    assert_close(&format!("{what} y"), &download(&stream, &y), &y_ref, t);
+    assert_eq!(saved.mean().len(), rows);
+    let pt = ptol::<T>().max(1e-4);
+    assert_close(
+        &format!("{what} mean"),
+        &download(&stream, saved.mean()),
+        &mean_ref,
+        pt,
+    );
+    assert_close(
+        &format!("{what} rstd"),
+        &download(&stream, saved.inv_std()),
+        &rstd_ref,
+        pt,
+    );
+
+    // Twice, with different dy: the held plan is reused.
+    for round in 0..2 {
+        let dyv: Vec<T> = rng.values(n);
+        let dy = dev(&stream, &dyv);
+        let (dx_ref, dg_ref, db_ref, dg_mag, db_mag) =
+            affine_backward_ref(&xhat, &rounded(&dyv), &maps, &g64, &rstd_ref);
+        let mut dx = poisoned_buffer::<T>(&stream, n);
+        let mut dg = poisoned_buffer::<T>(&stream, d);
+        let mut db = poisoned_buffer::<T>(&stream, d);
+        cudnn
+            .layer_norm_backward_graph(
+                &ln, &saved, &x, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
+            )
+            .unwrap_or_else(|e| panic!("{what} backward: {e}"));
+        assert_close(
+            &format!("{what} dx ({round})"),
+            &download(&stream, &dx),
+            &dx_ref,
+            t,
+        );
+        assert_sum_close(
+            &format!("{what} dγ ({round})"),
+            &download(&stream, &dg),
+            &dg_ref,
+            &dg_mag,
+        );
+        assert_sum_close(
+            &format!("{what} dβ ({round})"),
+            &download(&stream, &db),
+            &db_ref,
+            &db_mag,
+        );
+    }
+
+    // Rejections, every output untouched.
+    let dy = dev(&stream, &rng.values::<T>(n));
+    let backward = |why: &str, saved: &LayerNormGraphSaved, x: &CudaSlice<T>, dx_len: usize| {
+        let (mut dx, dx0) = sentinel_buffer::<T>(&stream, dx_len);
+        let (mut dg, dg0) = sentinel_buffer::<T>(&stream, d);
+        let (mut db, db0) = sentinel_buffer::<T>(&stream, d);
+        let mut ws = Workspace::new(stream.clone());
+        let r = cudnn.layer_norm_backward_graph(
+            &ln, saved, x, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
+        );
+        assert_untouched(&format!("{what} dx ({why})"), &stream, &dx, &dx0);
+        assert_untouched(&format!("{what} dγ ({why})"), &stream, &dg, &dg0);
+        assert_untouched(&format!("{what} dβ ({why})"), &stream, &db, &db0);
+        r
+    };
+    // Saved by another object of the same shape.
+    let other = LayerNorm::<T>::new(dims, normalized, eps).unwrap();
+    let mut y2 = poisoned_buffer::<T>(&stream, n);
+    let foreign = cudnn
+        .layer_norm_forward_training_graph(&other, &x, &gamma, &beta, &mut y2, &mut ws)
+        .unwrap();
+    let r = backward("foreign saved", &foreign, &x, n);
+    assert!(
+        is_err_kind(&r, "InvalidArgument"),
+        "{what} foreign saved: {r:?}"
+    );
+    // Another x buffer (same values).
+    let x_copy = dev(&stream, &xv);
+    let r = backward("other x", &saved, &x_copy, n);
+    assert!(is_err_kind(&r, "InvalidArgument"), "{what} other x: {r:?}");
+    // dx one element short.
+    let r = backward("short dx", &saved, &x, n - 1);
+    assert!(is_err_kind(&r, "BufferTooSmall"), "{what} short dx: {r:?}");
+    // Forward with γ one element short: y untouched.
+    let short_g = dev(&stream, &gv[..d - 1]);
+    let (mut y, before) = sentinel_buffer::<T>(&stream, n);
+    let r = cudnn.layer_norm_forward_training_graph(&ln, &x, &short_g, &beta, &mut y, &mut ws);
+    assert!(
+        is_err_kind(&r, "BufferTooSmall"),
+        "{what} short gamma: {r:?}"
+    );
+    assert_untouched(&format!("{what} y (short gamma)"), &stream, &y, &before);
+}
+
+/// The graph training path in every type cuDNN has a norm engine for: f16 and bf16 with γ, β
+/// and their gradients of the data type (the configuration that gets an engine; f32
+/// statistics). Two shapes: rows of 128 over two normalized dimensions, and 37 rows of 1024.
+#[test]
+fn layer_norm_graph_training_every_type() {
+    layer_norm_graph_training_case::<f32>(&[4, 6, 2, 64], 2, 911);
+    layer_norm_graph_training_case::<f16>(&[4, 6, 2, 64], 2, 912);
+    layer_norm_graph_training_case::<bf16>(&[4, 6, 2, 64], 2, 913);
+    layer_norm_graph_training_case::<f32>(&[37, 1024], 1, 914);
+    layer_norm_graph_training_case::<bf16>(&[37, 1024], 1, 915);
+}
+
 /// cuDNN has no f64 norm engine: the graph formulation refuses f64 with a typed error before
 /// anything runs, and the batch-norm formulation still serves f64.
 #[test]
@@ -2149,4 +2289,11 @@ fn layer_norm_graph_formulation_refuses_f64() {
     let r = cudnn.layer_norm_forward_graph(&ln, &x, &g, &b, &mut y, &mut ws);
     assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
     assert_untouched("f64 graph layer norm", &stream, &y, &before);
+    // The graph training path likewise.
+    let r = ln.build_graph_training_plans(&cudnn);
+    assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+    assert!(!ln.has_graph_training_plans());
+    let r = cudnn.layer_norm_forward_training_graph(&ln, &x, &g, &b, &mut y, &mut ws);
+    assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+    assert_untouched("f64 graph layer norm training", &stream, &y, &before);
 }

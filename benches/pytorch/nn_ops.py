@@ -58,6 +58,26 @@ with torch.no_grad():
     xg = torch.randn(32, 256, 56, 56, device=dev)
     report("groupnorm32_fp32_32x256x56x56", bench(lambda: F.group_norm(xg, 32)), 2 * nb)
 
+# Layer norm training: the forward that saves the statistics and the backward, each alone (the
+# aten calls autograd makes), and both through autograd (cudnn-safe's `norm` bench:
+# `ln_fp32_32768x1024-train-graph`, `-bwd-graph`, `-train_bwd-graph`).
+with torch.no_grad():
+    xl = torch.randn(32768, 1024, device=dev) * 2
+    gl, bl = torch.rand(1024, device=dev) + 0.5, torch.randn(1024, device=dev)
+    dyl = torch.randn(32768, 1024, device=dev)
+    nbl = xl.numel() * 4
+    _, ml, rl = torch.native_layer_norm(xl, (1024,), gl, bl, 1e-5)
+    report("layernorm_train_fwd_fp32_32768x1024",
+           bench(lambda: torch.native_layer_norm(xl, (1024,), gl, bl, 1e-5)), 2 * nbl)
+    report("layernorm_bwd_fp32_32768x1024",
+           bench(lambda: torch.ops.aten.native_layer_norm_backward(
+               dyl, xl, (1024,), ml, rl, gl, bl, [True, True, True])), 3 * nbl)
+xla = xl.clone().requires_grad_(True)
+gla, bla = gl.clone().requires_grad_(True), bl.clone().requires_grad_(True)
+def ln_fb():
+    F.layer_norm(xla, (1024,), gla, bla, 1e-5).backward(dyl)
+report("layernorm_train_fwd_bwd_fp32_32768x1024", bench(ln_fb, reps=20))
+
 # Backward passes (autograd; the forward is excluded by timing only .backward on a saved graph is
 # not possible in eager mode, so forward+backward is reported).
 x = torch.randn(32, 256, 56, 56, device=dev, requires_grad=True)

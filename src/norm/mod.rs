@@ -13,6 +13,14 @@
 //! * [`LayerNorm`] and [`GroupNorm`] (instance norm is [`GroupNorm::instance`]) work the same way:
 //!   a shape-bound object, a training forward returning an owned [`NormSaved`], a backward that
 //!   consumes it by reference.
+//! * [`LayerNorm`] also runs through cuDNN's fused normalization graphs (one kernel per call,
+//!   f32/f16/bf16; the plans are built on first use, seconds once per process):
+//!   [`Cudnn::layer_norm_forward_graph`](crate::Cudnn::layer_norm_forward_graph) for inference,
+//!   [`Cudnn::layer_norm_forward_training_graph`](crate::Cudnn::layer_norm_forward_training_graph)
+//!   returning an owned [`LayerNormGraphSaved`] (per-row f32 statistics, no `x̂`) and
+//!   [`Cudnn::layer_norm_backward_graph`](crate::Cudnn::layer_norm_backward_graph). On an H200,
+//!   32768×1024 f32 forward + backward takes 0.19 ms this way against 1.5 ms for the
+//!   batch-norm formulation below (PyTorch: 0.45 ms).
 //!
 //! Parameters (scale, bias, running and saved statistics) of batch normalization are of type
 //! [`NormType::Param`]: `f32` for f16, bf16 and f32 data, `f64` for f64 data — cuDNN's rule
@@ -113,7 +121,7 @@ mod affine;
 mod batch;
 mod method;
 
-pub use affine::{GroupNorm, LayerNorm, NormSaved};
+pub use affine::{GroupNorm, LayerNorm, LayerNormGraphSaved, NormSaved};
 pub use batch::{
     BatchNorm, BatchNormBuilder, BatchNormMode, BatchNormOps, BatchNormSaved, RunningStats,
 };
