@@ -46,6 +46,10 @@
 //!   `fwd-graph`, `train-graph` (y and the f32 statistics), `bwd-graph` (dx, dγ, dβ) and
 //!   `train_bwd-graph`, compared with `reductions` like the others.
 //!
+//! Then [`RmsNorm`] (cuDNN's fused RMS-norm graphs) on `rms_fp32_32768x1024` and
+//! `rms_bf16_16384x4096`: `fwd`, `train` (y and the f32 inverse RMS), `bwd` (dx, dγ) and
+//! `train_bwd` (PyTorch's counterparts: `benches/pytorch/rms_norm.py`).
+//!
 //! Bytes are counted as the PyTorch script counts them: each input read once, each output
 //! written once (forward `2×`, backward `3×` the tensor: `dy` and `x` in, `dx` out; parts by
 //! their own tensor-sized operands).
@@ -72,13 +76,14 @@ use common::{
 };
 use criterion::{Criterion, Throughput};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
+use cudnn_safe::half::bf16;
 use cudnn_safe::norm::{
     BatchNorm, BatchNormMode, FeatureLayout, GroupNorm, LayerNorm, NormAffine, NormMethod,
-    NormParamGrads, NormSaved, NormStats,
+    NormParamGrads, NormSaved, NormStats, NormType, RmsNorm,
 };
 use cudnn_safe::ops::OpTensorOp;
 use cudnn_safe::reduce::ReduceOp;
-use cudnn_safe::{Cudnn, Layout, TensorDesc, Workspace};
+use cudnn_safe::{Cudnn, DataType, Layout, TensorDesc, Workspace};
 
 /// Criterion group of every benchmark here.
 const GROUP: &str = "norm";
@@ -1120,6 +1125,85 @@ fn run_graph(
     Ok(())
 }
 
+/// [`RmsNorm`] (cuDNN's fused RMS-norm graphs) on `rows × d` of `T`: ops `<name>-fwd`
+/// (inference), `-train` (y and r), `-bwd` (dx, dγ) and `-train_bwd`; bytes as the other
+/// lines count them. The plans are built before the first timed call.
+fn run_rms<T: NormType + DataType>(
+    r: &mut Runner,
+    name: &str,
+    [rows, d]: [usize; 2],
+    cudnn: &Cudnn,
+) -> BoxResult<()> {
+    let ops: Vec<String> = ["fwd", "train", "bwd", "train_bwd"]
+        .iter()
+        .map(|k| format!("{name}-{k}"))
+        .collect();
+    if !r.any_selected(&ops) {
+        for op in &ops {
+            list_only(r.c, GROUP, &[op.as_str()]);
+        }
+        return Ok(());
+    }
+    let stream = r.stream;
+    let n = rows * d;
+    let nb = (n * std::mem::size_of::<T>()) as f64;
+    let rn = RmsNorm::<T>::new(&[rows as i64, d as i64], 1, 1e-6)?;
+    if let Err(e) = rn
+        .build_plan(cudnn)
+        .and_then(|()| rn.build_training_plans(cudnn))
+    {
+        for op in &ops {
+            print_op_error(op, &e);
+        }
+        return Ok(());
+    }
+    let weight: Vec<T> = values::<f32>(d, 0.5)
+        .iter()
+        .map(|v| T::from_f64(f64::from(v + 1.0)))
+        .collect();
+    let x = stream.clone_htod(&values::<T>(n, 2.0))?;
+    let dy = stream.clone_htod(&values::<T>(n, 1.0))?;
+    let gamma = stream.clone_htod(&weight)?;
+    let mut y = stream.alloc_zeros::<T>(n)?;
+    let mut dx = stream.alloc_zeros::<T>(n)?;
+    let mut dgamma = stream.alloc_zeros::<T>(d)?;
+    let mut ws = Workspace::new(stream.clone());
+    if r.selected(&ops[0]) {
+        r.bench(&ops[0], Some(2.0 * nb), None, &mut || {
+            Ok(cudnn.rms_norm_forward(&rn, &x, &gamma, &mut y, &mut ws)?)
+        });
+    }
+    if r.selected(&ops[1]) {
+        r.bench(&ops[1], Some(2.0 * nb), None, &mut || {
+            cudnn.rms_norm_forward_training(&rn, &x, &gamma, &mut y, &mut ws)?;
+            Ok(())
+        });
+    }
+    if r.selected(&ops[2]) {
+        let saved = cudnn.rms_norm_forward_training(&rn, &x, &gamma, &mut y, &mut ws)?;
+        r.bench(&ops[2], Some(3.0 * nb), None, &mut || {
+            Ok(cudnn.rms_norm_backward(
+                &rn,
+                &saved,
+                &x,
+                &dy,
+                &gamma,
+                &mut dx,
+                &mut dgamma,
+                &mut ws,
+            )?)
+        });
+    }
+    if r.selected(&ops[3]) {
+        r.bench(&ops[3], None, None, &mut || {
+            let saved = cudnn.rms_norm_forward_training(&rn, &x, &gamma, &mut y, &mut ws)?;
+            cudnn.rms_norm_backward(&rn, &saved, &x, &dy, &gamma, &mut dx, &mut dgamma, &mut ws)?;
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
 fn main() {
     let _ = env_logger::try_init();
     let Some((stream, cudnn)) = setup_or_skip() else {
@@ -1145,6 +1229,12 @@ fn main() {
             outcome = Err(e);
             break;
         }
+    }
+    if outcome.is_ok() {
+        outcome = run_rms::<f32>(&mut runner, "rms_fp32_32768x1024", [32768, 1024], &cudnn)
+            .and_then(|()| {
+                run_rms::<bf16>(&mut runner, "rms_bf16_16384x4096", [16384, 4096], &cudnn)
+            });
     }
     print_summary(&runner.summary, 56);
     c.final_summary();

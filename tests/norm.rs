@@ -24,8 +24,8 @@ use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::norm::{
     BatchNorm, BatchNormMode, BatchNormOps, BatchNormSaved, FeatureLayout, GroupNorm, LayerNorm,
-    LayerNormGraphSaved, NormAffine, NormMethod, NormParamGrads, NormStats, NormType, RunningStats,
-    MIN_EPSILON,
+    LayerNormGraphSaved, NormAffine, NormMethod, NormParamGrads, NormStats, NormType, RmsNorm,
+    RmsNormSaved, RunningStats, MIN_EPSILON,
 };
 use cudnn_safe::{sys, Cudnn, DType, DataType, Error, Layout, Workspace};
 
@@ -2296,4 +2296,210 @@ fn layer_norm_graph_formulation_refuses_f64() {
     let r = cudnn.layer_norm_forward_training_graph(&ln, &x, &g, &b, &mut y, &mut ws);
     assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
     assert_untouched("f64 graph layer norm training", &stream, &y, &before);
+}
+
+// ---------------------------------------------------------------------------------------------
+// RmsNorm (cuDNN's fused RMS-norm graphs)
+// ---------------------------------------------------------------------------------------------
+
+/// RMS-norm reference per row of `d`: (y, r, dx, dγ, Σ|dy·x·r| per feature) with
+/// `r = 1/√(mean(x²) + ε)`, `y = x·r·γ`, `dx = r·γ·dy − x·r³/d·Σ_j dy_j·γ_j·x_j`,
+/// `dγ = Σ_rows dy·x·r`.
+type RmsRef = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>);
+
+fn rms_ref(x: &[f64], d: usize, gamma: &[f64], dy: &[f64], eps: f64) -> RmsRef {
+    let (mut y, mut r, mut dx) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut dg, mut dg_mag) = (vec![0.0; d], vec![0.0; d]);
+    for (row, g) in x.chunks(d).zip(dy.chunks(d)) {
+        let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / d as f64 + eps).sqrt();
+        r.push(inv);
+        let dot: f64 = (0..d).map(|j| g[j] * gamma[j] * row[j]).sum();
+        for j in 0..d {
+            y.push(row[j] * inv * gamma[j]);
+            dx.push(inv * gamma[j] * g[j] - row[j] * inv.powi(3) / d as f64 * dot);
+            dg[j] += g[j] * row[j] * inv;
+            dg_mag[j] += (g[j] * row[j] * inv).abs();
+        }
+    }
+    (y, r, dx, dg, dg_mag)
+}
+
+/// One `RmsNorm<T>` against the f64 reference: inference y, training y and r, then dx and dγ
+/// for two different dy, all outputs poisoned with NaN; then the rejections (saved values of
+/// another object or another x, a short dx, a short γ), each leaving every output untouched.
+fn rms_norm_case<T: NormType>(dims: &[i64], normalized: usize, seed: u64) {
+    let Some((stream, cudnn)) = gpu() else { return };
+    let what = format!("RmsNorm {} {dims:?}", T::DTYPE);
+    let eps = 1e-6;
+    let rn = RmsNorm::<T>::new(dims, normalized, eps).unwrap();
+    let (n, d, rows) = (rn.len(), rn.features(), rn.rows());
+    assert!(!rn.has_plan() && !rn.has_training_plans());
+    let mut rng = Rng::new(seed);
+    let xv: Vec<T> = rng.values_in(n, -1.5, 2.5);
+    let gv: Vec<T> = rng.values_in(d, 0.5, 1.5);
+    let (x64, g64) = (rounded(&xv), rounded(&gv));
+    let (x, gamma) = (dev(&stream, &xv), dev(&stream, &gv));
+    let mut ws = Workspace::new(stream.clone());
+    // The engine's f32 statistics (rsqrt) lose a few bits against the f64 reference.
+    let t = dtol::<T>().max(1e-4);
+
+    let dy0: Vec<T> = rng.values(n);
+    let (y_ref, r_ref, _, _, _) = rms_ref(&x64, d, &g64, &rounded(&dy0), eps);
+    let mut y = poisoned_buffer::<T>(&stream, n);
+    cudnn
+        .rms_norm_forward(&rn, &x, &gamma, &mut y, &mut ws)
+        .unwrap_or_else(|e| panic!("{what} inference: {e}"));
+    assert!(rn.has_plan());
+    assert_close(
+        &format!("{what} inference y"),
+        &download(&stream, &y),
+        &y_ref,
+        t,
+    );
+
+    let mut y = poisoned_buffer::<T>(&stream, n);
+    let saved = cudnn
+        .rms_norm_forward_training(&rn, &x, &gamma, &mut y, &mut ws)
+        .unwrap_or_else(|e| panic!("{what} training: {e}"));
+    assert!(rn.has_training_plans());
+    assert_close(
+        &format!("{what} training y"),
+        &download(&stream, &y),
+        &y_ref,
+        t,
+    );
+    assert_eq!(saved.inv_rms().len(), rows);
+    let pt = ptol::<T>().max(1e-4);
+    assert_close(
+        &format!("{what} r"),
+        &download(&stream, saved.inv_rms()),
+        &r_ref,
+        pt,
+    );
+
+    // Twice, with different dy: the held plan is reused.
+    for round in 0..2 {
+        let dyv: Vec<T> = rng.values(n);
+        let dy = dev(&stream, &dyv);
+        let (_, _, dx_ref, dg_ref, dg_mag) = rms_ref(&x64, d, &g64, &rounded(&dyv), eps);
+        let mut dx = poisoned_buffer::<T>(&stream, n);
+        let mut dg = poisoned_buffer::<T>(&stream, d);
+        cudnn
+            .rms_norm_backward(&rn, &saved, &x, &dy, &gamma, &mut dx, &mut dg, &mut ws)
+            .unwrap_or_else(|e| panic!("{what} backward: {e}"));
+        assert_close(
+            &format!("{what} dx ({round})"),
+            &download(&stream, &dx),
+            &dx_ref,
+            t,
+        );
+        assert_sum_close(
+            &format!("{what} dγ ({round})"),
+            &download(&stream, &dg),
+            &dg_ref,
+            &dg_mag,
+        );
+    }
+
+    // Rejections, every output untouched.
+    let dy = dev(&stream, &rng.values::<T>(n));
+    let backward = |why: &str, saved: &RmsNormSaved, x: &CudaSlice<T>, dx_len: usize| {
+        let (mut dx, dx0) = sentinel_buffer::<T>(&stream, dx_len);
+        let (mut dg, dg0) = sentinel_buffer::<T>(&stream, d);
+        let mut ws = Workspace::new(stream.clone());
+        let r = cudnn.rms_norm_backward(&rn, saved, x, &dy, &gamma, &mut dx, &mut dg, &mut ws);
+        assert_untouched(&format!("{what} dx ({why})"), &stream, &dx, &dx0);
+        assert_untouched(&format!("{what} dγ ({why})"), &stream, &dg, &dg0);
+        r
+    };
+    let other = RmsNorm::<T>::new(dims, normalized, eps).unwrap();
+    let mut y2 = poisoned_buffer::<T>(&stream, n);
+    let foreign = cudnn
+        .rms_norm_forward_training(&other, &x, &gamma, &mut y2, &mut ws)
+        .unwrap();
+    let r = backward("foreign saved", &foreign, &x, n);
+    assert!(
+        is_err_kind(&r, "InvalidArgument"),
+        "{what} foreign saved: {r:?}"
+    );
+    let x_copy = dev(&stream, &xv);
+    let r = backward("other x", &saved, &x_copy, n);
+    assert!(is_err_kind(&r, "InvalidArgument"), "{what} other x: {r:?}");
+    let r = backward("short dx", &saved, &x, n - 1);
+    assert!(is_err_kind(&r, "BufferTooSmall"), "{what} short dx: {r:?}");
+    let short_g = dev(&stream, &gv[..d - 1]);
+    for training in [false, true] {
+        let (mut y, before) = sentinel_buffer::<T>(&stream, n);
+        let r = if training {
+            cudnn
+                .rms_norm_forward_training(&rn, &x, &short_g, &mut y, &mut ws)
+                .map(|_| ())
+        } else {
+            cudnn.rms_norm_forward(&rn, &x, &short_g, &mut y, &mut ws)
+        };
+        assert!(
+            is_err_kind(&r, "BufferTooSmall"),
+            "{what} short gamma: {r:?}"
+        );
+        assert_untouched(&format!("{what} y (short gamma)"), &stream, &y, &before);
+    }
+}
+
+/// Every type cuDNN has a norm engine for (γ and dγ of the data type, f32 r), on rows of 128
+/// over two normalized dimensions and on 37 rows of 1024.
+#[test]
+fn rms_norm_every_type() {
+    rms_norm_case::<f32>(&[4, 6, 2, 64], 2, 921);
+    rms_norm_case::<f16>(&[4, 6, 2, 64], 2, 922);
+    rms_norm_case::<bf16>(&[4, 6, 2, 64], 2, 923);
+    rms_norm_case::<f32>(&[37, 1024], 1, 924);
+    rms_norm_case::<bf16>(&[37, 1024], 1, 925);
+}
+
+/// f64 has no norm engine: refused with a typed error before anything runs.
+#[test]
+fn rms_norm_refuses_f64() {
+    let Some((stream, cudnn)) = gpu() else { return };
+    let rn = RmsNorm::<f64>::new(&[8, 128], 1, 1e-6).unwrap();
+    for r in [rn.build_plan(&cudnn), rn.build_training_plans(&cudnn)] {
+        assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+    }
+    assert!(!rn.has_plan() && !rn.has_training_plans());
+    let x = dev(&stream, &vec![0.5f64; rn.len()]);
+    let g = dev(&stream, &vec![1.0f64; 128]);
+    let (mut y, before) = sentinel_buffer::<f64>(&stream, rn.len());
+    let mut ws = Workspace::new(stream.clone());
+    let r = cudnn.rms_norm_forward(&rn, &x, &g, &mut y, &mut ws);
+    assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+    assert_untouched("f64 RMS norm", &stream, &y, &before);
+}
+
+/// Host only: the constructor's checks, the shape accessors, and the layer objects of the
+/// graph paths being `Send` (moved to another thread with their plans).
+#[test]
+fn rms_norm_builder_checks() {
+    let rn = RmsNorm::<f32>::new(&[4, 6, 2, 64], 2, 1e-6).unwrap();
+    assert_eq!((rn.rows(), rn.features(), rn.len()), (24, 128, 3072));
+    assert_eq!(rn.dims(), &[4, 6, 2, 64]);
+    // epsilon 0 is accepted (cuDNN's batch-norm minimum does not apply to the graph).
+    assert!(RmsNorm::<f32>::new(&[2, 8], 1, 0.0).is_ok());
+    for (dims, k, eps) in [
+        (&[4i64, 8][..], 0usize, 1e-6),
+        (&[4, 8][..], 3, 1e-6),
+        (&[4, 0][..], 1, 1e-6),
+        (&[4, 8][..], 1, f64::NAN),
+        (&[4, 8][..], 1, -1e-6),
+        (&[4, 8][..], 1, f64::INFINITY),
+    ] {
+        let r = RmsNorm::<f32>::new(dims, k, eps);
+        assert!(
+            is_err_kind(&r, "InvalidArgument"),
+            "{dims:?} {k} {eps}: {r:?}"
+        );
+    }
+    fn is_send<S: Send>() {}
+    is_send::<RmsNorm<bf16>>();
+    is_send::<RmsNormSaved>();
+    is_send::<LayerNorm<f16>>();
+    is_send::<LayerNormGraphSaved>();
 }

@@ -907,10 +907,28 @@ impl<T: NormType> Regrouped<T> {
     }
 }
 
+/// The first plan cuDNN's heuristics build for `g` (a normalization graph: its engines are
+/// few and the heuristics' first is the fused one), or [`Error::NoAlgorithm`] naming `op`.
+pub(super) fn first_graph_plan(
+    cudnn: &Cudnn,
+    g: &crate::graph::Graph,
+    op: &'static str,
+) -> Result<crate::graph::Plan> {
+    let og = g.build(cudnn)?;
+    og.plans(cudnn, &crate::graph::PlanFilter::new().max_plans(Some(1)))?
+        .plans
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::NoAlgorithm {
+            op,
+            detail: "cuDNN built no plan for the normalization graph".into(),
+        })
+}
+
 /// Checks that saved values (`(object id, x address)` as the training forward recorded them)
 /// came from the training forward of the object `id` on the buffer `x`: [`Error::InvalidArgument`]
 /// naming `what` otherwise.
-fn check_saved_origin<T: DataType>(
+pub(super) fn check_saved_origin<T: DataType>(
     cudnn: &Cudnn,
     what: &'static str,
     expected: &'static str,
@@ -1175,7 +1193,7 @@ impl<T: NormType> LayerNorm<T> {
     /// [`Error::NoAlgorithm`] or [`Error::Cudnn`].
     #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR")]
     pub fn build_graph_plan(&self, cudnn: &Cudnn) -> Result<()> {
-        use crate::graph::{Graph, PlanFilter};
+        use crate::graph::Graph;
         if let Some(g) = self.graph.borrow().as_ref() {
             if g.plan.graph.check_handle(cudnn).is_ok() {
                 return Ok(());
@@ -1188,16 +1206,7 @@ impl<T: NormType> LayerNorm<T> {
         let beta = g.tensor_nhwc("beta", &[1, d, 1, 1], T::DTYPE)?;
         let out = g.layer_norm(x, gamma, beta, self.core.epsilon, false)?;
         g.mark_output(out.y)?;
-        let og = g.build(cudnn)?;
-        let plan = og
-            .plans(cudnn, &PlanFilter::new().max_plans(Some(1)))?
-            .plans
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::NoAlgorithm {
-                op: "layer norm (graph)",
-                detail: "cuDNN built no plan for the layer-norm graph".into(),
-            })?;
+        let plan = first_graph_plan(cudnn, &g, "layer norm (graph)")?;
         *self.graph.borrow_mut() = Some(Box::new(LayerNormGraph {
             plan,
             x,
@@ -1227,24 +1236,14 @@ impl<T: NormType> LayerNorm<T> {
     /// or [`Error::Cudnn`].
     #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR")]
     pub fn build_graph_training_plans(&self, cudnn: &Cudnn) -> Result<()> {
-        use crate::graph::{Graph, PlanFilter};
+        use crate::graph::Graph;
         if let Some(g) = self.train.borrow().as_ref() {
             if g.fwd.graph.check_handle(cudnn).is_ok() && g.bwd.graph.check_handle(cudnn).is_ok() {
                 return Ok(());
             }
         }
         let (rows, d) = (self.core.rows as i64, self.core.features() as i64);
-        let first_plan = |g: &Graph| -> Result<crate::graph::Plan> {
-            let og = g.build(cudnn)?;
-            og.plans(cudnn, &PlanFilter::new().max_plans(Some(1)))?
-                .plans
-                .into_iter()
-                .next()
-                .ok_or_else(|| Error::NoAlgorithm {
-                    op: "layer norm training (graph)",
-                    detail: "cuDNN built no plan for the layer-norm graph".into(),
-                })
-        };
+        let first_plan = |g: &Graph| first_graph_plan(cudnn, g, "layer norm training (graph)");
         let (x_dims, p_dims, s_dims) = ([rows, d, 1, 1], [1, d, 1, 1], [rows, 1, 1, 1]);
         let mut g = Graph::new(T::DTYPE, crate::DType::F32, crate::DType::F32);
         let x = g.tensor_nhwc("x", &x_dims, T::DTYPE)?;

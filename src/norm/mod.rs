@@ -1,6 +1,7 @@
 //! Normalization layers: batch normalization (cuDNN's own calls, with the fused
-//! BN + add + ReLU "Ex" variant), and layer, instance and group normalization computed with cuDNN's
-//! batch-normalization kernels on a regrouped view of the tensor.
+//! BN + add + ReLU "Ex" variant), layer, instance and group normalization computed with cuDNN's
+//! batch-normalization kernels on a regrouped view of the tensor (layer norm also on cuDNN's
+//! fused normalization graphs), and RMS normalization on those graphs.
 //!
 //! * [`BatchNorm`] is built once for an input layout (it holds the data descriptor, the parameter
 //!   descriptor cuDNN derives for it and a ReLU descriptor for the fused ops), then used by
@@ -21,6 +22,11 @@
 //!   [`Cudnn::layer_norm_backward_graph`](crate::Cudnn::layer_norm_backward_graph). On an H200,
 //!   32768×1024 f32 forward + backward takes 0.19 ms this way against 1.5 ms for the
 //!   batch-norm formulation below (PyTorch: 0.45 ms).
+//! * [`RmsNorm`] (`y = x · γ / sqrt(mean(x²) + ε)`, no mean, no bias) runs only on those
+//!   graphs: [`Cudnn::rms_norm_forward`](crate::Cudnn::rms_norm_forward),
+//!   [`Cudnn::rms_norm_forward_training`](crate::Cudnn::rms_norm_forward_training) returning an
+//!   owned [`RmsNormSaved`] (the per-row inverse RMS), and
+//!   [`Cudnn::rms_norm_backward`](crate::Cudnn::rms_norm_backward).
 //!
 //! Parameters (scale, bias, running and saved statistics) of batch normalization are of type
 //! [`NormType::Param`]: `f32` for f16, bf16 and f32 data, `f64` for f64 data — cuDNN's rule
@@ -120,12 +126,14 @@ use crate::error::{Error, Result};
 mod affine;
 mod batch;
 mod method;
+mod rms;
 
 pub use affine::{GroupNorm, LayerNorm, LayerNormGraphSaved, NormSaved};
 pub use batch::{
     BatchNorm, BatchNormBuilder, BatchNormMode, BatchNormOps, BatchNormSaved, RunningStats,
 };
 pub use method::{FeatureLayout, NormAffine, NormMethod, NormParamGrads, NormStats};
+pub use rms::{RmsNorm, RmsNormSaved};
 
 mod sealed {
     pub trait Sealed {}
