@@ -12,8 +12,9 @@
 //!    times each on the GPU ([`autotune`], one plan at a time so that progress shows), stores the
 //!    fastest in a [`PlanCache::with_file`] (which writes the file), and executes it once for the
 //!    reference output (checked against an f64 CPU reference on 64 sampled points).
-//! 2. **Children**: runs this program again (`std::env::current_exe()` with `--child`) three
-//!    times, each a fresh process measuring with [`Instant`] what its first convolution costs:
+//! 2. **Children**: runs this program again (`std::env::current_exe()` with `--child`) once
+//!    per mode below, each a fresh process measuring with [`Instant`] what its first
+//!    convolution costs:
 //!    * `cold`: no cache file (the heuristics pick the plan: [`PlanCache::get_or_build`] on an
 //!      absent file, which it then writes);
 //!    * `warm`: the parent's cache file ([`OperationGraph::plan_from_config`] through
@@ -25,6 +26,10 @@
 //!    * `warm+preload+eager`: the same with `CUDA_MODULE_LOADING=EAGER` in the child's
 //!      environment: CUDA loads every kernel module while the preload opens the libraries
 //!      (a longer library load), and the first execution loads none;
+//!    * `warm+preload+warm_up`: the same, with [`PlanCache::warm_up`] at start-up (phase
+//!      `warm_up`, counted with library load like the preload): the file's recorded graph is
+//!      read back, its plan built and executed once on scratch buffers, so that the first call
+//!      finds its plan held and its kernel loaded;
 //!    * `tuner+preload`: the same convolution through an [`Autotuner`] (benchmark policy, union
 //!      search) reading the decision the parent's tuner saved, after the preload: its first
 //!      call rebuilds the remembered plan and CUDA loads the kernel lazily;
@@ -533,6 +538,7 @@ fn parent_in(stream: &Arc<CudaStream>, cudnn: &Cudnn, opts: &Opts, dir: &Path) -
         ("warm", cache_path.clone()),
         ("warm+preload", cache_path.clone()),
         ("warm+preload+eager", cache_path.clone()),
+        ("warm+preload+warm_up", cache_path.clone()),
         ("tuner+preload", tuner_path.clone()),
         ("tuner+preload+warm_up", tuner_path.clone()),
     ] {
@@ -683,15 +689,43 @@ fn child_run(args: &[String]) -> BoxResult<()> {
         );
     }
 
+    // `+warm_up`: the cache file's plans built and run once at start-up (with library load).
+    let mut warmed = None;
+    if mode.ends_with("+warm_up") {
+        let t = Instant::now();
+        let mut cache = PlanCache::with_file(cache)?;
+        let mut ws = Workspace::new(stream.clone());
+        let w = cache.warm_up(&cudnn, &mut ws)?;
+        report("warm_up", t);
+        eprintln!(
+            "plan cache warm-up: {} plan(s) replayed, {} skipped, workspace {} bytes, in {:.1} ms",
+            w.replayed,
+            w.skipped.len(),
+            w.workspace,
+            w.elapsed.as_secs_f64() * 1e3
+        );
+        if w.replayed == 0 {
+            return Err(format!("the warm-up replayed no plan: {:?}", w.skipped).into());
+        }
+        warmed = Some((cache, ws));
+    }
+
     let t = Instant::now();
     let (og, x, w, y) = conv_graph(&cudnn)?;
     report("graph_build", t);
-    let t = Instant::now();
-    let mut cache = PlanCache::with_file(cache)?;
-    report("cache_open", t);
+    let (mut cache, warm_ws) = match warmed {
+        Some((cache, ws)) => (cache, Some(ws)),
+        None => {
+            let t = Instant::now();
+            let cache = PlanCache::with_file(cache)?;
+            report("cache_open", t);
+            (cache, None)
+        }
+    };
     let t = Instant::now();
     let plan = cache.get_or_build(&cudnn, &og, &filter(no_rtc))?;
     report("plan", t);
+    let warmed_up = warm_ws.is_some();
 
     let t = Instant::now();
     let (xh, wh) = host_inputs();
@@ -707,7 +741,7 @@ fn child_run(args: &[String]) -> BoxResult<()> {
     report("inputs", t);
 
     let t = Instant::now();
-    let mut ws = Workspace::new(stream.clone());
+    let mut ws = warm_ws.unwrap_or_else(|| Workspace::new(stream.clone()));
     ws.reserve(plan.workspace_size())?;
     report("workspace", t);
     {
@@ -731,6 +765,9 @@ fn child_run(args: &[String]) -> BoxResult<()> {
     report("repacked_execute", t);
     println!("engine {} {}", plan.name(), plan.is_deterministic());
     println!("notes {} {:?}", plan.name(), plan.behavior_notes());
+    if warmed_up && (cache.hits(), cache.misses()) != (1, 0) {
+        return Err("the warmed-up cache missed the graph".into());
+    }
 
     write_output(&stream, &y1, out)
 }

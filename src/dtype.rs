@@ -14,7 +14,7 @@ mod sealed {
 }
 
 /// A cuDNN element type, as a value (for messages, descriptors and run-time dispatch).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub enum DType {
     /// 32-bit float (`CUDNN_DATA_FLOAT`).

@@ -98,7 +98,7 @@ mod ffi {
 
 /// The reduction of [`Cudnn::reduce_tensor`] (`cudnnReduceTensorOp_t`), over the elements of
 /// each reduced slice of `a`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub enum ReduceOp {
     /// Sum.

@@ -285,7 +285,7 @@ fn host_sdpa_forward_shapes_and_finalize() {
                     None => assert!(!training),
                 }
                 if have_cudnn() {
-                    g.check().unwrap_or_else(|e| {
+                    common::check_with_record(&g).unwrap_or_else(|e| {
                         panic!("{dtype} causal={causal} training={training}: {e}")
                     });
                 }
@@ -321,7 +321,7 @@ fn host_sdpa_backward_shapes_and_finalize() {
             );
             assert_eq!(g.dims(gr.dq_accum).unwrap(), &SMALL.q());
             if have_cudnn() {
-                g.check()
+                common::check_with_record(&g)
                     .unwrap_or_else(|e| panic!("{dtype} causal={causal}: {e}"));
             }
         }
@@ -491,7 +491,7 @@ fn host_index_compare_select_transpose() {
     let z = g.pointwise(PointwiseMode::Identity, t, None).unwrap();
     g.mark_output(z).unwrap();
     if have_cudnn() {
-        g.check().unwrap();
+        common::check_with_record(&g).unwrap();
     }
 }
 
@@ -962,7 +962,7 @@ fn host_sdpa_dropout_forward_shapes_and_finalize() {
                         assert_eq!(g.dims(t).unwrap(), &[1, 1, 1, 1]);
                     }
                     if have_cudnn() {
-                        g.check().unwrap_or_else(|e| {
+                        common::check_with_record(&g).unwrap_or_else(|e| {
                             panic!("{dtype} causal={causal} dump={dump} p={p}: {e}")
                         });
                     }
@@ -980,7 +980,7 @@ fn host_sdpa_dropout_backward_shapes_and_finalize() {
                 let (g, _, _, gr) = bwd_dropout_graph(dtype, SMALL, causal, p).unwrap();
                 assert_backward_outputs(&g, &gr, dtype);
                 if have_cudnn() {
-                    g.check()
+                    common::check_with_record(&g)
                         .unwrap_or_else(|e| panic!("{dtype} causal={causal} p={p}: {e}"));
                 }
             }

@@ -323,7 +323,7 @@ fn host_every_operation_kind_finalizes() {
     // Conv forward (NCHW f32, NHWC f16 / bf16) fused with bias and relu.
     for (dt, nhwc) in [(DType::F32, false), (DType::F16, true), (DType::BF16, true)] {
         let (g, ..) = conv_graph(dt, nhwc);
-        g.check().unwrap();
+        common::check_with_record(&g).unwrap();
         let mut g = Graph::new(dt, DType::F32, DType::F32);
         let x = g.tensor_nhwc("x", &[2, 8, 6, 6], dt).unwrap();
         let w = g.tensor_nhwc("w", &[16, 8, 3, 3], dt).unwrap();
@@ -334,7 +334,7 @@ fn host_every_operation_kind_finalizes() {
         let y = g.bias(y, b).unwrap();
         let y = g.pointwise(PointwiseMode::Relu, y, None).unwrap();
         g.mark_output(y).unwrap();
-        g.check().unwrap();
+        common::check_with_record(&g).unwrap();
     }
     // Backward data and filter.
     let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
@@ -346,7 +346,7 @@ fn host_every_operation_kind_finalizes() {
     let dw = g.conv_wgrad(x, dy, &[4, 3, 3, 3], &p).unwrap();
     g.mark_output(dx).unwrap();
     g.mark_output(dw).unwrap();
-    g.check().unwrap();
+    common::check_with_record(&g).unwrap();
     // Matmul + bias + gelu, reduction, every pointwise mode.
     let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
     let a = g.tensor_nchw("a", &[2, 8, 16], DType::F16).unwrap();
@@ -358,7 +358,7 @@ fn host_every_operation_kind_finalizes() {
     g.mark_output(c).unwrap();
     let r = g.reduction(ReduceOp::Max, c, &[1, 8, 1]).unwrap();
     g.mark_output_as(r, DType::F32).unwrap();
-    g.check().unwrap();
+    common::check_with_record(&g).unwrap();
     // Broadcast batch on either operand: described with stride 0 on the broadcast dimension.
     for (ad, bd) in [([3i64, 8, 16], [1i64, 16, 8]), ([1, 8, 16], [3, 16, 8])] {
         let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
@@ -367,8 +367,7 @@ fn host_every_operation_kind_finalizes() {
         let c = g.matmul(a, b).unwrap();
         assert_eq!(g.dims(c).unwrap(), &[3, 8, 8]);
         g.mark_output(c).unwrap();
-        g.check()
-            .unwrap_or_else(|e| panic!("broadcast {ad:?} x {bd:?}: {e}"));
+        common::check_with_record(&g).unwrap_or_else(|e| panic!("broadcast {ad:?} x {bd:?}: {e}"));
     }
     for mode in UNARY.iter().chain(BINARY).chain(BACKWARD) {
         let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
@@ -385,7 +384,7 @@ fn host_every_operation_kind_finalizes() {
             false => g.pointwise(*mode, x, None).unwrap(),
         };
         g.mark_output(y).unwrap();
-        g.check().unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+        common::check_with_record(&g).unwrap_or_else(|e| panic!("{mode:?}: {e}"));
     }
 }
 
@@ -2229,6 +2228,96 @@ fn gpu_plan_cache_hits_and_persists() {
     let mut ws = Workspace::new(s.clone());
     let plan = fresh.get(&cudnn, &c.og, &filter).unwrap();
     c.run_check(&s, &cudnn, plan, &mut ws, "persisted plan");
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn gpu_plan_cache_warm_up_replays_recorded_graphs() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let path =
+        std::env::temp_dir().join(format!("cudnn-safe-graph-warm-{}.txt", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let filter = PlanFilter::new();
+    let c = conv_case(&s, &cudnn, 31);
+    let half = conv_graph(DType::F16, true).0.build(&cudnn).unwrap();
+    let name = {
+        let mut cache = PlanCache::with_file(&path).unwrap();
+        let name = cache.get_or_build(&cudnn, &c.og, &filter).unwrap().name();
+        cache.get_or_build(&cudnn, &half, &filter).unwrap();
+        name
+    };
+    // Every line carries its graph.
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text.lines().count(), 2, "{text}");
+    let key = PlanCache::key(&cudnn, &c.og, &filter);
+    let line = text
+        .lines()
+        .find(|l| l.split('\t').nth(1) == Some(key.as_str()))
+        .expect("the f32 graph's line");
+    let fields: Vec<&str> = line.split('\t').collect();
+    assert_eq!(fields.len(), 3, "{line}");
+    assert_eq!(fields[0], name);
+    assert_eq!(fields[2], c.og.graph().to_json().unwrap());
+    // Lines the warm-up leaves alone (another GPU) or skips (a choice without its graph; a
+    // recorded graph that is not its key's).
+    let (_, rest) = key.split_once(" | ").unwrap();
+    let other_gpu = format!("{name}\tOther GPU sm00 cudnn1 | {rest}\t{}", fields[2]);
+    let no_graph = format!(
+        "{name}\t{}",
+        PlanCache::key(&cudnn, &c.og, &filter.clone().deterministic(true))
+    );
+    let mismatched = format!(
+        "{name}\t{}\t{}",
+        PlanCache::key(&cudnn, &c.og, &filter.clone().no_tensor_cores(true)),
+        half.graph().to_json().unwrap()
+    );
+    std::fs::write(
+        &path,
+        format!("{text}{other_gpu}\n{no_graph}\n{mismatched}\n"),
+    )
+    .unwrap();
+
+    // A new handle, as in a new process: the warm-up builds and runs the two recorded plans.
+    let cudnn2 = Cudnn::new(s.clone()).unwrap();
+    let mut fresh = PlanCache::with_file(&path).unwrap();
+    let mut ws = Workspace::new(s.clone());
+    let w = fresh.warm_up(&cudnn2, &mut ws).unwrap();
+    eprintln!("{w:?}");
+    assert_eq!((w.replayed, w.held, w.other), (2, 0, 1), "{w:?}");
+    let reasons: Vec<&str> = w.skipped.iter().map(|k| k.reason.as_str()).collect();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(
+        reasons.iter().any(|r| r.contains("a recorded graph")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|r| r.contains("another signature")),
+        "{reasons:?}"
+    );
+    assert_eq!(fresh.len(), 2);
+    assert!(ws.capacity() >= w.workspace);
+    // The process's first lookup of the graph hits: no plan is built, and it computes y.
+    let c2 = conv_case(&s, &cudnn2, 32);
+    let plan = fresh
+        .get(&cudnn2, &c2.og, &filter)
+        .expect("a warmed-up plan");
+    assert_eq!(plan.name(), name);
+    c2.run_check(&s, &cudnn2, plan, &mut ws, "warmed-up plan");
+    assert_eq!((fresh.hits(), fresh.misses()), (1, 0));
+    // Held plans are not rebuilt.
+    let again = fresh.warm_up(&cudnn2, &mut ws).unwrap();
+    assert_eq!((again.replayed, again.held, again.skipped.len()), (0, 2, 2));
+    // Lookups keep writing the graphs (the skipped choice gains its graph once it is used).
+    let _ = fresh
+        .get_or_build(&cudnn2, &c2.og, &filter.clone().deterministic(true))
+        .unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let key2 = PlanCache::key(&cudnn2, &c2.og, &filter.clone().deterministic(true));
+    let line = text
+        .lines()
+        .find(|l| l.split('\t').nth(1) == Some(key2.as_str()))
+        .unwrap();
+    assert_eq!(line.split('\t').count(), 3, "{line}");
     let _ = std::fs::remove_file(&path);
 }
 

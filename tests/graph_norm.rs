@@ -514,24 +514,24 @@ fn host_output_shapes_layouts_and_types() {
             ] {
                 for training in [true, false] {
                     let f = fwd_graph(mode, dt, nhwc, training || mode == Mode::Batch, true);
-                    f.g.check().unwrap_or_else(|e| {
+                    common::check_with_record(&f.g).unwrap_or_else(|e| {
                         panic!("{mode:?} {dt} nhwc {nhwc} training {training}: {e}")
                     });
                 }
                 if !matches!(mode, Mode::Group(..)) {
                     let b = bwd_graph(mode, dt, nhwc, true);
-                    b.g.check()
+                    common::check_with_record(&b.g)
                         .unwrap_or_else(|e| panic!("{mode:?} backward {dt} nhwc {nhwc}: {e}"));
                 }
             }
             let f = fwd_graph(Mode::BatchInference, dt, nhwc, false, true);
-            f.g.check()
+            common::check_with_record(&f.g)
                 .unwrap_or_else(|e| panic!("batch norm inference {dt} nhwc {nhwc}: {e}"));
             let f = fwd_graph(Mode::Rms, dt, nhwc, true, false);
-            f.g.check()
+            common::check_with_record(&f.g)
                 .unwrap_or_else(|e| panic!("RMS norm without bias {dt}: {e}"));
             let b = bwd_graph(Mode::Rms, dt, nhwc, false);
-            b.g.check()
+            common::check_with_record(&b.g)
                 .unwrap_or_else(|e| panic!("RMS norm backward without dbias {dt}: {e}"));
         }
     }
@@ -1481,7 +1481,7 @@ fn host_batch_norm_inference_drelu_dbn_graph() {
     for dt in [DType::F16, DType::BF16, DType::F32] {
         for nhwc in [true, false] {
             let (g, ..) = bn_infer_drelu_dbn_graph(dt, nhwc);
-            g.check()
+            common::check_with_record(&g)
                 .unwrap_or_else(|e| panic!("BN inference + dReLU + DBN {dt} nhwc {nhwc}: {e}"));
         }
     }

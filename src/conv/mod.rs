@@ -45,7 +45,9 @@ mod ops;
 
 /// Whether the filter is flipped (true convolution) or not (cross-correlation, what deep-learning
 /// frameworks call convolution).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 pub enum ConvMode {
     /// No flip: `y[i] = Σ x[i + k]·w[k]` (PyTorch's `conv2d`). The default.
     #[default]

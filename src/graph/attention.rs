@@ -598,7 +598,7 @@ impl Graph {
 /// with a `CUDNN_BACKEND_RNG_DESCRIPTOR`, built as cudnn-frontend's `RngNode` does): `y[i]` is 1
 /// with probability `probability`, else 0, from the Philox generator seeded by the `seed` and
 /// `offset` tensors (INT64 device tensors `[1, 1, 1, 1]`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct RngOp {
     seed: usize,
     offset: usize,
@@ -618,6 +618,10 @@ unsafe impl AttrElem for sys::cudnnRngDistribution_t {
 impl RngOp {
     pub(crate) fn reads(&self) -> Vec<usize> {
         vec![self.seed, self.offset]
+    }
+
+    pub(crate) fn writes(&self) -> Vec<usize> {
+        vec![self.y]
     }
 
     pub(crate) fn name(&self) -> &'static str {

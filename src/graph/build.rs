@@ -455,6 +455,7 @@ impl Graph {
                 graph_id: self.id,
                 aliases: Default::default(),
                 signature: self.signature(),
+                source: self.clone(),
                 handle: cudnn.as_raw() as usize,
                 context: cudnn.context().clone(),
             }),
@@ -487,6 +488,8 @@ pub(crate) struct GraphInner {
     /// ([`crate::graph::Plan::share_with`]): equal signatures mean equal tensors at each index.
     aliases: std::sync::Mutex<Vec<u64>>,
     pub(crate) signature: String,
+    /// The host graph it was built from (what a [`crate::graph::PlanCache`] file records).
+    pub(crate) source: Graph,
     /// Address of the handle the graph (and its plans) were built on.
     pub(crate) handle: usize,
     /// Kept alive: plans may hold kernels loaded on this context until they are destroyed.
@@ -610,6 +613,11 @@ impl OperationGraph {
     /// The signature of the graph it was built from ([`Graph::signature`]).
     pub fn signature(&self) -> &str {
         &self.inner.signature
+    }
+
+    /// The host graph it was built from (a copy taken by [`Graph::build`]).
+    pub fn graph(&self) -> &Graph {
+        &self.inner.source
     }
 
     /// How many engines cuDNN has for this graph (`CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT`).

@@ -3,14 +3,15 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 
 use super::backend::{attr, ffi, kind, Desc};
 use super::build::{GraphInner, OperationGraph};
 use super::engine::{EngineConfig, Plan, PlanFilter, Skipped};
-use super::TensorId;
+use super::{Graph, TensorId};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -115,6 +116,21 @@ impl<'a> Args<'a> {
     /// buffer bound with [`Args::input`]).
     pub fn input_i64(&mut self, t: TensorId, buf: &'a impl DevicePtr<i64>) -> Result<&mut Self> {
         self.push_input(t, buf, DType::I64)
+    }
+
+    /// Binds a scratch buffer of bytes to tensor `t` as `dtype` ([`PlanCache::warm_up`]); its
+    /// length in elements is its bytes over `dtype`'s size, checked at execution like every
+    /// binding.
+    pub(crate) fn scratch(
+        &mut self,
+        t: TensorId,
+        dtype: DType,
+        output: bool,
+        buf: &'a mut CudaSlice<u8>,
+    ) -> Result<&mut Self> {
+        let (foreign, bytes) = self.origin(&*buf);
+        let ptr = buf.device_ptr_mut(self.stream);
+        self.push(t, dtype, output, (foreign, bytes / dtype.size()), ptr)
     }
 
     /// Binds a buffer the graph writes (a tensor marked as an output).
@@ -471,9 +487,10 @@ pub fn autotune(
 ///
 /// Plans run only on the handle they were built on: an entry built on another handle counts as
 /// a miss and is replaced. With a file ([`PlanCache::with_file`]) the chosen engine
-/// configurations persist, and a new process rebuilds only the chosen plan
-/// ([`OperationGraph::plan_from_config`]) — never trusting the file for anything but the choice:
-/// the plan is built from the graph at hand.
+/// configurations persist with their graphs ([`Graph::to_json`]), and a new process rebuilds
+/// only the chosen plan ([`OperationGraph::plan_from_config`]). [`PlanCache::warm_up`] does that
+/// at start-up for every graph in the file and executes each plan once, so that the first call
+/// of the process finds its plan held and its kernel loaded.
 ///
 /// ```no_run
 /// # use cudnn_safe::graph::{Graph, PlanCache, PlanFilter};
@@ -488,9 +505,30 @@ pub fn autotune(
 pub struct PlanCache {
     plans: HashMap<String, Plan>,
     configs: HashMap<String, EngineConfig>,
+    /// The graph of each persisted configuration ([`Graph::to_json`]), where it could be written.
+    graphs: HashMap<String, String>,
     path: Option<PathBuf>,
     hits: u64,
     misses: u64,
+}
+
+/// What [`PlanCache::warm_up`] did.
+#[derive(Debug, Clone, Default)]
+pub struct PlanWarmUp {
+    /// Entries whose plan was rebuilt from the recorded graph, executed once on scratch buffers
+    /// and is now held by the cache.
+    pub replayed: usize,
+    /// Entries of this GPU and cuDNN version whose plan was already held on this handle.
+    pub held: usize,
+    /// Entries of this GPU and cuDNN version not replayed, with why (no recorded graph, a record
+    /// that does not read back, a plan that no longer builds or runs).
+    pub skipped: Vec<Skipped>,
+    /// Entries of other GPUs or cuDNN versions (left alone).
+    pub other: usize,
+    /// Largest workspace a replayed plan needs (the workspace was grown to it).
+    pub workspace: usize,
+    /// Wall time of the warm-up, the GPU work included.
+    pub elapsed: Duration,
 }
 
 impl PlanCache {
@@ -500,17 +538,26 @@ impl PlanCache {
     }
 
     /// A cache persisting its choices to `path` (read now if it exists; written after each new
-    /// choice). Lines are `<engine config>\t<key>`; malformed lines are ignored.
+    /// choice). Lines are `<engine config>\t<key>\t<graph>` (the graph as [`Graph::to_json`]
+    /// writes it; lines without one are still read, for their choice only); malformed lines are
+    /// ignored.
     pub fn with_file(path: impl Into<PathBuf>) -> Result<Self> {
         let path = path.into();
         let mut configs = HashMap::new();
+        let mut graphs = HashMap::new();
         match std::fs::read_to_string(&path) {
             Ok(text) => {
                 for line in text.lines() {
-                    if let Some((cfg, key)) = line.split_once('\t') {
-                        if let Ok(c) = cfg.parse::<EngineConfig>() {
-                            configs.insert(key.to_string(), c);
-                        }
+                    let mut fields = line.splitn(3, '\t');
+                    let (Some(cfg), Some(key)) = (fields.next(), fields.next()) else {
+                        continue;
+                    };
+                    let Ok(c) = cfg.parse::<EngineConfig>() else {
+                        continue;
+                    };
+                    configs.insert(key.to_string(), c);
+                    if let Some(g) = fields.next().filter(|g| !g.is_empty()) {
+                        graphs.insert(key.to_string(), g.to_string());
                     }
                 }
             }
@@ -525,24 +572,29 @@ impl PlanCache {
         }
         Ok(PlanCache {
             configs,
+            graphs,
             path: Some(path),
             ..Default::default()
         })
     }
 
-    /// The key of a graph under a filter on this handle's GPU and cuDNN version.
-    pub fn key(cudnn: &Cudnn, og: &OperationGraph, filter: &PlanFilter) -> String {
+    /// The start of every key of this handle's GPU and cuDNN version.
+    fn key_prefix(cudnn: &Cudnn) -> String {
         let ctx = cudnn.context();
         let name = ctx
             .name()
             .unwrap_or_else(|_| format!("device{}", ctx.ordinal()));
         let (major, minor) = ctx.compute_capability().unwrap_or((0, 0));
         format!(
-            "{} sm{major}{minor} cudnn{} | {filter:?} | {}",
+            "{} sm{major}{minor} cudnn{} | ",
             name.replace(['\t', '\n'], " "),
-            cudnn.version(),
-            og.signature()
+            cudnn.version()
         )
+    }
+
+    /// The key of a graph under a filter on this handle's GPU and cuDNN version.
+    pub fn key(cudnn: &Cudnn, og: &OperationGraph, filter: &PlanFilter) -> String {
+        format!("{}{filter:?} | {}", Self::key_prefix(cudnn), og.signature())
     }
 
     /// The cached plan for this graph and filter on this handle, if any (counts a hit or a miss).
@@ -568,8 +620,8 @@ impl PlanCache {
         }
     }
 
-    /// Stores a plan for this graph and filter (replacing any), persisting its configuration when
-    /// the cache has a file.
+    /// Stores a plan for this graph and filter (replacing any), persisting its configuration and
+    /// graph when the cache has a file.
     pub fn insert(
         &mut self,
         cudnn: &Cudnn,
@@ -585,8 +637,20 @@ impl PlanCache {
             ));
         }
         let key = Self::key(cudnn, og, filter);
-        let changed = self.configs.get(&key) != Some(plan.config());
+        let record = match og.graph().to_json() {
+            Ok(r) => Some(r),
+            Err(e) => {
+                log::debug!("graph plan cache: the graph is kept without its record: {e}");
+                None
+            }
+        };
+        let changed = self.configs.get(&key) != Some(plan.config())
+            || self.graphs.get(&key) != record.as_ref();
         self.configs.insert(key.clone(), plan.config().clone());
+        match record {
+            Some(r) => self.graphs.insert(key.clone(), r),
+            None => self.graphs.remove(&key),
+        };
         if changed {
             self.save()?;
         }
@@ -659,12 +723,108 @@ impl PlanCache {
         }
     }
 
+    /// Start-up work for a cache read from a file: for every persisted entry of this handle's
+    /// GPU and cuDNN version, reads its graph back ([`Graph::from_json`], checked), builds it,
+    /// builds the chosen plan ([`OperationGraph::plan_from_config`]) and executes it once on
+    /// zero-filled scratch buffers (one per tensor, of its span; freed afterwards) with `ws`
+    /// (grown to the plan's workspace size), then holds the plan. A later [`PlanCache::get`] of a
+    /// graph with the same signature finds it, and its first execution finds its kernel loaded:
+    /// CUDA loads a kernel lazily at its first launch, which costs 12–18 ms on an H200 for a
+    /// tensor-core convolution kernel (after [`super::preload`], that is what remains of a new
+    /// process's first call without this warm-up).
+    ///
+    /// The file is trusted for the choice and the graph description only: the graph passes the
+    /// record checks and cuDNN's validation, a key whose signature is not its graph's is
+    /// skipped, and the scratch execution is checked like every [`Cudnn::execute`]. An entry
+    /// that fails is reported in [`PlanWarmUp::skipped`] (and logged) and left for
+    /// [`PlanCache::get_or_build`]. Each entry is logged at `info` level as it finishes (plans
+    /// of runtime-compiled engines take up to about a second each to build).
+    ///
+    /// ```no_run
+    /// # use cudnn_safe::graph::PlanCache;
+    /// # fn f(cudnn: &cudnn_safe::Cudnn) -> cudnn_safe::Result<()> {
+    /// cudnn_safe::graph::preload(cudnn)?;
+    /// let mut cache = PlanCache::with_file("/tmp/graph-plans.txt")?;
+    /// let mut ws = cudnn_safe::Workspace::new(cudnn.stream().clone());
+    /// let w = cache.warm_up(cudnn, &mut ws)?;
+    /// println!("{} plans ready in {:?}, {} skipped", w.replayed, w.elapsed, w.skipped.len());
+    /// # Ok(()) }
+    /// ```
+    pub fn warm_up(&mut self, cudnn: &Cudnn, ws: &mut Workspace) -> Result<PlanWarmUp> {
+        let started = Instant::now();
+        let mut done = PlanWarmUp::default();
+        let prefix = Self::key_prefix(cudnn);
+        let mut keys: Vec<String> = self.configs.keys().cloned().collect();
+        keys.sort();
+        let total = keys.iter().filter(|k| k.starts_with(&prefix)).count();
+        let mut seen = 0;
+        for key in keys {
+            if !key.starts_with(&prefix) {
+                done.other += 1;
+                continue;
+            }
+            seen += 1;
+            let cfg = self.configs[&key].clone();
+            if self
+                .plans
+                .get(&key)
+                .is_some_and(|p| p.graph.check_handle(cudnn).is_ok())
+            {
+                done.held += 1;
+                continue;
+            }
+            let t = Instant::now();
+            let outcome = match self.graphs.get(&key) {
+                Some(record) => replay(cudnn, ws, &key, &cfg, record),
+                None => Err(Error::invalid(
+                    "graph plan cache entry",
+                    "a recorded graph",
+                    "a configuration only (written before graphs were recorded, or a graph \
+                     JSON cannot hold)",
+                )),
+            };
+            match outcome {
+                Ok(plan) => {
+                    log::info!(
+                        "graph plan cache warm-up [{seen}/{total}]: {cfg} ready in {:.1} ms",
+                        t.elapsed().as_secs_f64() * 1e3
+                    );
+                    done.replayed += 1;
+                    done.workspace = done.workspace.max(plan.workspace_size());
+                    self.plans.insert(key, plan);
+                }
+                Err(e) => {
+                    log::info!("graph plan cache warm-up [{seen}/{total}]: {cfg} skipped: {e}");
+                    done.skipped.push(Skipped {
+                        name: cfg.to_string(),
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        cudnn
+            .stream()
+            .synchronize()
+            .map_err(|e| Error::driver("synchronizing after the plan cache warm-up", e))?;
+        done.elapsed = started.elapsed();
+        log::info!(
+            "graph plan cache warm-up: {} plans replayed, {} held, {} skipped, {} of other \
+             devices or versions, {:.1} ms",
+            done.replayed,
+            done.held,
+            done.skipped.len(),
+            done.other,
+            done.elapsed.as_secs_f64() * 1e3
+        );
+        Ok(done)
+    }
+
     /// Writes the persisted configurations (no-op without a file).
     pub fn save(&self) -> Result<()> {
         let Some(path) = &self.path else {
             return Ok(());
         };
-        save_configs(path, &self.configs)
+        save_configs(path, &self.configs, &self.graphs)
     }
 
     /// Number of plans held in memory.
@@ -689,7 +849,58 @@ impl PlanCache {
     }
 }
 
-fn save_configs(path: &Path, configs: &HashMap<String, EngineConfig>) -> Result<()> {
+/// One entry of [`PlanCache::warm_up`]: the recorded graph read back and built, checked against
+/// its key, the chosen plan built and executed once on zero-filled scratch buffers.
+fn replay(
+    cudnn: &Cudnn,
+    ws: &mut Workspace,
+    key: &str,
+    cfg: &EngineConfig,
+    record: &str,
+) -> Result<Plan> {
+    let og = Graph::from_json(record)?.build(cudnn)?;
+    if !key.ends_with(&format!(" | {}", og.signature())) {
+        return Err(Error::invalid(
+            "graph plan cache entry",
+            "a recorded graph of the signature in its key",
+            "a graph of another signature",
+        ));
+    }
+    let plan = og.plan_from_config(cudnn, cfg)?;
+    let g = &og.inner;
+    let stream = cudnn.stream();
+    let mut bufs = Vec::with_capacity(g.io.len());
+    for &i in &g.io {
+        let m = &g.meta[i];
+        let span = m.layout.as_ref().map_or(1, |l| l.span());
+        let bytes = span
+            .checked_mul(m.dtype.size())
+            .ok_or_else(|| Error::Overflow {
+                what: "plan cache warm-up buffer",
+                detail: format!("`{}`: {span} elements of {}", m.name, m.dtype),
+            })?;
+        let buf = stream
+            .alloc_zeros::<u8>(bytes.max(1))
+            .map_err(|e| Error::driver("allocating a plan cache warm-up buffer", e))?;
+        bufs.push((i, m.dtype, m.is_output, buf));
+    }
+    let mut args = Args::new(cudnn);
+    for (i, dtype, output, buf) in &mut bufs {
+        let id = TensorId {
+            graph: g.graph_id,
+            index: *i,
+        };
+        args.scratch(id, *dtype, *output, buf)?;
+    }
+    cudnn.execute(&plan, &args, ws)?;
+    Ok(plan)
+}
+
+fn save_configs(
+    path: &Path,
+    configs: &HashMap<String, EngineConfig>,
+    graphs: &HashMap<String, String>,
+) -> Result<()> {
     use std::fmt::Write;
     let io = |e: std::io::Error| {
         Error::invalid(
@@ -700,7 +911,13 @@ fn save_configs(path: &Path, configs: &HashMap<String, EngineConfig>) -> Result<
     };
     let mut lines: Vec<String> = configs
         .iter()
-        .map(|(k, c)| format!("{c}\t{}", k.replace('\n', " ")))
+        .map(|(k, c)| {
+            let key = k.replace(['\n', '\t'], " ");
+            match graphs.get(k) {
+                Some(g) => format!("{c}\t{key}\t{}", g.replace(['\n', '\t'], " ")),
+                None => format!("{c}\t{key}"),
+            }
+        })
         .collect();
     lines.sort();
     let mut text = String::new();

@@ -20,7 +20,10 @@
 //!   stay the same.
 //! * [`autotune`] times candidate plans with CUDA events and keeps the fastest; [`PlanCache`]
 //!   keeps plans by graph signature, filter, GPU and cuDNN version, and can persist the winning
-//!   engine configurations to a file so that a new process builds only the winner.
+//!   engine configurations to a file with their graphs ([`Graph::to_json`]) so that a new
+//!   process builds only the winner — at start-up for every recorded graph with
+//!   [`PlanCache::warm_up`], which also runs each plan once so its kernel is loaded before the
+//!   first call.
 //!
 //! ```no_run
 //! use cudnn_safe::graph::{Args, ConvParams, Graph, PlanFilter, PointwiseMode};
@@ -71,6 +74,7 @@ mod engine;
 mod exec;
 mod norm;
 mod preload;
+mod record;
 pub(crate) mod union;
 
 pub use attention::{SdpaGrads, SdpaOptions, SdpaOutputs};
@@ -80,7 +84,7 @@ pub use engine::{
     BehaviorNote, EngineConfig, HeurMode, KnobRange, NumericalNote, Plan, PlanFilter, PlanList,
     Skipped, MAX_KNOB_VALUES,
 };
-pub use exec::{autotune, Args, AutotuneOptions, PlanCache, Timing, Tuned};
+pub use exec::{autotune, Args, AutotuneOptions, PlanCache, PlanWarmUp, Timing, Tuned};
 pub use norm::{
     BatchNormOutputs, BatchNormRunning, GroupNormMethod, GroupNormOutputs, LayerNormGrads,
     LayerNormOutputs, RmsNormGrads, RmsNormOutputs,
@@ -108,7 +112,7 @@ impl TensorId {
 ///
 /// One entry per spatial dimension in each list. Padding may differ before and after
 /// (`pre_padding`, `post_padding`); [`ConvParams::padding`] sets both.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ConvParams {
     pre_padding: Vec<i64>,
     post_padding: Vec<i64>,
@@ -250,7 +254,7 @@ impl ConvParams {
 /// Unary modes read `x`; binary modes read `x` and `b` (broadcast: each dimension of one equal to
 /// the other's or 1); backward modes ([`Graph::pointwise_bwd`]) read the gradient `dy` and the
 /// forward input `x` and give `dx`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub enum PointwiseMode {
     /// `x + b`.
@@ -479,19 +483,23 @@ impl PointwiseMode {
 }
 
 /// What one tensor of a graph is.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct TensorInfo {
-    pub(crate) name: &'static str,
+    #[serde(with = "record::name")]
+    pub(crate) name: record::Name,
     pub(crate) dims: Vec<i64>,
     pub(crate) strides: Vec<i64>,
     pub(crate) dtype: DType,
     pub(crate) is_virtual: bool,
     /// By-value scalar (`CUDNN_ATTR_TENSOR_IS_BY_VALUE`): its value. Its dimensions are all 1,
     /// with the rank of the first operation that reads it (empty until then).
+    #[serde(with = "record::scalar")]
     pub(crate) scalar: Option<f64>,
-    /// The operation writing it, if any.
+    /// The operation writing it, if any (not recorded: [`Graph::from_json`] derives it).
+    #[serde(skip)]
     pub(crate) producer: Option<usize>,
-    /// Whether some operation reads it.
+    /// Whether some operation reads it (or the graph accepts it unread, as attention's
+    /// inference statistics; [`Graph::from_json`] sets it for every tensor an operation reads).
     pub(crate) consumed: bool,
 }
 
@@ -510,7 +518,7 @@ impl TensorInfo {
 }
 
 /// One operation of a graph (tensor indices into `Graph::tensors`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Op {
     ConvFprop {
         x: usize,
@@ -591,6 +599,22 @@ impl Op {
         }
     }
 
+    /// The tensors the operation writes.
+    pub(crate) fn writes(&self) -> Vec<usize> {
+        match *self {
+            Op::ConvFprop { y, .. } => vec![y],
+            Op::ConvDgrad { dx, .. } => vec![dx],
+            Op::ConvWgrad { dw, .. } => vec![dw],
+            Op::Matmul { c, .. } => vec![c],
+            Op::Pointwise { y, .. } | Op::Select { y, .. } | Op::Transpose { y, .. } => vec![y],
+            Op::PointwiseBwd { dx, .. } => vec![dx],
+            Op::Reduction { y, .. } => vec![y],
+            Op::Rng(ref r) => r.writes(),
+            Op::NormFwd(ref n) => n.writes(),
+            Op::NormBwd(ref n) => n.writes(),
+        }
+    }
+
     pub(crate) fn name(&self) -> &'static str {
         match self {
             Op::ConvFprop { .. } => "convolution forward",
@@ -614,8 +638,10 @@ impl Op {
 /// Tensors get unique ids in creation order. Operation outputs are virtual (kept inside the fused
 /// kernels, in the graph's intermediate data type) until [`Graph::mark_output`] makes them real.
 /// See the [module documentation](self) for an example.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Graph {
+    /// Not recorded: a graph read back ([`Graph::from_json`]) is a new graph.
+    #[serde(skip, default = "next_graph_id")]
     id: u64,
     io: DType,
     intermediate: DType,

@@ -129,7 +129,7 @@ pub struct GroupNormOutputs {
 }
 
 /// cuDNN's normalization modes (`cudnnBackendNormMode_t`) this crate lowers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub(crate) enum NormMode {
     Layer,
     Rms,
@@ -189,7 +189,7 @@ impl NormMode {
 }
 
 /// Running-statistics tensors of a training batch norm (indices into `Graph::tensors`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct RunningIdx {
     momentum: usize,
     prev_mean: usize,
@@ -199,7 +199,7 @@ pub(crate) struct RunningIdx {
 }
 
 /// A `NORM_FORWARD` operation (tensor indices into `Graph::tensors`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct NormFwdOp {
     mode: NormMode,
     x: usize,
@@ -216,7 +216,7 @@ pub(crate) struct NormFwdOp {
 }
 
 /// A `NORM_BACKWARD` operation (tensor indices into `Graph::tensors`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct NormBwdOp {
     mode: NormMode,
     dy: usize,
@@ -272,6 +272,18 @@ impl NormFwdOp {
             r.extend([run.momentum, run.prev_mean, run.prev_var]);
         }
         r
+    }
+
+    pub(crate) fn writes(&self) -> Vec<usize> {
+        let mut w = vec![self.y];
+        if self.training {
+            w.extend(self.mean);
+            w.extend(self.inv_var);
+        }
+        if let Some(run) = self.running {
+            w.extend([run.next_mean, run.next_var]);
+        }
+        w
     }
 
     pub(crate) fn name(&self) -> &'static str {
@@ -377,6 +389,12 @@ impl NormBwdOp {
         r.extend(self.mean);
         r.push(self.inv_var);
         r
+    }
+
+    pub(crate) fn writes(&self) -> Vec<usize> {
+        let mut w = vec![self.dx, self.dscale];
+        w.extend(self.dbias);
+        w
     }
 
     pub(crate) fn name(&self) -> &'static str {

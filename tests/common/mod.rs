@@ -370,3 +370,14 @@ pub mod graph_io {
         offs.iter().map(|&o| host[o]).collect()
     }
 }
+
+/// Checks `g` with cuDNN ([`Graph::check`]) and also the graph read back from its JSON record
+/// ([`Graph::to_json`], [`Graph::from_json`]): same signature, same record, accepted alike.
+pub fn check_with_record(g: &Graph) -> Result<(), Error> {
+    g.check()?;
+    let line = g.to_json()?;
+    let back = Graph::from_json(&line).unwrap_or_else(|e| panic!("{e}\n{line}"));
+    assert_eq!(back.signature(), g.signature(), "{line}");
+    assert_eq!(back.to_json()?, line);
+    back.check()
+}
