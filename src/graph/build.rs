@@ -128,6 +128,84 @@ fn reduce_op(op: ReduceOp) -> sys::cudnnReduceTensorOp_t {
     }
 }
 
+/// A convolution operation descriptor (forward, backward data or backward filter) and the
+/// convolution descriptor it refers to.
+fn conv_desc(
+    lib: &'static Library,
+    op: &Op,
+    comp: sys::cudnnDataType_t,
+    t: &[Desc],
+) -> Result<(Desc, Option<Desc>)> {
+    let Some(([x, w, y], conv)) = op.conv_operands() else {
+        return Err(Error::invalid(
+            "graph operation",
+            "a convolution",
+            op.name(),
+        ));
+    };
+    let mut c = Desc::new(lib, kind!(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR))?;
+    c.set1(
+        attr!(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS),
+        conv.spatial_dims() as i64,
+    )?;
+    c.set1(attr!(CUDNN_ATTR_CONVOLUTION_COMP_TYPE), comp)?;
+    c.set1(
+        attr!(CUDNN_ATTR_CONVOLUTION_CONV_MODE),
+        conv_mode(conv.mode),
+    )?;
+    c.set(
+        attr!(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS),
+        &conv.pre_padding,
+    )?;
+    c.set(
+        attr!(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS),
+        &conv.post_padding,
+    )?;
+    c.set(attr!(CUDNN_ATTR_CONVOLUTION_DILATIONS), &conv.dilation)?;
+    c.set(attr!(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES), &conv.stride)?;
+    c.finalize()?;
+    // (x, w, y) here are (x, w, y), (dx, w, dy) and (x, dw, dy) respectively.
+    let (kind, ax, aw, ay, aconv, aalpha, abeta) = match op {
+        Op::ConvFprop { .. } => (
+            kind!(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA),
+        ),
+        Op::ConvDgrad { .. } => (
+            kind!(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA),
+        ),
+        _ => (
+            kind!(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA),
+        ),
+    };
+    let mut o = Desc::new(lib, kind)?;
+    o.set_descs(ax, &[&t[x]])?;
+    o.set_descs(aw, &[&t[w]])?;
+    o.set_descs(ay, &[&t[y]])?;
+    o.set_descs(aconv, &[&c])?;
+    // alpha = 1, beta = 0 as floats, as cudnn-frontend sets them for every data type.
+    o.set1(aalpha, 1.0f32)?;
+    o.set1(abeta, 0.0f32)?;
+    o.finalize()?;
+    Ok((o, Some(c)))
+}
+
 impl Graph {
     /// How cuDNN is told about matmul operands broadcast along batch dimensions: with the
     /// output's batch extents and stride 0 there (the element read is the same for every batch
@@ -223,80 +301,8 @@ impl Graph {
         t: &[Desc],
     ) -> Result<(Desc, Option<Desc>)> {
         match op {
-            Op::ConvFprop { x, w, y, conv }
-            | Op::ConvDgrad {
-                dx: x,
-                w,
-                dy: y,
-                conv,
-            }
-            | Op::ConvWgrad {
-                x,
-                dw: w,
-                dy: y,
-                conv,
-            } => {
-                let mut c = Desc::new(lib, kind!(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR))?;
-                c.set1(
-                    attr!(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS),
-                    conv.spatial_dims() as i64,
-                )?;
-                c.set1(attr!(CUDNN_ATTR_CONVOLUTION_COMP_TYPE), comp)?;
-                c.set1(
-                    attr!(CUDNN_ATTR_CONVOLUTION_CONV_MODE),
-                    conv_mode(conv.mode),
-                )?;
-                c.set(
-                    attr!(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS),
-                    &conv.pre_padding,
-                )?;
-                c.set(
-                    attr!(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS),
-                    &conv.post_padding,
-                )?;
-                c.set(attr!(CUDNN_ATTR_CONVOLUTION_DILATIONS), &conv.dilation)?;
-                c.set(attr!(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES), &conv.stride)?;
-                c.finalize()?;
-                // (x, w, y) here are (x, w, y), (dx, w, dy) and (x, dw, dy) respectively.
-                let (kind, ax, aw, ay, aconv, aalpha, abeta) = match op {
-                    Op::ConvFprop { .. } => (
-                        kind!(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA),
-                    ),
-                    Op::ConvDgrad { .. } => (
-                        kind!(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA),
-                    ),
-                    _ => (
-                        kind!(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA),
-                        attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA),
-                    ),
-                };
-                let mut o = Desc::new(lib, kind)?;
-                o.set_descs(ax, &[&t[*x]])?;
-                o.set_descs(aw, &[&t[*w]])?;
-                o.set_descs(ay, &[&t[*y]])?;
-                o.set_descs(aconv, &[&c])?;
-                // alpha = 1, beta = 0 as floats, as cudnn-frontend sets them for every data type.
-                o.set1(aalpha, 1.0f32)?;
-                o.set1(abeta, 0.0f32)?;
-                o.finalize()?;
-                Ok((o, Some(c)))
+            Op::ConvFprop { .. } | Op::ConvDgrad { .. } | Op::ConvWgrad { .. } => {
+                conv_desc(lib, op, comp, t)
             }
             Op::Matmul { a, b, c } => {
                 let mut m = Desc::new(lib, kind!(CUDNN_BACKEND_MATMUL_DESCRIPTOR))?;

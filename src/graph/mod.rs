@@ -599,6 +599,17 @@ impl Op {
         }
     }
 
+    /// A convolution's (x, w, y) — (dx, w, dy) for backward data, (x, dw, dy) for backward
+    /// filter — and its parameters; `None` for other operations.
+    pub(crate) fn conv_operands(&self) -> Option<([usize; 3], &ConvParams)> {
+        match self {
+            Op::ConvFprop { x, w, y, conv } => Some(([*x, *w, *y], conv)),
+            Op::ConvDgrad { dy, w, dx, conv } => Some(([*dx, *w, *dy], conv)),
+            Op::ConvWgrad { x, dy, dw, conv } => Some(([*x, *dw, *dy], conv)),
+            _ => None,
+        }
+    }
+
     /// The tensors the operation writes.
     pub(crate) fn writes(&self) -> Vec<usize> {
         match *self {

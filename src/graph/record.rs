@@ -213,24 +213,12 @@ impl Graph {
         }
         for (o, op) in self.ops.iter().enumerate() {
             let rank = |i: usize| self.tensors[i].dims.len();
-            let (operands, want) = match op {
-                Op::ConvFprop { x, w, y, conv }
-                | Op::ConvDgrad {
-                    dx: x,
-                    w,
-                    dy: y,
-                    conv,
-                }
-                | Op::ConvWgrad {
-                    x,
-                    dw: w,
-                    dy: y,
-                    conv,
-                } => {
+            let (operands, want) = match (op, op.conv_operands()) {
+                (_, Some((operands, conv))) => {
                     conv.validate(op.name())?;
-                    ([*x, *w, *y], conv.spatial_dims() + 2)
+                    (operands, conv.spatial_dims() + 2)
                 }
-                Op::Matmul { a, b, c } => ([*a, *b, *c], rank(*c).max(3)),
+                (Op::Matmul { a, b, c }, _) => ([*a, *b, *c], rank(*c).max(3)),
                 _ => continue,
             };
             if let Some(&i) = operands.iter().find(|&&i| rank(i) != want) {
