@@ -11,7 +11,9 @@
 //!
 //! Knobs: `ATTENTION_BENCH_MAX_PLANS` (plans autotuned per graph, default 8),
 //! `ATTENTION_BENCH_REFINE` (fastest plans whose knob neighbours are tried too, default 2),
-//! `ATTENTION_BENCH_SEQ` (sequence length, default 4096).
+//! `ATTENTION_BENCH_SEQ` (sequence length, default 4096), `ATTENTION_BENCH_KV_HEADS` (key and
+//! value heads, dividing 16: grouped-query attention below 16, multi-query at 1; default 16; the
+//! lines then read `h16 hkv4` etc.).
 mod common;
 
 use std::sync::Arc;
@@ -36,19 +38,33 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// `[b, h, s, d]` stored as `[b, s, h, d]`.
-fn bshd(s: i64) -> [i64; 4] {
-    [s * H * D, D, H * D, 1]
+/// `[b, h, s, d]` stored as `[b, s, h, d]`, for `h` heads.
+fn bshd(s: i64, h: i64) -> [i64; 4] {
+    [s * h * D, D, h * D, 1]
 }
 
-fn label(what: &str, s: i64) -> String {
-    format!("attention {what} bf16 b{B} h{H} s{s} d{D} causal")
+/// Key and value heads (`ATTENTION_BENCH_KV_HEADS`, dividing [`H`]).
+fn kv_heads() -> BoxResult<i64> {
+    let h = env_usize("ATTENTION_BENCH_KV_HEADS", H as usize) as i64;
+    if h < 1 || H % h != 0 {
+        return Err(format!("ATTENTION_BENCH_KV_HEADS={h} does not divide {H}").into());
+    }
+    Ok(h)
 }
 
-fn report(what: &str, s: i64, ms: f64, flops: f64) {
+fn label(what: &str, s: i64, h_kv: i64) -> String {
+    let kv = if h_kv == H {
+        String::new()
+    } else {
+        format!(" hkv{h_kv}")
+    };
+    format!("attention {what} bf16 b{B} h{H}{kv} s{s} d{D} causal")
+}
+
+fn report(what: &str, s: i64, h_kv: i64, ms: f64, flops: f64) {
     println!(
         "{}: {ms:.4} ms, {:.1} TFLOP/s",
-        label(what, s),
+        label(what, s, h_kv),
         tflops(flops, ms)
     );
 }
@@ -114,16 +130,19 @@ fn tune(
 
 fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, test: bool) -> BoxResult<()> {
     let s = env_usize("ATTENTION_BENCH_SEQ", 4096) as i64;
+    let h_kv = kv_heads()?;
     let max_plans = env_usize("ATTENTION_BENCH_MAX_PLANS", 8);
     let dims = [B, H, s, D];
+    let kv_dims = [B, h_kv, s, D];
     let n = (B * H * s * D) as usize;
+    let n_kv = (B * h_kv * s * D) as usize;
     let fwd_flops = 4.0 * (B * H) as f64 * (s as f64).powi(2) * D as f64 / 2.0;
     let filter = PlanFilter::new().max_plans(Some(max_plans));
     let mut ws = Workspace::new(stream.clone());
 
     let qb = upload(stream, n, 0)?;
-    let kb = upload(stream, n, 1)?;
-    let vb = upload(stream, n, 2)?;
+    let kb = upload(stream, n_kv, 1)?;
+    let vb = upload(stream, n_kv, 2)?;
     let mut ob = stream.alloc_zeros::<bf16>(n)?;
     let mut statsb = stream.alloc_zeros::<f32>((B * H * s) as usize)?;
 
@@ -132,9 +151,9 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, test: bool) -> BoxResult<()> {
     for training in [false, true] {
         let what = if training { "fwd-train" } else { "fwd" };
         let mut g = Graph::new(DType::BF16, DType::F32, DType::F32);
-        let q = g.tensor("q", &dims, &bshd(s), DType::BF16)?;
-        let k = g.tensor("k", &dims, &bshd(s), DType::BF16)?;
-        let v = g.tensor("v", &dims, &bshd(s), DType::BF16)?;
+        let q = g.tensor("q", &dims, &bshd(s, H), DType::BF16)?;
+        let k = g.tensor("k", &kv_dims, &bshd(s, h_kv), DType::BF16)?;
+        let v = g.tensor("v", &kv_dims, &bshd(s, h_kv), DType::BF16)?;
         let out = g.sdpa(q, k, v, &SdpaOptions::new().causal(true).training(training))?;
         let og = g.build(cudnn)?;
         let plans = og.plans(cudnn, &filter)?.plans;
@@ -146,7 +165,7 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, test: bool) -> BoxResult<()> {
         }
         let plan = tune(cudnn, &og, plans, &args, &mut ws, what)?;
         let ms = median_ms(stream, test, || Ok(cudnn.execute(&plan, &args, &mut ws)?))?;
-        report(what, s, ms, fwd_flops);
+        report(what, s, h_kv, ms, fwd_flops);
         if training {
             fwd_train_ms = ms;
         }
@@ -155,16 +174,16 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, test: bool) -> BoxResult<()> {
     // Backward, reading the training forward's O and statistics.
     let dob = upload(stream, n, 3)?;
     let mut dqb = stream.alloc_zeros::<bf16>(n)?;
-    let mut dkb = stream.alloc_zeros::<bf16>(n)?;
-    let mut dvb = stream.alloc_zeros::<bf16>(n)?;
+    let mut dkb = stream.alloc_zeros::<bf16>(n_kv)?;
+    let mut dvb = stream.alloc_zeros::<bf16>(n_kv)?;
     let mut sumb = stream.alloc_zeros::<f32>((B * H * s) as usize)?;
     let mut accb = stream.alloc_zeros::<f32>(n)?;
     let mut g = Graph::new(DType::BF16, DType::F32, DType::F32);
-    let q = g.tensor("q", &dims, &bshd(s), DType::BF16)?;
-    let k = g.tensor("k", &dims, &bshd(s), DType::BF16)?;
-    let v = g.tensor("v", &dims, &bshd(s), DType::BF16)?;
-    let o = g.tensor("o", &dims, &bshd(s), DType::BF16)?;
-    let d_o = g.tensor("dO", &dims, &bshd(s), DType::BF16)?;
+    let q = g.tensor("q", &dims, &bshd(s, H), DType::BF16)?;
+    let k = g.tensor("k", &kv_dims, &bshd(s, h_kv), DType::BF16)?;
+    let v = g.tensor("v", &kv_dims, &bshd(s, h_kv), DType::BF16)?;
+    let o = g.tensor("o", &dims, &bshd(s, H), DType::BF16)?;
+    let d_o = g.tensor("dO", &dims, &bshd(s, H), DType::BF16)?;
     let stats = g.tensor_nchw("stats", &[B, H, s, 1], DType::F32)?;
     let gr = g.sdpa_backward(q, k, v, o, d_o, stats, &SdpaOptions::new().causal(true))?;
     let og = g.build(cudnn)?;
@@ -181,8 +200,8 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, test: bool) -> BoxResult<()> {
         .output(gr.dq_accum, &mut accb)?;
     let plan = tune(cudnn, &og, plans, &args, &mut ws, "bwd")?;
     let bwd_ms = median_ms(stream, test, || Ok(cudnn.execute(&plan, &args, &mut ws)?))?;
-    report("bwd", s, bwd_ms, 2.5 * fwd_flops);
-    report("fwd+bwd", s, fwd_train_ms + bwd_ms, 3.5 * fwd_flops);
+    report("bwd", s, h_kv, bwd_ms, 2.5 * fwd_flops);
+    report("fwd+bwd", s, h_kv, fwd_train_ms + bwd_ms, 3.5 * fwd_flops);
     Ok(())
 }
 

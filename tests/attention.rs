@@ -29,11 +29,12 @@ fn bshd(dims: [i64; 4]) -> Vec<i64> {
     vec![s * h * d, d, h * d, 1]
 }
 
-/// Attention problem sizes.
+/// Attention problem sizes: `h` query heads, `h_kv` key and value heads (dividing `h`).
 #[derive(Debug, Clone, Copy)]
 struct Shape {
     b: usize,
     h: usize,
+    h_kv: usize,
     s_q: usize,
     s_kv: usize,
     d: usize,
@@ -44,7 +45,7 @@ impl Shape {
         [self.b, self.h, self.s_q, self.d].map(|x| x as i64)
     }
     fn kv(&self) -> [i64; 4] {
-        [self.b, self.h, self.s_kv, self.d].map(|x| x as i64)
+        [self.b, self.h_kv, self.s_kv, self.d].map(|x| x as i64)
     }
     fn stats(&self) -> [i64; 4] {
         [self.b, self.h, self.s_q, 1].map(|x| x as i64)
@@ -55,7 +56,11 @@ impl Shape {
     }
     /// Elements of k (and v).
     fn kv_len(&self) -> usize {
-        self.b * self.h * self.s_kv * self.d
+        self.b * self.h_kv * self.s_kv * self.d
+    }
+    /// The key and value head query head `hi` reads.
+    fn kv_head(&self, hi: usize) -> usize {
+        hi / (self.h / self.h_kv)
     }
     /// The default scale, `1/√d`.
     fn scale(&self) -> f64 {
@@ -84,8 +89,15 @@ fn reference_forward(
     scale: f64,
     causal: bool,
 ) -> Forward {
-    let Shape { b, h, s_q, s_kv, d } = sh;
-    let (qd, kd) = ([b, h, s_q, d], [b, h, s_kv, d]);
+    let Shape {
+        b,
+        h,
+        h_kv,
+        s_q,
+        s_kv,
+        d,
+    } = sh;
+    let (qd, kd) = ([b, h, s_q, d], [b, h_kv, s_kv, d]);
     let mut stats = vec![0.0; b * h * s_q];
     let mut p = vec![0.0; b * h * s_q * s_kv];
     let mut row = vec![0.0; s_kv];
@@ -99,7 +111,7 @@ fn reference_forward(
                     } else {
                         let mut acc = 0.0;
                         for x in 0..d {
-                            acc += q[at(qd, bi, hi, i, x)] * k[at(kd, bi, hi, j, x)];
+                            acc += q[at(qd, bi, hi, i, x)] * k[at(kd, bi, sh.kv_head(hi), j, x)];
                         }
                         acc * scale
                     };
@@ -120,8 +132,15 @@ fn reference_forward(
 /// `O = Z · V` with `Z = P`, or with dropout `(mask, c)` `Z = P ⊙ mask · c`, from the
 /// probabilities P `[b, h, s_q, s_kv]` of [`reference_forward`] and the mask (same shape).
 fn attention_output(sh: Shape, p: &[f64], dropout: Option<(&[f64], f64)>, v: &[f64]) -> Vec<f64> {
-    let Shape { b, h, s_q, s_kv, d } = sh;
-    let (qd, kd) = ([b, h, s_q, d], [b, h, s_kv, d]);
+    let Shape {
+        b,
+        h,
+        h_kv,
+        s_q,
+        s_kv,
+        d,
+    } = sh;
+    let (qd, kd) = ([b, h, s_q, d], [b, h_kv, s_kv, d]);
     let mut o = vec![0.0; b * h * s_q * d];
     for bi in 0..b {
         for hi in 0..h {
@@ -132,7 +151,7 @@ fn attention_output(sh: Shape, p: &[f64], dropout: Option<(&[f64], f64)>, v: &[f
                     let (mij, c) = dropout.map_or((1.0, 1.0), |(mask, c)| (mask[at_ij], c));
                     let z = p[at_ij] * mij * c;
                     for x in 0..d {
-                        o[at(qd, bi, hi, i, x)] += z * v[at(kd, bi, hi, j, x)];
+                        o[at(qd, bi, hi, i, x)] += z * v[at(kd, bi, sh.kv_head(hi), j, x)];
                     }
                 }
             }
@@ -155,8 +174,15 @@ fn reference_backward(
     dropout: Option<(&[f64], f64)>,
     scale: f64,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let Shape { b, h, s_q, s_kv, d } = sh;
-    let (qd, kd) = ([b, h, s_q, d], [b, h, s_kv, d]);
+    let Shape {
+        b,
+        h,
+        h_kv,
+        s_q,
+        s_kv,
+        d,
+    } = sh;
+    let (qd, kd) = ([b, h, s_q, d], [b, h_kv, s_kv, d]);
     let mut dq = vec![0.0; q.len()];
     let mut dk = vec![0.0; k.len()];
     let mut dv = vec![0.0; v.len()];
@@ -174,13 +200,13 @@ fn reference_backward(
                     let z = pij * mij * c;
                     let mut dz = 0.0;
                     for x in 0..d {
-                        dz += d_o[at(qd, bi, hi, i, x)] * v[at(kd, bi, hi, j, x)];
-                        dv[at(kd, bi, hi, j, x)] += z * d_o[at(qd, bi, hi, i, x)];
+                        dz += d_o[at(qd, bi, hi, i, x)] * v[at(kd, bi, sh.kv_head(hi), j, x)];
+                        dv[at(kd, bi, sh.kv_head(hi), j, x)] += z * d_o[at(qd, bi, hi, i, x)];
                     }
                     let ds = pij * (c * mij * dz - di) * scale;
                     for x in 0..d {
-                        dq[at(qd, bi, hi, i, x)] += ds * k[at(kd, bi, hi, j, x)];
-                        dk[at(kd, bi, hi, j, x)] += ds * q[at(qd, bi, hi, i, x)];
+                        dq[at(qd, bi, hi, i, x)] += ds * k[at(kd, bi, sh.kv_head(hi), j, x)];
+                        dk[at(kd, bi, sh.kv_head(hi), j, x)] += ds * q[at(qd, bi, hi, i, x)];
                     }
                 }
             }
@@ -243,6 +269,7 @@ fn bwd_graph(
 const SMALL: Shape = Shape {
     b: 2,
     h: 3,
+    h_kv: 3,
     s_q: 64,
     s_kv: 64,
     d: 64,
@@ -325,6 +352,64 @@ fn host_sdpa_backward_shapes_and_finalize() {
                     .unwrap_or_else(|e| panic!("{dtype} causal={causal}: {e}"));
             }
         }
+    }
+}
+
+/// Grouped-query attention: 4 query heads, 2 key and value heads.
+const GQA: Shape = Shape {
+    h: 4,
+    h_kv: 2,
+    ..SMALL
+};
+
+/// Multi-query attention: 4 query heads, 1 key and value head.
+const MQA: Shape = Shape { h_kv: 1, ..GQA };
+
+#[test]
+fn host_sdpa_grouped_heads_shapes_and_records() {
+    for sh in [GQA, MQA] {
+        for dtype in [DType::BF16, DType::F16] {
+            let opts = SdpaOptions::new().causal(true).training(true);
+            let (g, [_, k, v], out) = fwd_graph(dtype, sh, &opts).unwrap();
+            assert_eq!(g.dims(out.o).unwrap(), &sh.q());
+            assert_eq!(g.dims(out.stats.unwrap()).unwrap(), &sh.stats());
+            let kv = sh.kv();
+            assert_eq!(g.dims(k).unwrap(), &[kv[0], kv[1], kv[3], kv[2]]);
+            assert_eq!(g.dims(v).unwrap(), &kv);
+            assert!(g.signature().contains("gmatmul"), "{}", g.signature());
+            let (gb, _, gr) = bwd_graph(dtype, sh, &SdpaOptions::new().causal(true)).unwrap();
+            assert_eq!(gb.dims(gr.dq).unwrap(), &sh.q());
+            for t in [gr.dk, gr.dv] {
+                assert_eq!(gb.dims(t).unwrap(), &kv);
+                // k's and v's memory order (a stride of a dimension of 1 is immaterial).
+                let got = gb.strides(t).unwrap();
+                for (i, want) in bshd(kv).into_iter().enumerate() {
+                    assert!(kv[i] == 1 || got[i] == want, "{got:?} for {kv:?}");
+                }
+                assert_eq!(gb.dtype(t).unwrap(), dtype);
+            }
+            if have_cudnn() {
+                for g in [&g, &gb] {
+                    common::check_with_record(g).unwrap_or_else(|e| panic!("{dtype} {sh:?}: {e}"));
+                }
+            }
+        }
+    }
+    // Multi-head graphs keep their plain matmuls (and their signatures).
+    let (g, ..) = fwd_graph(DType::BF16, SMALL, &SdpaOptions::new()).unwrap();
+    assert!(!g.signature().contains("gmatmul"));
+    // Key or value heads that do not divide the query heads are refused, naming the tensor.
+    for (h_k, h_v, name) in [(3, 2, "k"), (2, 3, "v")] {
+        let mut g = Graph::new(DType::BF16, DType::F32, DType::F32);
+        let q = g
+            .tensor("q", &GQA.q(), &bshd(GQA.q()), DType::BF16)
+            .unwrap();
+        let kd = [2, h_k, 64, 64];
+        let vd = [2, h_v, 64, 64];
+        let k = g.tensor("k", &kd, &bshd(kd), DType::BF16).unwrap();
+        let v = g.tensor("v", &vd, &bshd(vd), DType::BF16).unwrap();
+        let r = g.sdpa(q, k, v, &SdpaOptions::new()).map(|_| ());
+        assert!(mismatch(&r, name), "{r:?}");
     }
 }
 
@@ -665,6 +750,14 @@ fn gpu_sdpa_forward_cross_attention_bf16_and_f16() {
 }
 
 #[test]
+fn gpu_sdpa_forward_grouped_and_multi_query() {
+    fwd_case::<bf16>(GQA, true, true, 31);
+    fwd_case::<bf16>(MQA, false, true, 32);
+    fwd_case::<f16>(GQA, false, false, 33);
+    fwd_case::<f16>(MQA, true, false, 34);
+}
+
+#[test]
 fn gpu_sdpa_forward_head_dim_128_bf16() {
     fwd_case::<bf16>(Shape { d: 128, ..SMALL }, true, true, 7);
 }
@@ -777,6 +870,14 @@ fn bwd_case<T: DataType>(sh: Shape, causal: bool, seed: u64) {
     check_bwd(
         &s, &cudnn, &og, sh, causal, ids, &gr, &inputs, &dov, None, &what,
     );
+}
+
+#[test]
+fn gpu_sdpa_backward_grouped_and_multi_query() {
+    bwd_case::<bf16>(GQA, true, 35);
+    bwd_case::<bf16>(MQA, false, 36);
+    bwd_case::<f16>(GQA, false, 37);
+    bwd_case::<f16>(MQA, true, 38);
 }
 
 #[test]

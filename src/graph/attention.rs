@@ -186,7 +186,7 @@ pub struct SdpaOutputs {
 pub struct SdpaGrads {
     /// Gradient with respect to q (q's dimensions, data type and memory order).
     pub dq: TensorId,
-    /// Gradient with respect to k (k's original `[b, h, s_kv, d]` dimensions and memory order).
+    /// Gradient with respect to k (k's original `[b, h_k, s_kv, d]` dimensions and memory order).
     pub dk: TensorId,
     /// Gradient with respect to v (v's original dimensions and memory order).
     pub dv: TensorId,
@@ -196,9 +196,20 @@ pub struct SdpaGrads {
     pub dq_accum: TensorId,
 }
 
-/// The sizes of an attention problem, `(b, h, s_q, s_kv, d, d_v)`: q `[b, h, s_q, d]`,
-/// k `[b, h, s_kv, d]`, v `[b, h, s_kv, d_v]`.
-type SdpaSizes = (i64, i64, i64, i64, i64, i64);
+/// The sizes of an attention problem: q `[b, h, s_q, d]`, k `[b, h_k, s_kv, d]`,
+/// v `[b, h_v, s_kv, d_v]` (`h_k` and `h_v` divide `h`: grouped-query attention when smaller,
+/// multi-query attention when 1).
+#[derive(Debug, Clone, Copy)]
+struct SdpaSizes {
+    b: i64,
+    h: i64,
+    h_k: i64,
+    h_v: i64,
+    s_q: i64,
+    s_kv: i64,
+    d: i64,
+    d_v: i64,
+}
 
 /// Largest head dimension accepted (what cuDNN 9's flash-attention engines document for
 /// Hopper-class GPUs with f16 / bf16).
@@ -403,21 +414,54 @@ impl Graph {
             self.sdpa_operand(op, i, dtype)?;
         }
         let (b, h, s_q, d) = (qd[0], qd[1], qd[2], qd[3]);
-        let s_kv = kd[2];
-        let d_v = vd[3];
-        self.sdpa_dims(
-            qi,
-            ki,
-            &[b, h, s_kv, d],
-            "k is [b, h, s_kv, d] for q [b, h, s_q, d]",
-        )?;
-        self.sdpa_dims(
-            ki,
-            vi,
-            &[b, h, s_kv, d_v],
-            "v is [b, h, s_kv, d_v] for k [b, h, s_kv, d]",
-        )?;
-        Ok((dtype, (b, h, s_q, s_kv, d, d_v)))
+        let (h_k, s_kv) = (kd[1], kd[2]);
+        let (h_v, d_v) = (vd[1], vd[3]);
+        let rule = "k is [b, h_k, s_kv, d] for q [b, h, s_q, d], h_k dividing h";
+        if h % h_k != 0 {
+            return Err(self.tensors[qi].shape_mismatch(&self.tensors[ki], rule));
+        }
+        self.sdpa_dims(qi, ki, &[b, h_k, s_kv, d], rule)?;
+        let rule = "v is [b, h_v, s_kv, d_v] for q [b, h, s_q, d] and k [b, h_k, s_kv, d], h_v \
+                    dividing h";
+        if h % h_v != 0 {
+            return Err(self.tensors[qi].shape_mismatch(&self.tensors[vi], rule));
+        }
+        self.sdpa_dims(ki, vi, &[b, h_v, s_kv, d_v], rule)?;
+        Ok((
+            dtype,
+            SdpaSizes {
+                b,
+                h,
+                h_k,
+                h_v,
+                s_q,
+                s_kv,
+                d,
+                d_v,
+            },
+        ))
+    }
+
+    /// A matmul of attention: grouped ([`Graph::matmul_with`]) when b (k or v, or a view of
+    /// them) has fewer heads than a, plain otherwise (the same graph as before grouped heads
+    /// existed, so plans and cache keys of multi-head graphs stay as they were).
+    fn sdpa_matmul(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        let grouped = self.tensors[a.index].dims[..2] != self.tensors[b.index].dims[..2];
+        self.matmul_with(a, b, grouped)
+    }
+
+    /// A gradient `[b, h, s_kv, x]` of all `h` query heads summed into `heads` heads (each the
+    /// sum of its group of `h / heads` consecutive query heads), as cudnn-frontend's backward
+    /// node reduces dK and dV for grouped-query attention; `t` itself when `heads` is `h`. The
+    /// full-head gradient is declared of the data type `dtype`, as cudnn-frontend declares it.
+    fn sdpa_head_sum(&mut self, t: TensorId, heads: i64, dtype: DType) -> Result<TensorId> {
+        let mut dims = self.tensors[t.index].dims.clone();
+        if dims[1] == heads {
+            return Ok(t);
+        }
+        self.tensors[t.index].dtype = dtype;
+        dims[1] = heads;
+        self.reduction_with(ReduceOp::Add, t, &dims, true)
     }
 
     /// The head dimension `d` of tensor `i` is at most 128 and a multiple of 8.
@@ -683,11 +727,16 @@ impl Graph {
     ///    scalar), declared of q's data type instead;
     /// 5. `O = matmul(P, V)`.
     ///
-    /// q is `[b, h, s_q, d]`, k `[b, h, s_kv, d]`, v `[b, h, s_kv, d_v]`: graph inputs, all f16
-    /// or all bf16, with unit stride along the head dimension (any other strides, e.g. the
+    /// q is `[b, h, s_q, d]`, k `[b, h_k, s_kv, d]`, v `[b, h_v, s_kv, d_v]`: graph inputs, all
+    /// f16 or all bf16, with unit stride along the head dimension (any other strides, e.g. the
     /// interleaved `[b, s, h, d]` memory order cudnn-frontend's samples use:
     /// strides `[s·h·d, d, h·d, 1]`). `d` and `d_v` are at most 128 and multiples of 8. The
     /// graph's intermediate and compute types must be f32.
+    ///
+    /// `h_k` and `h_v` divide `h`: equal to it for multi-head attention, smaller for
+    /// grouped-query attention (query head `i` reads key and value head `i / (h / h_k)` and
+    /// `i / (h / h_v)`), 1 for multi-query attention. The matmuls reading k and v then take
+    /// them as they are (cudnn-frontend's GQA description, which the fused engines recognize).
     ///
     /// Kᵀ is how cuDNN reads k: the graph re-describes `k` as its transposed view
     /// `[b, h, d, s_kv]` (the same buffer and span; [`Graph::dims`] reports the new dimensions),
@@ -741,7 +790,16 @@ impl Graph {
     ) -> Result<SdpaOutputs> {
         const OP: &str = "scaled dot-product attention";
         let (qi, ki, vi) = (self.index(q)?, self.index(k)?, self.index(v)?);
-        let (dtype, (b, h, s_q, s_kv, d, d_v)) = self.sdpa_qkv(OP, [qi, ki, vi], &[])?;
+        let (dtype, sz) = self.sdpa_qkv(OP, [qi, ki, vi], &[])?;
+        let SdpaSizes {
+            b,
+            h,
+            s_q,
+            s_kv,
+            d,
+            d_v,
+            ..
+        } = sz;
         self.sdpa_head_dim(OP, qi)?;
         self.sdpa_head_dim(OP, vi)?;
         self.sdpa_check_unread(OP, ki)?;
@@ -772,7 +830,7 @@ impl Graph {
         }
 
         self.sdpa_transpose_input(ki);
-        let s = self.matmul(q, k)?;
+        let s = self.sdpa_matmul(q, k)?;
         self.set_name(s, "sdpa.scores")?;
         let sc = self.scalar("sdpa.attn_scale", scale, DType::F32)?;
         let mut s = self.pointwise(PointwiseMode::Mul, s, Some(sc))?;
@@ -825,7 +883,7 @@ impl Graph {
         }
         // cudnn-frontend: "Requirement by cudnn backend to take in bmm2 aType as i/o type."
         self.tensors[p.index].dtype = dtype;
-        let o = self.matmul(p, v)?;
+        let o = self.sdpa_matmul(p, v)?;
         self.set_name(o, "sdpa.o")?;
         self.mark_output_strided(o, dtype, &o_strides)?;
         Ok(SdpaOutputs {
@@ -870,12 +928,17 @@ impl Graph {
     /// 6. `dQ_accum = matmul(dS, K)` (K the transposed view of Kᵀ; f32, a real tensor),
     ///    `dQ = identity(dQ_accum)`.
     ///
-    /// Shapes and data types as in [`Graph::sdpa`]; `o` and `d_o` are `[b, h, s_q, d_v]` of q's
-    /// type, `stats` f32 `[b, h, s_q, 1]`. Dropout (probability, seed and offset) is checked as
-    /// in [`Graph::sdpa`]; [`SdpaOptions::dump_dropout_mask`] is ignored here. k and v are re-described as their transposed views
-    /// `Kᵀ`, `Vᵀ` (so neither may be read by another operation). dQ, dK and dV are outputs of q's
-    /// type, in the memory order of q, k and v; [`SdpaGrads`] also names the two f32 scratch
-    /// tensors the caller binds.
+    /// Shapes and data types as in [`Graph::sdpa`] (grouped-query and multi-query attention
+    /// included); `o` and `d_o` are `[b, h, s_q, d_v]` of q's type, `stats` f32
+    /// `[b, h, s_q, 1]`. Dropout (probability, seed and offset) is checked as in
+    /// [`Graph::sdpa`]; [`SdpaOptions::dump_dropout_mask`] is ignored here. k and v are
+    /// re-described as their transposed views `Kᵀ`, `Vᵀ` (so neither may be read by another
+    /// operation). dQ, dK and dV are outputs of q's type with the dimensions and memory order of
+    /// q, k and v; with fewer key or value heads than query heads (`h_k` or `h_v` below `h`),
+    /// dK and dV are computed for all `h` query heads (virtual, of q's type) and each group of
+    /// `h / h_k` (`h / h_v`) consecutive heads is summed by a reduction, as cudnn-frontend's
+    /// backward node does. [`SdpaGrads`] also names the two f32 scratch tensors the caller
+    /// binds.
     #[doc(alias = "scaled_dot_product_attention_backward")]
     #[doc(alias = "flash_attention_backward")]
     #[allow(clippy::too_many_arguments)]
@@ -892,7 +955,17 @@ impl Graph {
         const OP: &str = "scaled dot-product attention backward";
         let (qi, ki, vi) = (self.index(q)?, self.index(k)?, self.index(v)?);
         let (oi, doi, si) = (self.index(o)?, self.index(d_o)?, self.index(stats)?);
-        let (dtype, (b, h, s_q, s_kv, d, d_v)) = self.sdpa_qkv(OP, [qi, ki, vi], &[oi, doi])?;
+        let (dtype, sz) = self.sdpa_qkv(OP, [qi, ki, vi], &[oi, doi])?;
+        let SdpaSizes {
+            b,
+            h,
+            h_k,
+            h_v,
+            s_q,
+            s_kv,
+            d,
+            d_v,
+        } = sz;
         self.sdpa_dims(
             qi,
             oi,
@@ -925,8 +998,8 @@ impl Graph {
         let scale = sdpa_scale(opts, d)?;
         let dropout = self.sdpa_dropout(OP, opts, &[b, h, s_q, s_kv])?;
         let dq_strides = self.sdpa_strides_like(&[b, h, s_q, d], &self.tensors[qi].strides)?;
-        let dk_strides = self.sdpa_strides_like(&[b, h, s_kv, d], &self.tensors[ki].strides)?;
-        let dv_strides = self.sdpa_strides_like(&[b, h, s_kv, d_v], &self.tensors[vi].strides)?;
+        let dk_strides = self.sdpa_strides_like(&[b, h_k, s_kv, d], &self.tensors[ki].strides)?;
+        let dv_strides = self.sdpa_strides_like(&[b, h_v, s_kv, d_v], &self.tensors[vi].strides)?;
 
         self.sdpa_transpose_input(ki);
         self.sdpa_transpose_input(vi);
@@ -956,7 +1029,7 @@ impl Graph {
         self.mark_output_strided(softmax_sum, DType::F32, &row_strides)?;
 
         // Recompute the probabilities from the statistics.
-        let s = self.matmul(q, k)?;
+        let s = self.sdpa_matmul(q, k)?;
         self.set_name(s, "sdpa_bwd.scores")?;
         let sc = self.scalar("sdpa_bwd.attn_scale", scale, DType::F32)?;
         let s = self.pointwise(PointwiseMode::Mul, s, Some(sc))?;
@@ -987,11 +1060,12 @@ impl Graph {
         let pt = self.transpose(pd)?;
         self.tensors[pt.index].dtype = dtype;
         let dv = self.matmul(pt, d_o)?;
+        let dv = self.sdpa_head_sum(dv, h_v, dtype)?;
         self.set_name(dv, "sdpa_bwd.dv")?;
 
         // dS = (dO·Vᵀ − softmax_sum) · P · scale; with dropout
         // dS = (dO·Vᵀ ⊙ mask − softmax_sum) · P / (1 − p) · scale.
-        let mut dp = self.matmul(d_o, v)?;
+        let mut dp = self.sdpa_matmul(d_o, v)?;
         self.set_name(dp, "sdpa_bwd.dp")?;
         if let Some(mask) = mask {
             dp = self.pointwise(PointwiseMode::Mul, dp, Some(mask))?;
@@ -1009,11 +1083,12 @@ impl Graph {
         let dst = self.transpose(ds)?;
         self.tensors[dst.index].dtype = dtype;
         let dk = self.matmul(dst, q)?;
+        let dk = self.sdpa_head_sum(dk, h_k, dtype)?;
         self.set_name(dk, "sdpa_bwd.dk")?;
 
         // dQ = dS·K, accumulated in f32.
         let kv = self.transpose(k)?;
-        let dq_accum = self.matmul(ds, kv)?;
+        let dq_accum = self.sdpa_matmul(ds, kv)?;
         self.set_name(dq_accum, "sdpa_bwd.dq_accum")?;
         self.mark_output_as(dq_accum, DType::F32)?;
         let dq = self.pointwise(PointwiseMode::Identity, dq_accum, None)?;

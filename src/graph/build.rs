@@ -225,7 +225,13 @@ impl Graph {
             }
         }
         for op in &self.ops {
-            let Op::Matmul { a, b, c } = *op else {
+            let Op::Matmul {
+                a,
+                b,
+                c,
+                grouped: false,
+            } = *op
+            else {
                 continue;
             };
             let out = &self.tensors[c].dims;
@@ -304,7 +310,7 @@ impl Graph {
             Op::ConvFprop { .. } | Op::ConvDgrad { .. } | Op::ConvWgrad { .. } => {
                 conv_desc(lib, op, comp, t)
             }
-            Op::Matmul { a, b, c } => {
+            Op::Matmul { a, b, c, .. } => {
                 let mut m = Desc::new(lib, kind!(CUDNN_BACKEND_MATMUL_DESCRIPTOR))?;
                 m.set1(attr!(CUDNN_ATTR_MATMUL_COMP_TYPE), comp)?;
                 m.finalize()?;

@@ -542,6 +542,10 @@ pub(crate) enum Op {
         a: usize,
         b: usize,
         c: usize,
+        /// Grouped heads (attention's GQA/MQA): b's batch extents divide a's and c has a's;
+        /// described to cuDNN as is, without broadcast views.
+        #[serde(default)]
+        grouped: bool,
     },
     Pointwise {
         mode: PointwiseMode,
@@ -1078,6 +1082,18 @@ impl Graph {
     /// output, at [`Graph::build`] / [`Graph::check`] for a second reader).
     #[doc(alias = "CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR")]
     pub fn matmul(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.matmul_with(a, b, false)
+    }
+
+    /// [`Graph::matmul`], or with `grouped` a matmul of grouped heads: each batch extent of b
+    /// divides a's (equal, or a group of a's heads shares one of b's, as attention's GQA and
+    /// MQA read k and v), and c has a's batch extents.
+    pub(crate) fn matmul_with(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        grouped: bool,
+    ) -> Result<TensorId> {
         const OP: &str = "matmul";
         let (ai, bi) = (self.index(a)?, self.index(b)?);
         let (at, bt) = (&self.tensors[ai], &self.tensors[bi]);
@@ -1094,12 +1110,22 @@ impl Graph {
         }
         let mut dims = Vec::with_capacity(r);
         for i in 0..r - 2 {
+            if grouped {
+                if ad[i] % bd[i] != 0 {
+                    return Err(at.shape_mismatch(
+                        bt,
+                        "each batch dimension of b divides a's (grouped heads)",
+                    ));
+                }
+                dims.push(ad[i]);
+                continue;
+            }
             if ad[i] != bd[i] && ad[i] != 1 && bd[i] != 1 {
                 return Err(at.shape_mismatch(bt, "each batch dimension of a and b is equal or 1"));
             }
             dims.push(ad[i].max(bd[i]));
         }
-        for t in [at, bt] {
+        for t in [at, bt].into_iter().filter(|_| !grouped) {
             let broadcast = (0..r - 2).any(|i| t.dims[i] != dims[i]);
             if broadcast && t.producer.is_some() {
                 return Err(Error::invalid(
@@ -1119,6 +1145,7 @@ impl Graph {
             a: ai,
             b: bi,
             c: c.index,
+            grouped,
         });
         Ok(c)
     }
@@ -1306,6 +1333,19 @@ impl Graph {
     /// error).
     #[doc(alias = "CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR")]
     pub fn reduction(&mut self, op: ReduceOp, x: TensorId, out_dims: &[i64]) -> Result<TensorId> {
+        self.reduction_with(op, x, out_dims, false)
+    }
+
+    /// [`Graph::reduction`], or with `grouped` a reduction over groups of consecutive indices:
+    /// each output dimension divides x's (a group of attention heads summed into one head, as
+    /// the GQA backward pass reduces dK and dV).
+    pub(crate) fn reduction_with(
+        &mut self,
+        op: ReduceOp,
+        x: TensorId,
+        out_dims: &[i64],
+        grouped: bool,
+    ) -> Result<TensorId> {
         const OP: &str = "reduction";
         let xi = self.index(x)?;
         let xt = &self.tensors[xi];
@@ -1314,14 +1354,18 @@ impl Graph {
             && out_dims
                 .iter()
                 .zip(&xt.dims)
-                .all(|(&o, &i)| o == i || o == 1);
+                .all(|(&o, &i)| o == i || o == 1 || (grouped && o > 0 && i % o == 0));
         if !ok {
             return Err(Error::ShapeMismatch {
                 a: xt.name,
                 a_dims: xt.dims.clone(),
                 b: "reduction output",
                 b_dims: out_dims.to_vec(),
-                rule: "the output has x's rank and each dimension equal to x's or 1",
+                rule: if grouped {
+                    "the output has x's rank and each dimension dividing x's"
+                } else {
+                    "the output has x's rank and each dimension equal to x's or 1"
+                },
             });
         }
         let order = stride_order(&xt.strides);
@@ -1462,7 +1506,13 @@ impl Graph {
                 Op::ConvFprop { x, w, y, conv } => write!(s, "fprop({x},{w},{y},{conv:?});"),
                 Op::ConvDgrad { dy, w, dx, conv } => write!(s, "dgrad({dy},{w},{dx},{conv:?});"),
                 Op::ConvWgrad { x, dy, dw, conv } => write!(s, "wgrad({x},{dy},{dw},{conv:?});"),
-                Op::Matmul { a, b, c } => write!(s, "matmul({a},{b},{c});"),
+                Op::Matmul {
+                    a,
+                    b,
+                    c,
+                    grouped: false,
+                } => write!(s, "matmul({a},{b},{c});"),
+                Op::Matmul { a, b, c, .. } => write!(s, "gmatmul({a},{b},{c});"),
                 Op::Pointwise { mode, x, b, y } => write!(s, "pw({mode:?},{x},{b:?},{y});"),
                 Op::PointwiseBwd { mode, dy, x, dx } => write!(s, "pwb({mode:?},{dy},{x},{dx});"),
                 Op::Reduction { op, x, y } => write!(s, "red({op:?},{x},{y});"),

@@ -218,7 +218,7 @@ impl Graph {
                     conv.validate(op.name())?;
                     (operands, conv.spatial_dims() + 2)
                 }
-                (Op::Matmul { a, b, c }, _) => ([*a, *b, *c], rank(*c).max(3)),
+                (Op::Matmul { a, b, c, .. }, _) => ([*a, *b, *c], rank(*c).max(3)),
                 _ => continue,
             };
             if let Some(&i) = operands.iter().find(|&&i| rank(i) != want) {
