@@ -89,6 +89,21 @@ fn reference_forward(
     scale: f64,
     causal: bool,
 ) -> Forward {
+    reference_forward_padded(sh, q, k, v, scale, causal, None)
+}
+
+/// [`reference_forward`] with a padding mask `(seq_len_q, seq_len_kv)` per batch entry: row
+/// `i ≥ seq_len_q[n]` has no probabilities (P row 0, O row 0, stats NaN) and column
+/// `j ≥ seq_len_kv[n]` is masked.
+fn reference_forward_padded(
+    sh: Shape,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    scale: f64,
+    causal: bool,
+    lens: Option<(&[usize], &[usize])>,
+) -> Forward {
     let Shape {
         b,
         h,
@@ -103,10 +118,15 @@ fn reference_forward(
     let mut row = vec![0.0; s_kv];
     for bi in 0..b {
         for hi in 0..h {
+            let (lq, lkv) = lens.map_or((s_q, s_kv), |(lq, lkv)| (lq[bi], lkv[bi]));
             for i in 0..s_q {
+                if i >= lq {
+                    stats[(bi * h + hi) * s_q + i] = f64::NAN;
+                    continue;
+                }
                 let mut m = f64::NEG_INFINITY;
                 for (j, r) in row.iter_mut().enumerate() {
-                    *r = if causal && j > i {
+                    *r = if (causal && j > i) || j >= lkv {
                         f64::NEG_INFINITY
                     } else {
                         let mut acc = 0.0;
@@ -411,6 +431,68 @@ fn host_sdpa_grouped_heads_shapes_and_records() {
         let r = g.sdpa(q, k, v, &SdpaOptions::new()).map(|_| ());
         assert!(mismatch(&r, name), "{r:?}");
     }
+}
+
+#[test]
+fn host_sdpa_padding_graphs_and_rejections() {
+    let sh = CROSS;
+    for dtype in [DType::BF16, DType::F16] {
+        let mut g = Graph::new(dtype, DType::F32, DType::F32);
+        let [q, k, v] = qkv_inputs(&mut g, sh.q(), sh.kv(), dtype).unwrap();
+        let seq_q = g.seq_len_input("seq_len_q", 2).unwrap();
+        let seq_kv = g.seq_len_input("seq_len_kv", 2).unwrap();
+        let opts = SdpaOptions::new().causal(true).padding(seq_q, seq_kv);
+        assert_eq!(opts.padding_inputs(), Some((seq_q, seq_kv)));
+        g.sdpa(q, k, v, &opts.training(true)).unwrap();
+        assert_eq!(g.dims(seq_q).unwrap(), &[2, 1, 1, 1]);
+        assert_eq!(g.dtype(seq_q).unwrap(), DType::I32);
+        // The lengths' bounds (s_q, s_kv) are part of the graph.
+        let sig = g.signature();
+        assert!(sig.contains("/b64;") && sig.contains("/b128;"), "{sig}");
+        let (gb, ids, _) = {
+            let mut g = Graph::new(dtype, DType::F32, DType::F32);
+            let ids = bwd_inputs(&mut g, sh, dtype).unwrap();
+            let seq_q = g.seq_len_input("seq_len_q", 2).unwrap();
+            let seq_kv = g.seq_len_input("seq_len_kv", 2).unwrap();
+            let [q, k, v, o, d_o, stats] = ids;
+            let opts = SdpaOptions::new().padding(seq_q, seq_kv);
+            let gr = g.sdpa_backward(q, k, v, o, d_o, stats, &opts).unwrap();
+            (g, ids, gr)
+        };
+        assert_eq!(ids.len(), 6);
+        if have_cudnn() {
+            for g in [&g, &gb] {
+                common::check_with_record(g).unwrap_or_else(|e| panic!("{dtype}: {e}"));
+            }
+        }
+        // A record whose lengths may exceed the extents they override is refused.
+        let line = g.to_json().unwrap();
+        assert!(line.contains("\"bound\":64"), "{line}");
+        let forged = line.replace("\"bound\":64", "\"bound\":1000");
+        let r = Graph::from_json(&forged).map(|_| ());
+        assert!(rejected(&r, "InvalidArgument", "override"), "{r:?}");
+    }
+    // Rejections name the tensor: another data type, another batch, an operation's output.
+    let mut g = Graph::new(DType::BF16, DType::F32, DType::F32);
+    let [q, k, v] = qkv_inputs(&mut g, sh.q(), sh.kv(), DType::BF16).unwrap();
+    let good = g.seq_len_input("seq_len_q", 2).unwrap();
+    let wide = g.rng_input("seq_i64");
+    let three = g.seq_len_input("seq_three", 3).unwrap();
+    let before = g.signature();
+    let r = g
+        .sdpa(q, k, v, &SdpaOptions::new().padding(good, wide))
+        .map(|_| ());
+    assert!(rejected(&r, "UnsupportedDataType", "seq_i64"), "{r:?}");
+    let r = g
+        .sdpa(q, k, v, &SdpaOptions::new().padding(three, good))
+        .map(|_| ());
+    assert!(rejected(&r, "InvalidArgument", "seq_three"), "{r:?}");
+    assert_eq!(
+        g.signature(),
+        before,
+        "a rejected call leaves the graph as it was"
+    );
+    assert!(g.seq_len_input("none", 0).is_err());
 }
 
 #[test]
@@ -760,6 +842,247 @@ fn gpu_sdpa_forward_grouped_and_multi_query() {
 #[test]
 fn gpu_sdpa_forward_head_dim_128_bf16() {
     fwd_case::<bf16>(Shape { d: 128, ..SMALL }, true, true, 7);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Padding mask (sequences of different lengths per batch entry)
+// ---------------------------------------------------------------------------------------------
+
+/// Whether logical element `idx` of a `[b, h, s, d]` tensor lies in a valid row
+/// (`s < lens[b]`).
+fn valid_row(dims: [i64; 4], idx: usize, lens: &[usize]) -> bool {
+    let [_, h, s, d] = dims.map(|x| x as usize);
+    let row = (idx / d) % s;
+    let b = idx / (d * s * h);
+    row < lens[b]
+}
+
+/// What a padding position holds: the NaN poison (not written), 0, or something else (of
+/// which −∞ is counted too, and the first value kept for the report).
+#[derive(Debug, Default, PartialEq)]
+struct Padded {
+    untouched: usize,
+    zero: usize,
+    other: usize,
+    neg_inf: usize,
+    first_other: Option<f64>,
+}
+
+/// Compares the valid rows of `got` with `want` and classifies the padding rows.
+fn check_valid<T: DataType>(
+    what: &str,
+    dims: [i64; 4],
+    got: &[T],
+    want: &[f64],
+    lens: &[usize],
+    tol: f64,
+) -> Padded {
+    let mut padded = Padded::default();
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let g = g.to_f64();
+        if valid_row(dims, i, lens) {
+            assert!(
+                g.is_finite() && (g - w).abs() <= tol * (1.0 + w.abs()),
+                "{what}: element {i}: got {g}, want {w} (tol {tol})"
+            );
+        } else if g.is_nan() {
+            padded.untouched += 1;
+        } else if g == 0.0 {
+            padded.zero += 1;
+        } else {
+            padded.other += 1;
+            padded.neg_inf += usize::from(g == f64::NEG_INFINITY);
+            padded.first_other.get_or_insert(g);
+        }
+    }
+    padded
+}
+
+/// Forward (training) and backward graphs with a padding mask: the valid rows of O, the
+/// statistics, dQ, dK and dV against the f64 reference of the masked problem, on the first two
+/// plans of each graph, outputs poisoned with NaN; the padding rows must be written as
+/// [`Graph::sdpa`] documents: 0 in O, dQ, dK and dV, −∞ in the statistics.
+fn padded_case<T: DataType>(sh: Shape, causal: bool, lq: &[usize], lkv: &[usize], seed: u64) {
+    let Some((s, cudnn)) = gpu() else { return };
+    let b = sh.b as i64;
+    let lens_i32 = |l: &[usize]| l.iter().map(|&x| x as i32).collect::<Vec<i32>>();
+    let mut rng = Rng::new(seed);
+    let inputs = Qkv::<T>::random(&s, sh, &mut rng);
+    let [qf, kf, vf] = inputs.f64();
+    let scale = sh.scale();
+    let fwd = reference_forward_padded(sh, &qf, &kf, &vf, scale, causal, Some((lq, lkv)));
+    let mut ws = Workspace::new(s.clone());
+    let what = format!(
+        "padded sdpa {} {sh:?} causal={causal} lq={lq:?} lkv={lkv:?}",
+        T::DTYPE
+    );
+    let zero = |p: &Padded| p.untouched == 0 && p.other == 0;
+
+    // Forward.
+    let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
+    let [q, k, v] = qkv_inputs(&mut g, sh.q(), sh.kv(), T::DTYPE).unwrap();
+    let seq_q = g.seq_len_input("seq_len_q", b).unwrap();
+    let seq_kv = g.seq_len_input("seq_len_kv", b).unwrap();
+    let opts = SdpaOptions::new()
+        .causal(causal)
+        .training(true)
+        .padding(seq_q, seq_kv);
+    let out = g.sdpa(q, k, v, &opts).unwrap();
+    let st = out.stats.unwrap();
+    let og = g.build(&cudnn).unwrap();
+    for plan in plans(&cudnn, &og, 2) {
+        let mut ob = poisoned_buffer::<T>(&s, og.span(out.o).unwrap());
+        let mut sb = poisoned_buffer::<f32>(&s, og.span(st).unwrap());
+        {
+            let mut args = Args::new(&cudnn);
+            bind_qkv(&mut args, [q, k, v], inputs.bufs());
+            args.lengths(seq_q, &lens_i32(lq)).unwrap();
+            args.lengths(seq_kv, &lens_i32(lkv)).unwrap();
+            args.output(out.o, &mut ob).unwrap();
+            args.output(st, &mut sb).unwrap();
+            cudnn.execute(&plan, &args, &mut ws).unwrap();
+        }
+        let w = format!("{what} forward plan {}", plan.name());
+        let got = fetch(&s, &sh.q(), &bshd(sh.q()), &ob);
+        let po = check_valid(&format!("{w}: O"), sh.q(), &got, &fwd.o, lq, tol::<T>());
+        let got = download(&s, &sb);
+        let ps = check_valid(
+            &format!("{w}: stats"),
+            sh.stats(),
+            &got,
+            &fwd.stats,
+            lq,
+            STATS_TOL,
+        );
+        eprintln!("{w}: padding rows of O {po:?}, of stats {ps:?}");
+        let neg_inf = ps.untouched == 0 && ps.zero == 0 && ps.other == ps.neg_inf;
+        assert!(zero(&po) && neg_inf, "{w}: O {po:?}, stats {ps:?}");
+    }
+
+    // Backward, reading the reference O (0 in padding rows) and statistics (0 there).
+    let ov: Vec<T> = fwd.o.iter().map(|&x| T::from_f64(x)).collect();
+    let sv: Vec<f32> = fwd
+        .stats
+        .iter()
+        .map(|&x| if x.is_nan() { 0.0 } else { x as f32 })
+        .collect();
+    let dov: Vec<T> = rng.values(sh.q_len());
+    let (dq, dk, dv) = reference_backward(
+        sh,
+        [&qf, &kf, &vf],
+        &to_f64(&ov),
+        &to_f64(&dov),
+        &fwd.p,
+        None,
+        scale,
+    );
+    let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
+    let [q, k, v, o, d_o, stats] = bwd_inputs(&mut g, sh, T::DTYPE).unwrap();
+    let seq_q = g.seq_len_input("seq_len_q", b).unwrap();
+    let seq_kv = g.seq_len_input("seq_len_kv", b).unwrap();
+    let opts = SdpaOptions::new().causal(causal).padding(seq_q, seq_kv);
+    let gr = g.sdpa_backward(q, k, v, o, d_o, stats, &opts).unwrap();
+    let og = g.build(&cudnn).unwrap();
+    let ob = upload(&s, &sh.q(), &bshd(sh.q()), &ov);
+    let dob = upload(&s, &sh.q(), &bshd(sh.q()), &dov);
+    let sb = s.clone_htod(&sv).unwrap();
+    for plan in plans(&cudnn, &og, 2) {
+        let mut dqb = poisoned_buffer::<T>(&s, og.span(gr.dq).unwrap());
+        let mut dkb = poisoned_buffer::<T>(&s, og.span(gr.dk).unwrap());
+        let mut dvb = poisoned_buffer::<T>(&s, og.span(gr.dv).unwrap());
+        let mut sumb = poisoned_buffer::<f32>(&s, og.span(gr.softmax_sum).unwrap());
+        let mut accb = poisoned_buffer::<f32>(&s, og.span(gr.dq_accum).unwrap());
+        {
+            let mut args = Args::new(&cudnn);
+            bind_qkv(&mut args, [q, k, v], inputs.bufs());
+            args.input(o, &ob).unwrap().input(d_o, &dob).unwrap();
+            args.input(stats, &sb).unwrap();
+            args.lengths(seq_q, &lens_i32(lq)).unwrap();
+            args.lengths(seq_kv, &lens_i32(lkv)).unwrap();
+            args.output(gr.dq, &mut dqb).unwrap();
+            args.output(gr.dk, &mut dkb).unwrap();
+            args.output(gr.dv, &mut dvb).unwrap();
+            args.output(gr.softmax_sum, &mut sumb).unwrap();
+            args.output(gr.dq_accum, &mut accb).unwrap();
+            cudnn.execute(&plan, &args, &mut ws).unwrap();
+        }
+        let w = format!("{what} backward plan {}", plan.name());
+        let t = tol::<T>();
+        let got = fetch(&s, &sh.q(), &bshd(sh.q()), &dqb);
+        let pq = check_valid(&format!("{w}: dQ"), sh.q(), &got, &dq, lq, t);
+        let got = fetch(&s, &sh.kv(), &bshd(sh.kv()), &dkb);
+        let pk = check_valid(&format!("{w}: dK"), sh.kv(), &got, &dk, lkv, t);
+        let got = fetch(&s, &sh.kv(), &bshd(sh.kv()), &dvb);
+        let pv = check_valid(&format!("{w}: dV"), sh.kv(), &got, &dv, lkv, t);
+        eprintln!("{w}: padding rows of dQ {pq:?}, dK {pk:?}, dV {pv:?}");
+        assert!(
+            zero(&pq) && zero(&pk) && zero(&pv),
+            "{w}: dQ {pq:?} dK {pk:?} dV {pv:?}"
+        );
+    }
+}
+
+#[test]
+fn gpu_sdpa_padding_mask_forward_and_backward() {
+    padded_case::<bf16>(SMALL, false, &[64, 37], &[50, 64], 41);
+    padded_case::<bf16>(SMALL, true, &[40, 64], &[64, 23], 42);
+    padded_case::<f16>(CROSS, false, &[64, 20], &[128, 90], 43);
+    padded_case::<bf16>(GQA, true, &[33, 64], &[64, 64], 44);
+}
+
+#[test]
+fn gpu_sdpa_padding_lengths_are_checked() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let sh = SMALL;
+    let mut g = Graph::new(DType::BF16, DType::F32, DType::F32);
+    let [q, k, v] = qkv_inputs(&mut g, sh.q(), sh.kv(), DType::BF16).unwrap();
+    let seq_q = g.seq_len_input("seq_len_q", 2).unwrap();
+    let seq_kv = g.seq_len_input("seq_len_kv", 2).unwrap();
+    let out = g
+        .sdpa(q, k, v, &SdpaOptions::new().padding(seq_q, seq_kv))
+        .unwrap();
+    let og = g.build(&cudnn).unwrap();
+    let plan = plans(&cudnn, &og, 1).remove(0);
+    let mut rng = Rng::new(45);
+    let inputs = Qkv::<bf16>::random(&s, sh, &mut rng);
+    let mut ws = Workspace::new(s.clone());
+    let (mut ob, before) = sentinel_buffer::<bf16>(&s, og.span(out.o).unwrap());
+    let device_lengths = s.clone_htod(&[64i32, 64]).unwrap();
+    for (what, lq, lkv, device) in [
+        ("a length above s_kv", [64, 64], [64, 65], false),
+        ("a negative length", [-1, 64], [64, 64], false),
+        ("too few lengths", [64, 64], [64, 64], true),
+        (
+            "lengths from an unchecked device buffer",
+            [64, 64],
+            [64, 64],
+            true,
+        ),
+    ] {
+        let r = {
+            let mut args = Args::new(&cudnn);
+            bind_qkv(&mut args, [q, k, v], inputs.bufs());
+            args.output(out.o, &mut ob).unwrap();
+            if what == "too few lengths" {
+                args.lengths(seq_q, &lq[..1]).unwrap();
+                args.lengths(seq_kv, &lkv).unwrap();
+            } else if device {
+                args.lengths(seq_q, &lq).unwrap();
+                args.input(seq_kv, &device_lengths).unwrap();
+            } else {
+                args.lengths(seq_q, &lq).unwrap();
+                args.lengths(seq_kv, &lkv).unwrap();
+            }
+            cudnn.execute(&plan, &args, &mut ws)
+        };
+        let kind = if what == "too few lengths" {
+            "BufferTooSmall"
+        } else {
+            "InvalidArgument"
+        };
+        assert!(is_err_kind(&r, kind), "{what}: {r:?}");
+        assert_untouched(what, &s, &ob, &before);
+    }
 }
 
 /// Dropout in a backward test: the mask the forward pass drew (f64, logical order), the scale

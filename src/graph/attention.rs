@@ -16,7 +16,8 @@ use crate::tensor::Layout;
 
 /// Options of [`Graph::sdpa`] and [`Graph::sdpa_backward`].
 ///
-/// Defaults: scale `1/√d`, no causal mask, inference (no statistics output), no dropout.
+/// Defaults: scale `1/√d`, no causal mask, inference (no statistics output), no dropout, no
+/// padding mask.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct SdpaOptions {
     scale: Option<f64>,
@@ -24,6 +25,7 @@ pub struct SdpaOptions {
     training: bool,
     dropout: Option<Dropout>,
     dump_mask: bool,
+    padding: Option<(TensorId, TensorId)>,
 }
 
 /// Dropout as set on [`SdpaOptions`] (checked by [`Graph::sdpa`] / [`Graph::sdpa_backward`]).
@@ -138,6 +140,29 @@ impl SdpaOptions {
         self.dump_mask = dump;
         self
     }
+    /// A padding mask for batches of sequences of different lengths (cudnn-frontend's
+    /// `set_padding_mask` with `seq_len_q` / `seq_len_kv`): batch entry `n` has
+    /// `seq_len_q[n]` queries and `seq_len_kv[n]` keys and values; the rest of its rows and
+    /// columns are padding. Query row `i` attends only to key columns `j < seq_len_kv[n]`
+    /// (with [`SdpaOptions::causal`] also `j ≤ i`), and the matmuls compute only the valid part
+    /// of each product (their M, N, K overrides).
+    ///
+    /// Both tensors are graph inputs of [`Graph::seq_len_input`] (INT32 `[b, 1, 1, 1]`; the
+    /// same tensor may serve both). Their values bound what the fused kernels read, so they are
+    /// bound with [`Args::lengths`](super::Args::lengths), which copies host values checked to
+    /// lie in `0..=s_q` and `0..=s_kv` (a device buffer the host has not seen is refused).
+    ///
+    /// What the outputs hold at padding positions (rows `i ≥ seq_len_q[n]` of O, the statistics
+    /// and dQ; rows `j ≥ seq_len_kv[n]` of dK and dV) is described at [`Graph::sdpa`].
+    #[must_use]
+    pub fn padding(mut self, seq_len_q: TensorId, seq_len_kv: TensorId) -> Self {
+        self.padding = Some((seq_len_q, seq_len_kv));
+        self
+    }
+    /// The sequence-length tensors set with [`SdpaOptions::padding`], if any.
+    pub fn padding_inputs(&self) -> Option<(TensorId, TensorId)> {
+        self.padding
+    }
     /// The dropout probability set with [`SdpaOptions::dropout`], if any.
     pub fn dropout_probability(&self) -> Option<f64> {
         self.dropout.map(|d| d.probability)
@@ -221,7 +246,7 @@ impl Graph {
     pub(crate) fn index_or_boolean(&self, i: usize) -> bool {
         self.tensors[i].producer.is_some_and(|p| {
             matches!(self.ops[p], Op::Pointwise { mode, y, .. }
-                if y == i && (mode.is_comparison() || matches!(mode, PointwiseMode::GenIndex { .. })))
+                if y == i && (mode.gives_boolean() || matches!(mode, PointwiseMode::GenIndex { .. })))
         })
     }
 
@@ -230,7 +255,7 @@ impl Graph {
         let mut b = vec![false; self.tensors.len()];
         for op in &self.ops {
             if let Op::Pointwise { mode, y, .. } = *op {
-                if mode.is_comparison() {
+                if mode.gives_boolean() {
                     b[y] = true;
                 }
             }
@@ -241,7 +266,7 @@ impl Graph {
     /// Whether tensor `i` is the (boolean) result of a comparison.
     fn is_boolean(&self, i: usize) -> bool {
         self.tensors[i].producer.is_some_and(|p| {
-            matches!(self.ops[p], Op::Pointwise { mode, y, .. } if y == i && mode.is_comparison())
+            matches!(self.ops[p], Op::Pointwise { mode, y, .. } if y == i && mode.gives_boolean())
         })
     }
 
@@ -266,7 +291,7 @@ impl Graph {
         if !self.is_boolean(ci) {
             return Err(Error::invalid(
                 "binary select condition",
-                "the result of a comparison (CmpEq, CmpGe, ...)",
+                "a boolean result (a comparison such as CmpGe, or LogicalAnd)",
                 format!("`{}`", ct.name),
             ));
         }
@@ -333,6 +358,7 @@ impl Graph {
             dtype,
             is_virtual: true,
             scalar: None,
+            bound: None,
             producer: Some(op),
             consumed: false,
         });
@@ -445,9 +471,17 @@ impl Graph {
     /// A matmul of attention: grouped ([`Graph::matmul_with`]) when b (k or v, or a view of
     /// them) has fewer heads than a, plain otherwise (the same graph as before grouped heads
     /// existed, so plans and cache keys of multi-head graphs stay as they were).
-    fn sdpa_matmul(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+    ///
+    /// `over` are the tensors giving the actual M, N and K of each batch entry (the padding
+    /// mask's sequence lengths), if any.
+    fn sdpa_matmul(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        over: [Option<TensorId>; 3],
+    ) -> Result<TensorId> {
         let grouped = self.tensors[a.index].dims[..2] != self.tensors[b.index].dims[..2];
-        self.matmul_with(a, b, grouped)
+        self.matmul_over(a, b, grouped, over)
     }
 
     /// A gradient `[b, h, s_kv, x]` of all `h` query heads summed into `heads` heads (each the
@@ -602,6 +636,7 @@ impl Graph {
             dtype: self.intermediate,
             is_virtual: true,
             scalar: None,
+            bound: None,
             producer: Some(self.ops.len()),
             consumed: false,
         });
@@ -611,6 +646,64 @@ impl Graph {
             y: y.index,
             probability: 1.0 - d.probability,
         }));
+        Ok(y)
+    }
+
+    /// The sequence-length tensors of [`SdpaOptions::padding`], checked: graph inputs of
+    /// [`Graph::seq_len_input`] for batch `b` (INT32 `[b, 1, 1, 1]`). Changes nothing.
+    fn sdpa_padding(
+        &self,
+        op: &'static str,
+        opts: &SdpaOptions,
+        b: i64,
+    ) -> Result<Option<(TensorId, TensorId)>> {
+        let Some((sq, skv)) = opts.padding else {
+            return Ok(None);
+        };
+        for (what, t) in [("seq_len_q", sq), ("seq_len_kv", skv)] {
+            let t = &self.tensors[self.index(t)?];
+            if t.dtype != DType::I32 {
+                return Err(Error::UnsupportedDataType {
+                    op,
+                    detail: format!(
+                        "padding {what} `{}` is {} (an INT32 tensor of Graph::seq_len_input)",
+                        t.name, t.dtype
+                    ),
+                });
+            }
+            if t.scalar.is_some() || t.producer.is_some() || t.dims != [b, 1, 1, 1] {
+                return Err(Error::invalid(
+                    "attention padding input",
+                    format!("{op}: {what} a graph input [b, 1, 1, 1] with b = {b}"),
+                    format!("`{}` with dims {:?}", t.name, t.dims),
+                ));
+            }
+        }
+        Ok(Some((sq, skv)))
+    }
+
+    /// Records that `t`'s values bound extents of at most `bound` (the smallest bound when
+    /// several attention graphs read it).
+    fn set_bound(&mut self, t: TensorId, bound: i64) {
+        let info = &mut self.tensors[t.index];
+        info.bound = Some(info.bound.map_or(bound, |b| b.min(bound)));
+    }
+
+    /// The padding mask on scores `s` `[b, h, s_q, s_kv]`: `−∞` where row `i ≥ seq_len_q[n]`
+    /// or column `j ≥ seq_len_kv[n]` (cudnn-frontend's `padding_mask` score modifier:
+    /// row and column indices, two `<` comparisons, a logical and, a binary select).
+    fn padding_mask(&mut self, s: TensorId, sq: TensorId, skv: TensorId) -> Result<TensorId> {
+        let row = self.pointwise(PointwiseMode::GenIndex { axis: 2 }, s, None)?;
+        self.set_name(row, "sdpa.padding_row_index")?;
+        let col = self.pointwise(PointwiseMode::GenIndex { axis: 3 }, s, None)?;
+        self.set_name(col, "sdpa.padding_col_index")?;
+        let row_ok = self.pointwise(PointwiseMode::CmpLt, row, Some(sq))?;
+        let col_ok = self.pointwise(PointwiseMode::CmpLt, col, Some(skv))?;
+        let keep = self.pointwise(PointwiseMode::LogicalAnd, row_ok, Some(col_ok))?;
+        self.set_name(keep, "sdpa.padding_keep")?;
+        let ninf = self.scalar("sdpa.padding_neg_inf", f64::NEG_INFINITY, DType::F32)?;
+        let y = self.select(s, ninf, keep)?;
+        self.set_name(y, "sdpa.padded_scores")?;
         Ok(y)
     }
 
@@ -625,13 +718,36 @@ impl Graph {
     #[doc(alias = "CUDNN_ATTR_OPERATION_RNG_SEED")]
     #[doc(alias = "CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC")]
     pub fn rng_input(&mut self, name: &'static str) -> TensorId {
+        self.int_input(name, 1, DType::I64)
+    }
+
+    /// A graph input holding one 32-bit sequence length per batch entry (`CUDNN_DATA_INT32`,
+    /// dimensions `[batch, 1, 1, 1]`, packed): `seq_len_q` or `seq_len_kv` of an attention
+    /// padding mask ([`SdpaOptions::padding`]), bound with
+    /// [`Args::lengths`](super::Args::lengths). `batch` is at least 1.
+    #[doc(alias = "seq_len_q")]
+    #[doc(alias = "seq_len_kv")]
+    pub fn seq_len_input(&mut self, name: &'static str, batch: i64) -> Result<TensorId> {
+        if batch < 1 {
+            return Err(Error::invalid(
+                "sequence length input",
+                "a batch of at least 1",
+                format!("`{name}` with batch {batch}"),
+            ));
+        }
+        Ok(self.int_input(name, batch, DType::I32))
+    }
+
+    /// A graph input of `dtype` with dimensions `[batch, 1, 1, 1]`, packed.
+    fn int_input(&mut self, name: &'static str, batch: i64, dtype: DType) -> TensorId {
         self.push(TensorInfo {
             name,
-            dims: vec![1; 4],
+            dims: vec![batch, 1, 1, 1],
             strides: vec![1; 4],
-            dtype: DType::I64,
+            dtype,
             is_virtual: false,
             scalar: None,
+            bound: None,
             producer: None,
             consumed: false,
         })
@@ -738,6 +854,15 @@ impl Graph {
     /// `i / (h / h_v)`), 1 for multi-query attention. The matmuls reading k and v then take
     /// them as they are (cudnn-frontend's GQA description, which the fused engines recognize).
     ///
+    /// With [`SdpaOptions::padding`] the scaled scores get the padding mask (`−∞` outside rows
+    /// `i < seq_len_q[n]` and columns `j < seq_len_kv[n]`) before the causal mask, and the
+    /// matmuls compute only the valid part of each batch entry (M, N, K overrides from the
+    /// lengths). On an H200 (cuDNN 9.14) the kernels write the padding rows rather than leave
+    /// them: O rows `i ≥ seq_len_q[n]` are 0 and their statistics `−∞`; in
+    /// [`Graph::sdpa_backward`] dQ rows `i ≥ seq_len_q[n]` and dK, dV rows `j ≥ seq_len_kv[n]`
+    /// are 0 (`gpu_sdpa_padding_mask_forward_and_backward` checks this). A batch entry with
+    /// `seq_len_kv[n] = 0` and `seq_len_q[n] > 0` has nothing to attend to.
+    ///
     /// Kᵀ is how cuDNN reads k: the graph re-describes `k` as its transposed view
     /// `[b, h, d, s_kv]` (the same buffer and span; [`Graph::dims`] reports the new dimensions),
     /// so k must not be read by another operation.
@@ -805,6 +930,7 @@ impl Graph {
         self.sdpa_check_unread(OP, ki)?;
         self.sdpa_distinct(OP, ki, &[qi, vi])?;
         let scale = sdpa_scale(opts, d)?;
+        let padding = self.sdpa_padding(OP, opts, b)?;
         let o_strides = self.sdpa_strides_like(&[b, h, s_q, d_v], &self.tensors[qi].strides)?;
         Layout::strided(&[b, h, s_q, d_v], &o_strides)?;
         let dropout = self.sdpa_dropout(OP, opts, &[b, h, s_q, s_kv])?;
@@ -829,12 +955,20 @@ impl Graph {
             _ => {}
         }
 
+        if let Some((sq, skv)) = padding {
+            self.set_bound(sq, s_q);
+            self.set_bound(skv, s_kv);
+        }
+        let (pq, pkv) = (padding.map(|p| p.0), padding.map(|p| p.1));
         self.sdpa_transpose_input(ki);
-        let s = self.sdpa_matmul(q, k)?;
+        let s = self.sdpa_matmul(q, k, [pq, pkv, None])?;
         self.set_name(s, "sdpa.scores")?;
         let sc = self.scalar("sdpa.attn_scale", scale, DType::F32)?;
         let mut s = self.pointwise(PointwiseMode::Mul, s, Some(sc))?;
         self.set_name(s, "sdpa.scaled_scores")?;
+        if let Some((sq, skv)) = padding {
+            s = self.padding_mask(s, sq, skv)?;
+        }
         if opts.causal {
             s = self.causal_mask(s)?;
         }
@@ -883,7 +1017,7 @@ impl Graph {
         }
         // cudnn-frontend: "Requirement by cudnn backend to take in bmm2 aType as i/o type."
         self.tensors[p.index].dtype = dtype;
-        let o = self.sdpa_matmul(p, v)?;
+        let o = self.sdpa_matmul(p, v, [pq, None, pkv])?;
         self.set_name(o, "sdpa.o")?;
         self.mark_output_strided(o, dtype, &o_strides)?;
         Ok(SdpaOutputs {
@@ -997,10 +1131,16 @@ impl Graph {
         self.sdpa_distinct(OP, vi, &[qi, oi, doi])?;
         let scale = sdpa_scale(opts, d)?;
         let dropout = self.sdpa_dropout(OP, opts, &[b, h, s_q, s_kv])?;
+        let padding = self.sdpa_padding(OP, opts, b)?;
         let dq_strides = self.sdpa_strides_like(&[b, h, s_q, d], &self.tensors[qi].strides)?;
         let dk_strides = self.sdpa_strides_like(&[b, h_k, s_kv, d], &self.tensors[ki].strides)?;
         let dv_strides = self.sdpa_strides_like(&[b, h_v, s_kv, d_v], &self.tensors[vi].strides)?;
 
+        if let Some((sq, skv)) = padding {
+            self.set_bound(sq, s_q);
+            self.set_bound(skv, s_kv);
+        }
+        let (pq, pkv) = (padding.map(|p| p.0), padding.map(|p| p.1));
         self.sdpa_transpose_input(ki);
         self.sdpa_transpose_input(vi);
         // The same mask as the forward pass (same seed, offset and shape), drawn first as
@@ -1029,10 +1169,13 @@ impl Graph {
         self.mark_output_strided(softmax_sum, DType::F32, &row_strides)?;
 
         // Recompute the probabilities from the statistics.
-        let s = self.sdpa_matmul(q, k)?;
+        let s = self.sdpa_matmul(q, k, [pq, pkv, None])?;
         self.set_name(s, "sdpa_bwd.scores")?;
         let sc = self.scalar("sdpa_bwd.attn_scale", scale, DType::F32)?;
-        let s = self.pointwise(PointwiseMode::Mul, s, Some(sc))?;
+        let mut s = self.pointwise(PointwiseMode::Mul, s, Some(sc))?;
+        if let Some((sq, skv)) = padding {
+            s = self.padding_mask(s, sq, skv)?;
+        }
         let mut s = self.pointwise(PointwiseMode::Sub, s, Some(stats))?;
         if opts.causal {
             s = self.causal_mask(s)?;
@@ -1059,13 +1202,13 @@ impl Graph {
         // dV = Pᵀ·dO
         let pt = self.transpose(pd)?;
         self.tensors[pt.index].dtype = dtype;
-        let dv = self.matmul(pt, d_o)?;
+        let dv = self.sdpa_matmul(pt, d_o, [pkv, None, pq])?;
         let dv = self.sdpa_head_sum(dv, h_v, dtype)?;
         self.set_name(dv, "sdpa_bwd.dv")?;
 
         // dS = (dO·Vᵀ − softmax_sum) · P · scale; with dropout
         // dS = (dO·Vᵀ ⊙ mask − softmax_sum) · P / (1 − p) · scale.
-        let mut dp = self.sdpa_matmul(d_o, v)?;
+        let mut dp = self.sdpa_matmul(d_o, v, [pq, pkv, None])?;
         self.set_name(dp, "sdpa_bwd.dp")?;
         if let Some(mask) = mask {
             dp = self.pointwise(PointwiseMode::Mul, dp, Some(mask))?;
@@ -1082,13 +1225,13 @@ impl Graph {
         // dK = dSᵀ·Q
         let dst = self.transpose(ds)?;
         self.tensors[dst.index].dtype = dtype;
-        let dk = self.matmul(dst, q)?;
+        let dk = self.sdpa_matmul(dst, q, [pkv, None, pq])?;
         let dk = self.sdpa_head_sum(dk, h_k, dtype)?;
         self.set_name(dk, "sdpa_bwd.dk")?;
 
         // dQ = dS·K, accumulated in f32.
         let kv = self.transpose(k)?;
-        let dq_accum = self.sdpa_matmul(ds, kv)?;
+        let dq_accum = self.sdpa_matmul(ds, kv, [pq, None, pkv])?;
         self.set_name(dq_accum, "sdpa_bwd.dq_accum")?;
         self.mark_output_as(dq_accum, DType::F32)?;
         let dq = self.pointwise(PointwiseMode::Identity, dq_accum, None)?;

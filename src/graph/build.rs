@@ -26,6 +26,8 @@ pub(crate) struct TensorMeta {
     pub(crate) is_virtual: bool,
     pub(crate) is_output: bool,
     pub(crate) is_scalar: bool,
+    /// Lengths tensor: values must lie in `0..=bound` ([`crate::graph::Args::lengths`]).
+    pub(crate) bound: Option<i64>,
 }
 
 /// The finalized tensor and operation descriptors of a graph (host side, no handle needed).
@@ -230,6 +232,7 @@ impl Graph {
                 b,
                 c,
                 grouped: false,
+                ..
             } = *op
             else {
                 continue;
@@ -310,7 +313,7 @@ impl Graph {
             Op::ConvFprop { .. } | Op::ConvDgrad { .. } | Op::ConvWgrad { .. } => {
                 conv_desc(lib, op, comp, t)
             }
-            Op::Matmul { a, b, c, .. } => {
+            Op::Matmul { a, b, c, over, .. } => {
                 let mut m = Desc::new(lib, kind!(CUDNN_BACKEND_MATMUL_DESCRIPTOR))?;
                 m.set1(attr!(CUDNN_ATTR_MATMUL_COMP_TYPE), comp)?;
                 m.finalize()?;
@@ -319,6 +322,24 @@ impl Graph {
                 o.set_descs(attr!(CUDNN_ATTR_OPERATION_MATMUL_BDESC), &[&t[*b]])?;
                 o.set_descs(attr!(CUDNN_ATTR_OPERATION_MATMUL_CDESC), &[&t[*c]])?;
                 o.set_descs(attr!(CUDNN_ATTR_OPERATION_MATMUL_DESC), &[&m])?;
+                for (a, i) in [
+                    (
+                        attr!(CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC),
+                        over.m,
+                    ),
+                    (
+                        attr!(CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC),
+                        over.n,
+                    ),
+                    (
+                        attr!(CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC),
+                        over.k,
+                    ),
+                ] {
+                    if let Some(i) = i {
+                        o.set_descs(a, &[&t[i]])?;
+                    }
+                }
                 o.finalize()?;
                 Ok((o, Some(m)))
             }
@@ -326,7 +347,7 @@ impl Graph {
                 let mut p = Desc::new(lib, kind!(CUDNN_BACKEND_POINTWISE_DESCRIPTOR))?;
                 p.set1(attr!(CUDNN_ATTR_POINTWISE_MODE), mode.raw())?;
                 // Comparisons compute in BOOLEAN, as cudnn-frontend's attention masks set them.
-                let prec = if mode.is_comparison() {
+                let prec = if mode.gives_boolean() {
                     sys::cudnnDataType_t::CUDNN_DATA_BOOLEAN
                 } else {
                     comp
@@ -444,6 +465,7 @@ impl Graph {
                 is_virtual: t.is_virtual,
                 is_output: t.producer.is_some(),
                 is_scalar: t.scalar.is_some(),
+                bound: t.bound,
             });
             if let Some(v) = t.scalar {
                 scalar_uids.push(uid);

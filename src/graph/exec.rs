@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::CUevent_flags;
@@ -28,7 +29,12 @@ struct Entry<'a> {
     output: bool,
     /// Device ordinal of the buffer's context when it is not the handle's.
     foreign: Option<usize>,
+    /// The smallest and largest value, when the buffer's values were checked on the host
+    /// ([`Args::lengths`], or a zero-filled scratch buffer).
+    values: Option<(i64, i64)>,
     _guard: SyncOnDrop<'a>,
+    /// A buffer the bindings own ([`Args::lengths`]): freed (stream-ordered) with them.
+    _owned: Option<CudaSlice<i32>>,
 }
 
 /// Buffers bound to the tensors of a graph for [`Cudnn::execute`] and [`autotune`].
@@ -38,7 +44,7 @@ struct Entry<'a> {
 /// graph (tensor known, data type, length ≥ span, context, alignment, outputs bound mutably) runs
 /// at execution, before anything is enqueued.
 pub struct Args<'a> {
-    stream: &'a CudaStream,
+    stream: &'a Arc<CudaStream>,
     ctx: &'a cudarc::driver::CudaContext,
     entries: Vec<Entry<'a>>,
 }
@@ -85,7 +91,9 @@ impl<'a> Args<'a> {
             dtype,
             output,
             foreign,
+            values: None,
             _guard: guard,
+            _owned: None,
         });
         Ok(self)
     }
@@ -130,7 +138,49 @@ impl<'a> Args<'a> {
     ) -> Result<&mut Self> {
         let (foreign, bytes) = self.origin(&*buf);
         let ptr = buf.device_ptr_mut(self.stream);
-        self.push(t, dtype, output, (foreign, bytes / dtype.size()), ptr)
+        self.push(t, dtype, output, (foreign, bytes / dtype.size()), ptr)?;
+        if let Some(e) = self.entries.last_mut() {
+            // Zero-filled: every value is 0, within any lengths tensor's bound.
+            e.values = Some((0, 0));
+        }
+        Ok(self)
+    }
+
+    /// Binds lengths read by the graph, such as the per-sequence lengths of attention's padding
+    /// mask ([`super::SdpaOptions::padding`]): the values are copied to a device buffer the
+    /// bindings own (freed, stream-ordered, when they are dropped), and checked at execution to
+    /// lie in `0..=bound` for a tensor whose values bound what the plan reads (each sequence
+    /// length at most the tensor's extent): such a tensor takes its values only this way, never
+    /// from a device buffer the host has not seen. The tensor must be INT32; the copy is
+    /// enqueued on the handle's stream.
+    ///
+    /// ```no_run
+    /// # fn f(cudnn: &cudnn_safe::Cudnn, args: &mut cudnn_safe::graph::Args,
+    /// #      seq_q: cudnn_safe::graph::TensorId) -> cudnn_safe::Result<()> {
+    /// args.lengths(seq_q, &[128, 77, 1, 100])?; // one length per batch entry
+    /// # Ok(()) }
+    /// ```
+    pub fn lengths(&mut self, t: TensorId, values: &[i32]) -> Result<&mut Self> {
+        let (lo, hi) = values.iter().fold((i64::MAX, i64::MIN), |(lo, hi), &v| {
+            (lo.min(v.into()), hi.max(v.into()))
+        });
+        let buf = self
+            .stream
+            .clone_htod(values)
+            .map_err(|e| Error::driver("copying lengths to the device", e))?;
+        let (ptr, _) = buf.device_ptr(self.stream);
+        self.push(
+            t,
+            DType::I32,
+            false,
+            (None, values.len()),
+            (ptr, SyncOnDrop::Sync(None)),
+        )?;
+        if let Some(e) = self.entries.last_mut() {
+            e.values = (!values.is_empty()).then_some((lo, hi));
+            e._owned = Some(buf);
+        }
+        Ok(self)
     }
 
     /// Binds a buffer the graph writes (a tensor marked as an output).
@@ -149,7 +199,7 @@ impl<'a> Args<'a> {
     pub(crate) fn pointers(&self, cudnn: &Cudnn, g: &GraphInner) -> Result<Vec<usize>> {
         // The guards order work on the stream the pointers were taken for: it must be the one
         // the execution is enqueued on.
-        if !std::ptr::eq(self.stream, &**cudnn.stream()) {
+        if !std::ptr::eq(&**self.stream, &**cudnn.stream()) {
             return Err(Error::invalid(
                 "graph bindings",
                 "Args created for the executing handle's stream",
@@ -210,6 +260,25 @@ impl<'a> Args<'a> {
                     len: e.len,
                     required: layout.span(),
                 });
+            }
+            if let Some(bound) = m.bound {
+                match e.values {
+                    Some((lo, hi)) if lo >= 0 && hi <= bound => {}
+                    Some((lo, hi)) => {
+                        return Err(Error::invalid(
+                            "graph lengths",
+                            format!("`{}`: every value in 0..={bound}", m.name),
+                            format!("values from {lo} to {hi}"),
+                        ))
+                    }
+                    None => {
+                        return Err(Error::invalid(
+                            "graph buffer binding",
+                            format!("lengths `{}` bound with Args::lengths", m.name),
+                            "a device buffer whose values the host has not checked",
+                        ))
+                    }
+                }
             }
             if e.ptr % ALIGNMENT != 0 {
                 return Err(Error::invalid(

@@ -367,6 +367,9 @@ pub enum PointwiseMode {
     CmpLt,
     /// `x <= b` (`CUDNN_POINTWISE_CMP_LE`), boolean as [`PointwiseMode::CmpEq`].
     CmpLe,
+    /// `x && b` of two boolean tensors (`CUDNN_POINTWISE_LOGICAL_AND`, e.g. two comparisons
+    /// combined into one mask); boolean as [`PointwiseMode::CmpEq`].
+    LogicalAnd,
 }
 
 /// How many tensors a pointwise mode reads.
@@ -382,7 +385,9 @@ impl PointwiseMode {
         use PointwiseMode as P;
         match self {
             P::Add | P::Sub | P::Mul | P::Div | P::Min | P::Max | P::Pow => Arity::Binary,
-            P::CmpEq | P::CmpNeq | P::CmpGt | P::CmpGe | P::CmpLt | P::CmpLe => Arity::Binary,
+            P::CmpEq | P::CmpNeq | P::CmpGt | P::CmpGe | P::CmpLt | P::CmpLe | P::LogicalAnd => {
+                Arity::Binary
+            }
             P::ReluBwd
             | P::GeluBwd
             | P::GeluTanhBwd
@@ -412,6 +417,12 @@ impl PointwiseMode {
             self,
             P::CmpEq | P::CmpNeq | P::CmpGt | P::CmpGe | P::CmpLt | P::CmpLe
         )
+    }
+
+    /// Whether the result is a boolean tensor (a comparison or [`PointwiseMode::LogicalAnd`]):
+    /// it stays virtual and can be the condition of [`Graph::select`].
+    pub fn gives_boolean(self) -> bool {
+        self.is_comparison() || self == PointwiseMode::LogicalAnd
     }
 
     pub(crate) fn raw(self) -> cudnn_safe_sys::cudnnPointwiseMode_t {
@@ -457,6 +468,7 @@ impl PointwiseMode {
             P::CmpGe => M::CUDNN_POINTWISE_CMP_GE,
             P::CmpLt => M::CUDNN_POINTWISE_CMP_LT,
             P::CmpLe => M::CUDNN_POINTWISE_CMP_LE,
+            P::LogicalAnd => M::CUDNN_POINTWISE_LOGICAL_AND,
         }
     }
 
@@ -495,6 +507,11 @@ pub(crate) struct TensorInfo {
     /// with the rank of the first operation that reads it (empty until then).
     #[serde(with = "record::scalar")]
     pub(crate) scalar: Option<f64>,
+    /// Lengths (attention's sequence lengths): the tensor's values give extents of up to this,
+    /// so execution takes them only through [`Args::lengths`], checked on the host to lie in
+    /// `0..=bound`.
+    #[serde(default)]
+    pub(crate) bound: Option<i64>,
     /// The operation writing it, if any (not recorded: [`Graph::from_json`] derives it).
     #[serde(skip)]
     pub(crate) producer: Option<usize>,
@@ -514,6 +531,22 @@ impl TensorInfo {
             b_dims: other.dims.clone(),
             rule,
         }
+    }
+}
+
+/// Tensors (indices into `Graph::tensors`) whose values give a matmul's actual M, N or K per
+/// batch (`CUDNN_ATTR_OPERATION_MATMUL_GEMM_{M,N,K}_OVERRIDE_DESC`; INT32 `[b, 1, 1, 1]`,
+/// attention's sequence lengths): cuDNN computes only that part of each product.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct MatmulOverrides {
+    pub(crate) m: Option<usize>,
+    pub(crate) n: Option<usize>,
+    pub(crate) k: Option<usize>,
+}
+
+impl MatmulOverrides {
+    fn tensors(&self) -> impl Iterator<Item = usize> {
+        [self.m, self.n, self.k].into_iter().flatten()
     }
 }
 
@@ -546,6 +579,9 @@ pub(crate) enum Op {
         /// described to cuDNN as is, without broadcast views.
         #[serde(default)]
         grouped: bool,
+        /// Tensors holding the actual M, N or K of each batch (attention's sequence lengths).
+        #[serde(default)]
+        over: MatmulOverrides,
     },
     Pointwise {
         mode: PointwiseMode,
@@ -591,7 +627,7 @@ impl Op {
             Op::ConvFprop { x, w, .. } => vec![x, w],
             Op::ConvDgrad { dy, w, .. } => vec![dy, w],
             Op::ConvWgrad { x, dy, .. } => vec![x, dy],
-            Op::Matmul { a, b, .. } => vec![a, b],
+            Op::Matmul { a, b, over, .. } => [a, b].into_iter().chain(over.tensors()).collect(),
             Op::Pointwise { x, b, .. } => std::iter::once(x).chain(b).collect(),
             Op::PointwiseBwd { dy, x, .. } => vec![dy, x],
             Op::Reduction { x, .. } => vec![x],
@@ -757,6 +793,7 @@ impl Graph {
             dtype,
             is_virtual: false,
             scalar: None,
+            bound: None,
             producer: None,
             consumed: false,
         }))
@@ -797,6 +834,7 @@ impl Graph {
             dtype,
             is_virtual: false,
             scalar: Some(value),
+            bound: None,
             producer: None,
             consumed: false,
         }))
@@ -886,6 +924,7 @@ impl Graph {
             dtype: self.intermediate,
             is_virtual: true,
             scalar: None,
+            bound: None,
             producer: Some(op),
             consumed: false,
         }))
@@ -985,6 +1024,7 @@ impl Graph {
             dtype: self.intermediate,
             is_virtual: true,
             scalar: None,
+            bound: None,
             producer: None,
             consumed: false,
         });
@@ -1039,6 +1079,7 @@ impl Graph {
             dtype: self.intermediate,
             is_virtual: true,
             scalar: None,
+            bound: None,
             producer: None,
             consumed: false,
         });
@@ -1094,6 +1135,18 @@ impl Graph {
         b: TensorId,
         grouped: bool,
     ) -> Result<TensorId> {
+        self.matmul_over(a, b, grouped, [None; 3])
+    }
+
+    /// [`Graph::matmul_with`] with tensors giving the actual M, N and K of each batch
+    /// ([`MatmulOverrides`]; checked by the caller).
+    pub(crate) fn matmul_over(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        grouped: bool,
+        [m, n, k]: [Option<TensorId>; 3],
+    ) -> Result<TensorId> {
         const OP: &str = "matmul";
         let (ai, bi) = (self.index(a)?, self.index(b)?);
         let (at, bt) = (&self.tensors[ai], &self.tensors[bi]);
@@ -1140,12 +1193,19 @@ impl Graph {
         let order: Vec<usize> = (0..r).collect();
         let ai = self.operand(a, None, OP)?;
         let bi = self.operand(b, None, OP)?;
+        let mut over = |t: Option<TensorId>| t.map(|t| self.operand(t, None, OP)).transpose();
+        let over = MatmulOverrides {
+            m: over(m)?,
+            n: over(n)?,
+            k: over(k)?,
+        };
         let c = self.output("matmul.c", dims, &order, self.ops.len())?;
         self.ops.push(Op::Matmul {
             a: ai,
             b: bi,
             c: c.index,
             grouped,
+            over,
         });
         Ok(c)
     }
@@ -1490,7 +1550,7 @@ impl Graph {
         for (i, t) in self.tensors.iter().enumerate() {
             let _ = write!(
                 s,
-                "t{}:{:?}/{:?}/{}{}{};",
+                "t{}:{:?}/{:?}/{}{}{}{};",
                 i + 1,
                 t.dims,
                 t.strides,
@@ -1498,7 +1558,8 @@ impl Graph {
                 if t.is_virtual { "/v" } else { "" },
                 t.scalar
                     .map(|v| format!("/s{:x}", v.to_bits()))
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                t.bound.map(|b| format!("/b{b}")).unwrap_or_default()
             );
         }
         for op in &self.ops {
@@ -1510,9 +1571,16 @@ impl Graph {
                     a,
                     b,
                     c,
-                    grouped: false,
-                } => write!(s, "matmul({a},{b},{c});"),
-                Op::Matmul { a, b, c, .. } => write!(s, "gmatmul({a},{b},{c});"),
+                    grouped,
+                    over,
+                } => {
+                    let g = if *grouped { "g" } else { "" };
+                    let _ = write!(s, "{g}matmul({a},{b},{c}");
+                    if *over != MatmulOverrides::default() {
+                        let _ = write!(s, ",over{:?}/{:?}/{:?}", over.m, over.n, over.k);
+                    }
+                    s.write_str(");")
+                }
                 Op::Pointwise { mode, x, b, y } => write!(s, "pw({mode:?},{x},{b:?},{y});"),
                 Op::PointwiseBwd { mode, dy, x, dx } => write!(s, "pwb({mode:?},{dy},{x},{dx});"),
                 Op::Reduction { op, x, y } => write!(s, "red({op:?},{x},{y});"),

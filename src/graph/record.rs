@@ -218,7 +218,10 @@ impl Graph {
                     conv.validate(op.name())?;
                     (operands, conv.spatial_dims() + 2)
                 }
-                (Op::Matmul { a, b, c, .. }, _) => ([*a, *b, *c], rank(*c).max(3)),
+                (Op::Matmul { a, b, c, over, .. }, _) => {
+                    self.check_overrides(o, [*a, *b], over)?;
+                    ([*a, *b, *c], rank(*c).max(3))
+                }
                 _ => continue,
             };
             if let Some(&i) = operands.iter().find(|&&i| rank(i) != want) {
@@ -227,6 +230,46 @@ impl Graph {
                     op.name(),
                     self.tensors[i].name,
                     rank(i)
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Graph {
+    /// A matmul's M, N and K overrides (operation `o`, operands `a`, `b`) read lengths that
+    /// bound what it computes: each must be an INT32 graph input whose bound (the largest value
+    /// execution accepts, [`super::Args::lengths`]) is at most the extent it overrides (M: a's
+    /// rows, N: b's columns, K: a's columns).
+    fn check_overrides(
+        &self,
+        o: usize,
+        [a, b]: [usize; 2],
+        over: &super::MatmulOverrides,
+    ) -> Result<()> {
+        let (ad, bd) = (&self.tensors[a].dims, &self.tensors[b].dims);
+        let (ra, rb) = (ad.len(), bd.len());
+        if ra < 2 || rb < 2 {
+            return Ok(()); // refused by the rank check that follows
+        }
+        for (which, t, extent) in [
+            ("M", over.m, ad[ra - 2]),
+            ("N", over.n, bd[rb - 1]),
+            ("K", over.k, ad[ra - 1]),
+        ] {
+            let Some(t) = t else { continue };
+            let info = &self.tensors[t];
+            let ok = info.dtype == crate::dtype::DType::I32
+                && !info.is_virtual
+                && info.producer.is_none()
+                && info.scalar.is_none()
+                && info.bound.is_some_and(|b| (0..=extent).contains(&b));
+            if !ok {
+                return Err(bad(format!(
+                    "operation #{o} (matmul): {which} override `{}` (an INT32 graph input of \
+                     lengths bounded by {extent}; got {}, bound {:?})",
+                    info.name, info.dtype, info.bound
                 )));
             }
         }
