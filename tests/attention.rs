@@ -58,6 +58,11 @@ impl Shape {
     fn kv_len(&self) -> usize {
         self.b * self.h_kv * self.s_kv * self.d
     }
+    /// The row-major dimensions of q and of k (and v), as `usize`.
+    fn layouts(&self) -> ([usize; 4], [usize; 4]) {
+        let q = [self.b, self.h, self.s_q, self.d];
+        (q, [self.b, self.h_kv, self.s_kv, self.d])
+    }
     /// The key and value head query head `hi` reads.
     fn kv_head(&self, hi: usize) -> usize {
         hi / (self.h / self.h_kv)
@@ -105,14 +110,9 @@ fn reference_forward_padded(
     lens: Option<(&[usize], &[usize])>,
 ) -> Forward {
     let Shape {
-        b,
-        h,
-        h_kv,
-        s_q,
-        s_kv,
-        d,
+        b, h, s_q, s_kv, d, ..
     } = sh;
-    let (qd, kd) = ([b, h, s_q, d], [b, h_kv, s_kv, d]);
+    let (qd, kd) = sh.layouts();
     let mut stats = vec![0.0; b * h * s_q];
     let mut p = vec![0.0; b * h * s_q * s_kv];
     let mut row = vec![0.0; s_kv];
@@ -153,14 +153,9 @@ fn reference_forward_padded(
 /// probabilities P `[b, h, s_q, s_kv]` of [`reference_forward`] and the mask (same shape).
 fn attention_output(sh: Shape, p: &[f64], dropout: Option<(&[f64], f64)>, v: &[f64]) -> Vec<f64> {
     let Shape {
-        b,
-        h,
-        h_kv,
-        s_q,
-        s_kv,
-        d,
+        b, h, s_q, s_kv, d, ..
     } = sh;
-    let (qd, kd) = ([b, h, s_q, d], [b, h_kv, s_kv, d]);
+    let (qd, kd) = sh.layouts();
     let mut o = vec![0.0; b * h * s_q * d];
     for bi in 0..b {
         for hi in 0..h {
@@ -195,14 +190,9 @@ fn reference_backward(
     scale: f64,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let Shape {
-        b,
-        h,
-        h_kv,
-        s_q,
-        s_kv,
-        d,
+        b, h, s_q, s_kv, d, ..
     } = sh;
-    let (qd, kd) = ([b, h, s_q, d], [b, h_kv, s_kv, d]);
+    let (qd, kd) = sh.layouts();
     let mut dq = vec![0.0; q.len()];
     let mut dk = vec![0.0; k.len()];
     let mut dv = vec![0.0; v.len()];
@@ -844,6 +834,41 @@ fn gpu_sdpa_forward_head_dim_128_bf16() {
     fwd_case::<bf16>(Shape { d: 128, ..SMALL }, true, true, 7);
 }
 
+/// The gradient outputs and scratch tensors of a backward graph, poisoned with NaN.
+struct GradBufs<T: DataType> {
+    dq: CudaSlice<T>,
+    dk: CudaSlice<T>,
+    dv: CudaSlice<T>,
+    sum: CudaSlice<f32>,
+    acc: CudaSlice<f32>,
+}
+
+impl<T: DataType> GradBufs<T> {
+    fn poisoned(
+        s: &Arc<CudaStream>,
+        og: &OperationGraph,
+        gr: &cudnn_safe::graph::SdpaGrads,
+    ) -> Self {
+        let span = |t| og.span(t).unwrap();
+        GradBufs {
+            dq: poisoned_buffer(s, span(gr.dq)),
+            dk: poisoned_buffer(s, span(gr.dk)),
+            dv: poisoned_buffer(s, span(gr.dv)),
+            sum: poisoned_buffer(s, span(gr.softmax_sum)),
+            acc: poisoned_buffer(s, span(gr.dq_accum)),
+        }
+    }
+
+    /// Binds every buffer to its tensor of `gr`.
+    fn bind<'a>(&'a mut self, args: &mut Args<'a>, gr: &cudnn_safe::graph::SdpaGrads) {
+        args.output(gr.dq, &mut self.dq).unwrap();
+        args.output(gr.dk, &mut self.dk).unwrap();
+        args.output(gr.dv, &mut self.dv).unwrap();
+        args.output(gr.softmax_sum, &mut self.sum).unwrap();
+        args.output(gr.dq_accum, &mut self.acc).unwrap();
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Padding mask (sequences of different lengths per batch entry)
 // ---------------------------------------------------------------------------------------------
@@ -987,11 +1012,7 @@ fn padded_case<T: DataType>(sh: Shape, causal: bool, lq: &[usize], lkv: &[usize]
     let dob = upload(&s, &sh.q(), &bshd(sh.q()), &dov);
     let sb = s.clone_htod(&sv).unwrap();
     for plan in plans(&cudnn, &og, 2) {
-        let mut dqb = poisoned_buffer::<T>(&s, og.span(gr.dq).unwrap());
-        let mut dkb = poisoned_buffer::<T>(&s, og.span(gr.dk).unwrap());
-        let mut dvb = poisoned_buffer::<T>(&s, og.span(gr.dv).unwrap());
-        let mut sumb = poisoned_buffer::<f32>(&s, og.span(gr.softmax_sum).unwrap());
-        let mut accb = poisoned_buffer::<f32>(&s, og.span(gr.dq_accum).unwrap());
+        let mut bufs = GradBufs::<T>::poisoned(&s, &og, &gr);
         {
             let mut args = Args::new(&cudnn);
             bind_qkv(&mut args, [q, k, v], inputs.bufs());
@@ -999,20 +1020,16 @@ fn padded_case<T: DataType>(sh: Shape, causal: bool, lq: &[usize], lkv: &[usize]
             args.input(stats, &sb).unwrap();
             args.lengths(seq_q, &lens_i32(lq)).unwrap();
             args.lengths(seq_kv, &lens_i32(lkv)).unwrap();
-            args.output(gr.dq, &mut dqb).unwrap();
-            args.output(gr.dk, &mut dkb).unwrap();
-            args.output(gr.dv, &mut dvb).unwrap();
-            args.output(gr.softmax_sum, &mut sumb).unwrap();
-            args.output(gr.dq_accum, &mut accb).unwrap();
+            bufs.bind(&mut args, &gr);
             cudnn.execute(&plan, &args, &mut ws).unwrap();
         }
         let w = format!("{what} backward plan {}", plan.name());
         let t = tol::<T>();
-        let got = fetch(&s, &sh.q(), &bshd(sh.q()), &dqb);
+        let got = fetch(&s, &sh.q(), &bshd(sh.q()), &bufs.dq);
         let pq = check_valid(&format!("{w}: dQ"), sh.q(), &got, &dq, lq, t);
-        let got = fetch(&s, &sh.kv(), &bshd(sh.kv()), &dkb);
+        let got = fetch(&s, &sh.kv(), &bshd(sh.kv()), &bufs.dk);
         let pk = check_valid(&format!("{w}: dK"), sh.kv(), &got, &dk, lkv, t);
-        let got = fetch(&s, &sh.kv(), &bshd(sh.kv()), &dvb);
+        let got = fetch(&s, &sh.kv(), &bshd(sh.kv()), &bufs.dv);
         let pv = check_valid(&format!("{w}: dV"), sh.kv(), &got, &dv, lkv, t);
         eprintln!("{w}: padding rows of dQ {pq:?}, dK {pk:?}, dV {pv:?}");
         assert!(
@@ -1134,11 +1151,7 @@ fn check_bwd<T: DataType>(
     let sb = s.clone_htod(&sv).unwrap();
     let mut ws = Workspace::new(s.clone());
     for plan in plans(cudnn, og, 2) {
-        let mut dqb = poisoned_buffer::<T>(s, og.span(gr.dq).unwrap());
-        let mut dkb = poisoned_buffer::<T>(s, og.span(gr.dk).unwrap());
-        let mut dvb = poisoned_buffer::<T>(s, og.span(gr.dv).unwrap());
-        let mut sumb = poisoned_buffer::<f32>(s, og.span(gr.softmax_sum).unwrap());
-        let mut accb = poisoned_buffer::<f32>(s, og.span(gr.dq_accum).unwrap());
+        let mut bufs = GradBufs::<T>::poisoned(s, og, gr);
         {
             let mut args = Args::new(cudnn);
             bind_qkv(&mut args, [q, k, v], inputs.bufs());
@@ -1159,11 +1172,7 @@ fn check_bwd<T: DataType>(
                     .input_i64(offset, offset_b)
                     .unwrap();
             }
-            args.output(gr.dq, &mut dqb).unwrap();
-            args.output(gr.dk, &mut dkb).unwrap();
-            args.output(gr.dv, &mut dvb).unwrap();
-            args.output(gr.softmax_sum, &mut sumb).unwrap();
-            args.output(gr.dq_accum, &mut accb).unwrap();
+            bufs.bind(&mut args, gr);
             cudnn.execute(&plan, &args, &mut ws).unwrap();
         }
         let what = format!("{what} plan {}", plan.name());
@@ -1171,9 +1180,9 @@ fn check_bwd<T: DataType>(
         // terms (with or without dropout): T's tolerance relative to (1 + |w|).
         let t = tol::<T>();
         for (name, dims, buf, want) in [
-            ("dQ", sh.q(), &dqb, &dq),
-            ("dK", sh.kv(), &dkb, &dk),
-            ("dV", sh.kv(), &dvb, &dv),
+            ("dQ", sh.q(), &bufs.dq, &dq),
+            ("dK", sh.kv(), &bufs.dk, &dk),
+            ("dV", sh.kv(), &bufs.dv, &dv),
         ] {
             let got = fetch(s, &dims, &bshd(dims), buf);
             assert_close(&format!("{what}: {name}"), &got, want, t);

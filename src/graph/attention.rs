@@ -590,29 +590,8 @@ impl Graph {
                 format!("{p}"),
             ));
         }
-        for (what, t) in [("seed", d.seed), ("offset", d.offset)] {
-            let i = self.index(t)?;
-            let t = &self.tensors[i];
-            if t.dtype != DType::I64 {
-                return Err(Error::UnsupportedDataType {
-                    op,
-                    detail: format!(
-                        "dropout {what} `{}` is {} (an i64 tensor of Graph::rng_input)",
-                        t.name, t.dtype
-                    ),
-                });
-            }
-            if t.scalar.is_some()
-                || t.producer.is_some()
-                || t.dims != [1, 1, 1, 1]
-                || t.strides != [1, 1, 1, 1]
-            {
-                return Err(Error::invalid(
-                    "attention dropout input",
-                    format!("{op}: the dropout {what} is a graph input of Graph::rng_input"),
-                    format!("`{}` with dims {:?}", t.name, t.dims),
-                ));
-            }
+        for (what, t) in [("dropout seed", d.seed), ("dropout offset", d.offset)] {
+            self.sdpa_int_input(op, what, t, DType::I64, 1, "Graph::rng_input")?;
         }
         // A dumped mask is a real tensor: it must fit cuDNN's 32-bit addressing. Undumped it
         // stays virtual (never in memory), like the scores, and may pass 2^31 elements.
@@ -660,26 +639,46 @@ impl Graph {
         let Some((sq, skv)) = opts.padding else {
             return Ok(None);
         };
-        for (what, t) in [("seq_len_q", sq), ("seq_len_kv", skv)] {
-            let t = &self.tensors[self.index(t)?];
-            if t.dtype != DType::I32 {
-                return Err(Error::UnsupportedDataType {
-                    op,
-                    detail: format!(
-                        "padding {what} `{}` is {} (an INT32 tensor of Graph::seq_len_input)",
-                        t.name, t.dtype
-                    ),
-                });
-            }
-            if t.scalar.is_some() || t.producer.is_some() || t.dims != [b, 1, 1, 1] {
-                return Err(Error::invalid(
-                    "attention padding input",
-                    format!("{op}: {what} a graph input [b, 1, 1, 1] with b = {b}"),
-                    format!("`{}` with dims {:?}", t.name, t.dims),
-                ));
-            }
+        for (what, t) in [("padding seq_len_q", sq), ("padding seq_len_kv", skv)] {
+            self.sdpa_int_input(op, what, t, DType::I32, b, "Graph::seq_len_input")?;
         }
         Ok(Some((sq, skv)))
+    }
+
+    /// Checks an integer input of attention (a dropout seed or offset, a padding length
+    /// tensor): of `dtype`, a graph input (not a scalar, not an operation's output) of
+    /// dimensions `[batch, 1, 1, 1]` packed, as `maker` creates it.
+    fn sdpa_int_input(
+        &self,
+        op: &'static str,
+        what: &str,
+        t: TensorId,
+        dtype: DType,
+        batch: i64,
+        maker: &str,
+    ) -> Result<()> {
+        let t = &self.tensors[self.index(t)?];
+        if t.dtype != dtype {
+            return Err(Error::UnsupportedDataType {
+                op,
+                detail: format!(
+                    "{what} `{}` is {} (a {dtype} tensor of {maker})",
+                    t.name, t.dtype
+                ),
+            });
+        }
+        if t.scalar.is_some()
+            || t.producer.is_some()
+            || t.dims != [batch, 1, 1, 1]
+            || t.strides != [1, 1, 1, 1]
+        {
+            return Err(Error::invalid(
+                "attention integer input",
+                format!("{op}: the {what} is a graph input [{batch}, 1, 1, 1] of {maker}"),
+                format!("`{}` with dims {:?}", t.name, t.dims),
+            ));
+        }
+        Ok(())
     }
 
     /// Records that `t`'s values bound extents of at most `bound` (the smallest bound when
