@@ -13,7 +13,11 @@
 //! `ATTENTION_BENCH_REFINE` (fastest plans whose knob neighbours are tried too, default 2),
 //! `ATTENTION_BENCH_SEQ` (sequence length, default 4096), `ATTENTION_BENCH_KV_HEADS` (key and
 //! value heads, dividing 16: grouped-query attention below 16, multi-query at 1; default 16; the
-//! lines then read `h16 hkv4` etc.).
+//! lines then read `h16 hkv4` etc.), `ATTENTION_BENCH_DETERMINISTIC=1` (the backward graph in
+//! its deterministic form, [`SdpaOptions::deterministic`]; the lines then read `bwd-det` and
+//! `fwd+bwd-det`), `ATTENTION_BENCH_WINDOW=w` (a sliding window of `w` keys,
+//! [`SdpaOptions::sliding_window`]; the lines then end `causal swa{w}` and count the FLOPs of
+//! the keys inside the window).
 mod common;
 
 use std::sync::Arc;
@@ -58,7 +62,21 @@ fn label(what: &str, s: i64, h_kv: i64) -> String {
     } else {
         format!(" hkv{h_kv}")
     };
-    format!("attention {what} bf16 b{B} h{H}{kv} s{s} d{D} causal")
+    let swa = window().map_or(String::new(), |w| format!(" swa{w}"));
+    format!("attention {what} bf16 b{B} h{H}{kv} s{s} d{D} causal{swa}")
+}
+
+/// The sliding window (`ATTENTION_BENCH_WINDOW`), if set.
+fn window() -> Option<i64> {
+    std::env::var("ATTENTION_BENCH_WINDOW")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
+
+/// The options of the benchmarked graphs: causal, with the window if set.
+fn options() -> SdpaOptions {
+    let o = SdpaOptions::new().causal(true);
+    window().map_or(o, |w| o.sliding_window(w))
 }
 
 fn report(what: &str, s: i64, h_kv: i64, ms: f64, flops: f64) {
@@ -136,7 +154,12 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, test: bool) -> BoxResult<()> {
     let kv_dims = [B, h_kv, s, D];
     let n = (B * H * s * D) as usize;
     let n_kv = (B * h_kv * s * D) as usize;
-    let fwd_flops = 4.0 * (B * H) as f64 * (s as f64).powi(2) * D as f64 / 2.0;
+    // 4·b·h·d per visible (query, key) pair: s²/2 of them causal, Σ_i min(i + 1, w) in a window.
+    let pairs = match window() {
+        Some(w) => (0..s).map(|i| (i + 1).min(w) as f64).sum::<f64>(),
+        None => (s as f64).powi(2) / 2.0,
+    };
+    let fwd_flops = 4.0 * (B * H) as f64 * pairs * D as f64;
     let filter = PlanFilter::new().max_plans(Some(max_plans));
     let mut ws = Workspace::new(stream.clone());
 
@@ -154,7 +177,7 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, test: bool) -> BoxResult<()> {
         let q = g.tensor("q", &dims, &bshd(s, H), DType::BF16)?;
         let k = g.tensor("k", &kv_dims, &bshd(s, h_kv), DType::BF16)?;
         let v = g.tensor("v", &kv_dims, &bshd(s, h_kv), DType::BF16)?;
-        let out = g.sdpa(q, k, v, &SdpaOptions::new().causal(true).training(training))?;
+        let out = g.sdpa(q, k, v, &options().training(training))?;
         let og = g.build(cudnn)?;
         let plans = og.plans(cudnn, &filter)?.plans;
         let mut args = GraphArgs::new(cudnn);
@@ -178,6 +201,7 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, test: bool) -> BoxResult<()> {
     let mut dvb = stream.alloc_zeros::<bf16>(n_kv)?;
     let mut sumb = stream.alloc_zeros::<f32>((B * H * s) as usize)?;
     let mut accb = stream.alloc_zeros::<f32>(n)?;
+    let det = env_usize("ATTENTION_BENCH_DETERMINISTIC", 0) != 0;
     let mut g = Graph::new(DType::BF16, DType::F32, DType::F32);
     let q = g.tensor("q", &dims, &bshd(s, H), DType::BF16)?;
     let k = g.tensor("k", &kv_dims, &bshd(s, h_kv), DType::BF16)?;
@@ -185,23 +209,59 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, test: bool) -> BoxResult<()> {
     let o = g.tensor("o", &dims, &bshd(s, H), DType::BF16)?;
     let d_o = g.tensor("dO", &dims, &bshd(s, H), DType::BF16)?;
     let stats = g.tensor_nchw("stats", &[B, H, s, 1], DType::F32)?;
-    let gr = g.sdpa_backward(q, k, v, o, d_o, stats, &SdpaOptions::new().causal(true))?;
+    let opts = options().deterministic(det);
+    let gr = g.sdpa_backward(q, k, v, o, d_o, stats, &opts)?;
     let og = g.build(cudnn)?;
-    let plans = og.plans(cudnn, &filter)?.plans;
-    let mut args = GraphArgs::new(cudnn);
-    args.input(q, &qb)?.input(k, &kb)?.input(v, &vb)?;
-    args.input(o, &ob)?
-        .input(d_o, &dob)?
-        .input(stats, &statsb)?;
-    args.output(gr.dq, &mut dqb)?
-        .output(gr.dk, &mut dkb)?
-        .output(gr.dv, &mut dvb)?;
-    args.output(gr.softmax_sum, &mut sumb)?
-        .output(gr.dq_accum, &mut accb)?;
-    let plan = tune(cudnn, &og, plans, &args, &mut ws, "bwd")?;
-    let bwd_ms = median_ms(stream, test, || Ok(cudnn.execute(&plan, &args, &mut ws)?))?;
-    report("bwd", s, h_kv, bwd_ms, 2.5 * fwd_flops);
-    report("fwd+bwd", s, h_kv, fwd_train_ms + bwd_ms, 3.5 * fwd_flops);
+    let mut plans = Some(og.plans(cudnn, &filter)?.plans);
+    let (bwd, both) = if det {
+        ("bwd-det", "fwd+bwd-det")
+    } else {
+        ("bwd", "fwd+bwd")
+    };
+    // Pass 0 tunes and times; passes 1 and 2 run the chosen plan once each and keep dQ, to
+    // report whether two runs give the same bits (the f32 accumulation of the default form may
+    // sum in another order each time; the deterministic form must not).
+    let mut chosen = None;
+    let mut runs = Vec::new();
+    for pass in 0..3 {
+        let mut args = GraphArgs::new(cudnn);
+        args.input(q, &qb)?.input(k, &kb)?.input(v, &vb)?;
+        args.input(o, &ob)?
+            .input(d_o, &dob)?
+            .input(stats, &statsb)?;
+        args.output(gr.dq, &mut dqb)?
+            .output(gr.dk, &mut dkb)?
+            .output(gr.dv, &mut dvb)?;
+        args.output(gr.softmax_sum, &mut sumb)?;
+        if let Some(acc) = gr.dq_accum {
+            args.output(acc, &mut accb)?;
+        }
+        match (pass, plans.take(), &chosen) {
+            (0, Some(plans), _) => {
+                let plan = tune(cudnn, &og, plans, &args, &mut ws, bwd)?;
+                let bwd_ms = median_ms(stream, test, || Ok(cudnn.execute(&plan, &args, &mut ws)?))?;
+                report(bwd, s, h_kv, bwd_ms, 2.5 * fwd_flops);
+                report(both, s, h_kv, fwd_train_ms + bwd_ms, 3.5 * fwd_flops);
+                chosen = Some(plan);
+            }
+            (_, _, Some(plan)) => {
+                cudnn.execute(plan, &args, &mut ws)?;
+                drop(args);
+                stream.synchronize()?;
+                runs.push(stream.clone_dtoh(&dqb)?);
+            }
+            _ => unreachable!("pass 0 chooses the plan"),
+        }
+    }
+    let differ = runs[0]
+        .iter()
+        .zip(&runs[1])
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    println!(
+        "{}: dQ of two runs differs in {differ} of {n} elements",
+        label(bwd, s, h_kv)
+    );
     Ok(())
 }
 

@@ -13,7 +13,8 @@ mod common;
 use common::*;
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::graph::{
-    Args, Graph, OperationGraph, Plan, PlanFilter, PointwiseMode, SdpaOptions, TensorId,
+    Args, DiagonalAlignment, Graph, OperationGraph, Plan, PlanFilter, PointwiseMode, SdpaOptions,
+    TensorId,
 };
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::{Cudnn, DType, DataType, Error, Workspace};
@@ -94,20 +95,88 @@ fn reference_forward(
     scale: f64,
     causal: bool,
 ) -> Forward {
-    reference_forward_padded(sh, q, k, v, scale, causal, None)
+    let mods = Mods {
+        mask: Mask::causal(causal),
+        ..Mods::default()
+    };
+    reference_forward_mods(sh, q, k, v, scale, &mods)
 }
 
-/// [`reference_forward`] with a padding mask `(seq_len_q, seq_len_kv)` per batch entry: row
-/// `i ≥ seq_len_q[n]` has no probabilities (P row 0, O row 0, stats NaN) and column
-/// `j ≥ seq_len_kv[n]` is masked.
-fn reference_forward_padded(
+/// The causal mask and sliding window of a test (as set on [`SdpaOptions`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Mask {
+    causal: Option<DiagonalAlignment>,
+    window: Option<usize>,
+}
+
+impl Mask {
+    fn causal(causal: bool) -> Mask {
+        Mask {
+            causal: causal.then_some(DiagonalAlignment::TopLeft),
+            window: None,
+        }
+    }
+
+    /// The options setting this mask.
+    fn opts(&self) -> SdpaOptions {
+        let o = match self.causal {
+            None => SdpaOptions::new(),
+            Some(DiagonalAlignment::TopLeft) => SdpaOptions::new().causal(true),
+            Some(DiagonalAlignment::BottomRight) => SdpaOptions::new().causal_bottom_right(true),
+        };
+        match self.window {
+            Some(w) => o.sliding_window(w as i64),
+            None => o,
+        }
+    }
+
+    /// Whether query row `i` sees key column `j` (`j < lkv`) in an entry of `lq` queries and
+    /// `lkv` keys: `j ≤ d(i)` and `j > d(i) − window`, the diagonal `d(i)` being `i` (top-left)
+    /// or `i + lkv − lq` (bottom-right).
+    fn keeps(&self, i: usize, j: usize, lq: usize, lkv: usize) -> bool {
+        let (i, j) = (i as i64, j as i64);
+        let diag = match self.causal {
+            None => return true,
+            Some(DiagonalAlignment::TopLeft) => i,
+            Some(DiagonalAlignment::BottomRight) => i + lkv as i64 - lq as i64,
+        };
+        j <= diag && self.window.map_or(true, |w| j > diag - w as i64)
+    }
+}
+
+/// A bias in a reference: values (logical row-major) and its batch and head extents (each the
+/// problem's or 1).
+#[derive(Clone, Copy)]
+struct BiasRef<'a> {
+    vals: &'a [f64],
+    bh: [usize; 2],
+}
+
+impl BiasRef<'_> {
+    fn at(&self, sh: Shape, bi: usize, hi: usize, i: usize, j: usize) -> f64 {
+        let [nb, nh] = self.bh;
+        let (bi, hi) = (if nb == 1 { 0 } else { bi }, if nh == 1 { 0 } else { hi });
+        self.vals[((bi * nh + hi) * sh.s_q + i) * sh.s_kv + j]
+    }
+}
+
+/// What a reference applies to the scaled scores: bias, padding lengths, causal mask and window.
+#[derive(Clone, Copy, Default)]
+struct Mods<'a> {
+    mask: Mask,
+    lens: Option<(&'a [usize], &'a [usize])>,
+    bias: Option<BiasRef<'a>>,
+}
+
+/// The f64 forward reference with score modifiers: `S = scale · Q·Kᵀ + bias`, masked as `mods`
+/// says; rows `i ≥ seq_len_q[n]` have no probabilities (P row 0, O row 0, stats NaN).
+fn reference_forward_mods(
     sh: Shape,
     q: &[f64],
     k: &[f64],
     v: &[f64],
     scale: f64,
-    causal: bool,
-    lens: Option<(&[usize], &[usize])>,
+    mods: &Mods,
 ) -> Forward {
     let Shape {
         b, h, s_q, s_kv, d, ..
@@ -118,7 +187,7 @@ fn reference_forward_padded(
     let mut row = vec![0.0; s_kv];
     for bi in 0..b {
         for hi in 0..h {
-            let (lq, lkv) = lens.map_or((s_q, s_kv), |(lq, lkv)| (lq[bi], lkv[bi]));
+            let (lq, lkv) = mods.lens.map_or((s_q, s_kv), |(lq, lkv)| (lq[bi], lkv[bi]));
             for i in 0..s_q {
                 if i >= lq {
                     stats[(bi * h + hi) * s_q + i] = f64::NAN;
@@ -126,17 +195,21 @@ fn reference_forward_padded(
                 }
                 let mut m = f64::NEG_INFINITY;
                 for (j, r) in row.iter_mut().enumerate() {
-                    *r = if (causal && j > i) || j >= lkv {
+                    *r = if j >= lkv || !mods.mask.keeps(i, j, lq, lkv) {
                         f64::NEG_INFINITY
                     } else {
                         let mut acc = 0.0;
                         for x in 0..d {
                             acc += q[at(qd, bi, hi, i, x)] * k[at(kd, bi, sh.kv_head(hi), j, x)];
                         }
-                        acc * scale
+                        acc * scale + mods.bias.map_or(0.0, |bias| bias.at(sh, bi, hi, i, j))
                     };
                     m = m.max(*r);
                 }
+                assert!(
+                    m > f64::NEG_INFINITY,
+                    "a test row with nothing to attend to"
+                );
                 let sum: f64 = row.iter().map(|&r| (r - m).exp()).sum();
                 stats[(bi * h + hi) * s_q + i] = m + sum.ln();
                 for j in 0..s_kv {
@@ -175,7 +248,7 @@ fn attention_output(sh: Shape, p: &[f64], dropout: Option<(&[f64], f64)>, v: &[f
     o
 }
 
-/// Analytic gradients (dQ, dK, dV, logical row-major) of `sum(O ∘ dO)` given P, with
+/// Analytic gradients ([`Grads`]) of `sum(O ∘ dO)` given P, with
 /// `D_i = Σ_x dO[i, x]·O[i, x]` from the O the GPU reads. With dropout `(mask, c)`, with
 /// `Z = P ⊙ mask · c` (what multiplied V): `dV = Zᵀ·dO`, `dZ = dO·Vᵀ`,
 /// `dS = P ⊙ (c · mask ⊙ dZ − D) · scale`, `dQ = dS·K`, `dK = dSᵀ·Q`; without dropout the same
@@ -188,7 +261,7 @@ fn reference_backward(
     p: &[f64],
     dropout: Option<(&[f64], f64)>,
     scale: f64,
-) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+) -> Grads {
     let Shape {
         b, h, s_q, s_kv, d, ..
     } = sh;
@@ -196,6 +269,7 @@ fn reference_backward(
     let mut dq = vec![0.0; q.len()];
     let mut dk = vec![0.0; k.len()];
     let mut dv = vec![0.0; v.len()];
+    let mut ds_unscaled = vec![0.0; p.len()];
     for bi in 0..b {
         for hi in 0..h {
             for i in 0..s_q {
@@ -213,7 +287,9 @@ fn reference_backward(
                         dz += d_o[at(qd, bi, hi, i, x)] * v[at(kd, bi, sh.kv_head(hi), j, x)];
                         dv[at(kd, bi, sh.kv_head(hi), j, x)] += z * d_o[at(qd, bi, hi, i, x)];
                     }
-                    let ds = pij * (c * mij * dz - di) * scale;
+                    let dsu = pij * (c * mij * dz - di);
+                    ds_unscaled[at_ij] = dsu;
+                    let ds = dsu * scale;
                     for x in 0..d {
                         dq[at(qd, bi, hi, i, x)] += ds * k[at(kd, bi, sh.kv_head(hi), j, x)];
                         dk[at(kd, bi, sh.kv_head(hi), j, x)] += ds * q[at(qd, bi, hi, i, x)];
@@ -222,7 +298,21 @@ fn reference_backward(
             }
         }
     }
-    (dq, dk, dv)
+    Grads {
+        dq,
+        dk,
+        dv,
+        ds_unscaled,
+    }
+}
+
+/// Reference gradients (logical row-major): dQ, dK, dV and the gradient of the scaled (and
+/// biased) scores `[b, h, s_q, s_kv]`, which is dBias before the sum over the batch.
+struct Grads {
+    dq: Vec<f64>,
+    dk: Vec<f64>,
+    dv: Vec<f64>,
+    ds_unscaled: Vec<f64>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -340,7 +430,7 @@ fn assert_backward_outputs(g: &Graph, gr: &cudnn_safe::graph::SdpaGrads, dtype: 
         assert_eq!(g.dtype(t).unwrap(), dtype);
     }
     assert_eq!(g.dtype(gr.softmax_sum).unwrap(), DType::F32);
-    assert_eq!(g.dtype(gr.dq_accum).unwrap(), DType::F32);
+    assert_eq!(g.dtype(gr.dq_accum.unwrap()).unwrap(), DType::F32);
 }
 
 #[test]
@@ -353,10 +443,10 @@ fn host_sdpa_backward_shapes_and_finalize() {
             assert_eq!(g.dims(gr.softmax_sum).unwrap(), &SMALL.stats());
             assert_eq!(g.strides(gr.softmax_sum).unwrap(), &[3 * 64, 64, 1, 1]);
             assert_eq!(
-                g.strides(gr.dq_accum).unwrap(),
+                g.strides(gr.dq_accum.unwrap()).unwrap(),
                 &[3 * 64 * 64, 64 * 64, 64, 1]
             );
-            assert_eq!(g.dims(gr.dq_accum).unwrap(), &SMALL.q());
+            assert_eq!(g.dims(gr.dq_accum.unwrap()).unwrap(), &SMALL.q());
             if have_cudnn() {
                 common::check_with_record(&g)
                     .unwrap_or_else(|e| panic!("{dtype} causal={causal}: {e}"));
@@ -840,7 +930,8 @@ struct GradBufs<T: DataType> {
     dk: CudaSlice<T>,
     dv: CudaSlice<T>,
     sum: CudaSlice<f32>,
-    acc: CudaSlice<f32>,
+    acc: Option<CudaSlice<f32>>,
+    dbias: Option<CudaSlice<T>>,
 }
 
 impl<T: DataType> GradBufs<T> {
@@ -855,7 +946,8 @@ impl<T: DataType> GradBufs<T> {
             dk: poisoned_buffer(s, span(gr.dk)),
             dv: poisoned_buffer(s, span(gr.dv)),
             sum: poisoned_buffer(s, span(gr.softmax_sum)),
-            acc: poisoned_buffer(s, span(gr.dq_accum)),
+            acc: gr.dq_accum.map(|t| poisoned_buffer(s, span(t))),
+            dbias: gr.dbias.map(|t| poisoned_buffer(s, span(t))),
         }
     }
 
@@ -865,7 +957,12 @@ impl<T: DataType> GradBufs<T> {
         args.output(gr.dk, &mut self.dk).unwrap();
         args.output(gr.dv, &mut self.dv).unwrap();
         args.output(gr.softmax_sum, &mut self.sum).unwrap();
-        args.output(gr.dq_accum, &mut self.acc).unwrap();
+        if let (Some(t), Some(buf)) = (gr.dq_accum, self.acc.as_mut()) {
+            args.output(t, buf).unwrap();
+        }
+        if let (Some(t), Some(buf)) = (gr.dbias, self.dbias.as_mut()) {
+            args.output(t, buf).unwrap();
+        }
     }
 }
 
@@ -891,6 +988,11 @@ struct Padded {
     other: usize,
     neg_inf: usize,
     first_other: Option<f64>,
+}
+
+/// Whether every padding position was written as 0.
+fn zeros(p: &Padded) -> bool {
+    p.untouched == 0 && p.other == 0
 }
 
 /// Compares the valid rows of `got` with `want` and classifies the padding rows.
@@ -923,128 +1025,55 @@ fn check_valid<T: DataType>(
     padded
 }
 
-/// Forward (training) and backward graphs with a padding mask: the valid rows of O, the
-/// statistics, dQ, dK and dV against the f64 reference of the masked problem, on the first two
-/// plans of each graph, outputs poisoned with NaN; the padding rows must be written as
-/// [`Graph::sdpa`] documents: 0 in O, dQ, dK and dV, −∞ in the statistics.
-fn padded_case<T: DataType>(sh: Shape, causal: bool, lq: &[usize], lkv: &[usize], seed: u64) {
-    let Some((s, cudnn)) = gpu() else { return };
-    let b = sh.b as i64;
-    let lens_i32 = |l: &[usize]| l.iter().map(|&x| x as i32).collect::<Vec<i32>>();
-    let mut rng = Rng::new(seed);
-    let inputs = Qkv::<T>::random(&s, sh, &mut rng);
-    let [qf, kf, vf] = inputs.f64();
-    let scale = sh.scale();
-    let fwd = reference_forward_padded(sh, &qf, &kf, &vf, scale, causal, Some((lq, lkv)));
-    let mut ws = Workspace::new(s.clone());
-    let what = format!(
-        "padded sdpa {} {sh:?} causal={causal} lq={lq:?} lkv={lkv:?}",
-        T::DTYPE
-    );
-    let zero = |p: &Padded| p.untouched == 0 && p.other == 0;
+/// The inputs of a backward test after a forward reference `fwd`: O as stored (0 in padding
+/// rows), the statistics in f32 (0 in padding rows) and a random dO (drawn from `rng`) on the
+/// device, and the f64 gradients of the reference.
+struct BwdRef<T: DataType> {
+    want: Grads,
+    ob: CudaSlice<T>,
+    dob: CudaSlice<T>,
+    sb: CudaSlice<f32>,
+}
 
-    // Forward.
-    let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
-    let [q, k, v] = qkv_inputs(&mut g, sh.q(), sh.kv(), T::DTYPE).unwrap();
-    let seq_q = g.seq_len_input("seq_len_q", b).unwrap();
-    let seq_kv = g.seq_len_input("seq_len_kv", b).unwrap();
-    let opts = SdpaOptions::new()
-        .causal(causal)
-        .training(true)
-        .padding(seq_q, seq_kv);
-    let out = g.sdpa(q, k, v, &opts).unwrap();
-    let st = out.stats.unwrap();
-    let og = g.build(&cudnn).unwrap();
-    for plan in plans(&cudnn, &og, 2) {
-        let mut ob = poisoned_buffer::<T>(&s, og.span(out.o).unwrap());
-        let mut sb = poisoned_buffer::<f32>(&s, og.span(st).unwrap());
-        {
-            let mut args = Args::new(&cudnn);
-            bind_qkv(&mut args, [q, k, v], inputs.bufs());
-            args.lengths(seq_q, &lens_i32(lq)).unwrap();
-            args.lengths(seq_kv, &lens_i32(lkv)).unwrap();
-            args.output(out.o, &mut ob).unwrap();
-            args.output(st, &mut sb).unwrap();
-            cudnn.execute(&plan, &args, &mut ws).unwrap();
-        }
-        let w = format!("{what} forward plan {}", plan.name());
-        let got = fetch(&s, &sh.q(), &bshd(sh.q()), &ob);
-        let po = check_valid(&format!("{w}: O"), sh.q(), &got, &fwd.o, lq, tol::<T>());
-        let got = download(&s, &sb);
-        let ps = check_valid(
-            &format!("{w}: stats"),
-            sh.stats(),
-            &got,
-            &fwd.stats,
-            lq,
-            STATS_TOL,
+impl<T: DataType> BwdRef<T> {
+    fn new(s: &Arc<CudaStream>, sh: Shape, fwd: &Forward, inputs: &Qkv<T>, rng: &mut Rng) -> Self {
+        let [qf, kf, vf] = inputs.f64();
+        let ov: Vec<T> = fwd.o.iter().map(|&x| T::from_f64(x)).collect();
+        let sv: Vec<f32> = fwd
+            .stats
+            .iter()
+            .map(|&x| if x.is_nan() { 0.0 } else { x as f32 })
+            .collect();
+        let dov: Vec<T> = rng.values(sh.q_len());
+        let want = reference_backward(
+            sh,
+            [&qf, &kf, &vf],
+            &to_f64(&ov),
+            &to_f64(&dov),
+            &fwd.p,
+            None,
+            sh.scale(),
         );
-        eprintln!("{w}: padding rows of O {po:?}, of stats {ps:?}");
-        let neg_inf = ps.untouched == 0 && ps.zero == 0 && ps.other == ps.neg_inf;
-        assert!(zero(&po) && neg_inf, "{w}: O {po:?}, stats {ps:?}");
-    }
-
-    // Backward, reading the reference O (0 in padding rows) and statistics (0 there).
-    let ov: Vec<T> = fwd.o.iter().map(|&x| T::from_f64(x)).collect();
-    let sv: Vec<f32> = fwd
-        .stats
-        .iter()
-        .map(|&x| if x.is_nan() { 0.0 } else { x as f32 })
-        .collect();
-    let dov: Vec<T> = rng.values(sh.q_len());
-    let (dq, dk, dv) = reference_backward(
-        sh,
-        [&qf, &kf, &vf],
-        &to_f64(&ov),
-        &to_f64(&dov),
-        &fwd.p,
-        None,
-        scale,
-    );
-    let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
-    let [q, k, v, o, d_o, stats] = bwd_inputs(&mut g, sh, T::DTYPE).unwrap();
-    let seq_q = g.seq_len_input("seq_len_q", b).unwrap();
-    let seq_kv = g.seq_len_input("seq_len_kv", b).unwrap();
-    let opts = SdpaOptions::new().causal(causal).padding(seq_q, seq_kv);
-    let gr = g.sdpa_backward(q, k, v, o, d_o, stats, &opts).unwrap();
-    let og = g.build(&cudnn).unwrap();
-    let ob = upload(&s, &sh.q(), &bshd(sh.q()), &ov);
-    let dob = upload(&s, &sh.q(), &bshd(sh.q()), &dov);
-    let sb = s.clone_htod(&sv).unwrap();
-    for plan in plans(&cudnn, &og, 2) {
-        let mut bufs = GradBufs::<T>::poisoned(&s, &og, &gr);
-        {
-            let mut args = Args::new(&cudnn);
-            bind_qkv(&mut args, [q, k, v], inputs.bufs());
-            args.input(o, &ob).unwrap().input(d_o, &dob).unwrap();
-            args.input(stats, &sb).unwrap();
-            args.lengths(seq_q, &lens_i32(lq)).unwrap();
-            args.lengths(seq_kv, &lens_i32(lkv)).unwrap();
-            bufs.bind(&mut args, &gr);
-            cudnn.execute(&plan, &args, &mut ws).unwrap();
+        BwdRef {
+            want,
+            ob: upload(s, &sh.q(), &bshd(sh.q()), &ov),
+            dob: upload(s, &sh.q(), &bshd(sh.q()), &dov),
+            sb: s.clone_htod(&sv).unwrap(),
         }
-        let w = format!("{what} backward plan {}", plan.name());
-        let t = tol::<T>();
-        let got = fetch(&s, &sh.q(), &bshd(sh.q()), &bufs.dq);
-        let pq = check_valid(&format!("{w}: dQ"), sh.q(), &got, &dq, lq, t);
-        let got = fetch(&s, &sh.kv(), &bshd(sh.kv()), &bufs.dk);
-        let pk = check_valid(&format!("{w}: dK"), sh.kv(), &got, &dk, lkv, t);
-        let got = fetch(&s, &sh.kv(), &bshd(sh.kv()), &bufs.dv);
-        let pv = check_valid(&format!("{w}: dV"), sh.kv(), &got, &dv, lkv, t);
-        eprintln!("{w}: padding rows of dQ {pq:?}, dK {pk:?}, dV {pv:?}");
-        assert!(
-            zero(&pq) && zero(&pk) && zero(&pv),
-            "{w}: dQ {pq:?} dK {pk:?} dV {pv:?}"
-        );
     }
 }
 
 #[test]
 fn gpu_sdpa_padding_mask_forward_and_backward() {
-    padded_case::<bf16>(SMALL, false, &[64, 37], &[50, 64], 41);
-    padded_case::<bf16>(SMALL, true, &[40, 64], &[64, 23], 42);
-    padded_case::<f16>(CROSS, false, &[64, 20], &[128, 90], 43);
-    padded_case::<bf16>(GQA, true, &[33, 64], &[64, 64], 44);
+    let padded = |causal, lq, lkv| ModCase {
+        mask: Mask::causal(causal),
+        lens: Some((lq, lkv)),
+        ..ModCase::default()
+    };
+    modified_case::<bf16>(SMALL, padded(false, &[64, 37], &[50, 64]), 41);
+    modified_case::<bf16>(SMALL, padded(true, &[40, 64], &[64, 23]), 42);
+    modified_case::<f16>(CROSS, padded(false, &[64, 20], &[128, 90]), 43);
+    modified_case::<bf16>(GQA, padded(true, &[33, 64], &[64, 64]), 44);
 }
 
 #[test]
@@ -1102,6 +1131,607 @@ fn gpu_sdpa_padding_lengths_are_checked() {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Score modifiers: bottom-right causal mask, sliding window, bias and its gradient, and the
+// deterministic backward form
+// ---------------------------------------------------------------------------------------------
+
+/// A test of score modifiers: the mask, padding lengths, a bias of the given batch and head
+/// extents, and what the backward graph outputs.
+#[derive(Debug, Clone, Copy, Default)]
+struct ModCase<'a> {
+    mask: Mask,
+    lens: Option<(&'a [usize], &'a [usize])>,
+    bias: Option<[usize; 2]>,
+    bias_grad: bool,
+    deterministic: bool,
+}
+
+impl ModCase<'_> {
+    /// The options of the case (for the backward graph too), given the graph's length and
+    /// bias tensors.
+    fn opts(&self, padding: Option<(TensorId, TensorId)>, bias: Option<TensorId>) -> SdpaOptions {
+        let mut o = self.mask.opts().deterministic(self.deterministic);
+        if let Some((q, kv)) = padding {
+            o = o.padding(q, kv);
+        }
+        if let Some(b) = bias {
+            o = o.bias(b).bias_grad(self.bias_grad);
+        }
+        o
+    }
+
+    /// Declares the length inputs and the bias (packed) of the case in `g`.
+    fn inputs(&self, g: &mut Graph, sh: Shape, dtype: DType) -> ModInputs {
+        let padding = self.lens.map(|_| {
+            let b = sh.b as i64;
+            let q = g.seq_len_input("seq_len_q", b).unwrap();
+            (q, g.seq_len_input("seq_len_kv", b).unwrap())
+        });
+        let bias = self.bias.map(|[nb, nh]| {
+            let dims = [nb, nh, sh.s_q, sh.s_kv].map(|x| x as i64);
+            g.tensor_nchw("bias", &dims, dtype).unwrap()
+        });
+        ModInputs { padding, bias }
+    }
+
+    /// Every row's key columns, as the lengths say (all of them without padding).
+    fn lens_or_full(&self, sh: Shape) -> (Vec<usize>, Vec<usize>) {
+        match self.lens {
+            Some((q, kv)) => (q.to_vec(), kv.to_vec()),
+            None => (vec![sh.s_q; sh.b], vec![sh.s_kv; sh.b]),
+        }
+    }
+}
+
+/// The length and bias tensors of a [`ModCase`] in one graph.
+struct ModInputs {
+    padding: Option<(TensorId, TensorId)>,
+    bias: Option<TensorId>,
+}
+
+impl ModInputs {
+    /// Binds the lengths and the bias buffer.
+    fn bind<'a, T: DataType>(
+        &self,
+        args: &mut Args<'a>,
+        lens: &(Vec<usize>, Vec<usize>),
+        bias: Option<&'a CudaSlice<T>>,
+    ) {
+        let i32s = |l: &[usize]| l.iter().map(|&x| x as i32).collect::<Vec<i32>>();
+        if let Some((q, kv)) = self.padding {
+            args.lengths(q, &i32s(&lens.0)).unwrap();
+            args.lengths(kv, &i32s(&lens.1)).unwrap();
+        }
+        if let (Some(t), Some(buf)) = (self.bias, bias) {
+            args.input(t, buf).unwrap();
+        }
+    }
+}
+
+/// Forward (training) and backward graphs with the case's score modifiers against the f64
+/// reference of the modified problem: O and the statistics, dQ, dK, dV (and dBias: the
+/// gradient of the biased scores summed over the batch) in the valid rows, on the first two
+/// plans of each graph, outputs poisoned with NaN. With a padding mask, the padding rows must
+/// be written as [`Graph::sdpa`] documents: 0 in O, dQ, dK and dV, −∞ in the statistics. With
+/// `deterministic`, each backward plan runs twice and the two results must agree bit for bit.
+fn modified_case<T: DataType>(sh: Shape, c: ModCase, seed: u64) {
+    let Some((s, cudnn)) = gpu() else { return };
+    let mut rng = Rng::new(seed);
+    let inputs = Qkv::<T>::random(&s, sh, &mut rng);
+    let [qf, kf, vf] = inputs.f64();
+    let bias_host: Option<Vec<T>> = c
+        .bias
+        .map(|[nb, nh]| rng.values(nb * nh * sh.s_q * sh.s_kv));
+    let bias_f64 = bias_host.as_deref().map(to_f64);
+    let bias_dev = bias_host.as_deref().map(|v| s.clone_htod(v).unwrap());
+    let lens = c.lens_or_full(sh);
+    let mods = Mods {
+        mask: c.mask,
+        lens: Some((&lens.0, &lens.1)),
+        bias: c
+            .bias
+            .zip(bias_f64.as_deref())
+            .map(|(bh, vals)| BiasRef { vals, bh }),
+    };
+    let scale = sh.scale();
+    let fwd = reference_forward_mods(sh, &qf, &kf, &vf, scale, &mods);
+    let mut ws = Workspace::new(s.clone());
+    let what = format!("sdpa {} {sh:?} {c:?}", T::DTYPE);
+
+    // Forward.
+    let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
+    let [q, k, v] = qkv_inputs(&mut g, sh.q(), sh.kv(), T::DTYPE).unwrap();
+    let mi = c.inputs(&mut g, sh, T::DTYPE);
+    let opts = c.opts(mi.padding, mi.bias).training(true);
+    let out = g.sdpa(q, k, v, &opts).unwrap();
+    let st = out.stats.unwrap();
+    let og = g.build(&cudnn).unwrap();
+    for plan in plans(&cudnn, &og, 2) {
+        let mut ob = poisoned_buffer::<T>(&s, og.span(out.o).unwrap());
+        let mut sb = poisoned_buffer::<f32>(&s, og.span(st).unwrap());
+        {
+            let mut args = Args::new(&cudnn);
+            bind_qkv(&mut args, [q, k, v], inputs.bufs());
+            mi.bind(&mut args, &lens, bias_dev.as_ref());
+            args.output(out.o, &mut ob).unwrap();
+            args.output(st, &mut sb).unwrap();
+            cudnn.execute(&plan, &args, &mut ws).unwrap();
+        }
+        let w = format!("{what} forward plan {}", plan.name());
+        let got = fetch(&s, &sh.q(), &bshd(sh.q()), &ob);
+        let po = check_valid(
+            &format!("{w}: O"),
+            sh.q(),
+            &got,
+            &fwd.o,
+            &lens.0,
+            tol::<T>(),
+        );
+        let got = download(&s, &sb);
+        let ps = check_valid(
+            &format!("{w}: stats"),
+            sh.stats(),
+            &got,
+            &fwd.stats,
+            &lens.0,
+            STATS_TOL,
+        );
+        eprintln!("{w}: padding rows of O {po:?}, of stats {ps:?}");
+        let neg_inf = ps.untouched == 0 && ps.zero == 0 && ps.other == ps.neg_inf;
+        assert!(zeros(&po) && neg_inf, "{w}: O {po:?}, stats {ps:?}");
+    }
+
+    // Backward, reading the reference O (0 in padding rows) and statistics (0 there).
+    let BwdRef { want, ob, dob, sb } = BwdRef::new(&s, sh, &fwd, &inputs, &mut rng);
+    let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
+    let [q, k, v, o, d_o, stats] = bwd_inputs(&mut g, sh, T::DTYPE).unwrap();
+    let mi = c.inputs(&mut g, sh, T::DTYPE);
+    let gr = g
+        .sdpa_backward(q, k, v, o, d_o, stats, &c.opts(mi.padding, mi.bias))
+        .unwrap();
+    assert_eq!(gr.dq_accum.is_none(), c.deterministic || c.bias_grad);
+    assert_eq!(gr.dbias.is_some(), c.bias_grad);
+    let og = g.build(&cudnn).unwrap();
+    // dBias `[1, h, s_q, s_kv]`: the gradient of the biased scores summed over the batch.
+    let plane = sh.h * sh.s_q * sh.s_kv;
+    let dbias: Vec<f64> = (0..plane)
+        .map(|x| (0..sh.b).map(|bi| want.ds_unscaled[bi * plane + x]).sum())
+        .collect();
+    let runs = if c.deterministic { 2 } else { 1 };
+    for plan in plans(&cudnn, &og, 2) {
+        let w = format!(
+            "{what} backward plan {} notes {:?}",
+            plan.name(),
+            plan.numerical_notes()
+        );
+        let mut first: Option<[Vec<T>; 3]> = None;
+        for run in 0..runs {
+            let mut bufs = GradBufs::<T>::poisoned(&s, &og, &gr);
+            {
+                let mut args = Args::new(&cudnn);
+                bind_qkv(&mut args, [q, k, v], inputs.bufs());
+                args.input(o, &ob).unwrap().input(d_o, &dob).unwrap();
+                args.input(stats, &sb).unwrap();
+                mi.bind(&mut args, &lens, bias_dev.as_ref());
+                bufs.bind(&mut args, &gr);
+                cudnn.execute(&plan, &args, &mut ws).unwrap();
+            }
+            let t = tol::<T>();
+            let got_dq = fetch(&s, &sh.q(), &bshd(sh.q()), &bufs.dq);
+            let pq = check_valid(&format!("{w}: dQ"), sh.q(), &got_dq, &want.dq, &lens.0, t);
+            let got_dk = fetch(&s, &sh.kv(), &bshd(sh.kv()), &bufs.dk);
+            let pk = check_valid(&format!("{w}: dK"), sh.kv(), &got_dk, &want.dk, &lens.1, t);
+            let got_dv = fetch(&s, &sh.kv(), &bshd(sh.kv()), &bufs.dv);
+            let pv = check_valid(&format!("{w}: dV"), sh.kv(), &got_dv, &want.dv, &lens.1, t);
+            eprintln!("{w}: padding rows of dQ {pq:?}, dK {pk:?}, dV {pv:?}");
+            assert!(
+                zeros(&pq) && zeros(&pk) && zeros(&pv),
+                "{w}: dQ {pq:?} dK {pk:?} dV {pv:?}"
+            );
+            if let Some(buf) = &bufs.dbias {
+                assert_close(&format!("{w}: dBias"), &download(&s, buf), &dbias, t);
+            }
+            let got = [got_dq, got_dk, got_dv];
+            match &first {
+                None => first = Some(got),
+                Some(f) => {
+                    for (name, (a, b)) in ["dQ", "dK", "dV"].iter().zip(f.iter().zip(&got)) {
+                        let same = a
+                            .iter()
+                            .zip(b)
+                            .all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits());
+                        assert!(same, "{w}: {name} of run {run} differs from run 0");
+                    }
+                }
+            }
+        }
+        eprintln!("{w}: checked ({runs} run(s))");
+    }
+}
+
+const BOTTOM_RIGHT: Mask = Mask {
+    causal: Some(DiagonalAlignment::BottomRight),
+    window: None,
+};
+
+#[test]
+fn gpu_sdpa_bottom_right_causal_forward_and_backward() {
+    let c = ModCase {
+        mask: BOTTOM_RIGHT,
+        ..ModCase::default()
+    };
+    // 64 queries against 128 keys: query i sees keys j ≤ i + 64.
+    modified_case::<bf16>(CROSS, c, 51);
+    modified_case::<f16>(CROSS, c, 52);
+    // Square: the same as top-left.
+    modified_case::<bf16>(SMALL, c, 53);
+    modified_case::<bf16>(GQA, c, 54);
+    // Per-entry lengths: the diagonal ends at each entry's last valid query and key.
+    let padded = ModCase {
+        lens: Some((&[40, 30], &[64, 50])),
+        ..c
+    };
+    modified_case::<bf16>(SMALL, padded, 55);
+}
+
+#[test]
+fn gpu_sdpa_sliding_window_forward_and_backward() {
+    let window = |causal, w| ModCase {
+        mask: Mask {
+            causal: Some(causal),
+            window: Some(w),
+        },
+        ..ModCase::default()
+    };
+    modified_case::<bf16>(SQUARE_128, window(DiagonalAlignment::TopLeft, 32), 61);
+    modified_case::<f16>(SMALL, window(DiagonalAlignment::TopLeft, 1), 62);
+    modified_case::<bf16>(CROSS, window(DiagonalAlignment::BottomRight, 48), 63);
+    let padded = ModCase {
+        lens: Some((&[40, 64], &[64, 64])),
+        ..window(DiagonalAlignment::BottomRight, 20)
+    };
+    modified_case::<bf16>(SMALL, padded, 64);
+}
+
+#[test]
+fn gpu_sdpa_bias_forward_and_backward() {
+    let sh = SQUARE_128;
+    // A per-head bias with its gradient, causal and not.
+    for (causal, seed) in [(false, 71), (true, 72)] {
+        let c = ModCase {
+            mask: Mask::causal(causal),
+            bias: Some([1, sh.h]),
+            bias_grad: true,
+            ..ModCase::default()
+        };
+        modified_case::<bf16>(sh, c, seed);
+    }
+    modified_case::<f16>(
+        SMALL,
+        ModCase {
+            bias: Some([1, SMALL.h]),
+            bias_grad: true,
+            ..ModCase::default()
+        },
+        73,
+    );
+    // Broadcast biases without gradient: per batch entry, and one for all.
+    for (bh, seed) in [([SMALL.b, 1], 74), ([1, 1], 75), ([SMALL.b, SMALL.h], 76)] {
+        let c = ModCase {
+            mask: Mask::causal(true),
+            bias: Some(bh),
+            ..ModCase::default()
+        };
+        modified_case::<bf16>(SMALL, c, seed);
+    }
+}
+
+#[test]
+fn gpu_sdpa_deterministic_backward_repeats_bitwise() {
+    let c = ModCase {
+        mask: Mask::causal(true),
+        deterministic: true,
+        ..ModCase::default()
+    };
+    let sh = Shape {
+        s_q: 256,
+        s_kv: 256,
+        ..SMALL
+    };
+    modified_case::<bf16>(sh, c, 81);
+    modified_case::<f16>(
+        GQA,
+        ModCase {
+            mask: Mask::default(),
+            ..c
+        },
+        82,
+    );
+}
+
+#[test]
+fn host_sdpa_score_modifier_graphs_and_records() {
+    let bf = DType::BF16;
+    let sig = |sh: Shape, c: ModCase| {
+        let mut g = Graph::new(bf, DType::F32, DType::F32);
+        let [q, k, v] = qkv_inputs(&mut g, sh.q(), sh.kv(), bf).unwrap();
+        let mi = c.inputs(&mut g, sh, bf);
+        g.sdpa(q, k, v, &c.opts(mi.padding, mi.bias).training(true))
+            .unwrap();
+        let mut gb = Graph::new(bf, DType::F32, DType::F32);
+        let [q, k, v, o, d_o, stats] = bwd_inputs(&mut gb, sh, bf).unwrap();
+        let mi = c.inputs(&mut gb, sh, bf);
+        let gr = gb
+            .sdpa_backward(q, k, v, o, d_o, stats, &c.opts(mi.padding, mi.bias))
+            .unwrap();
+        if let Some(db) = gr.dbias {
+            assert_eq!(
+                gb.dims(db).unwrap(),
+                &[1, sh.h as i64, sh.s_q as i64, sh.s_kv as i64]
+            );
+            assert_eq!(gb.dtype(db).unwrap(), bf);
+            assert!(!gb.is_virtual(db).unwrap());
+        }
+        assert_eq!(
+            gr.dq_accum.is_none(),
+            c.deterministic || c.bias_grad,
+            "{c:?}"
+        );
+        if have_cudnn() {
+            for g in [&g, &gb] {
+                common::check_with_record(g).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+            }
+        }
+        (g.signature(), gb.signature())
+    };
+    let br = |w| ModCase {
+        mask: Mask {
+            causal: Some(DiagonalAlignment::BottomRight),
+            window: w,
+        },
+        ..ModCase::default()
+    };
+    let tl = |w| ModCase {
+        mask: Mask {
+            causal: Some(DiagonalAlignment::TopLeft),
+            window: w,
+        },
+        ..ModCase::default()
+    };
+    let lens: (&[usize], &[usize]) = (&[40, 30], &[64, 50]);
+    let cases = [
+        (CROSS, tl(None)),
+        (CROSS, br(None)),
+        (SMALL, br(None)),
+        (
+            SMALL,
+            ModCase {
+                lens: Some(lens),
+                ..br(None)
+            },
+        ),
+        (CROSS, tl(Some(16))),
+        (CROSS, br(Some(16))),
+        (
+            SMALL,
+            ModCase {
+                lens: Some(lens),
+                ..br(Some(16))
+            },
+        ),
+        (
+            SMALL,
+            ModCase {
+                lens: Some(lens),
+                ..tl(Some(16))
+            },
+        ),
+        (
+            SMALL,
+            ModCase {
+                bias: Some([1, 3]),
+                ..ModCase::default()
+            },
+        ),
+        (
+            SMALL,
+            ModCase {
+                bias: Some([1, 3]),
+                bias_grad: true,
+                ..tl(None)
+            },
+        ),
+        (
+            SMALL,
+            ModCase {
+                bias: Some([2, 1]),
+                ..tl(None)
+            },
+        ),
+        (
+            SMALL,
+            ModCase {
+                deterministic: true,
+                ..tl(None)
+            },
+        ),
+        (
+            GQA,
+            ModCase {
+                deterministic: true,
+                ..ModCase::default()
+            },
+        ),
+    ];
+    let mut seen = std::collections::HashSet::new();
+    for (sh, c) in cases {
+        let (f, b) = sig(sh, c);
+        assert!(
+            seen.insert(f.clone()) || c.deterministic || c.bias_grad,
+            "{c:?}: forward {f}"
+        );
+        assert!(seen.insert(b.clone()), "{c:?}: backward signature repeated");
+    }
+    // The top-left causal mask builds the graph it built before the other alignments existed.
+    let (plain, _) = sig(CROSS, tl(None));
+    let (g, ..) = fwd_graph(bf, CROSS, &SdpaOptions::new().causal(true).training(true)).unwrap();
+    assert_eq!(plain, g.signature());
+    // Option accessors; the last causal call decides the alignment.
+    let o = SdpaOptions::new()
+        .causal(true)
+        .causal_bottom_right(true)
+        .sliding_window(8);
+    assert_eq!(o.causal_alignment(), Some(DiagonalAlignment::BottomRight));
+    assert_eq!(o.window(), Some(8));
+    assert!(o.is_causal() && !o.causal(false).is_causal());
+    assert!(SdpaOptions::new().deterministic(true).is_deterministic());
+}
+
+#[test]
+fn host_sdpa_score_modifier_rejections() {
+    let bf = DType::BF16;
+    // Each case: a forward and a backward graph with the options `f` makes from the graph's
+    // bias tensor (`[1, h, s_q, s_kv]`, or `bias_dims`); both must be refused with `kind`
+    // naming `name`, leaving the graph unchanged.
+    let case = |sh: Shape,
+                bias_dims: Option<[i64; 4]>,
+                bias_type: DType,
+                f: &dyn Fn(Option<TensorId>) -> SdpaOptions,
+                kind: &str,
+                name: &str,
+                backward_only: bool| {
+        let mut g = Graph::new(bf, DType::F32, DType::F32);
+        let [q, k, v] = qkv_inputs(&mut g, sh.q(), sh.kv(), bf).unwrap();
+        let bias = bias_dims.map(|d| g.tensor_nchw("bias", &d, bias_type).unwrap());
+        let before = g.signature();
+        let r = g.sdpa(q, k, v, &f(bias)).map(|_| ());
+        if backward_only {
+            assert!(r.is_ok(), "forward {name}: {r:?}");
+        } else {
+            assert!(rejected(&r, kind, name), "forward {name}: {r:?}");
+            assert_eq!(g.signature(), before);
+        }
+        let mut g = Graph::new(bf, DType::F32, DType::F32);
+        let [q, k, v, o, d_o, stats] = bwd_inputs(&mut g, sh, bf).unwrap();
+        let bias = bias_dims.map(|d| g.tensor_nchw("bias", &d, bias_type).unwrap());
+        let before = g.signature();
+        let r = g
+            .sdpa_backward(q, k, v, o, d_o, stats, &f(bias))
+            .map(|_| ());
+        assert!(rejected(&r, kind, name), "backward {name}: {r:?}");
+        assert_eq!(g.signature(), before);
+    };
+    let none = None;
+    let inv = "InvalidArgument";
+    let causal = SdpaOptions::new().causal(true);
+    let br = SdpaOptions::new().causal_bottom_right(true);
+    case(
+        SMALL,
+        none,
+        bf,
+        &|_| causal.sliding_window(0),
+        inv,
+        "window ≥ 1",
+        false,
+    );
+    case(
+        SMALL,
+        none,
+        bf,
+        &|_| SdpaOptions::new().sliding_window(8),
+        inv,
+        "causal",
+        false,
+    );
+    // More queries than keys without padding.
+    let long_q = Shape {
+        s_q: 128,
+        s_kv: 64,
+        ..SMALL
+    };
+    case(long_q, none, bf, &|_| br, inv, "s_q 128 > s_kv 64", false);
+    case(
+        long_q,
+        none,
+        bf,
+        &|_| causal.sliding_window(8),
+        inv,
+        "s_q 128",
+        false,
+    );
+    // Bottom-right with a bias or dropout.
+    let full = Some([1, 3, 64, 64]);
+    case(
+        SMALL,
+        full,
+        bf,
+        &|b| br.bias(b.unwrap()),
+        inv,
+        "without bias",
+        false,
+    );
+    // Bias: data type, dims, a gradient without a bias, a gradient of a broadcast bias.
+    let r = "UnsupportedDataType";
+    case(
+        SMALL,
+        full,
+        DType::F16,
+        &|b| causal.bias(b.unwrap()),
+        r,
+        "`bias`",
+        false,
+    );
+    let odd = Some([1, 2, 64, 64]);
+    case(
+        SMALL,
+        odd,
+        bf,
+        &|b| causal.bias(b.unwrap()),
+        inv,
+        "`bias`",
+        false,
+    );
+    let short = Some([1, 3, 64, 32]);
+    case(
+        SMALL,
+        short,
+        bf,
+        &|b| causal.bias(b.unwrap()),
+        inv,
+        "`bias`",
+        false,
+    );
+    case(
+        SMALL,
+        none,
+        bf,
+        &|_| causal.bias_grad(true),
+        inv,
+        "no bias",
+        true,
+    );
+    let per_batch = Some([2, 1, 64, 64]);
+    let grad = |b: Option<TensorId>| causal.bias(b.unwrap()).bias_grad(true);
+    case(SMALL, per_batch, bf, &grad, inv, "`bias`", true);
+
+    // Dropout with a bottom-right mask.
+    let mut g = Graph::new(bf, DType::F32, DType::F32);
+    let [q, k, v] = qkv_inputs(&mut g, SMALL.q(), SMALL.kv(), bf).unwrap();
+    let (seed, offset) = (g.rng_input("seed"), g.rng_input("offset"));
+    let r = g.sdpa(q, k, v, &br.dropout(0.1, seed, offset)).map(|_| ());
+    assert!(rejected(&r, inv, "dropout true"), "{r:?}");
+    // A padding mask lifts the s_q ≤ s_kv rule (each entry's lengths are the caller's).
+    let mut g = Graph::new(bf, DType::F32, DType::F32);
+    let [q, k, v] = qkv_inputs(&mut g, long_q.q(), long_q.kv(), bf).unwrap();
+    let sq = g.seq_len_input("seq_len_q", 2).unwrap();
+    let skv = g.seq_len_input("seq_len_kv", 2).unwrap();
+    g.sdpa(q, k, v, &br.padding(sq, skv)).unwrap();
+    if have_cudnn() {
+        common::check_with_record(&g).unwrap();
+    }
+}
+
 /// Dropout in a backward test: the mask the forward pass drew (f64, logical order), the scale
 /// `c` of kept probabilities, and the seed and offset tensors and buffers.
 struct BwdDropout<'a> {
@@ -1137,7 +1767,7 @@ fn check_bwd<T: DataType>(
     let o_ref = attention_output(sh, &fwd.p, mask_c, &vf);
     let ov: Vec<T> = o_ref.iter().map(|&x| T::from_f64(x)).collect();
     let sv: Vec<f32> = fwd.stats.iter().map(|&x| x as f32).collect();
-    let (dq, dk, dv) = reference_backward(
+    let Grads { dq, dk, dv, .. } = reference_backward(
         sh,
         [&qf, &kf, &vf],
         &to_f64(&ov),

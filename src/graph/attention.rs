@@ -16,16 +16,35 @@ use crate::tensor::Layout;
 
 /// Options of [`Graph::sdpa`] and [`Graph::sdpa_backward`].
 ///
-/// Defaults: scale `1/√d`, no causal mask, inference (no statistics output), no dropout, no
-/// padding mask.
+/// Defaults: scale `1/√d`, no causal mask, no sliding window, no bias, inference (no
+/// statistics output), no dropout, no padding mask; backward graphs accumulate dQ in f32 (not
+/// [`SdpaOptions::deterministic`]).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct SdpaOptions {
     scale: Option<f64>,
-    causal: bool,
+    causal: Option<DiagonalAlignment>,
+    window: Option<i64>,
     training: bool,
     dropout: Option<Dropout>,
     dump_mask: bool,
     padding: Option<(TensorId, TensorId)>,
+    bias: Option<TensorId>,
+    bias_grad: bool,
+    deterministic: bool,
+}
+
+/// Where the diagonal of a causal mask ([`SdpaOptions::causal`],
+/// [`SdpaOptions::causal_bottom_right`]) and of a sliding window ([`SdpaOptions::sliding_window`])
+/// lies in the `s_q × s_kv` score matrix (cudnn-frontend's `DiagonalAlignment_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiagonalAlignment {
+    /// Query row `i` sits at key column `i` (PyTorch's `is_causal=True`).
+    TopLeft,
+    /// The last query row sits at the last key column: query row `i` sits at key column
+    /// `i + s_kv − s_q` (with a padding mask `i + seq_len_kv[n] − seq_len_q[n]`), as when new
+    /// queries attend to a key/value cache that already holds the earlier tokens (PyTorch's
+    /// `causal_lower_right`).
+    BottomRight,
 }
 
 /// Dropout as set on [`SdpaOptions`] (checked by [`Graph::sdpa`] / [`Graph::sdpa_backward`]).
@@ -47,10 +66,89 @@ impl SdpaOptions {
         self.scale = Some(scale);
         self
     }
-    /// Top-left aligned causal mask: query row `i` attends to key columns `j ≤ i`.
+    /// Top-left aligned causal mask: query row `i` attends to key columns `j ≤ i`. `false`
+    /// removes a causal mask of either alignment (the last of [`SdpaOptions::causal`] and
+    /// [`SdpaOptions::causal_bottom_right`] decides).
     #[must_use]
     pub fn causal(mut self, causal: bool) -> Self {
-        self.causal = causal;
+        self.causal = causal.then_some(DiagonalAlignment::TopLeft);
+        self
+    }
+    /// Bottom-right aligned causal mask ([`DiagonalAlignment::BottomRight`]): query row `i`
+    /// attends to key columns `j ≤ i + s_kv − s_q` (with [`SdpaOptions::padding`],
+    /// `j ≤ i + seq_len_kv[n] − seq_len_q[n]`). `false` removes a causal mask of either
+    /// alignment.
+    ///
+    /// As cudnn-frontend's SDPA nodes require: `s_q ≤ s_kv` unless a padding mask is set (and
+    /// then each entry's `seq_len_q[n] ≤ seq_len_kv[n]` is the caller's to keep: a query row
+    /// with no key to attend to has no defined output), and neither [`SdpaOptions::bias`] nor
+    /// [`SdpaOptions::dropout`]. [`Graph::sdpa`] and [`Graph::sdpa_backward`] refuse the other
+    /// combinations with [`Error::InvalidArgument`].
+    ///
+    /// ```no_run
+    /// use cudnn_safe::graph::{Graph, SdpaOptions};
+    /// use cudnn_safe::DType;
+    /// # fn main() -> cudnn_safe::Result<()> {
+    /// // 16 new queries attending to 1024 cached keys and values (the last 16 are theirs).
+    /// let mut g = Graph::new(DType::BF16, DType::F32, DType::F32);
+    /// let q = g.tensor_nchw("q", &[1, 8, 16, 64], DType::BF16)?;
+    /// let k = g.tensor_nchw("k", &[1, 8, 1024, 64], DType::BF16)?;
+    /// let v = g.tensor_nchw("v", &[1, 8, 1024, 64], DType::BF16)?;
+    /// let out = g.sdpa(q, k, v, &SdpaOptions::new().causal_bottom_right(true))?;
+    /// # let _ = out; Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn causal_bottom_right(mut self, causal: bool) -> Self {
+        self.causal = causal.then_some(DiagonalAlignment::BottomRight);
+        self
+    }
+    /// Sliding-window attention (cudnn-frontend's `diagonal_band_left_bound`): with a causal
+    /// mask of either alignment, query row `i` attends only to the `window` keys ending at its
+    /// diagonal, columns `j` with `d(i) − window < j ≤ d(i)` where `d(i)` is `i` (top-left) or
+    /// `i + s_kv − s_q` (bottom-right; with a padding mask `i + seq_len_kv[n] − seq_len_q[n]`).
+    ///
+    /// `window ≥ 1`, a causal mask set, and `s_q ≤ s_kv` unless a padding mask is set (checked
+    /// by [`Graph::sdpa`] and [`Graph::sdpa_backward`]).
+    #[must_use]
+    pub fn sliding_window(mut self, window: i64) -> Self {
+        self.window = Some(window);
+        self
+    }
+    /// An additive attention bias (cudnn-frontend's `set_bias`, PyTorch's float `attn_mask`):
+    /// `S = scale · Q·Kᵀ + bias` before the masks and the softmax. `bias` is a graph input of
+    /// q's data type with dimensions `[b or 1, h or 1, s_q, s_kv]` (broadcast over batch entries
+    /// and heads of extent 1); `−∞` entries mask scores out (a row masked entirely has no
+    /// defined output).
+    ///
+    /// [`Graph::sdpa_backward`] adds the same bias, and with [`SdpaOptions::bias_grad`] also
+    /// outputs its gradient.
+    #[must_use]
+    pub fn bias(mut self, bias: TensorId) -> Self {
+        self.bias = Some(bias);
+        self
+    }
+    /// Backward only, with [`SdpaOptions::bias`]: also output `dBias`
+    /// ([`SdpaGrads::dbias`]), the gradient of the bias, summed over the batch: the bias must
+    /// then be `[1, h, s_q, s_kv]` (the shape cudnn-frontend's tests use). The graph then
+    /// writes dQ directly (no f32 accumulation scratch, [`SdpaGrads::dq_accum`] is `None`),
+    /// as cudnn-frontend builds it: the engines compute dBias only in that form.
+    /// [`Graph::sdpa`] ignores it.
+    #[must_use]
+    pub fn bias_grad(mut self, grad: bool) -> Self {
+        self.bias_grad = grad;
+        self
+    }
+    /// Backward only: the form of the backward graph cuDNN's deterministic kernels run on
+    /// Hopper GPUs (cudnn-frontend's `set_deterministic_algorithm`): dQ is written directly by
+    /// its matmul instead of being accumulated in f32 across thread blocks, so a rerun on the
+    /// same inputs gives the same bits. [`SdpaGrads::dq_accum`] is then `None`.
+    /// [`Graph::sdpa`] ignores it (the forward pass is deterministic already).
+    ///
+    /// On an H200 with cuDNN 9.14 repeated runs gave bit-identical gradients
+    /// (`gpu_sdpa_deterministic_backward_repeats_bitwise`).
+    #[must_use]
+    pub fn deterministic(mut self, deterministic: bool) -> Self {
+        self.deterministic = deterministic;
         self
     }
     /// Forward only: also output the softmax statistics (`Stats`, f32 `[b, h, s_q, 1]`, the
@@ -179,9 +277,33 @@ impl SdpaOptions {
     pub fn scale_value(&self) -> Option<f64> {
         self.scale
     }
-    /// Whether the causal mask is applied.
+    /// Whether a causal mask (of either alignment) is applied.
     pub fn is_causal(&self) -> bool {
+        self.causal.is_some()
+    }
+    /// The alignment of the causal mask, if any.
+    pub fn causal_alignment(&self) -> Option<DiagonalAlignment> {
         self.causal
+    }
+    /// The sliding window set with [`SdpaOptions::sliding_window`], if any.
+    pub fn window(&self) -> Option<i64> {
+        self.window
+    }
+    /// The bias tensor set with [`SdpaOptions::bias`], if any.
+    pub fn bias_input(&self) -> Option<TensorId> {
+        self.bias
+    }
+    /// Whether [`Graph::sdpa_backward`] outputs the bias gradient.
+    pub fn has_bias_grad(&self) -> bool {
+        self.bias_grad
+    }
+    /// Whether [`Graph::sdpa_backward`] builds the deterministic form.
+    pub fn is_deterministic(&self) -> bool {
+        self.deterministic
+    }
+    /// Whether the backward graph writes dQ directly (no f32 accumulation scratch).
+    fn direct_dq(&self) -> bool {
+        self.deterministic || (self.bias_grad && self.bias.is_some())
     }
     /// Whether [`Graph::sdpa`] outputs the statistics.
     pub fn is_training(&self) -> bool {
@@ -215,10 +337,14 @@ pub struct SdpaGrads {
     pub dk: TensorId,
     /// Gradient with respect to v (v's original dimensions and memory order).
     pub dv: TensorId,
+    /// With [`SdpaOptions::bias_grad`]: the bias gradient, of q's data type with the bias's
+    /// dimensions `[1, h, s_q, s_kv]`, packed.
+    pub dbias: Option<TensorId>,
     /// Scratch: `Σ_d dO·O` per row, f32 `[b, h, s_q, 1]` packed.
     pub softmax_sum: TensorId,
-    /// Scratch: dQ accumulated in f32, `[b, h, s_q, d]` packed.
-    pub dq_accum: TensorId,
+    /// Scratch: dQ accumulated in f32, `[b, h, s_q, d]` packed; `None` when dQ is written
+    /// directly ([`SdpaOptions::deterministic`], [`SdpaOptions::bias_grad`]).
+    pub dq_accum: Option<TensorId>,
 }
 
 /// The sizes of an attention problem: q `[b, h, s_q, d]`, k `[b, h_k, s_kv, d]`,
@@ -241,12 +367,13 @@ struct SdpaSizes {
 const MAX_HEAD_DIM: i64 = 128;
 
 impl Graph {
-    /// Whether tensor `i` is the result of a comparison (boolean for cuDNN) or of a
-    /// [`PointwiseMode::GenIndex`] (32-bit integers): such tensors stay virtual.
+    /// Whether tensor `i` is the result of a comparison (boolean for cuDNN) or a 32-bit integer
+    /// result ([`PointwiseMode::GenIndex`], or index arithmetic): such tensors stay virtual.
     pub(crate) fn index_or_boolean(&self, i: usize) -> bool {
+        let int = self.tensors[i].dtype == DType::I32;
         self.tensors[i].producer.is_some_and(|p| {
             matches!(self.ops[p], Op::Pointwise { mode, y, .. }
-                if y == i && (mode.gives_boolean() || matches!(mode, PointwiseMode::GenIndex { .. })))
+                if y == i && (mode.gives_boolean() || int))
         })
     }
 
@@ -366,20 +493,198 @@ impl Graph {
         Ok(y)
     }
 
-    /// The top-left causal mask of cudnn-frontend (`sliding_window_mask` with right bound 0,
-    /// composite `DiagonalBandMask` node): `select(s, −∞, row ≥ col)` with the row and column
-    /// indices generated along axes 2 and 3.
-    fn causal_mask(&mut self, s: TensorId) -> Result<TensorId> {
-        let row = self.pointwise(PointwiseMode::GenIndex { axis: 2 }, s, None)?;
-        self.set_name(row, "sdpa.row_index")?;
-        let col = self.pointwise(PointwiseMode::GenIndex { axis: 3 }, s, None)?;
-        self.set_name(col, "sdpa.col_index")?;
-        let keep = self.pointwise(PointwiseMode::CmpGe, row, Some(col))?;
-        self.set_name(keep, "sdpa.causal_keep")?;
-        let ninf = self.scalar("sdpa.neg_inf", f64::NEG_INFINITY, DType::F32)?;
-        let y = self.select(s, ninf, keep)?;
-        self.set_name(y, "sdpa.masked_scores")?;
-        Ok(y)
+    /// The causal mask and the sliding window of `opts` on scores `s` (cudnn-frontend's
+    /// `sliding_window_mask`: one composite `DiagonalBandMask` node each, as it builds them for
+    /// cuDNN before 9.21):
+    ///
+    /// - right bound (causal): `keep = CMP_GE(row', col)` with `row' = row` (top-left) or
+    ///   `row + s_kv − s_q` (bottom-right; INT32 arithmetic, by the padding lengths when set);
+    /// - left bound (window `w`): `keep = CMP_GT(col', row)` with `col' = col + w` (top-left,
+    ///   an f32 scalar), `col + (w − s_kv + s_q)` (bottom-right, fixed lengths, f32) or
+    ///   `col + w − seq_len_kv + seq_len_q` (bottom-right with padding, INT32);
+    ///
+    /// each followed by `select(s, −∞, keep)`, with its own generated indices.
+    fn diagonal_masks(
+        &mut self,
+        mut s: TensorId,
+        opts: &SdpaOptions,
+        padding: Option<(TensorId, TensorId)>,
+        sz: &SdpaSizes,
+    ) -> Result<TensorId> {
+        let Some(align) = opts.causal else {
+            return Ok(s);
+        };
+        let bottom_right = align == DiagonalAlignment::BottomRight;
+        // The lengths a bottom-right diagonal is shifted by: the padding tensors, or INT32
+        // scalars of the full extents.
+        let lengths = |g: &mut Graph| -> Result<(TensorId, TensorId)> {
+            Ok(match padding {
+                Some(p) => p,
+                None => (
+                    g.int_scalar("sdpa.s_q", sz.s_q),
+                    g.int_scalar("sdpa.s_kv", sz.s_kv),
+                ),
+            })
+        };
+        {
+            let mut row = self.pointwise(PointwiseMode::GenIndex { axis: 2 }, s, None)?;
+            self.set_name(row, "sdpa.row_index")?;
+            let col = self.pointwise(PointwiseMode::GenIndex { axis: 3 }, s, None)?;
+            self.set_name(col, "sdpa.col_index")?;
+            if bottom_right {
+                let (sq, skv) = lengths(self)?;
+                row = self.pointwise(PointwiseMode::Add, row, Some(skv))?;
+                row = self.pointwise(PointwiseMode::Sub, row, Some(sq))?;
+                self.set_name(row, "sdpa.row_diagonal")?;
+            }
+            let keep = self.pointwise(PointwiseMode::CmpGe, row, Some(col))?;
+            self.set_name(keep, "sdpa.causal_keep")?;
+            let ninf = self.scalar("sdpa.neg_inf", f64::NEG_INFINITY, DType::F32)?;
+            s = self.select(s, ninf, keep)?;
+            self.set_name(s, "sdpa.masked_scores")?;
+        }
+        if let Some(w) = opts.window {
+            let row = self.pointwise(PointwiseMode::GenIndex { axis: 2 }, s, None)?;
+            self.set_name(row, "sdpa.window_row_index")?;
+            let mut col = self.pointwise(PointwiseMode::GenIndex { axis: 3 }, s, None)?;
+            self.set_name(col, "sdpa.window_col_index")?;
+            match (bottom_right, padding) {
+                (false, _) => {
+                    let ws = self.scalar("sdpa.window", w as f64, DType::F32)?;
+                    col = self.pointwise(PointwiseMode::Add, col, Some(ws))?;
+                }
+                (true, None) => {
+                    let shift = (w - sz.s_kv + sz.s_q) as f64;
+                    let ws = self.scalar("sdpa.window", shift, DType::F32)?;
+                    col = self.pointwise(PointwiseMode::Add, col, Some(ws))?;
+                }
+                (true, Some((sq, skv))) => {
+                    let ws = self.int_scalar("sdpa.window", w);
+                    col = self.pointwise(PointwiseMode::Add, col, Some(ws))?;
+                    col = self.pointwise(PointwiseMode::Sub, col, Some(skv))?;
+                    col = self.pointwise(PointwiseMode::Add, col, Some(sq))?;
+                }
+            }
+            self.set_name(col, "sdpa.window_col_diagonal")?;
+            let keep = self.pointwise(PointwiseMode::CmpGt, col, Some(row))?;
+            self.set_name(keep, "sdpa.window_keep")?;
+            let ninf = self.scalar("sdpa.window_neg_inf", f64::NEG_INFINITY, DType::F32)?;
+            s = self.select(s, ninf, keep)?;
+            self.set_name(s, "sdpa.windowed_scores")?;
+        }
+        Ok(s)
+    }
+
+    /// A by-value INT32 scalar (a sequence extent or a window in index arithmetic).
+    fn int_scalar(&mut self, name: &'static str, value: i64) -> TensorId {
+        self.push(TensorInfo {
+            name,
+            dims: Vec::new(),
+            strides: Vec::new(),
+            dtype: DType::I32,
+            is_virtual: false,
+            scalar: Some(value as f64),
+            bound: None,
+            producer: None,
+            consumed: false,
+        })
+    }
+
+    /// Checks the score modifiers of `opts` against the problem, before the graph is changed:
+    /// the causal alignment, the sliding window and the bias (see their [`SdpaOptions`]
+    /// methods); with `backward`, also the bias gradient. Returns the bias tensor.
+    fn sdpa_modifiers(
+        &self,
+        op: &'static str,
+        opts: &SdpaOptions,
+        sz: &SdpaSizes,
+        dtype: DType,
+        backward: bool,
+    ) -> Result<Option<TensorId>> {
+        let padded = opts.padding.is_some();
+        let refuse = |what: &'static str, want: String, got: String| {
+            Err(Error::invalid(what, format!("{op}: {want}"), got))
+        };
+        if let Some(w) = opts.window {
+            if w < 1 {
+                return refuse(
+                    "attention sliding window",
+                    "a window ≥ 1".into(),
+                    format!("{w}"),
+                );
+            }
+            if opts.causal.is_none() {
+                return refuse(
+                    "attention sliding window",
+                    "a causal mask with the window (causal or causal_bottom_right)".into(),
+                    "no causal mask".into(),
+                );
+            }
+        }
+        let bottom_right = opts.causal == Some(DiagonalAlignment::BottomRight);
+        if (bottom_right || opts.window.is_some()) && !padded && sz.s_q > sz.s_kv {
+            return refuse(
+                "attention diagonal mask",
+                "s_q ≤ s_kv for a bottom-right causal mask or a sliding window (or a padding \
+                 mask)"
+                    .into(),
+                format!("s_q {} > s_kv {}", sz.s_q, sz.s_kv),
+            );
+        }
+        if bottom_right && (opts.bias.is_some() || opts.dropout.is_some()) {
+            return refuse(
+                "attention diagonal mask",
+                "a bottom-right causal mask without bias or dropout (as cuDNN's engines support \
+                 it)"
+                .into(),
+                format!(
+                    "bias {}, dropout {}",
+                    opts.bias.is_some(),
+                    opts.dropout.is_some()
+                ),
+            );
+        }
+        let Some(bias) = opts.bias else {
+            if backward && opts.bias_grad {
+                return refuse(
+                    "attention bias gradient",
+                    "bias_grad together with bias".into(),
+                    "no bias set".into(),
+                );
+            }
+            return Ok(None);
+        };
+        let t = &self.tensors[self.index(bias)?];
+        if t.dtype != dtype {
+            return Err(Error::UnsupportedDataType {
+                op,
+                detail: format!("bias `{}` is {} (q's type {dtype})", t.name, t.dtype),
+            });
+        }
+        let SdpaSizes {
+            b, h, s_q, s_kv, ..
+        } = *sz;
+        let dims_ok = t.dims.len() == 4
+            && (t.dims[0] == b || t.dims[0] == 1)
+            && (t.dims[1] == h || t.dims[1] == 1)
+            && t.dims[2..] == [s_q, s_kv];
+        if t.scalar.is_some() || t.producer.is_some() || !dims_ok {
+            return refuse(
+                "attention bias",
+                format!(
+                    "a graph input [b or 1, h or 1, s_q, s_kv] = [{b}|1, {h}|1, {s_q}, {s_kv}]"
+                ),
+                format!("`{}` with dims {:?}", t.name, t.dims),
+            );
+        }
+        if backward && opts.bias_grad && t.dims != [1, h, s_q, s_kv] {
+            return refuse(
+                "attention bias gradient",
+                format!("a bias [1, h, s_q, s_kv] = [1, {h}, {s_q}, {s_kv}] for its gradient"),
+                format!("`{}` with dims {:?}", t.name, t.dims),
+            );
+        }
+        Ok(Some(bias))
     }
 
     /// Checks one attention operand: a graph input of rank 4, f16 or bf16, with a unit stride
@@ -830,8 +1135,13 @@ impl Graph {
     /// cudnn-frontend's `CompositeSDPANode`):
     ///
     /// 1. `S = matmul(Q, Kᵀ)` (f32 `[b, h, s_q, s_kv]`), `S = S · scale` (by-value f32 scalar);
+    ///    with [`SdpaOptions::bias`] `S = S + bias`; with [`SdpaOptions::padding`] the padding
+    ///    mask (below);
     /// 2. causal: `row = GEN_INDEX(S, axis 2)`, `col = GEN_INDEX(S, axis 3)` (INT32),
-    ///    `keep = CMP_GE(row, col)` (BOOLEAN), `S = BINARY_SELECT(S, −∞, keep)`;
+    ///    `keep = CMP_GE(row, col)` (BOOLEAN), `S = BINARY_SELECT(S, −∞, keep)`; bottom-right
+    ///    aligned ([`SdpaOptions::causal_bottom_right`]) `row` is first shifted by
+    ///    `s_kv − s_q` in INT32; with [`SdpaOptions::sliding_window`] a second mask of the same
+    ///    kind keeps `col + window > row` (both as cudnn-frontend's diagonal band masks);
     /// 3. softmax: `m = reduce_max(S)` `[b, h, s_q, 1]`, `E = exp(S − m)`, `l = reduce_add(E)`,
     ///    `Stats = m + ln l` (an f32 output in training, virtual otherwise, as cudnn-frontend
     ///    builds it), `P = E / l` (declared of q's data type, as cudnn-frontend declares the
@@ -933,6 +1243,7 @@ impl Graph {
         let o_strides = self.sdpa_strides_like(&[b, h, s_q, d_v], &self.tensors[qi].strides)?;
         Layout::strided(&[b, h, s_q, d_v], &o_strides)?;
         let dropout = self.sdpa_dropout(OP, opts, &[b, h, s_q, s_kv])?;
+        let bias = self.sdpa_modifiers(OP, opts, &sz, dtype, false)?;
         match &dropout {
             None if opts.dump_mask => {
                 return Err(Error::invalid(
@@ -965,12 +1276,14 @@ impl Graph {
         let sc = self.scalar("sdpa.attn_scale", scale, DType::F32)?;
         let mut s = self.pointwise(PointwiseMode::Mul, s, Some(sc))?;
         self.set_name(s, "sdpa.scaled_scores")?;
+        if let Some(bias) = bias {
+            s = self.pointwise(PointwiseMode::Add, s, Some(bias))?;
+            self.set_name(s, "sdpa.biased_scores")?;
+        }
         if let Some((sq, skv)) = padding {
             s = self.padding_mask(s, sq, skv)?;
         }
-        if opts.causal {
-            s = self.causal_mask(s)?;
-        }
+        s = self.diagonal_masks(s, opts, padding, &sz)?;
         let row = [b, h, s_q, 1];
         let m = self.reduction(ReduceOp::Max, s, &row)?;
         self.set_name(m, "sdpa.row_max")?;
@@ -1051,15 +1364,17 @@ impl Graph {
     ///    [`Graph::sdpa`]: with the same seed and offset values it is the forward's mask;
     /// 1. `softmax_sum = reduce_add(dO · O) · c` with `c = 1` (`1 − p` with dropout) (f32
     ///    `[b, h, s_q, 1]`, a real tensor);
-    /// 2. `S = matmul(Q, Kᵀ) · scale − Stats`, causal mask as in [`Graph::sdpa`], `E = exp(S)`
-    ///    (the recomputed probabilities);
+    /// 2. `S = matmul(Q, Kᵀ) · scale` (`+ bias`, padding mask) `− Stats`, causal mask and
+    ///    sliding window as in [`Graph::sdpa`], `E = exp(S)` (the recomputed probabilities);
     /// 3. `dV = matmul(Pᵀ, dO)` with `P = E` (`P = E · mask · (1 / (1 − p))` with dropout; `Pᵀ`
     ///    a transposed view declared of q's type);
     /// 4. `dP = matmul(dO, Vᵀ)` (`· mask` with dropout), `dS = (dP − softmax_sum) · E · scale`
-    ///    (`· (1 / (1 − p))` before `scale` with dropout);
+    ///    (`· (1 / (1 − p))` before `scale` with dropout); with [`SdpaOptions::bias_grad`]
+    ///    `dBias = reduce_add(dS / scale)` over the batch;
     /// 5. `dK = matmul(dSᵀ, Q)` (`dSᵀ` a transposed view of q's type);
     /// 6. `dQ_accum = matmul(dS, K)` (K the transposed view of Kᵀ; f32, a real tensor),
-    ///    `dQ = identity(dQ_accum)`.
+    ///    `dQ = identity(dQ_accum)`; with [`SdpaOptions::deterministic`] or
+    ///    [`SdpaOptions::bias_grad`] `dQ = matmul(dS, K)` directly.
     ///
     /// Shapes and data types as in [`Graph::sdpa`] (grouped-query and multi-query attention
     /// included); `o` and `d_o` are `[b, h, s_q, d_v]` of q's type, `stats` f32
@@ -1131,6 +1446,7 @@ impl Graph {
         let scale = sdpa_scale(opts, d)?;
         let dropout = self.sdpa_dropout(OP, opts, &[b, h, s_q, s_kv])?;
         let padding = self.sdpa_padding(OP, opts, b)?;
+        let bias = self.sdpa_modifiers(OP, opts, &sz, dtype, true)?;
         let dq_strides = self.sdpa_strides_like(&[b, h, s_q, d], &self.tensors[qi].strides)?;
         let dk_strides = self.sdpa_strides_like(&[b, h_k, s_kv, d], &self.tensors[ki].strides)?;
         let dv_strides = self.sdpa_strides_like(&[b, h_v, s_kv, d_v], &self.tensors[vi].strides)?;
@@ -1172,13 +1488,15 @@ impl Graph {
         self.set_name(s, "sdpa_bwd.scores")?;
         let sc = self.scalar("sdpa_bwd.attn_scale", scale, DType::F32)?;
         let mut s = self.pointwise(PointwiseMode::Mul, s, Some(sc))?;
+        if let Some(bias) = bias {
+            s = self.pointwise(PointwiseMode::Add, s, Some(bias))?;
+            self.set_name(s, "sdpa_bwd.biased_scores")?;
+        }
         if let Some((sq, skv)) = padding {
             s = self.padding_mask(s, sq, skv)?;
         }
-        let mut s = self.pointwise(PointwiseMode::Sub, s, Some(stats))?;
-        if opts.causal {
-            s = self.causal_mask(s)?;
-        }
+        let s = self.pointwise(PointwiseMode::Sub, s, Some(stats))?;
+        let s = self.diagonal_masks(s, opts, padding, &sz)?;
         let e = self.pointwise(PointwiseMode::Exp, s, None)?;
         self.set_name(e, "sdpa_bwd.probabilities")?;
 
@@ -1218,6 +1536,19 @@ impl Graph {
         if let Some(dsc) = dropout_scale {
             t = self.pointwise(PointwiseMode::Mul, t, Some(dsc))?;
         }
+        // dBias: the gradient of the biased scores, summed over the batch (cudnn-frontend's
+        // "red_dP_dBias", before the scale).
+        let dbias = match bias {
+            Some(bias) if opts.bias_grad => {
+                let dims = self.tensors[bias.index].dims.clone();
+                let db = self.reduction(ReduceOp::Add, t, &dims)?;
+                self.set_name(db, "sdpa_bwd.dbias")?;
+                let packed = strides_in_order(&dims, &[0, 1, 2, 3])?;
+                self.mark_output_strided(db, dtype, &packed)?;
+                Some(db)
+            }
+            _ => None,
+        };
         let ds = self.pointwise(PointwiseMode::Mul, t, Some(sc))?;
         self.set_name(ds, "sdpa_bwd.ds")?;
 
@@ -1228,12 +1559,19 @@ impl Graph {
         let dk = self.sdpa_head_sum(dk, h_k, dtype)?;
         self.set_name(dk, "sdpa_bwd.dk")?;
 
-        // dQ = dS·K, accumulated in f32.
+        // dQ = dS·K: accumulated in f32 then converted, or (deterministic, dBias) written by
+        // the matmul itself, as cudnn-frontend's dP-workspace form.
         let kv = self.transpose(k)?;
-        let dq_accum = self.sdpa_matmul(ds, kv, [pq, None, pkv])?;
-        self.set_name(dq_accum, "sdpa_bwd.dq_accum")?;
-        self.mark_output_as(dq_accum, DType::F32)?;
-        let dq = self.pointwise(PointwiseMode::Identity, dq_accum, None)?;
+        let (dq, dq_accum) = if opts.direct_dq() {
+            let dq = self.sdpa_matmul(ds, kv, [pq, None, pkv])?;
+            (dq, None)
+        } else {
+            let dq_accum = self.sdpa_matmul(ds, kv, [pq, None, pkv])?;
+            self.set_name(dq_accum, "sdpa_bwd.dq_accum")?;
+            self.mark_output_as(dq_accum, DType::F32)?;
+            let dq = self.pointwise(PointwiseMode::Identity, dq_accum, None)?;
+            (dq, Some(dq_accum))
+        };
         self.set_name(dq, "sdpa_bwd.dq")?;
 
         self.mark_output_strided(dq, dtype, &dq_strides)?;
@@ -1243,6 +1581,7 @@ impl Graph {
             dq,
             dk,
             dv,
+            dbias,
             softmax_sum,
             dq_accum,
         })

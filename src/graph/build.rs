@@ -64,6 +64,7 @@ pub(crate) fn scalar_word(v: f64, dtype: DType) -> u64 {
         DType::F64 => b.copy_from_slice(&v.to_ne_bytes()),
         DType::F16 => b[..2].copy_from_slice(&half::f16::from_f64(v).to_ne_bytes()),
         DType::BF16 => b[..2].copy_from_slice(&half::bf16::from_f64(v).to_ne_bytes()),
+        DType::I32 => b[..4].copy_from_slice(&(v as i32).to_ne_bytes()),
         _ => b[..4].copy_from_slice(&(v as f32).to_ne_bytes()),
     }
     u64::from_ne_bytes(b)
@@ -347,8 +348,19 @@ impl Graph {
                 let mut p = Desc::new(lib, kind!(CUDNN_BACKEND_POINTWISE_DESCRIPTOR))?;
                 p.set1(attr!(CUDNN_ATTR_POINTWISE_MODE), mode.raw())?;
                 // Comparisons compute in BOOLEAN, as cudnn-frontend's attention masks set them.
+                let int_result = match op {
+                    Op::Pointwise { mode, y, .. } => {
+                        !matches!(mode, super::PointwiseMode::GenIndex { .. })
+                            && self.tensors[*y].dtype == DType::I32
+                    }
+                    _ => false,
+                };
                 let prec = if mode.gives_boolean() {
                     sys::cudnnDataType_t::CUDNN_DATA_BOOLEAN
+                } else if int_result {
+                    // Index arithmetic (an attention mask's diagonal shifted by lengths)
+                    // computes in INT32, as cudnn-frontend sets it.
+                    sys::cudnnDataType_t::CUDNN_DATA_INT32
                 } else {
                     comp
                 };

@@ -77,7 +77,7 @@ mod preload;
 mod record;
 pub(crate) mod union;
 
-pub use attention::{SdpaGrads, SdpaOptions, SdpaOutputs};
+pub use attention::{DiagonalAlignment, SdpaGrads, SdpaOptions, SdpaOutputs};
 pub use build::OperationGraph;
 pub use cuda_graph::{PlanGraph, CUDA_GRAPH_NOT_SUPPORTED};
 pub use engine::{
@@ -1322,8 +1322,13 @@ impl Graph {
             }
         }
         let y = self.output("pointwise.y", dims, &order, self.ops.len())?;
-        if let PointwiseMode::GenIndex { .. } = mode {
-            // cudnn-frontend declares generated indices INT32 (the comparisons read them so).
+        let int_operands = matches!(mode, PointwiseMode::Add | PointwiseMode::Sub)
+            && self.tensors[xi].dtype == DType::I32
+            && bi.is_some_and(|b| self.tensors[b].dtype == DType::I32);
+        if matches!(mode, PointwiseMode::GenIndex { .. }) || int_operands {
+            // cudnn-frontend declares generated indices INT32 (the comparisons read them so),
+            // and the sums and differences of indices and lengths its diagonal masks shift
+            // them by (computed in INT32).
             self.tensors[y.index].dtype = DType::I32;
         }
         self.ops.push(Op::Pointwise {
