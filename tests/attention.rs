@@ -13,8 +13,8 @@ mod common;
 use common::*;
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::graph::{
-    Args, DiagonalAlignment, Graph, OperationGraph, Plan, PlanFilter, PointwiseMode, SdpaOptions,
-    TensorId,
+    alibi_slopes, Args, DiagonalAlignment, Graph, OperationGraph, Plan, PlanFilter, PointwiseMode,
+    SdpaOptions, TensorId,
 };
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::{Cudnn, DType, DataType, Error, Workspace};
@@ -160,12 +160,15 @@ impl BiasRef<'_> {
     }
 }
 
-/// What a reference applies to the scaled scores: bias, padding lengths, causal mask and window.
+/// What a reference applies to the scaled scores: bias, ALiBi, padding lengths, causal mask and
+/// window.
 #[derive(Clone, Copy, Default)]
 struct Mods<'a> {
     mask: Mask,
     lens: Option<(&'a [usize], &'a [usize])>,
     bias: Option<BiasRef<'a>>,
+    /// ALiBi slopes per head: `S[i, j] += slope · (j − i)`.
+    alibi: Option<&'a [f64]>,
 }
 
 /// The f64 forward reference with score modifiers: `S = scale · Q·Kᵀ + bias`, masked as `mods`
@@ -202,7 +205,9 @@ fn reference_forward_mods(
                         for x in 0..d {
                             acc += q[at(qd, bi, hi, i, x)] * k[at(kd, bi, sh.kv_head(hi), j, x)];
                         }
-                        acc * scale + mods.bias.map_or(0.0, |bias| bias.at(sh, bi, hi, i, j))
+                        let alibi = mods.alibi.map_or(0.0, |m| m[hi] * (j as f64 - i as f64));
+                        let bias = mods.bias.map_or(0.0, |bias| bias.at(sh, bi, hi, i, j));
+                        acc * scale + bias + alibi
                     };
                     m = m.max(*r);
                 }
@@ -1143,6 +1148,7 @@ struct ModCase<'a> {
     mask: Mask,
     lens: Option<(&'a [usize], &'a [usize])>,
     bias: Option<[usize; 2]>,
+    alibi: bool,
     bias_grad: bool,
     deterministic: bool,
 }
@@ -1150,13 +1156,16 @@ struct ModCase<'a> {
 impl ModCase<'_> {
     /// The options of the case (for the backward graph too), given the graph's length and
     /// bias tensors.
-    fn opts(&self, padding: Option<(TensorId, TensorId)>, bias: Option<TensorId>) -> SdpaOptions {
+    fn opts(&self, mi: &ModInputs) -> SdpaOptions {
         let mut o = self.mask.opts().deterministic(self.deterministic);
-        if let Some((q, kv)) = padding {
+        if let Some((q, kv)) = mi.padding {
             o = o.padding(q, kv);
         }
-        if let Some(b) = bias {
+        if let Some(b) = mi.bias {
             o = o.bias(b).bias_grad(self.bias_grad);
+        }
+        if let Some(sl) = mi.slopes {
+            o = o.alibi(sl);
         }
         o
     }
@@ -1172,7 +1181,14 @@ impl ModCase<'_> {
             let dims = [nb, nh, sh.s_q, sh.s_kv].map(|x| x as i64);
             g.tensor_nchw("bias", &dims, dtype).unwrap()
         });
-        ModInputs { padding, bias }
+        let slopes = self
+            .alibi
+            .then(|| g.alibi_slopes_input("slopes", sh.h as i64).unwrap());
+        ModInputs {
+            padding,
+            bias,
+            slopes,
+        }
     }
 
     /// Every row's key columns, as the lengths say (all of them without padding).
@@ -1188,16 +1204,21 @@ impl ModCase<'_> {
 struct ModInputs {
     padding: Option<(TensorId, TensorId)>,
     bias: Option<TensorId>,
+    slopes: Option<TensorId>,
 }
 
 impl ModInputs {
-    /// Binds the lengths and the bias buffer.
+    /// Binds the lengths, the bias buffer and the ALiBi slopes buffer.
     fn bind<'a, T: DataType>(
         &self,
         args: &mut Args<'a>,
         lens: &(Vec<usize>, Vec<usize>),
         bias: Option<&'a CudaSlice<T>>,
+        slopes: Option<&'a CudaSlice<f32>>,
     ) {
+        if let (Some(t), Some(buf)) = (self.slopes, slopes) {
+            args.input(t, buf).unwrap();
+        }
         let i32s = |l: &[usize]| l.iter().map(|&x| x as i32).collect::<Vec<i32>>();
         if let Some((q, kv)) = self.padding {
             args.lengths(q, &i32s(&lens.0)).unwrap();
@@ -1225,6 +1246,9 @@ fn modified_case<T: DataType>(sh: Shape, c: ModCase, seed: u64) {
         .map(|[nb, nh]| rng.values(nb * nh * sh.s_q * sh.s_kv));
     let bias_f64 = bias_host.as_deref().map(to_f64);
     let bias_dev = bias_host.as_deref().map(|v| s.clone_htod(v).unwrap());
+    let slopes_host = c.alibi.then(|| alibi_slopes(sh.h));
+    let slopes_f64 = slopes_host.as_deref().map(to_f64);
+    let slopes_dev = slopes_host.as_deref().map(|v| s.clone_htod(v).unwrap());
     let lens = c.lens_or_full(sh);
     let mods = Mods {
         mask: c.mask,
@@ -1233,6 +1257,7 @@ fn modified_case<T: DataType>(sh: Shape, c: ModCase, seed: u64) {
             .bias
             .zip(bias_f64.as_deref())
             .map(|(bh, vals)| BiasRef { vals, bh }),
+        alibi: slopes_f64.as_deref(),
     };
     let scale = sh.scale();
     let fwd = reference_forward_mods(sh, &qf, &kf, &vf, scale, &mods);
@@ -1243,7 +1268,7 @@ fn modified_case<T: DataType>(sh: Shape, c: ModCase, seed: u64) {
     let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
     let [q, k, v] = qkv_inputs(&mut g, sh.q(), sh.kv(), T::DTYPE).unwrap();
     let mi = c.inputs(&mut g, sh, T::DTYPE);
-    let opts = c.opts(mi.padding, mi.bias).training(true);
+    let opts = c.opts(&mi).training(true);
     let out = g.sdpa(q, k, v, &opts).unwrap();
     let st = out.stats.unwrap();
     let og = g.build(&cudnn).unwrap();
@@ -1253,7 +1278,7 @@ fn modified_case<T: DataType>(sh: Shape, c: ModCase, seed: u64) {
         {
             let mut args = Args::new(&cudnn);
             bind_qkv(&mut args, [q, k, v], inputs.bufs());
-            mi.bind(&mut args, &lens, bias_dev.as_ref());
+            mi.bind(&mut args, &lens, bias_dev.as_ref(), slopes_dev.as_ref());
             args.output(out.o, &mut ob).unwrap();
             args.output(st, &mut sb).unwrap();
             cudnn.execute(&plan, &args, &mut ws).unwrap();
@@ -1288,7 +1313,7 @@ fn modified_case<T: DataType>(sh: Shape, c: ModCase, seed: u64) {
     let [q, k, v, o, d_o, stats] = bwd_inputs(&mut g, sh, T::DTYPE).unwrap();
     let mi = c.inputs(&mut g, sh, T::DTYPE);
     let gr = g
-        .sdpa_backward(q, k, v, o, d_o, stats, &c.opts(mi.padding, mi.bias))
+        .sdpa_backward(q, k, v, o, d_o, stats, &c.opts(&mi))
         .unwrap();
     assert_eq!(gr.dq_accum.is_none(), c.deterministic || c.bias_grad);
     assert_eq!(gr.dbias.is_some(), c.bias_grad);
@@ -1313,7 +1338,7 @@ fn modified_case<T: DataType>(sh: Shape, c: ModCase, seed: u64) {
                 bind_qkv(&mut args, [q, k, v], inputs.bufs());
                 args.input(o, &ob).unwrap().input(d_o, &dob).unwrap();
                 args.input(stats, &sb).unwrap();
-                mi.bind(&mut args, &lens, bias_dev.as_ref());
+                mi.bind(&mut args, &lens, bias_dev.as_ref(), slopes_dev.as_ref());
                 bufs.bind(&mut args, &gr);
                 cudnn.execute(&plan, &args, &mut ws).unwrap();
             }
@@ -1428,6 +1453,19 @@ fn gpu_sdpa_bias_forward_and_backward() {
 }
 
 #[test]
+fn gpu_sdpa_alibi_forward_and_backward() {
+    let c = ModCase {
+        mask: Mask::causal(true),
+        alibi: true,
+        ..ModCase::default()
+    };
+    // 3 heads: the slopes of the next power of two's odd steps for the third.
+    modified_case::<bf16>(SQUARE_128, c, 91);
+    modified_case::<f16>(GQA, c, 92);
+    modified_case::<bf16>(CROSS, c, 93);
+}
+
+#[test]
 fn gpu_sdpa_deterministic_backward_repeats_bitwise() {
     let c = ModCase {
         mask: Mask::causal(true),
@@ -1457,13 +1495,12 @@ fn host_sdpa_score_modifier_graphs_and_records() {
         let mut g = Graph::new(bf, DType::F32, DType::F32);
         let [q, k, v] = qkv_inputs(&mut g, sh.q(), sh.kv(), bf).unwrap();
         let mi = c.inputs(&mut g, sh, bf);
-        g.sdpa(q, k, v, &c.opts(mi.padding, mi.bias).training(true))
-            .unwrap();
+        g.sdpa(q, k, v, &c.opts(&mi).training(true)).unwrap();
         let mut gb = Graph::new(bf, DType::F32, DType::F32);
         let [q, k, v, o, d_o, stats] = bwd_inputs(&mut gb, sh, bf).unwrap();
         let mi = c.inputs(&mut gb, sh, bf);
         let gr = gb
-            .sdpa_backward(q, k, v, o, d_o, stats, &c.opts(mi.padding, mi.bias))
+            .sdpa_backward(q, k, v, o, d_o, stats, &c.opts(&mi))
             .unwrap();
         if let Some(db) = gr.dbias {
             assert_eq!(
@@ -1563,6 +1600,22 @@ fn host_sdpa_score_modifier_graphs_and_records() {
                 ..ModCase::default()
             },
         ),
+        (
+            SMALL,
+            ModCase {
+                alibi: true,
+                ..tl(None)
+            },
+        ),
+        (
+            GQA,
+            ModCase {
+                alibi: true,
+                bias: Some([1, 4]),
+                bias_grad: true,
+                ..tl(None)
+            },
+        ),
     ];
     let mut seen = std::collections::HashSet::new();
     for (sh, c) in cases {
@@ -1586,6 +1639,11 @@ fn host_sdpa_score_modifier_graphs_and_records() {
     assert_eq!(o.window(), Some(8));
     assert!(o.is_causal() && !o.causal(false).is_causal());
     assert!(SdpaOptions::new().deterministic(true).is_deterministic());
+    // ALiBi slopes: cudnn-frontend's get_alibi_slope (powers of two; odd steps past 2^k heads).
+    assert_eq!(alibi_slopes(3), [1.0 / 16.0, 1.0 / 256.0, 0.25]);
+    let eight: Vec<f32> = (1..=8).map(|i| 2f32.powi(-i)).collect();
+    assert_eq!(alibi_slopes(8), eight);
+    assert!(alibi_slopes(0).is_empty());
 }
 
 #[test]
@@ -1714,6 +1772,26 @@ fn host_sdpa_score_modifier_rejections() {
     let per_batch = Some([2, 1, 64, 64]);
     let grad = |b: Option<TensorId>| causal.bias(b.unwrap()).bias_grad(true);
     case(SMALL, per_batch, bf, &grad, inv, "`bias`", true);
+
+    // ALiBi: only with a top-left causal mask, slopes f32 [1, h, 1, 1].
+    let alibi_case = |causal: SdpaOptions, dims: [i64; 4], dtype: DType, what: &str| {
+        let mut g = Graph::new(bf, DType::F32, DType::F32);
+        let [q, k, v] = qkv_inputs(&mut g, SMALL.q(), SMALL.kv(), bf).unwrap();
+        let sl = g.tensor_nchw("slopes", &dims, dtype).unwrap();
+        let r = g.sdpa(q, k, v, &causal.alibi(sl)).map(|_| ());
+        assert!(rejected(&r, inv, what), "{what}: {r:?}");
+    };
+    alibi_case(
+        SdpaOptions::new(),
+        [1, 3, 1, 1],
+        DType::F32,
+        "top-left causal",
+    );
+    alibi_case(br, [1, 3, 1, 1], DType::F32, "top-left causal");
+    alibi_case(causal, [1, 2, 1, 1], DType::F32, "`slopes`");
+    alibi_case(causal, [1, 3, 1, 1], bf, "`slopes`");
+    let mut g = Graph::new(bf, DType::F32, DType::F32);
+    assert!(g.alibi_slopes_input("none", 0).is_err());
 
     // Dropout with a bottom-right mask.
     let mut g = Graph::new(bf, DType::F32, DType::F32);

@@ -2279,8 +2279,22 @@ fn gpu_plan_cache_warm_up_replays_recorded_graphs() {
 
     // A new handle, as in a new process: the warm-up builds and runs the two recorded plans.
     let cudnn2 = Cudnn::new(s.clone()).unwrap();
-    let mut fresh = PlanCache::with_file(&path).unwrap();
     let mut ws = Workspace::new(s.clone());
+    // Within a limit below their scratch memory, both are skipped (sizes named), nothing held.
+    let mut tight = PlanCache::with_file(&path).unwrap();
+    let w = tight.warm_up_within(&cudnn2, &mut ws, 64).unwrap();
+    eprintln!("{w:?}");
+    assert_eq!(
+        (w.replayed, w.skipped.len(), tight.len()),
+        (0, 4, 0),
+        "{w:?}"
+    );
+    let over = w
+        .skipped
+        .iter()
+        .filter(|k| k.reason.contains("at most 64 bytes"));
+    assert_eq!(over.count(), 2, "{w:?}");
+    let mut fresh = PlanCache::with_file(&path).unwrap();
     let w = fresh.warm_up(&cudnn2, &mut ws).unwrap();
     eprintln!("{w:?}");
     assert_eq!((w.replayed, w.held, w.other), (2, 0, 1), "{w:?}");

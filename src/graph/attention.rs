@@ -29,6 +29,7 @@ pub struct SdpaOptions {
     dump_mask: bool,
     padding: Option<(TensorId, TensorId)>,
     bias: Option<TensorId>,
+    alibi: Option<TensorId>,
     bias_grad: bool,
     deterministic: bool,
 }
@@ -125,6 +126,37 @@ impl SdpaOptions {
     #[must_use]
     pub fn bias(mut self, bias: TensorId) -> Self {
         self.bias = Some(bias);
+        self
+    }
+    /// ALiBi, attention with linear biases (cudnn-frontend's `set_alibi_mask`):
+    /// `S[n, i, j] += slope[i_h] · (j − i)` for head `i_h`, after the bias and before the masks,
+    /// forward and backward. `slopes` is a graph input of [`Graph::alibi_slopes_input`] (f32
+    /// `[1, h, 1, 1]`), bound to a device buffer of the per-head slopes: [`alibi_slopes`] gives
+    /// the standard ones cudnn-frontend uses. As cudnn-frontend requires, only with a top-left
+    /// causal mask ([`SdpaOptions::causal`]; [`Graph::sdpa`] and [`Graph::sdpa_backward`] refuse
+    /// it otherwise).
+    ///
+    /// ```no_run
+    /// use cudnn_safe::graph::{alibi_slopes, Args, Graph, SdpaOptions};
+    /// use cudnn_safe::{cuda_context, Cudnn, DType};
+    /// # fn main() -> cudnn_safe::Result<()> {
+    /// let ctx = cuda_context(0)?;
+    /// let stream = ctx.default_stream();
+    /// let cudnn = Cudnn::new(stream.clone())?;
+    /// let mut g = Graph::new(DType::BF16, DType::F32, DType::F32);
+    /// let q = g.tensor_nchw("q", &[2, 8, 512, 64], DType::BF16)?;
+    /// let k = g.tensor_nchw("k", &[2, 8, 512, 64], DType::BF16)?;
+    /// let v = g.tensor_nchw("v", &[2, 8, 512, 64], DType::BF16)?;
+    /// let slopes = g.alibi_slopes_input("slopes", 8)?;
+    /// let out = g.sdpa(q, k, v, &SdpaOptions::new().causal(true).alibi(slopes))?;
+    /// let slopes_buf = stream.clone_htod(&alibi_slopes(8)).unwrap();
+    /// let mut args = Args::new(&cudnn);
+    /// args.input(slopes, &slopes_buf)?;
+    /// # let _ = out; Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn alibi(mut self, slopes: TensorId) -> Self {
+        self.alibi = Some(slopes);
         self
     }
     /// Backward only, with [`SdpaOptions::bias`]: also output `dBias`
@@ -292,6 +324,10 @@ impl SdpaOptions {
     /// The bias tensor set with [`SdpaOptions::bias`], if any.
     pub fn bias_input(&self) -> Option<TensorId> {
         self.bias
+    }
+    /// The ALiBi slopes tensor set with [`SdpaOptions::alibi`], if any.
+    pub fn alibi_input(&self) -> Option<TensorId> {
+        self.alibi
     }
     /// Whether [`Graph::sdpa_backward`] outputs the bias gradient.
     pub fn has_bias_grad(&self) -> bool {
@@ -575,6 +611,46 @@ impl Graph {
         Ok(s)
     }
 
+    /// ALiBi on scores `s` (cudnn-frontend's `alibi_mask`): `col − row` of generated indices
+    /// (INT32), times the per-head slopes, added to the scores.
+    fn alibi(&mut self, s: TensorId, slopes: TensorId) -> Result<TensorId> {
+        let row = self.pointwise(PointwiseMode::GenIndex { axis: 2 }, s, None)?;
+        self.set_name(row, "sdpa.alibi_row_index")?;
+        let col = self.pointwise(PointwiseMode::GenIndex { axis: 3 }, s, None)?;
+        self.set_name(col, "sdpa.alibi_col_index")?;
+        let dist = self.pointwise(PointwiseMode::Sub, col, Some(row))?;
+        let lin = self.pointwise(PointwiseMode::Mul, dist, Some(slopes))?;
+        self.set_name(lin, "sdpa.alibi_bias")?;
+        let y = self.pointwise(PointwiseMode::Add, s, Some(lin))?;
+        self.set_name(y, "sdpa.alibi_scores")?;
+        Ok(y)
+    }
+
+    /// A graph input for the per-head slopes of [`SdpaOptions::alibi`]: f32 `[1, heads, 1, 1]`,
+    /// packed; bind a device buffer of `heads` slopes (e.g. [`alibi_slopes`]) with
+    /// [`Args::input`](super::Args::input). `heads` is q's number of heads, at least 1.
+    #[doc(alias = "alibi_mask")]
+    pub fn alibi_slopes_input(&mut self, name: &'static str, heads: i64) -> Result<TensorId> {
+        if heads < 1 {
+            return Err(Error::invalid(
+                "ALiBi slopes input",
+                "at least 1 head",
+                format!("`{name}` with {heads} heads"),
+            ));
+        }
+        Ok(self.push(TensorInfo {
+            name,
+            dims: vec![1, heads, 1, 1],
+            strides: vec![heads, 1, 1, 1],
+            dtype: DType::F32,
+            is_virtual: false,
+            scalar: None,
+            bound: None,
+            producer: None,
+            consumed: false,
+        }))
+    }
+
     /// A by-value INT32 scalar (a sequence extent or a window in index arithmetic).
     fn int_scalar(&mut self, name: &'static str, value: i64) -> TensorId {
         self.push(TensorInfo {
@@ -643,6 +719,25 @@ impl Graph {
                     opts.dropout.is_some()
                 ),
             );
+        }
+        if let Some(slopes) = opts.alibi {
+            if opts.causal != Some(DiagonalAlignment::TopLeft) {
+                return refuse(
+                    "attention ALiBi",
+                    "a top-left causal mask with ALiBi (as cuDNN's engines support it)".into(),
+                    format!("causal mask {:?}", opts.causal),
+                );
+            }
+            let t = &self.tensors[self.index(slopes)?];
+            let want = [1, sz.h, 1, 1];
+            if t.dtype != DType::F32 || t.scalar.is_some() || t.producer.is_some() || t.dims != want
+            {
+                return refuse(
+                    "attention ALiBi slopes",
+                    format!("an f32 graph input {want:?} (Graph::alibi_slopes_input)"),
+                    format!("`{}`: {} with dims {:?}", t.name, t.dtype, t.dims),
+                );
+            }
         }
         let Some(bias) = opts.bias else {
             if backward && opts.bias_grad {
@@ -1280,6 +1375,9 @@ impl Graph {
             s = self.pointwise(PointwiseMode::Add, s, Some(bias))?;
             self.set_name(s, "sdpa.biased_scores")?;
         }
+        if let Some(slopes) = opts.alibi {
+            s = self.alibi(s, slopes)?;
+        }
         if let Some((sq, skv)) = padding {
             s = self.padding_mask(s, sq, skv)?;
         }
@@ -1338,6 +1436,29 @@ impl Graph {
             dropout_mask,
         })
     }
+}
+
+/// The standard ALiBi slopes for `heads` heads (Press et al.; cudnn-frontend's
+/// `get_alibi_slope`): with `n` the largest power of two not above `heads`, head `i < n` gets
+/// `2^(−8(i + 1)/n)` and the remaining heads `2^(−8(k + ½)/n)` for `k = 0, 1, …` (the odd
+/// steps of the sequence for `2n` heads). Empty for 0 heads.
+///
+/// ```
+/// let s = cudnn_safe::graph::alibi_slopes(8);
+/// assert_eq!(s[0], 0.5);
+/// assert_eq!(s[7], 1.0 / 256.0);
+/// ```
+pub fn alibi_slopes(heads: usize) -> Vec<f32> {
+    if heads == 0 {
+        return Vec::new();
+    }
+    let n = 1usize << heads.ilog2();
+    let steps = (0..n)
+        .map(|i| (i + 1) as f64)
+        .chain((0..heads - n).map(|k| k as f64 + 0.5));
+    steps
+        .map(|e| 2f64.powf(-8.0 * e / n as f64) as f32)
+        .collect()
 }
 
 /// The attention scale: the option's (finite) or `1/√d`.
@@ -1491,6 +1612,9 @@ impl Graph {
         if let Some(bias) = bias {
             s = self.pointwise(PointwiseMode::Add, s, Some(bias))?;
             self.set_name(s, "sdpa_bwd.biased_scores")?;
+        }
+        if let Some(slopes) = opts.alibi {
+            s = self.alibi(s, slopes)?;
         }
         if let Some((sq, skv)) = padding {
             s = self.padding_mask(s, sq, skv)?;

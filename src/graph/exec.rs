@@ -820,6 +820,34 @@ impl PlanCache {
     /// # Ok(()) }
     /// ```
     pub fn warm_up(&mut self, cudnn: &Cudnn, ws: &mut Workspace) -> Result<PlanWarmUp> {
+        self.warm_up_within(cudnn, ws, usize::MAX)
+    }
+
+    /// [`PlanCache::warm_up`] within a memory limit: an entry whose scratch memory (the
+    /// buffers of all its graph's tensors plus its plan's workspace, in bytes) would exceed
+    /// `max_scratch_bytes` is skipped (reported in [`PlanWarmUp::skipped`] with its size, and
+    /// left for [`PlanCache::get_or_build`]) instead of allocated (a bf16 attention graph of
+    /// 8×16×4096×128 needs about 0.5 GB of scratch forward and 1.4 GB backward). The buffers
+    /// are checked before the plan is built, the workspace after.
+    ///
+    /// ```no_run
+    /// # use cudnn_safe::graph::PlanCache;
+    /// # fn f(cudnn: &cudnn_safe::Cudnn) -> cudnn_safe::Result<()> {
+    /// let mut cache = PlanCache::with_file("/tmp/graph-plans.txt")?;
+    /// let mut ws = cudnn_safe::Workspace::new(cudnn.stream().clone());
+    /// // Replay only graphs that fit in 256 MiB of scratch.
+    /// let w = cache.warm_up_within(cudnn, &mut ws, 256 << 20)?;
+    /// for s in &w.skipped {
+    ///     println!("not warmed up: {} ({})", s.name, s.reason);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn warm_up_within(
+        &mut self,
+        cudnn: &Cudnn,
+        ws: &mut Workspace,
+        max_scratch_bytes: usize,
+    ) -> Result<PlanWarmUp> {
         let started = Instant::now();
         let mut done = PlanWarmUp::default();
         let prefix = Self::key_prefix(cudnn);
@@ -844,7 +872,7 @@ impl PlanCache {
             }
             let t = Instant::now();
             let outcome = match self.graphs.get(&key) {
-                Some(record) => replay(cudnn, ws, &key, &cfg, record),
+                Some(record) => replay(cudnn, ws, &key, &cfg, record, max_scratch_bytes),
                 None => Err(Error::invalid(
                     "graph plan cache entry",
                     "a recorded graph",
@@ -926,6 +954,7 @@ fn replay(
     key: &str,
     cfg: &EngineConfig,
     record: &str,
+    max_scratch_bytes: usize,
 ) -> Result<Plan> {
     let og = Graph::from_json(record)?.build(cudnn)?;
     if !key.ends_with(&format!(" | {}", og.signature())) {
@@ -935,10 +964,8 @@ fn replay(
             "a graph of another signature",
         ));
     }
-    let plan = og.plan_from_config(cudnn, cfg)?;
     let g = &og.inner;
-    let stream = cudnn.stream();
-    let mut bufs = Vec::with_capacity(g.io.len());
+    let mut sizes = Vec::with_capacity(g.io.len());
     for &i in &g.io {
         let m = &g.meta[i];
         let span = m.layout.as_ref().map_or(1, |l| l.span());
@@ -948,8 +975,30 @@ fn replay(
                 what: "plan cache warm-up buffer",
                 detail: format!("`{}`: {span} elements of {}", m.name, m.dtype),
             })?;
+        sizes.push(bytes.max(1));
+    }
+    let over = |bytes: usize| {
+        Error::invalid(
+            "plan cache warm-up scratch memory",
+            format!("at most {max_scratch_bytes} bytes (the warm-up's limit)"),
+            format!("{bytes} bytes"),
+        )
+    };
+    let buffers = sizes.iter().fold(0usize, |a, &b| a.saturating_add(b));
+    if buffers > max_scratch_bytes {
+        return Err(over(buffers));
+    }
+    let plan = og.plan_from_config(cudnn, cfg)?;
+    let total = buffers.saturating_add(plan.workspace_size());
+    if total > max_scratch_bytes {
+        return Err(over(total));
+    }
+    let stream = cudnn.stream();
+    let mut bufs = Vec::with_capacity(g.io.len());
+    for (&i, &bytes) in g.io.iter().zip(&sizes) {
+        let m = &g.meta[i];
         let buf = stream
-            .alloc_zeros::<u8>(bytes.max(1))
+            .alloc_zeros::<u8>(bytes)
             .map_err(|e| Error::driver("allocating a plan cache warm-up buffer", e))?;
         bufs.push((i, m.dtype, m.is_output, buf));
     }

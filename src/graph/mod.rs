@@ -77,7 +77,7 @@ mod preload;
 mod record;
 pub(crate) mod union;
 
-pub use attention::{DiagonalAlignment, SdpaGrads, SdpaOptions, SdpaOutputs};
+pub use attention::{alibi_slopes, DiagonalAlignment, SdpaGrads, SdpaOptions, SdpaOutputs};
 pub use build::OperationGraph;
 pub use cuda_graph::{PlanGraph, CUDA_GRAPH_NOT_SUPPORTED};
 pub use engine::{
