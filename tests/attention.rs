@@ -1793,6 +1793,19 @@ fn host_sdpa_score_modifier_rejections() {
     let mut g = Graph::new(bf, DType::F32, DType::F32);
     assert!(g.alibi_slopes_input("none", 0).is_err());
 
+    // k (or v, backward) as the bias: the graph describes them transposed.
+    // SMALL has d = s_q = s_kv: k's dimensions are those of a bias.
+    let mut g = Graph::new(bf, DType::F32, DType::F32);
+    let [q, k, v] = qkv_inputs(&mut g, SMALL.q(), SMALL.kv(), bf).unwrap();
+    let r = g.sdpa(q, k, v, &causal.bias(k)).map(|_| ());
+    assert!(rejected(&r, inv, "`k` passed as the bias"), "{r:?}");
+    let mut g = Graph::new(bf, DType::F32, DType::F32);
+    let [q, k, v, o, d_o, stats] = bwd_inputs(&mut g, SMALL, bf).unwrap();
+    let r = g
+        .sdpa_backward(q, k, v, o, d_o, stats, &causal.bias(v))
+        .map(|_| ());
+    assert!(rejected(&r, inv, "`v` passed as the bias"), "{r:?}");
+
     // Dropout with a bottom-right mask.
     let mut g = Graph::new(bf, DType::F32, DType::F32);
     let [q, k, v] = qkv_inputs(&mut g, SMALL.q(), SMALL.kv(), bf).unwrap();
