@@ -77,6 +77,9 @@
 //!   `GRAPH_BENCH_PAIRED_EXTRA`: engine configurations to time that way, as
 //!   `<mode>_<cfg>=<config>` items separated by `;` (such as
 //!   `fp16_16x256x28x28_k512_r3_s1=eng62_k2=0_k13=1_k18=0_k25=0_k27=1_k28=1`).
+//!   `GRAPH_BENCH_PAIRED_SELF=1`: also time every graph pick once more as a further side, so
+//!   that each case reports the comparison's own noise (ops `paired_noise_conv_fwd_<mode>_<cfg>`
+//!   and a table: the pick against itself, and PyTorch's slowest process over its fastest).
 //! * `GRAPH_BENCH_FINALISTS`, `GRAPH_BENCH_FINAL_SOLO_MS`: the union tuner's
 //!   [`Autotuner::finalists`] and [`Autotuner::final_solo_ms`] (defaults 6 and 25 ms).
 //! * `GRAPH_BENCH_CONFIGS`: comma-separated parts of configuration names (such as
@@ -1563,7 +1566,14 @@ fn other_plans<T: DataType<Scalar = f32>>(
         .filter(|(c, _)| *c == case)
         .map(|(_, conf)| conf.parse())
         .collect::<cudnn_safe::Result<_>>()?;
-    if n == 0 && extra.is_empty() {
+    // The union's own pick once more (`GRAPH_BENCH_PAIRED_SELF`): the same plan on its own copy
+    // of the data, so that every case shows the comparison's noise. A legacy pick has no engine
+    // configuration and is left out.
+    let again: Option<cudnn_safe::graph::EngineConfig> = std::env::var("GRAPH_BENCH_PAIRED_SELF")
+        .is_ok_and(|v| v == "1")
+        .then(|| pick.parse().ok())
+        .flatten();
+    if n == 0 && extra.is_empty() && again.is_none() {
         return Ok(Vec::new());
     }
     let stream = cudnn.stream();
@@ -1603,7 +1613,8 @@ fn other_plans<T: DataType<Scalar = f32>>(
     let labelled = timed
         .into_iter()
         .map(|(ms, c)| (format!("first pass {ms:.4}"), c))
-        .chain(extra.into_iter().map(|c| ("named".to_string(), c)));
+        .chain(extra.into_iter().map(|c| ("named".to_string(), c)))
+        .chain(again.map(|c| ("again".to_string(), c)));
     for (why, config) in labelled {
         let name = config.to_string();
         if names.contains(&name) {
@@ -1985,7 +1996,7 @@ fn paired(run: &mut Run, cmd: &str, held: &mut [HeldCase]) -> BoxResult<()> {
         }
     }
 
-    let mut table = Vec::new();
+    let mut table: Vec<PairedRow> = Vec::new();
     let mut by_mode: Vec<(Mode, Vec<usize>)> = Vec::new();
     for (i, (mode, cfg, _, _)) in held.iter().enumerate() {
         let ms = median(&ours[i]);
@@ -2081,6 +2092,7 @@ fn paired(run: &mut Run, cmd: &str, held: &mut [HeldCase]) -> BoxResult<()> {
             per_run.join(" ")
         );
     }
+    noise_floor(held, &ours, &other_ms, &table);
     if !other_lines.is_empty() {
         println!(
             "\nother plans of the same cases, timed in the same rounds (GRAPH_BENCH_PAIRED_PLANS)"
@@ -2094,6 +2106,74 @@ fn paired(run: &mut Run, cmd: &str, held: &mut [HeldCase]) -> BoxResult<()> {
         }
     }
     Ok(())
+}
+
+/// One case of the paired table: name, our median, PyTorch's median process, each process's
+/// median, and the median of the rounds' own ratios.
+type PairedRow = (String, f64, f64, Vec<f64>, f64);
+
+/// The comparison's own noise, per case of [`paired`]: the union's pick against the same plan
+/// timed again in the same rounds (present when it is among the other plans, as
+/// `GRAPH_BENCH_PAIRED_SELF=1` makes it for every graph pick), and the slowest PyTorch
+/// process over the fastest (each process runs its own search, so this also holds the spread
+/// of PyTorch's picks). Prints a `paired_noise_conv_fwd_<mode>_<cfg>` line per case that has
+/// either, and a table: a case whose ratio to PyTorch lies within the distance of the pick
+/// from itself is a tie at this method's resolution.
+fn noise_floor(
+    held: &[HeldCase],
+    ours: &[Vec<f64>],
+    other_ms: &[Vec<Vec<f64>>],
+    table: &[PairedRow],
+) {
+    let mut rows = Vec::new();
+    for (i, (_, _, _, others)) in held.iter().enumerate() {
+        let (name, ms, py, per_run, by_round) = &table[i];
+        let again = others
+            .iter()
+            .position(|(label, _)| label.contains("the union's pick"))
+            .map(|k| &other_ms[i][k]);
+        // Ratio convention of the table: the other side's time over ours, so 1.0 is a tie.
+        let self_ratio = again.map(|v| median(v) / ms);
+        let self_by_round = again.map(|v| {
+            median(
+                &v.iter()
+                    .zip(&ours[i])
+                    .map(|(a, o)| a / o)
+                    .collect::<Vec<_>>(),
+            )
+        });
+        let fastest = per_run.iter().copied().fold(f64::INFINITY, f64::min);
+        let slowest = per_run.iter().copied().fold(0.0, f64::max);
+        let spread = slowest / fastest;
+        let opt = |x: Option<f64>| x.map_or("null".to_string(), |x| format!("{x:.3}"));
+        println!(
+            "{{\"op\": \"paired_noise_conv_fwd_{name}\", \"pytorch_over_cudnn_safe\": {:.3}, \"median_round_ratio\": {by_round:.3}, \"pick_again_over_pick\": {}, \"pick_again_over_pick_by_round\": {}, \"pytorch_slowest_over_fastest_process\": {spread:.3}, \"impl\": \"cudnn-safe\"}}",
+            py / ms,
+            opt(self_ratio),
+            opt(self_by_round)
+        );
+        rows.push((
+            name.clone(),
+            py / ms,
+            *by_round,
+            self_ratio,
+            self_by_round,
+            spread,
+        ));
+    }
+    println!("\nnoise of the comparison: the pick against itself in the same rounds, PyTorch's processes against each other");
+    println!(
+        "{:<34} {:>7} {:>9} {:>12} {:>12} {:>12}",
+        "case", "ratio", "by round", "pick again", "by round", "PyTorch max/min"
+    );
+    let opt = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.3}"));
+    for (name, ratio, by_round, again, again_r, spread) in rows {
+        println!(
+            "{name:<34} {ratio:>7.3} {by_round:>9.3} {:>12} {:>12} {spread:>12.3}",
+            opt(again),
+            opt(again_r)
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
