@@ -84,15 +84,20 @@ def serve():
             print(f"ERR {e}".replace("\n", " "), flush=True)
 
 
-print(json.dumps({"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-                  "gpu": torch.cuda.get_device_name(), "impl": "pytorch"}), flush=True)
-torch.backends.cudnn.benchmark = True
-if len(sys.argv) > 1 and sys.argv[1] == "--serve":
-    serve()
-    sys.exit(0)
-for name in (sys.argv[1].split(",") if len(sys.argv) > 1 else list(MODES)):
-    for cfg in CONFIGS:
-        (n, c, h, w, k, r, s) = cfg
-        ms = time_case(prepare(name, cfg))
-        print(json.dumps({"mode": name, "cfg": f"{n}x{c}x{h}x{w}_k{k}_r{r}_s{s}", "ms": ms}),
-              flush=True)
+def main():
+    print(json.dumps({"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+                      "gpu": torch.cuda.get_device_name(), "impl": "pytorch"}), flush=True)
+    torch.backends.cudnn.benchmark = True
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve":
+        serve()
+        return
+    for name in (sys.argv[1].split(",") if len(sys.argv) > 1 else list(MODES)):
+        for cfg in CONFIGS:
+            (n, c, h, w, k, r, s) = cfg
+            ms = time_case(prepare(name, cfg))
+            print(json.dumps({"mode": name, "cfg": f"{n}x{c}x{h}x{w}_k{k}_r{r}_s{s}", "ms": ms}),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
