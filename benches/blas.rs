@@ -211,7 +211,7 @@ impl Fused {
             &self.w,
             0.0,
             &mut self.y,
-            EpilogueData::Bias(&self.b),
+            EpilogueData::bias(&self.b),
         )?;
         Ok(r)
     }
@@ -237,7 +237,7 @@ impl Fused {
             &self.z2,
             1.0,
             &mut self.y,
-            EpilogueData::Bias(&self.b),
+            EpilogueData::bias(&self.b),
         )?;
         Ok(r)
     }

@@ -372,32 +372,28 @@ impl Norm {
             Norm::Group(n) => cudnn.group_norm_forward(n, &d.x, &d.gamma, &d.beta, &mut d.y),
         }
     }
-    fn train(&self, cudnn: &Cudnn, d: &mut Data) -> cudnn_safe::Result<NormSaved<f32>> {
+    /// The training forward on `d`'s x, γ, β into its y; the saved values keep `x` borrowed,
+    /// so `d`'s other fields stay free (see [`train!`] and [`backward!`]).
+    fn train<'x>(
+        &self,
+        cudnn: &Cudnn,
+        x: &'x CudaSlice<f32>,
+        (gamma, beta): (&CudaSlice<f32>, &CudaSlice<f32>),
+        y: &mut CudaSlice<f32>,
+    ) -> cudnn_safe::Result<NormSaved<'x, f32>> {
         match self {
-            Norm::Layer(n) => {
-                cudnn.layer_norm_forward_training(n, &d.x, &d.gamma, &d.beta, &mut d.y)
-            }
-            Norm::Group(n) => {
-                cudnn.group_norm_forward_training(n, &d.x, &d.gamma, &d.beta, &mut d.y)
-            }
+            Norm::Layer(n) => cudnn.layer_norm_forward_training(n, x, gamma, beta, y),
+            Norm::Group(n) => cudnn.group_norm_forward_training(n, x, gamma, beta, y),
         }
     }
     fn backward(
         &self,
         cudnn: &Cudnn,
-        saved: &NormSaved<f32>,
-        d: &mut Data,
+        saved: &NormSaved<'_, f32>,
+        (x, dy, gamma): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+        (dx, dgamma, dbeta): Grads<'_>,
+        ws: &mut Workspace,
     ) -> cudnn_safe::Result<()> {
-        let Data {
-            x,
-            dy,
-            gamma,
-            dx,
-            dgamma,
-            dbeta,
-            ws,
-            ..
-        } = d;
         match self {
             Norm::Layer(n) => {
                 cudnn.layer_norm_backward(n, saved, x, dy, gamma, dx, dgamma, dbeta, ws)
@@ -407,6 +403,34 @@ impl Norm {
             }
         }
     }
+}
+
+/// `dx`, `dγ`, `dβ` of a backward call.
+type Grads<'a> = (
+    &'a mut CudaSlice<f32>,
+    &'a mut CudaSlice<f32>,
+    &'a mut CudaSlice<f32>,
+);
+
+/// [`Norm::train`] on the fields of a [`Data`] (borrowed one by one, so that the saved value's
+/// borrow of `x` leaves the others free).
+macro_rules! train {
+    ($norm:expr, $cudnn:expr, $d:expr) => {
+        $norm.train($cudnn, &$d.x, (&$d.gamma, &$d.beta), &mut $d.y)
+    };
+}
+
+/// [`Norm::backward`] on the fields of a [`Data`].
+macro_rules! backward {
+    ($norm:expr, $cudnn:expr, $saved:expr, $d:expr) => {
+        $norm.backward(
+            $cudnn,
+            $saved,
+            (&$d.x, &$d.dy, &$d.gamma),
+            (&mut $d.dx, &mut $d.dgamma, &mut $d.dbeta),
+            &mut $d.ws,
+        )
+    };
 }
 
 /// Buffers of one problem (f32).
@@ -512,10 +536,11 @@ fn reference(
     d: &mut Data,
 ) -> BoxResult<Reference> {
     let norm = p.norm(Some(NormMethod::reductions()))?;
-    let saved = norm.train(cudnn, d)?;
+    let saved = train!(norm, cudnn, d)?;
     stream.memcpy_dtod(saved.xhat(), &mut d.xhat)?;
+    backward!(norm, cudnn, &saved, d)?;
+    drop(saved);
     norm.forward(cudnn, d)?;
-    norm.backward(cudnn, &saved, d)?;
     stream.synchronize()?;
     Ok(Reference {
         y: stream.clone_dtoh(&d.y)?,
@@ -571,7 +596,7 @@ fn run_methods(
                     );
                 }
                 "train" => {
-                    let note = match norm.train(cudnn, d) {
+                    let note = match train!(norm, cudnn, d) {
                         Ok(_) if compare => Some(format!(
                             "\"max_abs_diff\": {}",
                             max_abs_diff(stream, &d.y, &reference.y)?
@@ -579,19 +604,19 @@ fn run_methods(
                         _ => None,
                     };
                     r.bench(op, Some(2.0 * nb), note, &mut || {
-                        norm.train(cudnn, d)?;
+                        train!(norm, cudnn, d)?;
                         Ok(())
                     });
                 }
                 "bwd" => {
-                    let saved = match norm.train(cudnn, d) {
+                    let saved = match train!(norm, cudnn, d) {
                         Ok(s) => s,
                         Err(e) => {
                             print_op_error(op, &e);
                             continue;
                         }
                     };
-                    let note = match norm.backward(cudnn, &saved, d) {
+                    let note = match backward!(norm, cudnn, &saved, d) {
                         Ok(()) if compare => Some(format!(
                             "\"max_abs_diff\": {{\"dx\": {}, \"dgamma\": {}, \"dbeta\": {}}}",
                             max_abs_diff(stream, &d.dx, &reference.dx)?,
@@ -601,13 +626,13 @@ fn run_methods(
                         _ => None,
                     };
                     r.bench(op, Some(3.0 * nb), note, &mut || {
-                        Ok(norm.backward(cudnn, &saved, d)?)
+                        Ok(backward!(norm, cudnn, &saved, d)?)
                     });
                 }
                 _ => {
                     r.bench(op, None, None, &mut || {
-                        let saved = norm.train(cudnn, d)?;
-                        norm.backward(cudnn, &saved, d)?;
+                        let saved = train!(norm, cudnn, d)?;
+                        backward!(norm, cudnn, &saved, d)?;
                         Ok(())
                     });
                 }
@@ -1067,39 +1092,32 @@ fn run_graph(
         r.bench(op, Some(2.0 * nb), note, &mut || Ok(call(y)?));
     }
     if r.selected(&ops[2]) {
-        let saved = {
-            let Data {
-                x,
-                gamma,
-                beta,
-                y,
-                ws,
-                ..
-            } = d;
-            cudnn.layer_norm_forward_training_graph(&ln, x, gamma, beta, y, ws)
-        };
+        // The saved values keep `d.x` borrowed: the calls below name the other fields.
+        let saved = cudnn
+            .layer_norm_forward_training_graph(&ln, &d.x, &d.gamma, &d.beta, &mut d.y, &mut d.ws);
         match saved {
             Err(e) => print_op_error(&ops[2], &e),
             Ok(saved) => {
-                let call = |d: &mut Data| {
-                    let Data {
-                        x,
-                        dy,
-                        gamma,
-                        dx,
-                        dgamma,
-                        dbeta,
-                        ws,
-                        ..
-                    } = d;
-                    cudnn
-                        .layer_norm_backward_graph(&ln, &saved, x, dy, gamma, dx, dgamma, dbeta, ws)
-                };
-                let note = match call(d) {
+                macro_rules! call {
+                    () => {
+                        cudnn.layer_norm_backward_graph(
+                            &ln,
+                            &saved,
+                            &d.x,
+                            &d.dy,
+                            &d.gamma,
+                            &mut d.dx,
+                            &mut d.dgamma,
+                            &mut d.dbeta,
+                            &mut d.ws,
+                        )
+                    };
+                }
+                let note = match call!() {
                     Ok(()) => Some(diff(d)?),
                     Err(_) => None,
                 };
-                r.bench(&ops[2], Some(3.0 * nb), note, &mut || Ok(call(d)?));
+                r.bench(&ops[2], Some(3.0 * nb), note, &mut || Ok(call!()?));
             }
         }
     }

@@ -852,7 +852,7 @@ impl<T: Element + NormType<Param = f32>> Net<T> {
             algo,
             ws,
             1.0,
-            Some(&self.x),
+            Some(self.x.as_view()),
             &self.bias_d,
             &self.b2f,
             FusedActivation::Relu,

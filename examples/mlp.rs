@@ -205,10 +205,7 @@ impl Model {
             &self.l1.w,
             0.0,
             &mut buf.h1,
-            EpilogueData::BiasAux {
-                bias: &self.l1.b,
-                aux: &mut buf.pre1,
-            },
+            EpilogueData::bias_aux(&self.l1.b, &mut buf.pre1),
         )?;
         lt.matmul(
             &ops.fwd2,
@@ -217,10 +214,7 @@ impl Model {
             &self.l2.w,
             0.0,
             &mut buf.h2,
-            EpilogueData::BiasAux {
-                bias: &self.l2.b,
-                aux: &mut buf.pre2,
-            },
+            EpilogueData::bias_aux(&self.l2.b, &mut buf.pre2),
         )?;
         lt.matmul(
             &ops.fwd3,
@@ -229,7 +223,7 @@ impl Model {
             &self.l3.w,
             0.0,
             &mut buf.logits,
-            EpilogueData::Bias(&self.l3.b),
+            EpilogueData::bias(&self.l3.b),
         )?;
         Ok(())
     }
@@ -251,7 +245,7 @@ impl Model {
             &self.l3.w,
             0.0,
             &mut buf.dpre2,
-            EpilogueData::Aux(&buf.pre2),
+            EpilogueData::aux(&buf.pre2),
         )?;
         lt.matmul(
             &ops.upd3,
@@ -279,7 +273,7 @@ impl Model {
             &self.l2.w,
             0.0,
             &mut buf.dpre1,
-            EpilogueData::Aux(&buf.pre1),
+            EpilogueData::aux(&buf.pre1),
         )?;
         lt.matmul(
             &ops.upd2,

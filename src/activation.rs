@@ -33,9 +33,9 @@
 use std::ffi::c_void;
 use std::fmt;
 
-use cudarc::driver::{DevicePtr, DevicePtrMut};
 use cudnn_safe_sys as sys;
 
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DType, DataType, Scalar as _};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -444,10 +444,10 @@ impl Cudnn {
         act: &ActivationDesc,
         alpha: T::Scalar,
         x_desc: &TensorDesc<T>,
-        x: &impl DevicePtr<T>,
+        x: &impl DeviceBuffer<T>,
         beta: T::Scalar,
         y_desc: &TensorDesc<T>,
-        y: &mut impl DevicePtrMut<T>,
+        y: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         act.check_runnable()?;
         check_float::<T>("activation")?;
@@ -517,7 +517,7 @@ impl Cudnn {
         alpha: T::Scalar,
         beta: T::Scalar,
         xy_desc: &TensorDesc<T>,
-        xy: &mut impl DevicePtrMut<T>,
+        xy: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         act.check_runnable()?;
         check_float::<T>("activation")?;
@@ -607,14 +607,14 @@ impl Cudnn {
         act: &ActivationDesc,
         alpha: T::Scalar,
         y_desc: &TensorDesc<T>,
-        y: &impl DevicePtr<T>,
+        y: &impl DeviceBuffer<T>,
         dy_desc: &TensorDesc<T>,
-        dy: &impl DevicePtr<T>,
+        dy: &impl DeviceBuffer<T>,
         x_desc: &TensorDesc<T>,
-        x: &impl DevicePtr<T>,
+        x: &impl DeviceBuffer<T>,
         beta: T::Scalar,
         dx_desc: &TensorDesc<T>,
-        dx: &mut impl DevicePtrMut<T>,
+        dx: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         self.check_activation_backward(act, y_desc, dy_desc, x_desc, dx_desc)?;
         self.check_tensor("y", y_desc.layout(), y, false)?;
@@ -663,12 +663,12 @@ impl Cudnn {
         act: &ActivationDesc,
         alpha: T::Scalar,
         y_desc: &TensorDesc<T>,
-        y: &impl DevicePtr<T>,
+        y: &impl DeviceBuffer<T>,
         x_desc: &TensorDesc<T>,
-        x: &impl DevicePtr<T>,
+        x: &impl DeviceBuffer<T>,
         beta: T::Scalar,
         grad_desc: &TensorDesc<T>,
-        grad: &mut impl DevicePtrMut<T>,
+        grad: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         self.check_activation_backward(act, y_desc, grad_desc, x_desc, grad_desc)?;
         self.check_tensor("y", y_desc.layout(), y, false)?;

@@ -55,8 +55,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{DevicePtr, DevicePtrMut};
-
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::conv::{
     AlgoPerf, ConvAlgorithm, ConvBwdDataAlgo, ConvBwdFilterAlgo, ConvDesc, ConvDirection,
     ConvFwdAlgo, ConvMode, FusedActivation, MathType,
@@ -68,6 +67,7 @@ use crate::graph::{Args, ConvApi, EngineConfig, GraphSearch, Plan};
 use crate::handle::Cudnn;
 use crate::tensor::{FilterDesc, Layout, TensorDesc, TensorFormat};
 use crate::workspace::{Workspace, MAX_WORKSPACE_BYTES};
+use cudarc::driver::CudaView;
 
 /// A union search's finals take the graph plans and the legacy favourite within this factor of
 /// the first pass's best (a clear winner needs no second look).
@@ -1715,7 +1715,7 @@ impl Autotuner {
         prepared: Prepared,
         fixed: C::Algo,
         (alpha, beta): (C::Scalar, C::Scalar),
-        out: &mut impl DevicePtrMut<C::Out>,
+        out: &mut impl DeviceBufferMut<C::Out>,
     ) -> Result<Choice<C::Algo>> {
         let accumulate = beta.to_f64() != 0.0;
         let d = self.decide(
@@ -1797,13 +1797,13 @@ impl Autotuner {
         cudnn: &Cudnn,
         alpha: X::Scalar,
         x_desc: &TensorDesc<X>,
-        x: &impl DevicePtr<X>,
+        x: &impl DeviceBuffer<X>,
         w_desc: &FilterDesc<X>,
-        w: &impl DevicePtr<X>,
+        w: &impl DeviceBuffer<X>,
         conv: &ConvDesc,
         beta: X::Scalar,
         y_desc: &TensorDesc<Y>,
-        y: &mut impl DevicePtrMut<Y>,
+        y: &mut impl DeviceBufferMut<Y>,
     ) -> Result<Choice<ConvFwdAlgo>> {
         let fixed = match self.policy {
             Policy::Fixed(f) => f.forward,
@@ -1832,17 +1832,17 @@ impl Autotuner {
         cudnn: &Cudnn,
         alpha1: X::Scalar,
         x_desc: &TensorDesc<X>,
-        x: &impl DevicePtr<X>,
+        x: &impl DeviceBuffer<X>,
         w_desc: &FilterDesc<X>,
-        w: &impl DevicePtr<X>,
+        w: &impl DeviceBuffer<X>,
         conv: &ConvDesc,
         alpha2: X::Scalar,
-        z: Option<&cudarc::driver::CudaSlice<Y>>,
+        z: Option<CudaView<'_, Y>>,
         bias_desc: &TensorDesc<B>,
-        bias: &impl DevicePtr<B>,
+        bias: &impl DeviceBuffer<B>,
         activation: FusedActivation,
         y_desc: &TensorDesc<Y>,
-        y: &mut impl DevicePtrMut<Y>,
+        y: &mut impl DeviceBufferMut<Y>,
     ) -> Result<Choice<ConvFwdAlgo>> {
         let d = if activation == FusedActivation::Identity {
             Decided {
@@ -1974,8 +1974,21 @@ impl Autotuner {
         }
         self.run(cudnn, d, |algo, ws| {
             cudnn.conv_bias_activation_forward(
-                alpha1, x_desc, x, w_desc, w, conv, algo, ws, alpha2, z, bias_desc, bias,
-                activation, y_desc, y,
+                alpha1,
+                x_desc,
+                x,
+                w_desc,
+                w,
+                conv,
+                algo,
+                ws,
+                alpha2,
+                z.as_ref().map(|z| z.slice(..)),
+                bias_desc,
+                bias,
+                activation,
+                y_desc,
+                y,
             )
         })
     }
@@ -1991,13 +2004,13 @@ impl Autotuner {
         cudnn: &Cudnn,
         alpha: T::Scalar,
         w_desc: &FilterDesc<T>,
-        w: &impl DevicePtr<T>,
+        w: &impl DeviceBuffer<T>,
         dy_desc: &TensorDesc<T>,
-        dy: &impl DevicePtr<T>,
+        dy: &impl DeviceBuffer<T>,
         conv: &ConvDesc,
         beta: T::Scalar,
         dx_desc: &TensorDesc<T>,
-        dx: &mut impl DevicePtrMut<T>,
+        dx: &mut impl DeviceBufferMut<T>,
     ) -> Result<Choice<ConvBwdDataAlgo>> {
         let fixed = match self.policy {
             Policy::Fixed(f) => f.backward_data,
@@ -2027,13 +2040,13 @@ impl Autotuner {
         cudnn: &Cudnn,
         alpha: T::Scalar,
         x_desc: &TensorDesc<T>,
-        x: &impl DevicePtr<T>,
+        x: &impl DeviceBuffer<T>,
         dy_desc: &TensorDesc<T>,
-        dy: &impl DevicePtr<T>,
+        dy: &impl DeviceBuffer<T>,
         conv: &ConvDesc,
         beta: T::Scalar,
         dw_desc: &FilterDesc<T>,
-        dw: &mut impl DevicePtrMut<T>,
+        dw: &mut impl DeviceBufferMut<T>,
     ) -> Result<Choice<ConvBwdFilterAlgo>> {
         let fixed = match self.policy {
             Policy::Fixed(f) => f.backward_filter,
@@ -2078,11 +2091,11 @@ fn exec_plan<'a, TA: DataType, TB: DataType, TC: DataType, TO: DataType>(
     ids: Ids,
     ws: &mut Workspace,
     (a, b, bias): (
-        &'a impl DevicePtr<TA>,
-        &'a impl DevicePtr<TB>,
-        Option<&'a impl DevicePtr<TC>>,
+        &'a impl DeviceBuffer<TA>,
+        &'a impl DeviceBuffer<TB>,
+        Option<&'a impl DeviceBuffer<TC>>,
     ),
-    out: &'a mut impl DevicePtrMut<TO>,
+    out: &'a mut impl DeviceBufferMut<TO>,
 ) -> Result<()> {
     let mut args = Args::new(cudnn);
     args.input(ids.a, a)?.input(ids.b, b)?;
@@ -2095,7 +2108,7 @@ fn exec_plan<'a, TA: DataType, TB: DataType, TC: DataType, TO: DataType>(
 
 /// The trials of a union search writing `out`: a graph plan, or the legacy favourite `algo` with
 /// `alpha = 1, beta = 0` as the graph computes.
-fn trial<'a, C: ConvCall, O: DevicePtrMut<C::Out>>(
+fn trial<'a, C: ConvCall, O: DeviceBufferMut<C::Out>>(
     call: &'a C,
     algo: C::Algo,
     out: &'a mut O,
@@ -2129,7 +2142,7 @@ trait ConvCall {
     /// cuDNN's benchmark of every algorithm, writing `out`.
     fn find(
         &self,
-        out: &mut impl DevicePtrMut<Self::Out>,
+        out: &mut impl DeviceBufferMut<Self::Out>,
         ws: &mut Workspace,
     ) -> Result<Vec<AlgoPerf<Self::Algo>>>;
     /// The legacy call with `algo` and `(alpha, beta)`, writing `out`.
@@ -2138,7 +2151,7 @@ trait ConvCall {
         algo: Self::Algo,
         alpha_beta: (Self::Scalar, Self::Scalar),
         ws: &mut Workspace,
-        out: &mut impl DevicePtrMut<Self::Out>,
+        out: &mut impl DeviceBufferMut<Self::Out>,
     ) -> Result<()>;
     /// Whether the graph path can express the problem ([`gunion::eligible`]).
     fn eligible(&self) -> bool;
@@ -2150,7 +2163,7 @@ trait ConvCall {
         plan: &Plan,
         ids: Ids,
         ws: &mut Workspace,
-        out: &mut impl DevicePtrMut<Self::Out>,
+        out: &mut impl DeviceBufferMut<Self::Out>,
     ) -> Result<()>;
 }
 
@@ -2165,8 +2178,8 @@ struct Fwd<'a, X: DataType, Y: DataType, XB, WB>(
     &'a TensorDesc<Y>,
 );
 
-impl<X: DataType, Y: DataType<Scalar = X::Scalar>, XB: DevicePtr<X>, WB: DevicePtr<X>> ConvCall
-    for Fwd<'_, X, Y, XB, WB>
+impl<X: DataType, Y: DataType<Scalar = X::Scalar>, XB: DeviceBuffer<X>, WB: DeviceBuffer<X>>
+    ConvCall for Fwd<'_, X, Y, XB, WB>
 {
     type Algo = ConvFwdAlgo;
     type Out = Y;
@@ -2184,7 +2197,7 @@ impl<X: DataType, Y: DataType<Scalar = X::Scalar>, XB: DevicePtr<X>, WB: DeviceP
     }
     fn find(
         &self,
-        y: &mut impl DevicePtrMut<Y>,
+        y: &mut impl DeviceBufferMut<Y>,
         ws: &mut Workspace,
     ) -> Result<Vec<AlgoPerf<ConvFwdAlgo>>> {
         let Fwd(cudnn, x_desc, x, w_desc, w, conv, y_desc) = *self;
@@ -2195,7 +2208,7 @@ impl<X: DataType, Y: DataType<Scalar = X::Scalar>, XB: DevicePtr<X>, WB: DeviceP
         algo: ConvFwdAlgo,
         (alpha, beta): (X::Scalar, X::Scalar),
         ws: &mut Workspace,
-        y: &mut impl DevicePtrMut<Y>,
+        y: &mut impl DeviceBufferMut<Y>,
     ) -> Result<()> {
         let Fwd(cudnn, x_desc, x, w_desc, w, conv, y_desc) = *self;
         cudnn.conv_forward(alpha, x_desc, x, w_desc, w, conv, algo, ws, beta, y_desc, y)
@@ -2213,7 +2226,7 @@ impl<X: DataType, Y: DataType<Scalar = X::Scalar>, XB: DevicePtr<X>, WB: DeviceP
         plan: &Plan,
         ids: Ids,
         ws: &mut Workspace,
-        y: &mut impl DevicePtrMut<Y>,
+        y: &mut impl DeviceBufferMut<Y>,
     ) -> Result<()> {
         exec_plan(self.0, plan, ids, ws, (self.2, self.4, NO_BIAS), y)
     }
@@ -2231,7 +2244,7 @@ struct Dgrad<'a, T: DataType, WB, DYB>(
     &'a TensorDesc<T>,
 );
 
-impl<T: DataType, WB: DevicePtr<T>, DYB: DevicePtr<T>> ConvCall for Dgrad<'_, T, WB, DYB> {
+impl<T: DataType, WB: DeviceBuffer<T>, DYB: DeviceBuffer<T>> ConvCall for Dgrad<'_, T, WB, DYB> {
     type Algo = ConvBwdDataAlgo;
     type Out = T;
     type Scalar = T::Scalar;
@@ -2248,7 +2261,7 @@ impl<T: DataType, WB: DevicePtr<T>, DYB: DevicePtr<T>> ConvCall for Dgrad<'_, T,
     }
     fn find(
         &self,
-        dx: &mut impl DevicePtrMut<T>,
+        dx: &mut impl DeviceBufferMut<T>,
         ws: &mut Workspace,
     ) -> Result<Vec<AlgoPerf<ConvBwdDataAlgo>>> {
         let Dgrad(cudnn, w_desc, w, dy_desc, dy, conv, dx_desc) = *self;
@@ -2259,7 +2272,7 @@ impl<T: DataType, WB: DevicePtr<T>, DYB: DevicePtr<T>> ConvCall for Dgrad<'_, T,
         algo: ConvBwdDataAlgo,
         (alpha, beta): (T::Scalar, T::Scalar),
         ws: &mut Workspace,
-        dx: &mut impl DevicePtrMut<T>,
+        dx: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         let Dgrad(cudnn, w_desc, w, dy_desc, dy, conv, dx_desc) = *self;
         cudnn.conv_backward_data(
@@ -2279,7 +2292,7 @@ impl<T: DataType, WB: DevicePtr<T>, DYB: DevicePtr<T>> ConvCall for Dgrad<'_, T,
         plan: &Plan,
         ids: Ids,
         ws: &mut Workspace,
-        dx: &mut impl DevicePtrMut<T>,
+        dx: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         exec_plan(self.0, plan, ids, ws, (self.4, self.2, NO_BIAS), dx)
     }
@@ -2297,7 +2310,7 @@ struct Wgrad<'a, T: DataType, XB, DYB>(
     &'a FilterDesc<T>,
 );
 
-impl<T: DataType, XB: DevicePtr<T>, DYB: DevicePtr<T>> ConvCall for Wgrad<'_, T, XB, DYB> {
+impl<T: DataType, XB: DeviceBuffer<T>, DYB: DeviceBuffer<T>> ConvCall for Wgrad<'_, T, XB, DYB> {
     type Algo = ConvBwdFilterAlgo;
     type Out = T;
     type Scalar = T::Scalar;
@@ -2314,7 +2327,7 @@ impl<T: DataType, XB: DevicePtr<T>, DYB: DevicePtr<T>> ConvCall for Wgrad<'_, T,
     }
     fn find(
         &self,
-        dw: &mut impl DevicePtrMut<T>,
+        dw: &mut impl DeviceBufferMut<T>,
         ws: &mut Workspace,
     ) -> Result<Vec<AlgoPerf<ConvBwdFilterAlgo>>> {
         let Wgrad(cudnn, x_desc, x, dy_desc, dy, conv, dw_desc) = *self;
@@ -2325,7 +2338,7 @@ impl<T: DataType, XB: DevicePtr<T>, DYB: DevicePtr<T>> ConvCall for Wgrad<'_, T,
         algo: ConvBwdFilterAlgo,
         (alpha, beta): (T::Scalar, T::Scalar),
         ws: &mut Workspace,
-        dw: &mut impl DevicePtrMut<T>,
+        dw: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         let Wgrad(cudnn, x_desc, x, dy_desc, dy, conv, dw_desc) = *self;
         cudnn.conv_backward_filter(
@@ -2345,7 +2358,7 @@ impl<T: DataType, XB: DevicePtr<T>, DYB: DevicePtr<T>> ConvCall for Wgrad<'_, T,
         plan: &Plan,
         ids: Ids,
         ws: &mut Workspace,
-        dw: &mut impl DevicePtrMut<T>,
+        dw: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         exec_plan(self.0, plan, ids, ws, (self.2, self.4, NO_BIAS), dw)
     }

@@ -48,8 +48,8 @@ impl Cudnn {
 }
 
 /// The device address of an optional input (null when absent) and its stream-ordering guard.
-pub(crate) fn opt_ptr<'a, 'b: 'a, T>(
-    buf: Option<&'a (dyn DevicePtr<T> + 'b)>,
+pub(crate) fn opt_ptr<'a, T, B: DevicePtr<T>>(
+    buf: Option<&'a B>,
     stream: &'a CudaStream,
 ) -> (*const c_void, Option<SyncOnDrop<'a>>) {
     match buf {
@@ -62,8 +62,8 @@ pub(crate) fn opt_ptr<'a, 'b: 'a, T>(
 }
 
 /// The device address of an optional output (null when absent) and its stream-ordering guard.
-pub(crate) fn opt_ptr_mut<'a, 'b: 'a, T>(
-    buf: Option<&'a mut (dyn DevicePtrMut<T> + 'b)>,
+pub(crate) fn opt_ptr_mut<'a, T, B: DevicePtrMut<T>>(
+    buf: Option<&'a mut B>,
     stream: &'a CudaStream,
 ) -> (*mut c_void, Option<SyncOnDrop<'a>>) {
     match buf {

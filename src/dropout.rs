@@ -38,6 +38,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice, DevicePtr, DevicePtrMut};
 use cudnn_safe_sys as sys;
 
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -396,9 +397,9 @@ impl Cudnn {
         &self,
         dropout: &mut Dropout,
         x_desc: &TensorDesc<T>,
-        x: &impl DevicePtr<T>,
+        x: &impl DeviceBuffer<T>,
         y_desc: &TensorDesc<T>,
-        y: &mut impl DevicePtrMut<T>,
+        y: &mut impl DeviceBufferMut<T>,
     ) -> Result<DropoutReserve> {
         check_dtype::<T>("dropout forward")?;
         if x_desc.dims() != y_desc.dims() {
@@ -477,9 +478,9 @@ impl Cudnn {
         dropout: &Dropout,
         reserve: &DropoutReserve,
         dy_desc: &TensorDesc<T>,
-        dy: &impl DevicePtr<T>,
+        dy: &impl DeviceBuffer<T>,
         dx_desc: &TensorDesc<T>,
-        dx: &mut impl DevicePtrMut<T>,
+        dx: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         check_dtype::<T>("dropout backward")?;
         if reserve.dropout_id != dropout.id() {

@@ -48,6 +48,7 @@
 pub mod activation;
 mod autotune;
 pub mod blas;
+pub mod buffer;
 mod checks;
 pub mod conv;
 pub mod dropout;
@@ -72,6 +73,7 @@ pub use autotune::{
     Autotuner, Candidate, Choice, FixedAlgos, Policy, Source, TunerStats, WarmUp, CACHE_ENV,
     DEFAULT_FINALISTS, DEFAULT_FINAL_SOLO_MS, DEFAULT_GRAPH_PLANS, DEFAULT_REFINE_KNOBS,
 };
+pub use buffer::{DeviceBuffer, DeviceBufferMut};
 pub use dropout::{Dropout, DropoutReserve};
 pub use dtype::{DType, DataType, Scalar};
 pub use error::{Error, LoadError, Result, Status, StatusFamily};

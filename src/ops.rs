@@ -6,9 +6,9 @@
 //! passed as the scalar type cuDNN reads for the tensors' dtype.
 use std::ffi::c_void;
 
-use cudarc::driver::{DevicePtr, DevicePtrMut};
 use cudnn_safe_sys as sys;
 
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -216,10 +216,10 @@ impl Cudnn {
         &self,
         alpha: T::Scalar,
         a_desc: &TensorDesc<T>,
-        a: &impl DevicePtr<T>,
+        a: &impl DeviceBuffer<T>,
         beta: T::Scalar,
         c_desc: &TensorDesc<T>,
-        c: &mut impl DevicePtrMut<T>,
+        c: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         let (ad, cd) = (a_desc.dims(), c_desc.dims());
         if ad.len() != cd.len() || ad.iter().zip(cd).any(|(&x, &y)| x != y && x != 1) {
@@ -259,7 +259,7 @@ impl Cudnn {
     pub fn scale_tensor<T: DataType>(
         &self,
         y_desc: &TensorDesc<T>,
-        y: &mut impl DevicePtrMut<T>,
+        y: &mut impl DeviceBufferMut<T>,
         alpha: T::Scalar,
     ) -> Result<()> {
         self.check_tensor("y", y_desc.layout(), y, true)?;
@@ -290,7 +290,7 @@ impl Cudnn {
     pub fn set_tensor<T: DataType>(
         &self,
         y_desc: &TensorDesc<T>,
-        y: &mut impl DevicePtrMut<T>,
+        y: &mut impl DeviceBufferMut<T>,
         value: T,
     ) -> Result<()> {
         self.check_tensor("y", y_desc.layout(), y, true)?;
@@ -322,10 +322,10 @@ impl Cudnn {
         &self,
         alpha: X::Scalar,
         x_desc: &TensorDesc<X>,
-        x: &impl DevicePtr<X>,
+        x: &impl DeviceBuffer<X>,
         beta: X::Scalar,
         y_desc: &TensorDesc<Y>,
-        y: &mut impl DevicePtrMut<Y>,
+        y: &mut impl DeviceBufferMut<Y>,
     ) -> Result<()> {
         if x_desc.dims() != y_desc.dims() {
             return Err(Error::ShapeMismatch {
@@ -399,13 +399,13 @@ impl Cudnn {
         op: OpTensorOp,
         alpha1: T::Scalar,
         a_desc: &TensorDesc<T>,
-        a: &impl DevicePtr<T>,
+        a: &impl DeviceBuffer<T>,
         alpha2: T::Scalar,
         b_desc: &TensorDesc<T>,
-        b: &impl DevicePtr<T>,
+        b: &impl DeviceBuffer<T>,
         beta: T::Scalar,
         c_desc: &TensorDesc<T>,
-        c: &mut impl DevicePtrMut<T>,
+        c: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         check_op_tensor_dtype::<T>()?;
         check_op_tensor_shapes(a_desc, b_desc, c_desc)?;
@@ -455,10 +455,10 @@ impl Cudnn {
         alpha1: T::Scalar,
         alpha2: T::Scalar,
         b_desc: &TensorDesc<T>,
-        b: &impl DevicePtr<T>,
+        b: &impl DeviceBuffer<T>,
         beta: T::Scalar,
         c_desc: &TensorDesc<T>,
-        c: &mut impl DevicePtrMut<T>,
+        c: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         check_op_tensor_dtype::<T>()?;
         check_op_tensor_shapes(c_desc, b_desc, c_desc)?;
@@ -502,10 +502,10 @@ impl Cudnn {
         op: OpTensorOp,
         alpha: T::Scalar,
         a_desc: &TensorDesc<T>,
-        a: &impl DevicePtr<T>,
+        a: &impl DeviceBuffer<T>,
         beta: T::Scalar,
         c_desc: &TensorDesc<T>,
-        c: &mut impl DevicePtrMut<T>,
+        c: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         if !op.is_unary() {
             return Err(Error::invalid(

@@ -35,11 +35,11 @@
 use std::ffi::{c_int, c_void};
 use std::fmt;
 
-use cudarc::driver::{DevicePtr, DevicePtrMut};
 use cudnn_safe_sys as sys;
 
 pub use crate::activation::NanPropagation;
 use crate::activation::{check_float, grad_strides_match, same_dims};
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -418,10 +418,10 @@ impl Cudnn {
         pool: &PoolingDesc,
         alpha: T::Scalar,
         x_desc: &TensorDesc<T>,
-        x: &impl DevicePtr<T>,
+        x: &impl DeviceBuffer<T>,
         beta: T::Scalar,
         y_desc: &TensorDesc<T>,
-        y: &mut impl DevicePtrMut<T>,
+        y: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         check_float::<T>("pooling")?;
         pool.check_output_dims(x_desc.dims(), y_desc.dims())?;
@@ -466,14 +466,14 @@ impl Cudnn {
         pool: &PoolingDesc,
         alpha: T::Scalar,
         y_desc: &TensorDesc<T>,
-        y: &impl DevicePtr<T>,
+        y: &impl DeviceBuffer<T>,
         dy_desc: &TensorDesc<T>,
-        dy: &impl DevicePtr<T>,
+        dy: &impl DeviceBuffer<T>,
         x_desc: &TensorDesc<T>,
-        x: &impl DevicePtr<T>,
+        x: &impl DeviceBuffer<T>,
         beta: T::Scalar,
         dx_desc: &TensorDesc<T>,
-        dx: &mut impl DevicePtrMut<T>,
+        dx: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         check_float::<T>("pooling backward")?;
         pool.check_output_dims(x_desc.dims(), y_desc.dims())?;

@@ -27,9 +27,9 @@
 use std::ffi::c_void;
 use std::marker::PhantomData;
 
-use cudarc::driver::{DevicePtr, DevicePtrMut};
 use cudnn_safe_sys as sys;
 
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -317,13 +317,13 @@ fn index_elements(bytes: usize) -> usize {
 /// Every check of a reduction that needs no cuDNN query, in the order the launch runs them;
 /// returns the compute type.
 #[allow(clippy::too_many_arguments)] // the launch's arguments
-fn validate<A: DataType, C: DataType, I: DevicePtrMut<u32>>(
+fn validate<A: DataType, C: DataType, I: DeviceBufferMut<u32>>(
     cudnn: &Cudnn,
     op: ReduceOp,
     a_desc: &TensorDesc<A>,
-    a: &impl DevicePtr<A>,
+    a: &impl DeviceBuffer<A>,
     c_desc: &TensorDesc<C>,
-    c: &impl DevicePtrMut<C>,
+    c: &impl DeviceBufferMut<C>,
     indices: Option<&I>,
     workspace: &Workspace,
 ) -> Result<sys::cudnnDataType_t> {
@@ -378,7 +378,11 @@ fn is_abs_on_one_element(op: ReduceOp) -> bool {
 }
 
 /// Index 0 for every output of a reduction over one element.
-fn zero_indices<I: DevicePtrMut<u32>>(cudnn: &Cudnn, indices: &mut I, count: usize) -> Result<()> {
+fn zero_indices<I: DeviceBufferMut<u32>>(
+    cudnn: &Cudnn,
+    indices: &mut I,
+    count: usize,
+) -> Result<()> {
     cudnn.check_buffer("indices", indices, count)?;
     cudnn
         .stream()
@@ -393,10 +397,10 @@ fn abs_copy<T: DataType>(
     cudnn: &Cudnn,
     alpha: T::Scalar,
     a_desc: &TensorDesc<T>,
-    a: &impl DevicePtr<T>,
+    a: &impl DeviceBuffer<T>,
     beta: T::Scalar,
     c_desc: &TensorDesc<T>,
-    c: &mut impl DevicePtrMut<T>,
+    c: &mut impl DeviceBufferMut<T>,
 ) -> Result<()> {
     use crate::dtype::Scalar;
     use crate::ops::OpTensorOp;
@@ -550,10 +554,10 @@ fn launch_f32_detour<A: DataType, C: DataType<Scalar = A::Scalar>>(
     op: ReduceOp,
     alpha: A::Scalar,
     a_desc: &TensorDesc<A>,
-    a: &impl DevicePtr<A>,
+    a: &impl DeviceBuffer<A>,
     beta: A::Scalar,
     c_desc: &TensorDesc<C>,
-    c: &mut impl DevicePtrMut<C>,
+    c: &mut impl DeviceBufferMut<C>,
     workspace: &mut Workspace,
 ) -> Result<()> {
     use crate::dtype::Scalar;
@@ -685,15 +689,15 @@ fn workspace_requirement<A: DataType, C: DataType>(
 
 /// The checked launch behind every public reduction.
 #[allow(clippy::too_many_arguments)] // mirrors cudnnReduceTensor
-fn launch_reduce<A: DataType, C: DataType<Scalar = A::Scalar>, I: DevicePtrMut<u32>>(
+fn launch_reduce<A: DataType, C: DataType<Scalar = A::Scalar>, I: DeviceBufferMut<u32>>(
     cudnn: &Cudnn,
     op: ReduceOp,
     alpha: A::Scalar,
     a_desc: &TensorDesc<A>,
-    a: &impl DevicePtr<A>,
+    a: &impl DeviceBuffer<A>,
     beta: A::Scalar,
     c_desc: &TensorDesc<C>,
-    c: &mut impl DevicePtrMut<C>,
+    c: &mut impl DeviceBufferMut<C>,
     indices: Option<&mut I>,
     workspace: &mut Workspace,
 ) -> Result<()> {
@@ -818,10 +822,10 @@ impl Cudnn {
         op: ReduceOp,
         alpha: T::Scalar,
         a_desc: &TensorDesc<T>,
-        a: &impl DevicePtr<T>,
+        a: &impl DeviceBuffer<T>,
         beta: T::Scalar,
         c_desc: &TensorDesc<T>,
-        c: &mut impl DevicePtrMut<T>,
+        c: &mut impl DeviceBufferMut<T>,
         workspace: &mut Workspace,
     ) -> Result<()> {
         if reduces_nothing(a_desc, c_desc) && is_abs_on_one_element(op) {
@@ -869,10 +873,10 @@ impl Cudnn {
         op: ReduceOp,
         alpha: A::Scalar,
         a_desc: &TensorDesc<A>,
-        a: &impl DevicePtr<A>,
+        a: &impl DeviceBuffer<A>,
         beta: A::Scalar,
         c_desc: &TensorDesc<C>,
-        c: &mut impl DevicePtrMut<C>,
+        c: &mut impl DeviceBufferMut<C>,
         workspace: &mut Workspace,
     ) -> Result<()> {
         launch_reduce(
@@ -915,11 +919,11 @@ impl Cudnn {
         op: ReduceOp,
         alpha: T::Scalar,
         a_desc: &TensorDesc<T>,
-        a: &impl DevicePtr<T>,
+        a: &impl DeviceBuffer<T>,
         beta: T::Scalar,
         c_desc: &TensorDesc<T>,
-        c: &mut impl DevicePtrMut<T>,
-        indices: &mut impl DevicePtrMut<u32>,
+        c: &mut impl DeviceBufferMut<T>,
+        indices: &mut impl DeviceBufferMut<u32>,
         workspace: &mut Workspace,
     ) -> Result<()> {
         if reduces_nothing(a_desc, c_desc) && is_abs_on_one_element(op) {

@@ -27,10 +27,10 @@
 //! ```
 use std::ffi::c_void;
 
-use cudarc::driver::{DevicePtr, DevicePtrMut};
 use cudnn_safe_sys as sys;
 
 use crate::activation::{check_float, check_nd, same_dims};
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -173,10 +173,10 @@ impl Cudnn {
         mode: SoftmaxMode,
         alpha: T::Scalar,
         x_desc: &TensorDesc<T>,
-        x: &impl DevicePtr<T>,
+        x: &impl DeviceBuffer<T>,
         beta: T::Scalar,
         y_desc: &TensorDesc<T>,
-        y: &mut impl DevicePtrMut<T>,
+        y: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         check_float::<T>("softmax")?;
         check_nd("softmax tensor", x_desc.layout())?;
@@ -226,12 +226,12 @@ impl Cudnn {
         mode: SoftmaxMode,
         alpha: T::Scalar,
         y_desc: &TensorDesc<T>,
-        y: &impl DevicePtr<T>,
+        y: &impl DeviceBuffer<T>,
         dy_desc: &TensorDesc<T>,
-        dy: &impl DevicePtr<T>,
+        dy: &impl DeviceBuffer<T>,
         beta: T::Scalar,
         dx_desc: &TensorDesc<T>,
-        dx: &mut impl DevicePtrMut<T>,
+        dx: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         check_float::<T>("softmax backward")?;
         check_nd("softmax tensor", y_desc.layout())?;

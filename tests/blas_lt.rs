@@ -285,17 +285,11 @@ fn try_run_case<T: LtElement>(
     let mut aux = stream.clone_htod(&aux_h).unwrap();
     let epi = match e {
         Epilogue::None | Epilogue::Relu | Epilogue::Gelu => EpilogueData::None,
-        Epilogue::Bias | Epilogue::BiasRelu | Epilogue::BiasGelu => EpilogueData::Bias(&bias),
-        Epilogue::BiasGrad => EpilogueData::BiasGrad(&mut bias),
-        Epilogue::BiasGeluAux => EpilogueData::BiasAux {
-            bias: &bias,
-            aux: &mut aux,
-        },
-        Epilogue::DGelu => EpilogueData::Aux(&aux),
-        Epilogue::DGeluBiasGrad => EpilogueData::AuxBiasGrad {
-            aux: &aux,
-            bias_grad: &mut bias,
-        },
+        Epilogue::Bias | Epilogue::BiasRelu | Epilogue::BiasGelu => EpilogueData::bias(&bias),
+        Epilogue::BiasGrad => EpilogueData::bias_grad(&mut bias),
+        Epilogue::BiasGeluAux => EpilogueData::bias_aux(&bias, &mut aux),
+        Epilogue::DGelu => EpilogueData::aux(&aux),
+        Epilogue::DGeluBiasGrad => EpilogueData::aux_bias_grad(&aux, &mut bias),
     };
     let what = format!("{label}: {op} {} alpha {alpha} beta {beta}", T::DTYPE);
     let choice = match candidate {
@@ -507,7 +501,7 @@ fn bias_gradient_of_a_linear_layer() {
         &x,
         0.0,
         &mut dw,
-        EpilogueData::BiasGrad(&mut db),
+        EpilogueData::bias_grad(&mut db),
     )
     .unwrap();
     let dw_got = stream.clone_dtoh(&dw).unwrap();
@@ -557,7 +551,7 @@ fn large_bf16_linear_with_bias_gelu() {
     let w = stream.clone_htod(&w_h).unwrap();
     let b = stream.clone_htod(&b_h).unwrap();
     let mut y = stream.clone_htod(&vec![bf16::NAN; m * n]).unwrap();
-    lt.matmul(&op, 1.0, &x, &w, 0.0, &mut y, EpilogueData::Bias(&b))
+    lt.matmul(&op, 1.0, &x, &w, 0.0, &mut y, EpilogueData::bias(&b))
         .unwrap();
     let y_h = stream.clone_dtoh(&y).unwrap();
     assert!(
@@ -783,7 +777,7 @@ fn misaligned_views_get_suitable_algorithms_or_are_refused() {
         &b,
         0.0,
         &mut d,
-        EpilogueData::Bias(&bias),
+        EpilogueData::bias(&bias),
     );
     assert!(
         matches!(
@@ -804,7 +798,7 @@ fn misaligned_views_get_suitable_algorithms_or_are_refused() {
         &b,
         0.0,
         &mut d,
-        EpilogueData::Bias(&bias),
+        EpilogueData::bias(&bias),
     ) {
         Ok(choice) => {
             assert!(choice.candidate.alignment() <= 2);
@@ -855,7 +849,7 @@ fn bad_arguments_are_rejected_before_launch() {
         &b,
         0.0,
         &mut d,
-        EpilogueData::Bias(&bias),
+        EpilogueData::bias(&bias),
     );
     assert!(
         matches!(r, Err(Error::BufferTooSmall { name: "a", .. })),
@@ -869,7 +863,7 @@ fn bad_arguments_are_rejected_before_launch() {
         &short_b,
         0.0,
         &mut d,
-        EpilogueData::Bias(&bias),
+        EpilogueData::bias(&bias),
     );
     assert!(
         matches!(r, Err(Error::BufferTooSmall { name: "b", .. })),
@@ -883,7 +877,7 @@ fn bad_arguments_are_rejected_before_launch() {
         &b,
         0.0,
         &mut d,
-        EpilogueData::Bias(&short_bias),
+        EpilogueData::bias(&short_bias),
     );
     assert!(
         matches!(r, Err(Error::BufferTooSmall { name: "bias", .. })),
@@ -902,7 +896,7 @@ fn bad_arguments_are_rejected_before_launch() {
         "{r:?}"
     );
     let plain = op.epilogue(Epilogue::None);
-    let r = lt.matmul(&plain, 1.0, &a, &b, 0.0, &mut d, EpilogueData::Bias(&bias));
+    let r = lt.matmul(&plain, 1.0, &a, &b, 0.0, &mut d, EpilogueData::bias(&bias));
     assert!(
         matches!(
             r,
@@ -915,7 +909,7 @@ fn bad_arguments_are_rejected_before_launch() {
     );
     // An input bias where the epilogue writes a gradient.
     let grad = op.epilogue(Epilogue::BiasGrad);
-    let r = lt.matmul(&grad, 1.0, &a, &b, 0.0, &mut d, EpilogueData::Bias(&bias));
+    let r = lt.matmul(&grad, 1.0, &a, &b, 0.0, &mut d, EpilogueData::bias(&bias));
     assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
     assert_untouched("d", &stream, &d, &before);
 
@@ -929,7 +923,7 @@ fn bad_arguments_are_rejected_before_launch() {
         &b,
         0.0,
         &mut short_d,
-        EpilogueData::Bias(&bias),
+        EpilogueData::bias(&bias),
     );
     assert!(
         matches!(r, Err(Error::BufferTooSmall { name: "d", .. })),
@@ -948,7 +942,7 @@ fn bad_arguments_are_rejected_before_launch() {
         &b,
         0.0,
         &mut d,
-        EpilogueData::BiasGrad(&mut db),
+        EpilogueData::bias_grad(&mut db),
     );
     assert!(
         matches!(
@@ -976,10 +970,7 @@ fn bad_arguments_are_rejected_before_launch() {
         &b,
         0.0,
         &mut d,
-        EpilogueData::BiasAux {
-            bias: &bias,
-            aux: &mut aux,
-        },
+        EpilogueData::bias_aux(&bias, &mut aux),
     );
     assert!(
         matches!(r, Err(Error::BufferTooSmall { name: "aux", .. })),
@@ -1002,7 +993,7 @@ fn bad_arguments_are_rejected_before_launch() {
         &h,
         0.0,
         &mut hd,
-        EpilogueData::Bias(&hb),
+        EpilogueData::bias(&hb),
     );
     assert!(matches!(r, Err(Error::UnsupportedDataType { .. })), "{r:?}");
     assert_untouched(
@@ -1049,23 +1040,23 @@ fn buffers_of_another_context_are_rejected() {
         .unwrap();
     let mut fd = other_stream.clone_htod(&before).unwrap();
 
-    let r = lt.matmul(&op, 1.0, &fa, &b, 0.0, &mut d, EpilogueData::Bias(&bias));
+    let r = lt.matmul(&op, 1.0, &fa, &b, 0.0, &mut d, EpilogueData::bias(&bias));
     assert!(
         matches!(r, Err(Error::ForeignContext { name: "a", .. })),
         "{r:?}"
     );
-    let r = lt.matmul(&op, 1.0, &a, &fb, 0.0, &mut d, EpilogueData::Bias(&bias));
+    let r = lt.matmul(&op, 1.0, &a, &fb, 0.0, &mut d, EpilogueData::bias(&bias));
     assert!(
         matches!(r, Err(Error::ForeignContext { name: "b", .. })),
         "{r:?}"
     );
-    let r = lt.matmul(&op, 1.0, &a, &b, 0.0, &mut d, EpilogueData::Bias(&fbias));
+    let r = lt.matmul(&op, 1.0, &a, &b, 0.0, &mut d, EpilogueData::bias(&fbias));
     assert!(
         matches!(r, Err(Error::ForeignContext { name: "bias", .. })),
         "{r:?}"
     );
     assert_untouched("d", &stream, &d, &before);
-    let r = lt.matmul(&op, 1.0, &a, &b, 0.0, &mut fd, EpilogueData::Bias(&bias));
+    let r = lt.matmul(&op, 1.0, &a, &b, 0.0, &mut fd, EpilogueData::bias(&bias));
     assert!(
         matches!(r, Err(Error::ForeignContext { name: "d", .. })),
         "{r:?}"

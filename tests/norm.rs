@@ -20,7 +20,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::norm::{
     BatchNorm, BatchNormMode, BatchNormOps, BatchNormSaved, FeatureLayout, GroupNorm, LayerNorm,
@@ -712,7 +712,11 @@ fn bn_ex_case<T: NormType>(
     } else {
         upload(stream, layout, &vec![T::from_f64(SENTINEL); count])
     };
-    let zarg: Option<&dyn DevicePtr<T>> = if ops.has_add() { Some(&z) } else { None };
+    let zarg = if ops.has_add() {
+        Some(z.as_view())
+    } else {
+        None
+    };
     let factor = 0.125;
     let r = cudnn.batch_norm_forward_training_ex(
         &bn,
@@ -763,7 +767,8 @@ fn bn_ex_case<T: NormType>(
             }
         })
         .collect();
-    let ygot = download(stream, &y);
+    // The Ex forward keeps y borrowed for the backward (whose ReLU gradient reads it).
+    let ygot = download(stream, &saved.y().expect("the Ex forward holds y"));
     check_strided(
         &format!("{what} y"),
         &ygot,
@@ -832,9 +837,11 @@ fn bn_ex_case<T: NormType>(
     let mut dscale = dev(stream, &ds_prior);
     let db_prior: Vec<T::Param> = rng.values(nstats);
     let mut dbias = dev(stream, &db_prior);
-    let yarg: Option<&dyn DevicePtr<T>> = if ops.has_activation() { Some(&y) } else { None };
-    let dzarg: Option<&mut dyn cudnn_safe::cudarc::driver::DevicePtrMut<T>> =
-        if ops.has_add() { Some(&mut dz) } else { None };
+    let dzarg = if ops.has_add() {
+        Some(dz.as_view_mut())
+    } else {
+        None
+    };
     let (ap, bp) = (0.5, 0.25);
     cudnn
         .batch_norm_backward_ex(
@@ -845,7 +852,6 @@ fn bn_ex_case<T: NormType>(
             sc::<T>(ap),
             sc::<T>(bp),
             &x,
-            yarg,
             &dy,
             dzarg,
             &mut dx,
@@ -1167,7 +1173,7 @@ fn batch_norm_rejections_leave_outputs_untouched() {
         one,
         zero,
         &x,
-        Some(&x_copy),
+        Some(x_copy.as_view()),
         &mut y,
         &scale,
         &bias,
@@ -1196,8 +1202,8 @@ fn batch_norm_rejections_leave_outputs_untouched() {
     let mut plain = saved;
     let (mut dx, dxb) = sentinel_buffer::<f32>(&stream, n);
     let r = cudnn.batch_norm_backward_ex(
-        &bn, &mut plain, one, zero, one, zero, &x, None, &dy, None, &mut dx, &scale, &bias,
-        &mut ds, &mut db, &mut ws,
+        &bn, &mut plain, one, zero, one, zero, &x, &dy, None, &mut dx, &scale, &bias, &mut ds,
+        &mut db, &mut ws,
     );
     assert!(
         is_err_kind(&r, "InvalidArgument"),
@@ -1248,19 +1254,14 @@ fn batch_norm_fused_saved_values_are_checked() {
         is_err_kind(&r, "InvalidArgument"),
         "plain backward of BnRelu: {r:?}"
     );
-    // y is needed, and must be the forward's output.
-    let y_copy = dev(&stream, &download(&stream, &y));
-    for yarg in [None, Some(&y_copy as &dyn DevicePtr<f16>)] {
-        let r = cudnn.batch_norm_backward_ex(
-            &bn, &mut saved, 1.0, 0.0, 1.0, 0.0, &x, yarg, &dy, None, &mut dx, &scale, &bias,
-            &mut ds, &mut db, &mut ws,
-        );
-        assert!(
-            is_err_kind(&r, "InvalidArgument"),
-            "y {}: {r:?}",
-            yarg.is_some()
-        );
-    }
+    // y comes from `saved` (the forward keeps it borrowed), so no other buffer can stand in for
+    // it; x is still checked to be the forward's.
+    let x_copy = dev(&stream, &download(&stream, &x));
+    let r = cudnn.batch_norm_backward_ex(
+        &bn, &mut saved, 1.0, 0.0, 1.0, 0.0, &x_copy, &dy, None, &mut dx, &scale, &bias, &mut ds,
+        &mut db, &mut ws,
+    );
+    assert!(is_err_kind(&r, "InvalidArgument"), "another x: {r:?}");
     // dz is not an output of BnRelu.
     let (mut dz, dzb) = sentinel_buffer::<f16>(&stream, n);
     let r = cudnn.batch_norm_backward_ex(
@@ -1271,9 +1272,8 @@ fn batch_norm_fused_saved_values_are_checked() {
         1.0,
         0.0,
         &x,
-        Some(&y),
         &dy,
-        Some(&mut dz),
+        Some(dz.as_view_mut()),
         &mut dx,
         &scale,
         &bias,
@@ -1289,22 +1289,8 @@ fn batch_norm_fused_saved_values_are_checked() {
     // The matching call works.
     cudnn
         .batch_norm_backward_ex(
-            &bn,
-            &mut saved,
-            1.0,
-            0.0,
-            1.0,
-            0.0,
-            &x,
-            Some(&y),
-            &dy,
-            None,
-            &mut dx,
-            &scale,
-            &bias,
-            &mut ds,
-            &mut db,
-            &mut ws,
+            &bn, &mut saved, 1.0, 0.0, 1.0, 0.0, &x, &dy, None, &mut dx, &scale, &bias, &mut ds,
+            &mut db, &mut ws,
         )
         .unwrap();
 }
@@ -1378,14 +1364,14 @@ impl<T: NormType> Norm<T> {
             Norm::Group(n) => cudnn.group_norm_forward(n, x, g, b, y),
         }
     }
-    fn forward_training(
+    fn forward_training<'x>(
         &self,
         cudnn: &Cudnn,
-        x: &CudaSlice<T>,
+        x: &'x CudaSlice<T>,
         g: &CudaSlice<T>,
         b: &CudaSlice<T>,
         y: &mut CudaSlice<T>,
-    ) -> Result<cudnn_safe::norm::NormSaved<T>, Error> {
+    ) -> Result<cudnn_safe::norm::NormSaved<'x, T>, Error> {
         match self {
             Norm::Layer(n) => cudnn.layer_norm_forward_training(n, x, g, b, y),
             Norm::Group(n) => cudnn.group_norm_forward_training(n, x, g, b, y),
@@ -1395,7 +1381,7 @@ impl<T: NormType> Norm<T> {
     fn backward(
         &self,
         cudnn: &Cudnn,
-        saved: &cudnn_safe::norm::NormSaved<T>,
+        saved: &cudnn_safe::norm::NormSaved<'_, T>,
         x: &CudaSlice<T>,
         dy: &CudaSlice<T>,
         g: &CudaSlice<T>,

@@ -15,6 +15,7 @@ use cudarc::cublas::{result, sys};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
 
 use super::{cublas_error, require_cublas};
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::error::{Error, Result};
 use crate::workspace::MAX_WORKSPACE_BYTES;
 
@@ -844,12 +845,12 @@ impl Blas {
         n: i64,
         k: i64,
         alpha: T::Scalar,
-        a: &impl DevicePtr<T>,
+        a: &impl DeviceBuffer<T>,
         lda: i64,
-        b: &impl DevicePtr<T>,
+        b: &impl DeviceBuffer<T>,
         ldb: i64,
         beta: T::Scalar,
-        c: &mut impl DevicePtrMut<T>,
+        c: &mut impl DeviceBufferMut<T>,
         ldc: i64,
     ) -> Result<()> {
         let shape = GemmShape::new(Order::Col, transa, transb, m, n, k, lda, ldb, ldc)?;
@@ -890,12 +891,12 @@ impl Blas {
         n: i64,
         k: i64,
         alpha: T::Scalar,
-        a: &impl DevicePtr<T>,
+        a: &impl DeviceBuffer<T>,
         lda: i64,
-        b: &impl DevicePtr<T>,
+        b: &impl DeviceBuffer<T>,
         ldb: i64,
         beta: T::Scalar,
-        c: &mut impl DevicePtrMut<T>,
+        c: &mut impl DeviceBufferMut<T>,
         ldc: i64,
     ) -> Result<()> {
         let shape = GemmShape::new(Order::Row, transa, transb, m, n, k, lda, ldb, ldc)?;
@@ -923,9 +924,9 @@ impl Blas {
         batch: i64,
         in_features: i64,
         out_features: i64,
-        x: &impl DevicePtr<T>,
-        w: &impl DevicePtr<T>,
-        y: &mut impl DevicePtrMut<T>,
+        x: &impl DeviceBuffer<T>,
+        w: &impl DeviceBuffer<T>,
+        y: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         // Contiguous rows: the leading dimensions are the feature counts (at least 1, as cuBLAS
         // requires even for empty matrices).
@@ -954,10 +955,10 @@ impl Blas {
         &self,
         shape: &GemmShape,
         alpha: T::Scalar,
-        a: &impl DevicePtr<T>,
-        b: &impl DevicePtr<T>,
+        a: &impl DeviceBuffer<T>,
+        b: &impl DeviceBuffer<T>,
         beta: T::Scalar,
-        c: &mut impl DevicePtrMut<T>,
+        c: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         self.check_buf(shape.a.name, a, shape.a.span)?;
         self.check_buf(shape.b.name, b, shape.b.span)?;
@@ -1029,14 +1030,14 @@ impl Blas {
         n: i64,
         k: i64,
         alpha: T::Scalar,
-        a: &impl DevicePtr<T>,
+        a: &impl DeviceBuffer<T>,
         lda: i64,
         stride_a: i64,
-        b: &impl DevicePtr<T>,
+        b: &impl DeviceBuffer<T>,
         ldb: i64,
         stride_b: i64,
         beta: T::Scalar,
-        c: &mut impl DevicePtrMut<T>,
+        c: &mut impl DeviceBufferMut<T>,
         ldc: i64,
         stride_c: i64,
         batch: i64,
@@ -1062,14 +1063,14 @@ impl Blas {
         n: i64,
         k: i64,
         alpha: T::Scalar,
-        a: &impl DevicePtr<T>,
+        a: &impl DeviceBuffer<T>,
         lda: i64,
         stride_a: i64,
-        b: &impl DevicePtr<T>,
+        b: &impl DeviceBuffer<T>,
         ldb: i64,
         stride_b: i64,
         beta: T::Scalar,
-        c: &mut impl DevicePtrMut<T>,
+        c: &mut impl DeviceBufferMut<T>,
         ldc: i64,
         stride_c: i64,
         batch: i64,
@@ -1085,12 +1086,12 @@ impl Blas {
         &self,
         shape: &GemmShape,
         alpha: T::Scalar,
-        a: &impl DevicePtr<T>,
+        a: &impl DeviceBuffer<T>,
         stride_a: i64,
-        b: &impl DevicePtr<T>,
+        b: &impl DeviceBuffer<T>,
         stride_b: i64,
         beta: T::Scalar,
-        c: &mut impl DevicePtrMut<T>,
+        c: &mut impl DeviceBufferMut<T>,
         stride_c: i64,
         batch: i64,
     ) -> Result<()> {
@@ -1164,7 +1165,12 @@ impl Blas {
     #[doc(alias = "cublasGemmBatchedEx")]
     #[doc(alias = "cublasSgemmBatched")]
     #[allow(clippy::too_many_arguments)] // mirrors the C call
-    pub fn gemm_batched<T: GemmType, A: DevicePtr<T>, B: DevicePtr<T>, C: DevicePtrMut<T>>(
+    pub fn gemm_batched<
+        T: GemmType,
+        A: DeviceBuffer<T>,
+        B: DeviceBuffer<T>,
+        C: DeviceBufferMut<T>,
+    >(
         &self,
         transa: Transpose,
         transb: Transpose,
@@ -1295,12 +1301,12 @@ impl Blas {
         m: i64,
         n: i64,
         alpha: T::Scalar,
-        a: &impl DevicePtr<T>,
+        a: &impl DeviceBuffer<T>,
         lda: i64,
-        x: &impl DevicePtr<T>,
+        x: &impl DeviceBuffer<T>,
         incx: i64,
         beta: T::Scalar,
-        y: &mut impl DevicePtrMut<T>,
+        y: &mut impl DeviceBufferMut<T>,
         incy: i64,
     ) -> Result<()> {
         let s = GemvShape::new(trans, m, n, lda, incx, incy)?;

@@ -13,10 +13,13 @@ use std::time::Instant;
 
 use cudarc::cublaslt::{result, sys};
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
+use cudarc::driver::{
+    CudaContext, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice,
+};
 use half::{bf16, f16};
 
 use super::{cublaslt_error, require_cublaslt};
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::workspace::Workspace;
@@ -252,38 +255,69 @@ impl DataKind {
 /// The buffers an [`Epilogue`] reads or writes besides A, B and D, one variant per kind of
 /// epilogue. Inputs are shared borrows, outputs exclusive ones, so an output can alias nothing.
 ///
-/// Any cudarc buffer coerces: `EpilogueData::Bias(&bias)`, `EpilogueData::BiasGrad(&mut db)`,
-/// views (`&bias.slice(8..)`) included.
+/// The variants hold views; the constructors take any [`DeviceBuffer`]:
+/// `EpilogueData::bias(&bias)`, `EpilogueData::bias_grad(&mut db)`, or a view directly
+/// (`EpilogueData::Bias(bias.slice(8..))`).
 pub enum EpilogueData<'a, T> {
     /// For [`Epilogue::None`], [`Relu`](Epilogue::Relu), [`Gelu`](Epilogue::Gelu).
     None,
     /// The bias (≥ [`LtMatmul::bias_len`] elements) for [`Epilogue::Bias`],
     /// [`BiasRelu`](Epilogue::BiasRelu), [`BiasGelu`](Epilogue::BiasGelu).
-    Bias(&'a dyn DevicePtr<T>),
+    Bias(CudaView<'a, T>),
     /// The bias-gradient output (≥ [`LtMatmul::bias_len`] = m elements) for
     /// [`Epilogue::BiasGrad`].
-    BiasGrad(&'a mut dyn DevicePtrMut<T>),
+    BiasGrad(CudaViewMut<'a, T>),
     /// For [`Epilogue::BiasGeluAux`]: the bias (input) and the aux matrix (output, ≥
     /// [`LtMatmul::aux_len`] elements) that receives the GELU input.
     BiasAux {
         /// The bias, ≥ n elements.
-        bias: &'a dyn DevicePtr<T>,
+        bias: CudaView<'a, T>,
         /// The GELU input, `m` rows of [`LtMatmul::aux_ld`] elements.
-        aux: &'a mut dyn DevicePtrMut<T>,
+        aux: CudaViewMut<'a, T>,
     },
     /// The aux matrix (input: the GELU input of the forward pass) for [`Epilogue::DGelu`].
-    Aux(&'a dyn DevicePtr<T>),
+    Aux(CudaView<'a, T>),
     /// For [`Epilogue::DGeluBiasGrad`]: the aux matrix (input) and the bias gradient (output,
     /// ≥ n elements).
     AuxBiasGrad {
         /// The GELU input of the forward pass, `m` rows of [`LtMatmul::aux_ld`] elements.
-        aux: &'a dyn DevicePtr<T>,
+        aux: CudaView<'a, T>,
         /// The bias gradient, ≥ n elements.
-        bias_grad: &'a mut dyn DevicePtrMut<T>,
+        bias_grad: CudaViewMut<'a, T>,
     },
 }
 
-impl<T> EpilogueData<'_, T> {
+impl<'a, T> EpilogueData<'a, T> {
+    /// [`EpilogueData::Bias`] of a buffer.
+    pub fn bias(bias: &'a impl DeviceBuffer<T>) -> Self {
+        EpilogueData::Bias(bias.view())
+    }
+    /// [`EpilogueData::BiasGrad`] of a buffer.
+    pub fn bias_grad(bias_grad: &'a mut impl DeviceBufferMut<T>) -> Self {
+        EpilogueData::BiasGrad(bias_grad.view_mut())
+    }
+    /// [`EpilogueData::BiasAux`] of two buffers.
+    pub fn bias_aux(bias: &'a impl DeviceBuffer<T>, aux: &'a mut impl DeviceBufferMut<T>) -> Self {
+        EpilogueData::BiasAux {
+            bias: bias.view(),
+            aux: aux.view_mut(),
+        }
+    }
+    /// [`EpilogueData::Aux`] of a buffer.
+    pub fn aux(aux: &'a impl DeviceBuffer<T>) -> Self {
+        EpilogueData::Aux(aux.view())
+    }
+    /// [`EpilogueData::AuxBiasGrad`] of two buffers.
+    pub fn aux_bias_grad(
+        aux: &'a impl DeviceBuffer<T>,
+        bias_grad: &'a mut impl DeviceBufferMut<T>,
+    ) -> Self {
+        EpilogueData::AuxBiasGrad {
+            aux: aux.view(),
+            bias_grad: bias_grad.view_mut(),
+        }
+    }
+
     fn kind(&self) -> DataKind {
         match self {
             EpilogueData::None => DataKind::None,
@@ -729,7 +763,7 @@ const _: () = assert!(size_of::<[u64; 8]>() == size_of::<sys::cublasLtMatmulAlgo
 /// let w = stream.clone_htod(&vec![bf16::from_f32(0.01); op.b_len()]).unwrap();
 /// let b = stream.clone_htod(&vec![bf16::from_f32(0.1); op.bias_len()]).unwrap();
 /// let mut y = stream.alloc_zeros::<bf16>(op.d_len()).unwrap();
-/// let choice = lt.matmul(&op, 1.0, &x, &w, 0.0, &mut y, EpilogueData::Bias(&b))?;
+/// let choice = lt.matmul(&op, 1.0, &x, &w, 0.0, &mut y, EpilogueData::bias(&b))?;
 /// println!("ran cuBLASLt algo {} ({:?})", choice.candidate.algo_id, choice.source);
 /// # Ok(()) }
 /// ```
@@ -1269,16 +1303,16 @@ impl BlasLt {
         let (bias_len, aux_len) = (op.bias_len(), op.aux_len());
         match epi {
             EpilogueData::None => {}
-            EpilogueData::Bias(bias) => self.check_buffer("bias", *bias, bias_len)?,
-            EpilogueData::BiasGrad(db) => self.check_buffer("bias_grad", &**db, bias_len)?,
+            EpilogueData::Bias(bias) => self.check_buffer("bias", bias, bias_len)?,
+            EpilogueData::BiasGrad(db) => self.check_buffer("bias_grad", db, bias_len)?,
             EpilogueData::BiasAux { bias, aux } => {
-                self.check_buffer("bias", *bias, bias_len)?;
-                self.check_buffer("aux", &**aux, aux_len)?;
+                self.check_buffer("bias", bias, bias_len)?;
+                self.check_buffer("aux", aux, aux_len)?;
             }
-            EpilogueData::Aux(aux) => self.check_buffer("aux", *aux, aux_len)?,
+            EpilogueData::Aux(aux) => self.check_buffer("aux", aux, aux_len)?,
             EpilogueData::AuxBiasGrad { aux, bias_grad } => {
-                self.check_buffer("aux", *aux, aux_len)?;
-                self.check_buffer("bias_grad", &**bias_grad, bias_len)?;
+                self.check_buffer("aux", aux, aux_len)?;
+                self.check_buffer("bias_grad", bias_grad, bias_len)?;
             }
         }
         Ok(())
@@ -1303,10 +1337,10 @@ impl BlasLt {
         &mut self,
         op: &LtMatmul,
         alpha: f32,
-        a: &impl DevicePtr<T>,
-        b: &impl DevicePtr<T>,
+        a: &impl DeviceBuffer<T>,
+        b: &impl DeviceBuffer<T>,
         beta: f32,
-        d: &mut impl DevicePtrMut<T>,
+        d: &mut impl DeviceBufferMut<T>,
         epi: EpilogueData<'_, T>,
     ) -> Result<LtChoice> {
         self.run(op, alpha, a, b, beta, d, epi, None)
@@ -1323,10 +1357,10 @@ impl BlasLt {
         candidate: &MatmulCandidate,
         op: &LtMatmul,
         alpha: f32,
-        a: &impl DevicePtr<T>,
-        b: &impl DevicePtr<T>,
+        a: &impl DeviceBuffer<T>,
+        b: &impl DeviceBuffer<T>,
         beta: f32,
-        d: &mut impl DevicePtrMut<T>,
+        d: &mut impl DeviceBufferMut<T>,
         epi: EpilogueData<'_, T>,
     ) -> Result<LtChoice> {
         self.run(op, alpha, a, b, beta, d, epi, Some(candidate))
@@ -1364,10 +1398,10 @@ impl BlasLt {
         &mut self,
         op: &LtMatmul,
         alpha: f32,
-        a: &impl DevicePtr<T>,
-        b: &impl DevicePtr<T>,
+        a: &impl DeviceBuffer<T>,
+        b: &impl DeviceBuffer<T>,
         beta: f32,
-        d: &mut impl DevicePtrMut<T>,
+        d: &mut impl DeviceBufferMut<T>,
         mut epi: EpilogueData<'_, T>,
         explicit: Option<&MatmulCandidate>,
     ) -> Result<LtChoice> {

@@ -7,12 +7,13 @@
 use std::ffi::{c_int, c_void};
 use std::mem::MaybeUninit;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaStream, CudaView, DevicePtr};
 
 use super::{
     AlgoPerf, ConvAlgorithm, ConvBwdDataAlgo, ConvBwdFilterAlgo, ConvDesc, ConvDirection,
     ConvFwdAlgo, FusedActivation,
 };
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DType, DataType, Scalar};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -192,12 +193,12 @@ impl Cudnn {
     pub fn conv_forward_find<X: DataType, Y: DataType>(
         &self,
         x_desc: &TensorDesc<X>,
-        x: &impl DevicePtr<X>,
+        x: &impl DeviceBuffer<X>,
         w_desc: &FilterDesc<X>,
-        w: &impl DevicePtr<X>,
+        w: &impl DeviceBuffer<X>,
         conv: &ConvDesc,
         y_desc: &TensorDesc<Y>,
-        y: &mut impl DevicePtrMut<Y>,
+        y: &mut impl DeviceBufferMut<Y>,
         workspace: &mut Workspace,
     ) -> Result<Vec<AlgoPerf<ConvFwdAlgo>>> {
         self.check_forward(x_desc, w_desc, conv, y_desc)?;
@@ -259,15 +260,15 @@ impl Cudnn {
         &self,
         alpha: X::Scalar,
         x_desc: &TensorDesc<X>,
-        x: &impl DevicePtr<X>,
+        x: &impl DeviceBuffer<X>,
         w_desc: &FilterDesc<X>,
-        w: &impl DevicePtr<X>,
+        w: &impl DeviceBuffer<X>,
         conv: &ConvDesc,
         algo: ConvFwdAlgo,
         workspace: &mut Workspace,
         beta: X::Scalar,
         y_desc: &TensorDesc<Y>,
-        y: &mut impl DevicePtrMut<Y>,
+        y: &mut impl DeviceBufferMut<Y>,
     ) -> Result<()> {
         self.check_forward(x_desc, w_desc, conv, y_desc)?;
         self.check_tensor("x", x_desc.layout(), x, false)?;
@@ -323,19 +324,19 @@ impl Cudnn {
         &self,
         alpha1: X::Scalar,
         x_desc: &TensorDesc<X>,
-        x: &impl DevicePtr<X>,
+        x: &impl DeviceBuffer<X>,
         w_desc: &FilterDesc<X>,
-        w: &impl DevicePtr<X>,
+        w: &impl DeviceBuffer<X>,
         conv: &ConvDesc,
         algo: ConvFwdAlgo,
         workspace: &mut Workspace,
         alpha2: X::Scalar,
-        z: Option<&CudaSlice<Y>>,
+        z: Option<CudaView<'_, Y>>,
         bias_desc: &TensorDesc<B>,
-        bias: &impl DevicePtr<B>,
+        bias: &impl DeviceBuffer<B>,
         activation: FusedActivation,
         y_desc: &TensorDesc<Y>,
-        y: &mut impl DevicePtrMut<Y>,
+        y: &mut impl DeviceBufferMut<Y>,
     ) -> Result<()> {
         let want_bias = if X::DTYPE == DType::I8 {
             DType::F32
@@ -372,7 +373,7 @@ impl Cudnn {
         self.check_tensor("x", x_desc.layout(), x, false)?;
         self.check_buffer("w", w, w_desc.span())?;
         self.check_tensor("bias", bias_desc.layout(), bias, false)?;
-        if let Some(z) = z {
+        if let Some(z) = &z {
             self.check_tensor("z", y_desc.layout(), z, false)?;
         }
         self.check_tensor("y", y_desc.layout(), y, true)?;
@@ -386,7 +387,7 @@ impl Cudnn {
         let (wp, _gw) = w.device_ptr(stream);
         let (bp, _gb) = bias.device_ptr(stream);
         let (yp, _gy) = y.device_ptr_mut(stream);
-        let zg = z.map(|z| z.device_ptr(stream));
+        let zg = z.as_ref().map(|z| z.device_ptr(stream));
         // Without z, cuDNN is given y with alpha2 = 0 (z may alias y; it is not read then).
         let (zp, alpha2) = match &zg {
             Some((p, _)) => (*p as *const c_void, alpha2),
@@ -532,12 +533,12 @@ impl Cudnn {
     pub fn conv_backward_data_find<T: DataType>(
         &self,
         w_desc: &FilterDesc<T>,
-        w: &impl DevicePtr<T>,
+        w: &impl DeviceBuffer<T>,
         dy_desc: &TensorDesc<T>,
-        dy: &impl DevicePtr<T>,
+        dy: &impl DeviceBuffer<T>,
         conv: &ConvDesc,
         dx_desc: &TensorDesc<T>,
-        dx: &mut impl DevicePtrMut<T>,
+        dx: &mut impl DeviceBufferMut<T>,
         workspace: &mut Workspace,
     ) -> Result<Vec<AlgoPerf<ConvBwdDataAlgo>>> {
         self.check_backward_data(w_desc, dy_desc, conv, dx_desc)?;
@@ -594,15 +595,15 @@ impl Cudnn {
         &self,
         alpha: T::Scalar,
         w_desc: &FilterDesc<T>,
-        w: &impl DevicePtr<T>,
+        w: &impl DeviceBuffer<T>,
         dy_desc: &TensorDesc<T>,
-        dy: &impl DevicePtr<T>,
+        dy: &impl DeviceBuffer<T>,
         conv: &ConvDesc,
         algo: ConvBwdDataAlgo,
         workspace: &mut Workspace,
         beta: T::Scalar,
         dx_desc: &TensorDesc<T>,
-        dx: &mut impl DevicePtrMut<T>,
+        dx: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         self.check_backward_data(w_desc, dy_desc, conv, dx_desc)?;
         self.check_buffer("w", w, w_desc.span())?;
@@ -673,15 +674,15 @@ impl Cudnn {
         &self,
         alpha: T::Scalar,
         x_desc: &TensorDesc<T>,
-        x: &impl DevicePtr<T>,
+        x: &impl DeviceBuffer<T>,
         w_desc: &FilterDesc<T>,
-        w: &impl DevicePtr<T>,
+        w: &impl DeviceBuffer<T>,
         conv: &ConvDesc,
         algo: ConvBwdDataAlgo,
         workspace: &mut Workspace,
         beta: T::Scalar,
         y_desc: &TensorDesc<T>,
-        y: &mut impl DevicePtrMut<T>,
+        y: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         self.conv_backward_data(
             alpha, w_desc, w, x_desc, x, conv, algo, workspace, beta, y_desc, y,
@@ -800,12 +801,12 @@ impl Cudnn {
     pub fn conv_backward_filter_find<T: DataType>(
         &self,
         x_desc: &TensorDesc<T>,
-        x: &impl DevicePtr<T>,
+        x: &impl DeviceBuffer<T>,
         dy_desc: &TensorDesc<T>,
-        dy: &impl DevicePtr<T>,
+        dy: &impl DeviceBuffer<T>,
         conv: &ConvDesc,
         dw_desc: &FilterDesc<T>,
-        dw: &mut impl DevicePtrMut<T>,
+        dw: &mut impl DeviceBufferMut<T>,
         workspace: &mut Workspace,
     ) -> Result<Vec<AlgoPerf<ConvBwdFilterAlgo>>> {
         self.check_backward_filter(x_desc, dy_desc, conv, dw_desc)?;
@@ -863,15 +864,15 @@ impl Cudnn {
         &self,
         alpha: T::Scalar,
         x_desc: &TensorDesc<T>,
-        x: &impl DevicePtr<T>,
+        x: &impl DeviceBuffer<T>,
         dy_desc: &TensorDesc<T>,
-        dy: &impl DevicePtr<T>,
+        dy: &impl DeviceBuffer<T>,
         conv: &ConvDesc,
         algo: ConvBwdFilterAlgo,
         workspace: &mut Workspace,
         beta: T::Scalar,
         dw_desc: &FilterDesc<T>,
-        dw: &mut impl DevicePtrMut<T>,
+        dw: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         self.check_backward_filter(x_desc, dy_desc, conv, dw_desc)?;
         self.check_tensor("x", x_desc.layout(), x, false)?;
@@ -916,10 +917,10 @@ impl Cudnn {
         &self,
         alpha: T::Scalar,
         dy_desc: &TensorDesc<T>,
-        dy: &impl DevicePtr<T>,
+        dy: &impl DeviceBuffer<T>,
         beta: T::Scalar,
         db_desc: &TensorDesc<T>,
-        db: &mut impl DevicePtrMut<T>,
+        db: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         if !matches!(T::DTYPE, DType::F32 | DType::F64 | DType::F16 | DType::BF16) {
             return Err(Error::UnsupportedDataType {

@@ -13,6 +13,7 @@ use super::backend::{attr, ffi, kind, Desc};
 use super::build::{GraphInner, OperationGraph};
 use super::engine::{EngineConfig, Plan, PlanFilter, Skipped};
 use super::{Graph, TensorId};
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -102,7 +103,7 @@ impl<'a> Args<'a> {
     fn push_input<T>(
         &mut self,
         t: TensorId,
-        buf: &'a impl DevicePtr<T>,
+        buf: &'a impl DeviceBuffer<T>,
         dtype: DType,
     ) -> Result<&mut Self> {
         let origin = self.origin(buf);
@@ -113,7 +114,7 @@ impl<'a> Args<'a> {
     pub fn input<T: DataType>(
         &mut self,
         t: TensorId,
-        buf: &'a impl DevicePtr<T>,
+        buf: &'a impl DeviceBuffer<T>,
     ) -> Result<&mut Self> {
         self.push_input(t, buf, T::DTYPE)
     }
@@ -122,7 +123,7 @@ impl<'a> Args<'a> {
     /// seed or offset of a dropout mask ([`super::Graph::rng_input`]). Checked at execution like
     /// every binding (a tensor of another data type rejects it, and an i64 tensor rejects a
     /// buffer bound with [`Args::input`]).
-    pub fn input_i64(&mut self, t: TensorId, buf: &'a impl DevicePtr<i64>) -> Result<&mut Self> {
+    pub fn input_i64(&mut self, t: TensorId, buf: &'a impl DeviceBuffer<i64>) -> Result<&mut Self> {
         self.push_input(t, buf, DType::I64)
     }
 
@@ -187,7 +188,7 @@ impl<'a> Args<'a> {
     pub fn output<T: DataType>(
         &mut self,
         t: TensorId,
-        buf: &'a mut impl DevicePtrMut<T>,
+        buf: &'a mut impl DeviceBufferMut<T>,
     ) -> Result<&mut Self> {
         let origin = self.origin(&*buf);
         self.push(t, T::DTYPE, true, origin, buf.device_ptr_mut(self.stream))

@@ -16,8 +16,8 @@ use cudnn_safe_sys::Library;
 
 use super::backend::{attr, kind, Attr, Desc};
 use super::{stride_order, Graph, Op, PointwiseMode, TensorId};
-use cudarc::driver::{DevicePtr, DevicePtrMut};
 
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DType, DataType, Scalar};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -1451,10 +1451,10 @@ impl Cudnn {
     pub fn group_norm_affine<T: DataType>(
         &self,
         y_desc: &TensorDesc<T>,
-        y: &mut impl DevicePtrMut<T>,
+        y: &mut impl DeviceBufferMut<T>,
         param_desc: &TensorDesc<T>,
-        scale: &impl DevicePtr<T>,
-        bias: &impl DevicePtr<T>,
+        scale: &impl DeviceBuffer<T>,
+        bias: &impl DeviceBuffer<T>,
     ) -> Result<()> {
         let yd = y_desc.dims();
         let pd = param_desc.dims();

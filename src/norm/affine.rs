@@ -4,6 +4,7 @@
 use std::cell::RefCell;
 use std::ffi::c_void;
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
@@ -13,6 +14,7 @@ use super::method::{
     near_square, two_stage_split, FeatureLayout, NormAffine, NormMethod, NormParamGrads, NormStats,
 };
 use super::{check_epsilon, ffi, scalar_ptr, NormType};
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DataType, Scalar};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -340,8 +342,8 @@ impl<T: NormType> Regrouped<T> {
         cudnn: &Cudnn,
         ts: &TwoStage<T>,
         scratch: &mut TwoStageScratch<T::Param>,
-        src: &impl DevicePtr<T>,
-        dst: &mut impl DevicePtrMut<T>,
+        src: &impl DeviceBuffer<T>,
+        dst: &mut impl DeviceBufferMut<T>,
         workspace: &mut Workspace,
     ) -> Result<()> {
         let one = <T::Scalar as Scalar>::from_f64(1.0);
@@ -390,9 +392,9 @@ impl<T: NormType> Regrouped<T> {
     fn check_forward(
         &self,
         cudnn: &Cudnn,
-        x: &impl DevicePtr<T>,
-        gamma: &impl DevicePtr<T>,
-        beta: &impl DevicePtr<T>,
+        x: &impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        beta: &impl DeviceBuffer<T>,
         y: &impl DeviceSlice<T>,
     ) -> Result<()> {
         cudnn.check_tensor("x", self.full.layout(), x, false)?;
@@ -409,8 +411,8 @@ impl<T: NormType> Regrouped<T> {
         cudnn: &Cudnn,
         ones: &CudaSlice<T::Param>,
         zeros: &CudaSlice<T::Param>,
-        x: &impl DevicePtr<T>,
-        out: &mut impl DevicePtrMut<T>,
+        x: &impl DeviceBuffer<T>,
+        out: &mut impl DeviceBufferMut<T>,
         stats: Option<StatsMut<'_, T::Param>>,
     ) -> Result<()> {
         let one = <T::Scalar as Scalar>::from_f64(1.0);
@@ -468,10 +470,10 @@ impl<T: NormType> Regrouped<T> {
         &self,
         cudnn: &Cudnn,
         fs: &mut FeatureScratch<T::Param>,
-        src: &impl DevicePtr<T>,
-        gamma: &impl DevicePtr<T>,
-        beta: Option<&impl DevicePtr<T>>,
-        out: &mut impl DevicePtrMut<T>,
+        src: &impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        beta: Option<&impl DeviceBuffer<T>>,
+        out: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         let one = <T::Scalar as Scalar>::from_f64(1.0);
         let zero = <T::Scalar as Scalar>::from_f64(0.0);
@@ -538,10 +540,10 @@ impl<T: NormType> Regrouped<T> {
         cudnn: &Cudnn,
         fs: &mut FeatureScratch<T::Param>,
         xhat: &CudaSlice<T>,
-        dy: &impl DevicePtr<T>,
+        dy: &impl DeviceBuffer<T>,
         discard: &mut CudaSlice<T>,
-        dgamma: &mut impl DevicePtrMut<T>,
-        dbeta: &mut impl DevicePtrMut<T>,
+        dgamma: &mut impl DeviceBufferMut<T>,
+        dbeta: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         let one = <T::Scalar as Scalar>::from_f64(1.0);
         let zero = <T::Scalar as Scalar>::from_f64(0.0);
@@ -617,10 +619,10 @@ impl<T: NormType> Regrouped<T> {
     fn forward(
         &self,
         cudnn: &Cudnn,
-        x: &impl DevicePtr<T>,
-        gamma: &impl DevicePtr<T>,
-        beta: &impl DevicePtr<T>,
-        y: &mut impl DevicePtrMut<T>,
+        x: &impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        beta: &impl DeviceBuffer<T>,
+        y: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         self.check_forward(cudnn, x, gamma, beta, y)?;
         let mut slot = self.scratch.borrow_mut();
@@ -660,14 +662,14 @@ impl<T: NormType> Regrouped<T> {
     }
 
     /// The forward that also returns `x̂` and the statistics for the backward pass.
-    fn forward_training(
+    fn forward_training<'x>(
         &self,
         cudnn: &Cudnn,
-        x: &impl DevicePtr<T>,
-        gamma: &impl DevicePtr<T>,
-        beta: &impl DevicePtr<T>,
-        y: &mut impl DevicePtrMut<T>,
-    ) -> Result<NormSaved<T>> {
+        x: &'x impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        beta: &impl DeviceBuffer<T>,
+        y: &mut impl DeviceBufferMut<T>,
+    ) -> Result<NormSaved<'x, T>> {
         self.check_forward(cudnn, x, gamma, beta, y)?;
         let mut slot = self.scratch.borrow_mut();
         let scratch = self.ensure_scratch(cudnn, &mut slot, false)?;
@@ -718,6 +720,7 @@ impl<T: NormType> Regrouped<T> {
             inv_std,
             norm: self.id,
             x: xp,
+            _x: PhantomData,
         })
     }
 
@@ -726,13 +729,13 @@ impl<T: NormType> Regrouped<T> {
     fn backward(
         &self,
         cudnn: &Cudnn,
-        saved: &NormSaved<T>,
-        x: &impl DevicePtr<T>,
-        dy: &impl DevicePtr<T>,
-        gamma: &impl DevicePtr<T>,
-        dx: &mut impl DevicePtrMut<T>,
-        dgamma: &mut impl DevicePtrMut<T>,
-        dbeta: &mut impl DevicePtrMut<T>,
+        saved: &NormSaved<'_, T>,
+        x: &impl DeviceBuffer<T>,
+        dy: &impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        dx: &mut impl DeviceBufferMut<T>,
+        dgamma: &mut impl DeviceBufferMut<T>,
+        dbeta: &mut impl DeviceBufferMut<T>,
         workspace: &mut Workspace,
     ) -> Result<()> {
         // Every check before the first launch, so a rejected call writes nothing.
@@ -934,7 +937,7 @@ pub(super) fn check_saved_origin<T: DataType>(
     expected: &'static str,
     (norm, x_at): (u64, u64),
     id: u64,
-    x: &impl DevicePtr<T>,
+    x: &impl DeviceBuffer<T>,
 ) -> Result<()> {
     if norm != id {
         return Err(Error::invalid(
@@ -960,15 +963,18 @@ pub(super) fn check_saved_origin<T: DataType>(
 ///
 /// The backward call checks that it came from the same normalization object and that `x` is the
 /// buffer the forward read.
-pub struct NormSaved<T: NormType> {
+pub struct NormSaved<'x, T: NormType> {
     xhat: CudaSlice<T>,
     mean: CudaSlice<T::Param>,
     inv_std: CudaSlice<T::Param>,
     norm: u64,
+    /// Device address of the `x` the forward read; `x` stays borrowed (`'x`) while this
+    /// value lives, so no other buffer can be at that address.
     x: u64,
+    _x: PhantomData<&'x ()>,
 }
 
-impl<T: NormType> fmt::Debug for NormSaved<T> {
+impl<T: NormType> fmt::Debug for NormSaved<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NormSaved")
             .field("elements", &self.xhat.len())
@@ -977,7 +983,7 @@ impl<T: NormType> fmt::Debug for NormSaved<T> {
     }
 }
 
-impl<T: NormType> NormSaved<T> {
+impl<T: NormType> NormSaved<'_, T> {
     /// The normalized input `x̂ = (x − μ)/sqrt(σ² + ε)`, laid out as `x`.
     pub fn xhat(&self) -> &CudaSlice<T> {
         &self.xhat
@@ -1058,14 +1064,17 @@ struct LayerNormTrainGraphs {
 ///
 /// The backward call checks that it came from the same normalization object and that `x` is
 /// the buffer the forward read.
-pub struct LayerNormGraphSaved {
+pub struct LayerNormGraphSaved<'x> {
     mean: CudaSlice<f32>,
     inv_std: CudaSlice<f32>,
     norm: u64,
+    /// Device address of the `x` the forward read; `x` stays borrowed (`'x`) while this
+    /// value lives, so no other buffer can be at that address.
     x: u64,
+    _x: PhantomData<&'x ()>,
 }
 
-impl fmt::Debug for LayerNormGraphSaved {
+impl fmt::Debug for LayerNormGraphSaved<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LayerNormGraphSaved")
             .field("rows", &self.mean.len())
@@ -1073,7 +1082,7 @@ impl fmt::Debug for LayerNormGraphSaved {
     }
 }
 
-impl LayerNormGraphSaved {
+impl LayerNormGraphSaved<'_> {
     /// The mean of each row (PyTorch's `mean` of `native_layer_norm`, `[rows]`).
     pub fn mean(&self) -> &CudaSlice<f32> {
         &self.mean
@@ -1405,10 +1414,10 @@ impl Cudnn {
     pub fn layer_norm_forward<T: NormType>(
         &self,
         ln: &LayerNorm<T>,
-        x: &impl DevicePtr<T>,
-        gamma: &impl DevicePtr<T>,
-        beta: &impl DevicePtr<T>,
-        y: &mut impl DevicePtrMut<T>,
+        x: &impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        beta: &impl DeviceBuffer<T>,
+        y: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         ln.core.forward(self, x, gamma, beta, y)
     }
@@ -1445,10 +1454,10 @@ impl Cudnn {
     pub fn layer_norm_forward_graph<T: NormType>(
         &self,
         ln: &LayerNorm<T>,
-        x: &impl DevicePtr<T>,
-        gamma: &impl DevicePtr<T>,
-        beta: &impl DevicePtr<T>,
-        y: &mut impl DevicePtrMut<T>,
+        x: &impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        beta: &impl DeviceBuffer<T>,
+        y: &mut impl DeviceBufferMut<T>,
         workspace: &mut Workspace,
     ) -> Result<()> {
         ln.build_graph_plan(self)?;
@@ -1464,14 +1473,14 @@ impl Cudnn {
 
     /// [`layer_norm_forward`](Self::layer_norm_forward) that also returns `x̂` and the per-row
     /// mean and inverse standard deviation for [`layer_norm_backward`](Self::layer_norm_backward).
-    pub fn layer_norm_forward_training<T: NormType>(
+    pub fn layer_norm_forward_training<'x, T: NormType>(
         &self,
         ln: &LayerNorm<T>,
-        x: &impl DevicePtr<T>,
-        gamma: &impl DevicePtr<T>,
-        beta: &impl DevicePtr<T>,
-        y: &mut impl DevicePtrMut<T>,
-    ) -> Result<NormSaved<T>> {
+        x: &'x impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        beta: &impl DeviceBuffer<T>,
+        y: &mut impl DeviceBufferMut<T>,
+    ) -> Result<NormSaved<'x, T>> {
         ln.core.forward_training(self, x, gamma, beta, y)
     }
 
@@ -1514,15 +1523,15 @@ impl Cudnn {
     /// ```
     #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR")]
     #[doc(alias = "CUDNN_NORM_FWD_TRAINING")]
-    pub fn layer_norm_forward_training_graph<T: NormType>(
+    pub fn layer_norm_forward_training_graph<'x, T: NormType>(
         &self,
         ln: &LayerNorm<T>,
-        x: &impl DevicePtr<T>,
-        gamma: &impl DevicePtr<T>,
-        beta: &impl DevicePtr<T>,
-        y: &mut impl DevicePtrMut<T>,
+        x: &'x impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        beta: &impl DeviceBuffer<T>,
+        y: &mut impl DeviceBufferMut<T>,
         workspace: &mut Workspace,
-    ) -> Result<LayerNormGraphSaved> {
+    ) -> Result<LayerNormGraphSaved<'x>> {
         ln.build_graph_training_plans(self)?;
         let cached = ln.train.borrow();
         let g = cached.as_ref().expect("built above");
@@ -1553,6 +1562,7 @@ impl Cudnn {
             inv_std,
             norm: ln.core.id,
             x: x_at,
+            _x: PhantomData,
         })
     }
 
@@ -1573,13 +1583,13 @@ impl Cudnn {
     pub fn layer_norm_backward_graph<T: NormType>(
         &self,
         ln: &LayerNorm<T>,
-        saved: &LayerNormGraphSaved,
-        x: &impl DevicePtr<T>,
-        dy: &impl DevicePtr<T>,
-        gamma: &impl DevicePtr<T>,
-        dx: &mut impl DevicePtrMut<T>,
-        dgamma: &mut impl DevicePtrMut<T>,
-        dbeta: &mut impl DevicePtrMut<T>,
+        saved: &LayerNormGraphSaved<'_>,
+        x: &impl DeviceBuffer<T>,
+        dy: &impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        dx: &mut impl DeviceBufferMut<T>,
+        dgamma: &mut impl DeviceBufferMut<T>,
+        dbeta: &mut impl DeviceBufferMut<T>,
         workspace: &mut Workspace,
     ) -> Result<()> {
         check_saved_origin(
@@ -1618,13 +1628,13 @@ impl Cudnn {
     pub fn layer_norm_backward<T: NormType>(
         &self,
         ln: &LayerNorm<T>,
-        saved: &NormSaved<T>,
-        x: &impl DevicePtr<T>,
-        dy: &impl DevicePtr<T>,
-        gamma: &impl DevicePtr<T>,
-        dx: &mut impl DevicePtrMut<T>,
-        dgamma: &mut impl DevicePtrMut<T>,
-        dbeta: &mut impl DevicePtrMut<T>,
+        saved: &NormSaved<'_, T>,
+        x: &impl DeviceBuffer<T>,
+        dy: &impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        dx: &mut impl DeviceBufferMut<T>,
+        dgamma: &mut impl DeviceBufferMut<T>,
+        dbeta: &mut impl DeviceBufferMut<T>,
         workspace: &mut Workspace,
     ) -> Result<()> {
         ln.core
@@ -1637,10 +1647,10 @@ impl Cudnn {
     pub fn group_norm_forward<T: NormType>(
         &self,
         gn: &GroupNorm<T>,
-        x: &impl DevicePtr<T>,
-        gamma: &impl DevicePtr<T>,
-        beta: &impl DevicePtr<T>,
-        y: &mut impl DevicePtrMut<T>,
+        x: &impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        beta: &impl DeviceBuffer<T>,
+        y: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         gn.core.forward(self, x, gamma, beta, y)
     }
@@ -1648,14 +1658,14 @@ impl Cudnn {
     /// [`group_norm_forward`](Self::group_norm_forward) that also returns `x̂` and the
     /// per-group mean and inverse standard deviation (`[N, G]`) for
     /// [`group_norm_backward`](Self::group_norm_backward).
-    pub fn group_norm_forward_training<T: NormType>(
+    pub fn group_norm_forward_training<'x, T: NormType>(
         &self,
         gn: &GroupNorm<T>,
-        x: &impl DevicePtr<T>,
-        gamma: &impl DevicePtr<T>,
-        beta: &impl DevicePtr<T>,
-        y: &mut impl DevicePtrMut<T>,
-    ) -> Result<NormSaved<T>> {
+        x: &'x impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        beta: &impl DeviceBuffer<T>,
+        y: &mut impl DeviceBufferMut<T>,
+    ) -> Result<NormSaved<'x, T>> {
         gn.core.forward_training(self, x, gamma, beta, y)
     }
 
@@ -1671,13 +1681,13 @@ impl Cudnn {
     pub fn group_norm_backward<T: NormType>(
         &self,
         gn: &GroupNorm<T>,
-        saved: &NormSaved<T>,
-        x: &impl DevicePtr<T>,
-        dy: &impl DevicePtr<T>,
-        gamma: &impl DevicePtr<T>,
-        dx: &mut impl DevicePtrMut<T>,
-        dgamma: &mut impl DevicePtrMut<T>,
-        dbeta: &mut impl DevicePtrMut<T>,
+        saved: &NormSaved<'_, T>,
+        x: &impl DeviceBuffer<T>,
+        dy: &impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        dx: &mut impl DeviceBufferMut<T>,
+        dgamma: &mut impl DeviceBufferMut<T>,
+        dbeta: &mut impl DeviceBufferMut<T>,
         workspace: &mut Workspace,
     ) -> Result<()> {
         gn.core

@@ -2,11 +2,13 @@
 //! passed from training forward to backward, and the checked launches as methods of [`Cudnn`].
 use std::ffi::{c_int, c_void};
 use std::fmt;
+use std::marker::PhantomData;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use cudnn_safe_sys as sys;
 
 use super::{check_epsilon, ffi, scalar_ptr, NormType};
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::checks::{opt_ptr, opt_ptr_mut};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
@@ -96,8 +98,8 @@ impl BatchNormOps {
 /// `factor` is PyTorch's `momentum`; `1/(1 + n)` at the `n`-th call gives the cumulative average,
 /// and the first call of a training run should use 1 (NVIDIA's advice).
 pub struct RunningStats<'a, P: DataType> {
-    mean: &'a mut dyn DevicePtrMut<P>,
-    variance: &'a mut dyn DevicePtrMut<P>,
+    mean: CudaViewMut<'a, P>,
+    variance: CudaViewMut<'a, P>,
     factor: f64,
 }
 
@@ -105,13 +107,13 @@ impl<'a, P: DataType> RunningStats<'a, P> {
     /// The running mean and variance buffers (each laid out as [`BatchNorm::param_layout`]) and
     /// the exponential average factor (in `0..=1`, checked at launch).
     pub fn new(
-        mean: &'a mut impl DevicePtrMut<P>,
-        variance: &'a mut impl DevicePtrMut<P>,
+        mean: &'a mut impl DeviceBufferMut<P>,
+        variance: &'a mut impl DeviceBufferMut<P>,
         factor: f64,
     ) -> Self {
         RunningStats {
-            mean,
-            variance,
+            mean: mean.view_mut(),
+            variance: variance.view_mut(),
             factor,
         }
     }
@@ -427,7 +429,7 @@ type StatsPair<P> = (CudaSlice<P>, CudaSlice<P>);
 /// [`BatchNorm`] (hence the same mode, dims, dtype and epsilon) and that `x` (and for the fused
 /// ops `y`) is the buffer the forward read (wrote). NVIDIA requires the contents of `x` (and
 /// `scale`) to stay unchanged between the two calls; that is the caller's part.
-pub struct BatchNormSaved<T: NormType> {
+pub struct BatchNormSaved<'x, T: NormType> {
     mean: CudaSlice<T::Param>,
     inv_variance: CudaSlice<T::Param>,
     reserve: Option<CudaSlice<u8>>,
@@ -435,11 +437,15 @@ pub struct BatchNormSaved<T: NormType> {
     /// `None` for the plain forward, the ops for the Ex forward.
     ops: Option<BatchNormOps>,
     bn: u64,
+    /// Device address of the `x` the forward read; `x` stays borrowed (`'x`) while this value
+    /// lives, so no other buffer can be at that address.
     x: u64,
-    y: u64,
+    /// The Ex forward's output, which its backward reads (borrowed from the forward's `y`).
+    y: Option<CudaView<'x, T>>,
+    _x: PhantomData<&'x ()>,
 }
 
-impl<T: NormType> fmt::Debug for BatchNormSaved<T> {
+impl<T: NormType> fmt::Debug for BatchNormSaved<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BatchNormSaved")
             .field("len", &self.mean.len())
@@ -449,7 +455,7 @@ impl<T: NormType> fmt::Debug for BatchNormSaved<T> {
     }
 }
 
-impl<T: NormType> BatchNormSaved<T> {
+impl<'x, T: NormType> BatchNormSaved<'x, T> {
     /// The saved batch mean.
     pub fn mean(&self) -> &CudaSlice<T::Param> {
         &self.mean
@@ -469,6 +475,12 @@ impl<T: NormType> BatchNormSaved<T> {
     pub fn ops(&self) -> Option<BatchNormOps> {
         self.ops
     }
+    /// The output `y` of [`Cudnn::batch_norm_forward_training_ex`] (which keeps it borrowed for
+    /// the backward pass, whose fused activation reads it): read it through this view. `None`
+    /// for the plain forward.
+    pub fn y(&self) -> Option<CudaView<'_, T>> {
+        self.y.as_ref().map(|y| y.slice(..))
+    }
 }
 
 /// Memo-key tags for this family's size queries (first key element; cannot equal the small
@@ -481,12 +493,12 @@ fn mismatch(expected: &'static str, got: String) -> Error {
     Error::invalid("batch-norm saved statistics", expected, got)
 }
 
-/// Checks that `saved` belongs to `bn` and to the `x` (and `y`) buffers at these addresses.
+/// Checks that `saved` belongs to `bn` and to the `x` buffer at this address (`saved` keeps the
+/// forward's `x` borrowed, so an equal address is the same buffer, not a reallocation).
 fn check_origin<T: NormType>(
     bn: &BatchNorm<T>,
-    saved: &BatchNormSaved<T>,
+    saved: &BatchNormSaved<'_, T>,
     x: u64,
-    y: Option<u64>,
 ) -> Result<()> {
     if saved.bn != bn.id {
         return Err(mismatch(
@@ -499,14 +511,6 @@ fn check_origin<T: NormType>(
             "x to be the buffer the training forward read",
             format!("x at {x:#x}, the forward read x at {:#x}", saved.x),
         ));
-    }
-    if let Some(y) = y {
-        if saved.y != y {
-            return Err(mismatch(
-                "y to be the buffer the training forward wrote",
-                format!("y at {y:#x}, the forward wrote y at {:#x}", saved.y),
-            ));
-        }
     }
     Ok(())
 }
@@ -527,12 +531,12 @@ impl Cudnn {
         bn: &BatchNorm<T>,
         alpha: T::Scalar,
         beta: T::Scalar,
-        x: &impl DevicePtr<T>,
-        y: &mut impl DevicePtrMut<T>,
-        scale: &impl DevicePtr<T::Param>,
-        bias: &impl DevicePtr<T::Param>,
-        mean: &impl DevicePtr<T::Param>,
-        variance: &impl DevicePtr<T::Param>,
+        x: &impl DeviceBuffer<T>,
+        y: &mut impl DeviceBufferMut<T>,
+        scale: &impl DeviceBuffer<T::Param>,
+        bias: &impl DeviceBuffer<T::Param>,
+        mean: &impl DeviceBuffer<T::Param>,
+        variance: &impl DeviceBuffer<T::Param>,
     ) -> Result<()> {
         let inference_mode = match bn.mode {
             BatchNormMode::SpatialPersistent => BatchNormMode::Spatial,
@@ -589,27 +593,27 @@ impl Cudnn {
     /// values. With `beta == 0` the old contents of `y` are not read.
     #[doc(alias = "cudnnBatchNormalizationForwardTraining")]
     #[allow(clippy::too_many_arguments)] // mirrors the C call
-    pub fn batch_norm_forward_training<T: NormType>(
+    pub fn batch_norm_forward_training<'x, T: NormType>(
         &self,
         bn: &BatchNorm<T>,
         alpha: T::Scalar,
         beta: T::Scalar,
-        x: &impl DevicePtr<T>,
-        y: &mut impl DevicePtrMut<T>,
-        scale: &impl DevicePtr<T::Param>,
-        bias: &impl DevicePtr<T::Param>,
+        x: &'x impl DeviceBuffer<T>,
+        y: &mut impl DeviceBufferMut<T>,
+        scale: &impl DeviceBuffer<T::Param>,
+        bias: &impl DeviceBuffer<T::Param>,
         running: Option<RunningStats<'_, T::Param>>,
-    ) -> Result<BatchNormSaved<T>> {
+    ) -> Result<BatchNormSaved<'x, T>> {
         bn.check_training(&running)?;
         let (data, param) = (bn.x.layout(), bn.param.layout());
         self.check_tensor("x", data, x, false)?;
         self.check_tensor("y", data, y, true)?;
         self.check_tensor("scale", param, scale, false)?;
         self.check_tensor("bias", param, bias, false)?;
-        let (factor, rmean, rvar) = match running {
+        let (factor, mut rmean, mut rvar) = match running {
             Some(r) => {
-                self.check_tensor("running mean", param, &*r.mean, true)?;
-                self.check_tensor("running variance", param, &*r.variance, true)?;
+                self.check_tensor("running mean", param, &r.mean, true)?;
+                self.check_tensor("running variance", param, &r.variance, true)?;
                 (r.factor, Some(r.mean), Some(r.variance))
             }
             None => (0.0, None, None),
@@ -617,18 +621,18 @@ impl Cudnn {
         self.bind()?;
         let stream = self.stream();
         let (mut mean, mut inv) = bn.alloc_stats(stream)?;
-        let (x_addr, y_addr);
+        let x_addr;
         {
             let stream: &CudaStream = stream;
             let (xp, _gx) = x.device_ptr(stream);
             let (yp, _gy) = y.device_ptr_mut(stream);
             let (sp, _gs) = scale.device_ptr(stream);
             let (bp, _gb) = bias.device_ptr(stream);
-            let (rmp, _grm) = opt_ptr_mut(rmean, stream);
-            let (rvp, _grv) = opt_ptr_mut(rvar, stream);
+            let (rmp, _grm) = opt_ptr_mut(rmean.as_mut(), stream);
+            let (rvp, _grv) = opt_ptr_mut(rvar.as_mut(), stream);
             let (mp, _gm) = mean.device_ptr_mut(stream);
             let (ip, _gi) = inv.device_ptr_mut(stream);
-            (x_addr, y_addr) = (xp, yp);
+            x_addr = xp;
             // SAFETY: live handle and descriptors (owned by `bn`); x, y, scale, bias and the
             // running statistics hold their descriptors' spans on the handle's context, outputs
             // do not overlap themselves (checked above); the running statistics are both given
@@ -666,7 +670,8 @@ impl Cudnn {
             ops: None,
             bn: bn.id,
             x: x_addr,
-            y: y_addr,
+            y: None,
+            _x: PhantomData,
         })
     }
 
@@ -685,17 +690,17 @@ impl Cudnn {
     pub fn batch_norm_backward<T: NormType>(
         &self,
         bn: &BatchNorm<T>,
-        saved: &BatchNormSaved<T>,
+        saved: &BatchNormSaved<'_, T>,
         alpha_data: T::Scalar,
         beta_data: T::Scalar,
         alpha_param: T::Scalar,
         beta_param: T::Scalar,
-        x: &impl DevicePtr<T>,
-        dy: &impl DevicePtr<T>,
-        dx: &mut impl DevicePtrMut<T>,
-        scale: &impl DevicePtr<T::Param>,
-        dscale: &mut impl DevicePtrMut<T::Param>,
-        dbias: &mut impl DevicePtrMut<T::Param>,
+        x: &impl DeviceBuffer<T>,
+        dy: &impl DeviceBuffer<T>,
+        dx: &mut impl DeviceBufferMut<T>,
+        scale: &impl DeviceBuffer<T::Param>,
+        dscale: &mut impl DeviceBufferMut<T::Param>,
+        dbias: &mut impl DeviceBufferMut<T::Param>,
     ) -> Result<()> {
         if let Some(ops) = saved.ops.filter(|o| o.has_activation()) {
             return Err(mismatch(
@@ -715,7 +720,7 @@ impl Cudnn {
         self.bind()?;
         let stream: &CudaStream = self.stream();
         let (xp, _gx) = x.device_ptr(stream);
-        check_origin(bn, saved, xp, None)?;
+        check_origin(bn, saved, xp)?;
         let (dyp, _gdy) = dy.device_ptr(stream);
         let (dxp, _gdx) = dx.device_ptr_mut(stream);
         let (sp, _gs) = scale.device_ptr(stream);
@@ -866,25 +871,25 @@ impl Cudnn {
     /// let bias = stream.alloc_zeros::<f32>(64).unwrap();
     /// let mut ws = Workspace::new(stream.clone());
     /// let saved = cudnn.batch_norm_forward_training_ex(
-    ///     &bn, BatchNormOps::BnAddRelu, 1.0, 0.0, &x, Some(&z), &mut y, &scale, &bias, None, &mut ws)?;
+    ///     &bn, BatchNormOps::BnAddRelu, 1.0, 0.0, &x, Some(z.as_view()), &mut y, &scale, &bias, None, &mut ws)?;
     /// # Ok(()) }
     /// ```
     #[doc(alias = "cudnnBatchNormalizationForwardTrainingEx")]
     #[allow(clippy::too_many_arguments)] // mirrors the C call
-    pub fn batch_norm_forward_training_ex<T: NormType>(
+    pub fn batch_norm_forward_training_ex<'x, T: NormType>(
         &self,
         bn: &BatchNorm<T>,
         ops: BatchNormOps,
         alpha: T::Scalar,
         beta: T::Scalar,
-        x: &impl DevicePtr<T>,
-        z: Option<&dyn DevicePtr<T>>,
-        y: &mut impl DevicePtrMut<T>,
-        scale: &impl DevicePtr<T::Param>,
-        bias: &impl DevicePtr<T::Param>,
+        x: &'x impl DeviceBuffer<T>,
+        z: Option<CudaView<'_, T>>,
+        y: &'x mut impl DeviceBufferMut<T>,
+        scale: &impl DeviceBuffer<T::Param>,
+        bias: &impl DeviceBuffer<T::Param>,
         running: Option<RunningStats<'_, T::Param>>,
         workspace: &mut Workspace,
-    ) -> Result<BatchNormSaved<T>> {
+    ) -> Result<BatchNormSaved<'x, T>> {
         if ops.has_add() != z.is_some() {
             return Err(Error::invalid(
                 "batch-norm z input",
@@ -898,16 +903,16 @@ impl Cudnn {
         bn.check_training(&running)?;
         let (data, param) = (bn.x.layout(), bn.param.layout());
         self.check_tensor("x", data, x, false)?;
-        if let Some(z) = z {
+        if let Some(z) = &z {
             self.check_tensor("z", data, z, false)?;
         }
         self.check_tensor("y", data, y, true)?;
         self.check_tensor("scale", param, scale, false)?;
         self.check_tensor("bias", param, bias, false)?;
-        let (factor, rmean, rvar) = match running {
+        let (factor, mut rmean, mut rvar) = match running {
             Some(r) => {
-                self.check_tensor("running mean", param, &*r.mean, true)?;
-                self.check_tensor("running variance", param, &*r.variance, true)?;
+                self.check_tensor("running mean", param, &r.mean, true)?;
+                self.check_tensor("running variance", param, &r.variance, true)?;
                 (r.factor, Some(r.mean), Some(r.variance))
             }
             None => (0.0, None, None),
@@ -928,24 +933,21 @@ impl Cudnn {
         } else {
             None
         };
-        let (x_addr, y_addr);
+        let x_addr;
         {
             let stream: &CudaStream = stream;
             let (xp, _gx) = x.device_ptr(stream);
-            let (zp, _gz) = opt_ptr(z, stream);
+            let (zp, _gz) = opt_ptr(z.as_ref(), stream);
             let (yp, _gy) = y.device_ptr_mut(stream);
             let (sp, _gs) = scale.device_ptr(stream);
             let (bp, _gb) = bias.device_ptr(stream);
-            let (rmp, _grm) = opt_ptr_mut(rmean, stream);
-            let (rvp, _grv) = opt_ptr_mut(rvar, stream);
+            let (rmp, _grm) = opt_ptr_mut(rmean.as_mut(), stream);
+            let (rvp, _grv) = opt_ptr_mut(rvar.as_mut(), stream);
             let (mp, _gm) = mean.device_ptr_mut(stream);
             let (ip, _gi) = inv.device_ptr_mut(stream);
             let (wp, _gw) = workspace.device_ptr_mut(stream);
-            let (rp, _gr) = opt_ptr_mut(
-                reserve.as_mut().map(|r| r as &mut dyn DevicePtrMut<u8>),
-                stream,
-            );
-            (x_addr, y_addr) = (xp, yp);
+            let (rp, _gr) = opt_ptr_mut(reserve.as_mut(), stream);
+            x_addr = xp;
             let act = bn.ex_activation(ops);
             let z_desc = bn.ex_data_desc(ops.has_add());
             // SAFETY: live handle and descriptors (owned by `bn`); x, z, y, scale, bias and the
@@ -993,7 +995,8 @@ impl Cudnn {
             ops: Some(ops),
             bn: bn.id,
             x: x_addr,
-            y: y_addr,
+            y: Some(DeviceBuffer::view(&*y)),
+            _x: PhantomData,
         })
     }
 
@@ -1003,29 +1006,29 @@ impl Cudnn {
     /// [`BatchNormOps::BnAddRelu`] also `dz` (the gradient reaching `z`, written with the data
     /// alpha/beta).
     ///
-    /// `y` (the forward's output, checked by address) must be given exactly when the ops have
-    /// an activation, `dz` exactly for the add op; `bias` is read by the fused activation.
-    /// `saved` is taken mutably because cuDNN declares the reserve space writable here.
+    /// The forward's output `y`, which the fused activation's gradient reads, comes from `saved`
+    /// (the forward keeps it borrowed); `dz` must be given exactly for the add op; `bias` is
+    /// read by the fused activation. `saved` is taken mutably because cuDNN declares the reserve
+    /// space writable here.
     #[doc(alias = "cudnnBatchNormalizationBackwardEx")]
     #[doc(alias = "cudnnGetBatchNormalizationBackwardExWorkspaceSize")]
     #[allow(clippy::too_many_arguments)] // mirrors the C call
     pub fn batch_norm_backward_ex<T: NormType>(
         &self,
         bn: &BatchNorm<T>,
-        saved: &mut BatchNormSaved<T>,
+        saved: &mut BatchNormSaved<'_, T>,
         alpha_data: T::Scalar,
         beta_data: T::Scalar,
         alpha_param: T::Scalar,
         beta_param: T::Scalar,
-        x: &impl DevicePtr<T>,
-        y: Option<&dyn DevicePtr<T>>,
-        dy: &impl DevicePtr<T>,
-        dz: Option<&mut dyn DevicePtrMut<T>>,
-        dx: &mut impl DevicePtrMut<T>,
-        scale: &impl DevicePtr<T::Param>,
-        bias: &impl DevicePtr<T::Param>,
-        dscale: &mut impl DevicePtrMut<T::Param>,
-        dbias: &mut impl DevicePtrMut<T::Param>,
+        x: &impl DeviceBuffer<T>,
+        dy: &impl DeviceBuffer<T>,
+        mut dz: Option<CudaViewMut<'_, T>>,
+        dx: &mut impl DeviceBufferMut<T>,
+        scale: &impl DeviceBuffer<T::Param>,
+        bias: &impl DeviceBuffer<T::Param>,
+        dscale: &mut impl DeviceBufferMut<T::Param>,
+        dbias: &mut impl DeviceBufferMut<T::Param>,
         workspace: &mut Workspace,
     ) -> Result<()> {
         let Some(ops) = saved.ops else {
@@ -1034,24 +1037,24 @@ impl Cudnn {
                 "statistics of the plain forward (use batch_norm_backward)".into(),
             ));
         };
-        if ops.has_activation() != y.is_some() || ops.has_add() != dz.is_some() {
+        if ops.has_add() != dz.is_some() {
             return Err(Error::invalid(
-                "batch-norm backward inputs",
-                "y exactly when the ops have an activation, dz exactly for BnAddRelu",
+                "batch-norm backward dz",
+                "dz exactly for BnAddRelu",
                 format!(
-                    "ops {ops:?} with y {} and dz {}",
-                    if y.is_some() { "given" } else { "absent" },
+                    "ops {ops:?} with dz {}",
                     if dz.is_some() { "given" } else { "absent" }
                 ),
             ));
         }
         let (data, param) = (bn.x.layout(), bn.param.layout());
         self.check_tensor("x", data, x, false)?;
+        let y = saved.y.as_ref().filter(|_| ops.has_activation());
         if let Some(y) = y {
             self.check_tensor("y", data, y, false)?;
         }
         self.check_tensor("dy", data, dy, false)?;
-        if let Some(dz) = dz.as_deref() {
+        if let Some(dz) = &dz {
             self.check_tensor("dz", data, dz, true)?;
         }
         self.check_tensor("dx", data, dx, true)?;
@@ -1070,10 +1073,10 @@ impl Cudnn {
         workspace.prepare(ws_bytes)?;
         let stream: &CudaStream = self.stream();
         let (xp, _gx) = x.device_ptr(stream);
-        let (yp, _gy) = opt_ptr(y, stream);
-        check_origin(bn, saved, xp, y.map(|_| yp as u64))?;
+        check_origin(bn, saved, xp)?;
+        let (yp, _gy) = opt_ptr(saved.y.as_ref().filter(|_| ops.has_activation()), stream);
         let (dyp, _gdy) = dy.device_ptr(stream);
-        let (dzp, _gdz) = opt_ptr_mut(dz, stream);
+        let (dzp, _gdz) = opt_ptr_mut(dz.as_mut(), stream);
         let (dxp, _gdx) = dx.device_ptr_mut(stream);
         let (sp, _gs) = scale.device_ptr(stream);
         let (bp, _gb) = bias.device_ptr(stream);
@@ -1083,13 +1086,7 @@ impl Cudnn {
         let (ip, _gi) = saved.inv_variance.device_ptr(stream);
         let (wp, _gw) = workspace.device_ptr_mut(stream);
         let reserve_bytes = saved.reserve_bytes;
-        let (rp, _gr) = opt_ptr_mut(
-            saved
-                .reserve
-                .as_mut()
-                .map(|r| r as &mut dyn DevicePtrMut<u8>),
-            stream,
-        );
+        let (rp, _gr) = opt_ptr_mut(saved.reserve.as_mut(), stream);
         let act = bn.ex_activation(ops);
         let y_desc = bn.ex_data_desc(ops.has_activation());
         let dz_desc = bn.ex_data_desc(ops.has_add());
@@ -1097,7 +1094,7 @@ impl Cudnn {
         // descriptor's span on the handle's context, outputs do not overlap themselves; y and
         // dz (and their descriptors) are given exactly where `ops` uses them; the saved
         // statistics and reserve space come from the Ex forward of this `bn` with these ops on
-        // this x (and y), and the reserve holds the bytes cuDNN asked for then; the workspace
+        // this x, y is that forward's output (held borrowed by `saved`), and the reserve holds the bytes cuDNN asked for then; the workspace
         // holds the bytes cuDNN asked for now; scalars are `T::Scalar`; the guards keep every
         // buffer alive and ordered until the call is enqueued.
         unsafe {

@@ -3,10 +3,11 @@ use std::cell::RefCell;
 use std::fmt;
 use std::marker::PhantomData;
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::CudaSlice;
 
 use super::affine::{check_saved_origin, first_graph_plan};
 use super::NormType;
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::error::{Error, Result};
 use crate::graph::{Args, Graph, Plan, TensorId};
 use crate::handle::Cudnn;
@@ -87,13 +88,16 @@ struct TrainGraphs {
 /// per-row inverse root mean square `r = 1/sqrt(mean(x²) + ε)` as f32, [`RmsNorm::rows`] of
 /// them. The backward call checks that it came from the same object and that `x` is the
 /// buffer the forward read.
-pub struct RmsNormSaved {
+pub struct RmsNormSaved<'x> {
     inv_rms: CudaSlice<f32>,
     norm: u64,
+    /// Device address of the `x` the forward read; `x` stays borrowed (`'x`) while this
+    /// value lives, so no other buffer can be at that address.
     x: u64,
+    _x: PhantomData<&'x ()>,
 }
 
-impl fmt::Debug for RmsNormSaved {
+impl fmt::Debug for RmsNormSaved<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RmsNormSaved")
             .field("rows", &self.inv_rms.len())
@@ -101,7 +105,7 @@ impl fmt::Debug for RmsNormSaved {
     }
 }
 
-impl RmsNormSaved {
+impl RmsNormSaved<'_> {
     /// `1/sqrt(mean(x²) + ε)` of each row, in row order.
     pub fn inv_rms(&self) -> &CudaSlice<f32> {
         &self.inv_rms
@@ -277,9 +281,9 @@ impl Cudnn {
     pub fn rms_norm_forward<T: NormType>(
         &self,
         rn: &RmsNorm<T>,
-        x: &impl DevicePtr<T>,
-        gamma: &impl DevicePtr<T>,
-        y: &mut impl DevicePtrMut<T>,
+        x: &impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        y: &mut impl DeviceBufferMut<T>,
         workspace: &mut Workspace,
     ) -> Result<()> {
         rn.build_plan(self)?;
@@ -298,14 +302,14 @@ impl Cudnn {
     /// the plans are built on first use ([`RmsNorm::build_training_plans`]).
     #[doc(alias = "CUDNN_RMS_NORM")]
     #[doc(alias = "CUDNN_NORM_FWD_TRAINING")]
-    pub fn rms_norm_forward_training<T: NormType>(
+    pub fn rms_norm_forward_training<'x, T: NormType>(
         &self,
         rn: &RmsNorm<T>,
-        x: &impl DevicePtr<T>,
-        gamma: &impl DevicePtr<T>,
-        y: &mut impl DevicePtrMut<T>,
+        x: &'x impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        y: &mut impl DeviceBufferMut<T>,
         workspace: &mut Workspace,
-    ) -> Result<RmsNormSaved> {
+    ) -> Result<RmsNormSaved<'x>> {
         rn.build_training_plans(self)?;
         let held = rn.train.borrow();
         let g = held.as_ref().expect("built above");
@@ -328,6 +332,7 @@ impl Cudnn {
             inv_rms,
             norm: rn.id,
             x: x_at,
+            _x: PhantomData,
         })
     }
 
@@ -342,12 +347,12 @@ impl Cudnn {
     pub fn rms_norm_backward<T: NormType>(
         &self,
         rn: &RmsNorm<T>,
-        saved: &RmsNormSaved,
-        x: &impl DevicePtr<T>,
-        dy: &impl DevicePtr<T>,
-        gamma: &impl DevicePtr<T>,
-        dx: &mut impl DevicePtrMut<T>,
-        dgamma: &mut impl DevicePtrMut<T>,
+        saved: &RmsNormSaved<'_>,
+        x: &impl DeviceBuffer<T>,
+        dy: &impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        dx: &mut impl DeviceBufferMut<T>,
+        dgamma: &mut impl DeviceBufferMut<T>,
         workspace: &mut Workspace,
     ) -> Result<()> {
         check_saved_origin(

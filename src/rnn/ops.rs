@@ -9,10 +9,13 @@
 use std::ffi::c_void;
 use std::marker::PhantomData;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice,
+};
 use cudnn_safe_sys as sys;
 
 use super::{ffi, CellMode, DropoutSlot, Rnn, SeqDataDesc};
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::checks::{opt_ptr, opt_ptr_mut};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
@@ -70,14 +73,14 @@ pub enum WeightGradMode {
 #[must_use]
 pub struct Forward<'a, T: DataType> {
     x_desc: &'a SeqDataDesc<T>,
-    x: &'a dyn DevicePtr<T>,
+    x: CudaView<'a, T>,
     y_desc: &'a SeqDataDesc<T>,
-    y: &'a mut dyn DevicePtrMut<T>,
-    weights: &'a dyn DevicePtr<T>,
-    hx: Option<&'a dyn DevicePtr<T>>,
-    cx: Option<&'a dyn DevicePtr<T>>,
-    hy: Option<&'a mut dyn DevicePtrMut<T>>,
-    cy: Option<&'a mut dyn DevicePtrMut<T>>,
+    y: CudaViewMut<'a, T>,
+    weights: CudaView<'a, T>,
+    hx: Option<CudaView<'a, T>>,
+    cx: Option<CudaView<'a, T>>,
+    hy: Option<CudaViewMut<'a, T>>,
+    cy: Option<CudaViewMut<'a, T>>,
 }
 
 impl<'a, T: DataType> Forward<'a, T> {
@@ -85,17 +88,17 @@ impl<'a, T: DataType> Forward<'a, T> {
     /// `output_size` values per step) with the given weight space; no initial or final states.
     pub fn new(
         x_desc: &'a SeqDataDesc<T>,
-        x: &'a dyn DevicePtr<T>,
+        x: &'a impl DeviceBuffer<T>,
         y_desc: &'a SeqDataDesc<T>,
-        y: &'a mut dyn DevicePtrMut<T>,
-        weights: &'a dyn DevicePtr<T>,
+        y: &'a mut impl DeviceBufferMut<T>,
+        weights: &'a impl DeviceBuffer<T>,
     ) -> Self {
         Forward {
             x_desc,
-            x,
+            x: x.view(),
             y_desc,
-            y,
-            weights,
+            y: y.view_mut(),
+            weights: weights.view(),
             hx: None,
             cx: None,
             hy: None,
@@ -103,24 +106,24 @@ impl<'a, T: DataType> Forward<'a, T> {
         }
     }
     /// Initial hidden state (zero without it).
-    pub fn hx(mut self, hx: &'a dyn DevicePtr<T>) -> Self {
-        self.hx = Some(hx);
+    pub fn hx(mut self, hx: &'a impl DeviceBuffer<T>) -> Self {
+        self.hx = Some(hx.view());
         self
     }
     /// Initial LSTM cell state (zero without it).
-    pub fn cx(mut self, cx: &'a dyn DevicePtr<T>) -> Self {
-        self.cx = Some(cx);
+    pub fn cx(mut self, cx: &'a impl DeviceBuffer<T>) -> Self {
+        self.cx = Some(cx.view());
         self
     }
     /// Where to write the final hidden state (each sequence's state after its last step; for
     /// the reverse direction, after step 0).
-    pub fn hy(mut self, hy: &'a mut dyn DevicePtrMut<T>) -> Self {
-        self.hy = Some(hy);
+    pub fn hy(mut self, hy: &'a mut impl DeviceBufferMut<T>) -> Self {
+        self.hy = Some(hy.view_mut());
         self
     }
     /// Where to write the final LSTM cell state.
-    pub fn cy(mut self, cy: &'a mut dyn DevicePtrMut<T>) -> Self {
-        self.cy = Some(cy);
+    pub fn cy(mut self, cy: &'a mut impl DeviceBufferMut<T>) -> Self {
+        self.cy = Some(cy.view_mut());
         self
     }
 }
@@ -134,17 +137,17 @@ impl<'a, T: DataType> Forward<'a, T> {
 #[must_use]
 pub struct BackwardData<'a, T: DataType> {
     y_desc: &'a SeqDataDesc<T>,
-    y: &'a dyn DevicePtr<T>,
-    dy: &'a dyn DevicePtr<T>,
+    y: CudaView<'a, T>,
+    dy: CudaView<'a, T>,
     x_desc: &'a SeqDataDesc<T>,
-    dx: &'a mut dyn DevicePtrMut<T>,
-    weights: &'a dyn DevicePtr<T>,
-    hx: Option<&'a dyn DevicePtr<T>>,
-    cx: Option<&'a dyn DevicePtr<T>>,
-    dhy: Option<&'a dyn DevicePtr<T>>,
-    dcy: Option<&'a dyn DevicePtr<T>>,
-    dhx: Option<&'a mut dyn DevicePtrMut<T>>,
-    dcx: Option<&'a mut dyn DevicePtrMut<T>>,
+    dx: CudaViewMut<'a, T>,
+    weights: CudaView<'a, T>,
+    hx: Option<CudaView<'a, T>>,
+    cx: Option<CudaView<'a, T>>,
+    dhy: Option<CudaView<'a, T>>,
+    dcy: Option<CudaView<'a, T>>,
+    dhx: Option<CudaViewMut<'a, T>>,
+    dcx: Option<CudaViewMut<'a, T>>,
 }
 
 impl<'a, T: DataType> BackwardData<'a, T> {
@@ -152,19 +155,19 @@ impl<'a, T: DataType> BackwardData<'a, T> {
     /// output `y` and the weight space.
     pub fn new(
         y_desc: &'a SeqDataDesc<T>,
-        y: &'a dyn DevicePtr<T>,
-        dy: &'a dyn DevicePtr<T>,
+        y: &'a impl DeviceBuffer<T>,
+        dy: &'a impl DeviceBuffer<T>,
         x_desc: &'a SeqDataDesc<T>,
-        dx: &'a mut dyn DevicePtrMut<T>,
-        weights: &'a dyn DevicePtr<T>,
+        dx: &'a mut impl DeviceBufferMut<T>,
+        weights: &'a impl DeviceBuffer<T>,
     ) -> Self {
         BackwardData {
             y_desc,
-            y,
-            dy,
+            y: y.view(),
+            dy: dy.view(),
             x_desc,
-            dx,
-            weights,
+            dx: dx.view_mut(),
+            weights: weights.view(),
             hx: None,
             cx: None,
             dhy: None,
@@ -174,33 +177,33 @@ impl<'a, T: DataType> BackwardData<'a, T> {
         }
     }
     /// The initial hidden state the forward used.
-    pub fn hx(mut self, hx: &'a dyn DevicePtr<T>) -> Self {
-        self.hx = Some(hx);
+    pub fn hx(mut self, hx: &'a impl DeviceBuffer<T>) -> Self {
+        self.hx = Some(hx.view());
         self
     }
     /// The initial LSTM cell state the forward used.
-    pub fn cx(mut self, cx: &'a dyn DevicePtr<T>) -> Self {
-        self.cx = Some(cx);
+    pub fn cx(mut self, cx: &'a impl DeviceBuffer<T>) -> Self {
+        self.cx = Some(cx.view());
         self
     }
     /// Gradient with respect to the final hidden state.
-    pub fn dhy(mut self, dhy: &'a dyn DevicePtr<T>) -> Self {
-        self.dhy = Some(dhy);
+    pub fn dhy(mut self, dhy: &'a impl DeviceBuffer<T>) -> Self {
+        self.dhy = Some(dhy.view());
         self
     }
     /// Gradient with respect to the final LSTM cell state.
-    pub fn dcy(mut self, dcy: &'a dyn DevicePtr<T>) -> Self {
-        self.dcy = Some(dcy);
+    pub fn dcy(mut self, dcy: &'a impl DeviceBuffer<T>) -> Self {
+        self.dcy = Some(dcy.view());
         self
     }
     /// Where to write the gradient with respect to the initial hidden state.
-    pub fn dhx(mut self, dhx: &'a mut dyn DevicePtrMut<T>) -> Self {
-        self.dhx = Some(dhx);
+    pub fn dhx(mut self, dhx: &'a mut impl DeviceBufferMut<T>) -> Self {
+        self.dhx = Some(dhx.view_mut());
         self
     }
     /// Where to write the gradient with respect to the initial LSTM cell state.
-    pub fn dcx(mut self, dcx: &'a mut dyn DevicePtrMut<T>) -> Self {
-        self.dcx = Some(dcx);
+    pub fn dcx(mut self, dcx: &'a mut impl DeviceBufferMut<T>) -> Self {
+        self.dcx = Some(dcx.view_mut());
         self
     }
 }
@@ -211,11 +214,11 @@ impl<'a, T: DataType> BackwardData<'a, T> {
 #[must_use]
 pub struct BackwardWeights<'a, T: DataType> {
     x_desc: &'a SeqDataDesc<T>,
-    x: &'a dyn DevicePtr<T>,
+    x: CudaView<'a, T>,
     y_desc: &'a SeqDataDesc<T>,
-    y: &'a dyn DevicePtr<T>,
-    dweights: &'a mut dyn DevicePtrMut<T>,
-    hx: Option<&'a dyn DevicePtr<T>>,
+    y: CudaView<'a, T>,
+    dweights: CudaViewMut<'a, T>,
+    hx: Option<CudaView<'a, T>>,
     mode: WeightGradMode,
 }
 
@@ -223,24 +226,24 @@ impl<'a, T: DataType> BackwardWeights<'a, T> {
     /// Weight gradient from the forward's `x` and `y` into `dweights` (overwritten).
     pub fn new(
         x_desc: &'a SeqDataDesc<T>,
-        x: &'a dyn DevicePtr<T>,
+        x: &'a impl DeviceBuffer<T>,
         y_desc: &'a SeqDataDesc<T>,
-        y: &'a dyn DevicePtr<T>,
-        dweights: &'a mut dyn DevicePtrMut<T>,
+        y: &'a impl DeviceBuffer<T>,
+        dweights: &'a mut impl DeviceBufferMut<T>,
     ) -> Self {
         BackwardWeights {
             x_desc,
-            x,
+            x: x.view(),
             y_desc,
-            y,
-            dweights,
+            y: y.view(),
+            dweights: dweights.view_mut(),
             hx: None,
             mode: WeightGradMode::Overwrite,
         }
     }
     /// The initial hidden state the forward used.
-    pub fn hx(mut self, hx: &'a dyn DevicePtr<T>) -> Self {
-        self.hx = Some(hx);
+    pub fn hx(mut self, hx: &'a impl DeviceBuffer<T>) -> Self {
+        self.hx = Some(hx.view());
         self
     }
     /// Overwrite (default) or accumulate.
@@ -526,13 +529,15 @@ impl<T: DataType> Rnn<T> {
             x_desc,
             x,
             y_desc,
-            y,
+            mut y,
             weights,
             hx,
             cx,
-            hy,
-            cy,
+            mut hy,
+            mut cy,
         } = args;
+        let (x, y, weights) = (&x, &mut y, &weights);
+        let (hx, cx, hy, cy) = (hx.as_ref(), cx.as_ref(), hy.as_mut(), cy.as_mut());
         self.check_io(x_desc, y_desc)?;
         self.check_cell_state("cx", cx.is_some())?;
         self.check_cell_state("cy", cy.is_some())?;
@@ -736,15 +741,18 @@ impl<T: DataType> Rnn<T> {
             y,
             dy,
             x_desc,
-            dx,
+            mut dx,
             weights,
             hx,
             cx,
             dhy,
             dcy,
-            dhx,
-            dcx,
+            mut dhx,
+            mut dcx,
         } = args;
+        let (y, dy, dx, weights) = (&y, &dy, &mut dx, &weights);
+        let (hx, cx, dhy, dcy) = (hx.as_ref(), cx.as_ref(), dhy.as_ref(), dcy.as_ref());
+        let (dhx, dcx) = (dhx.as_mut(), dcx.as_mut());
         self.check_io(x_desc, y_desc)?;
         self.check_reserve(cudnn, reserve, x_desc, y_desc)?;
         match reserve.state {
@@ -872,10 +880,11 @@ impl<T: DataType> Rnn<T> {
             x,
             y_desc,
             y,
-            dweights,
+            mut dweights,
             hx,
             mode,
         } = args;
+        let (x, y, dweights, hx) = (&x, &y, &mut dweights, hx.as_ref());
         self.check_io(x_desc, y_desc)?;
         self.check_reserve(cudnn, reserve, x_desc, y_desc)?;
         if reserve.state != ReserveState::DataDone {

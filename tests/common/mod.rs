@@ -202,7 +202,10 @@ pub fn image<T: DataType>(span: usize, offs: &[usize], mut fill: impl FnMut(usiz
 }
 
 /// Copies `dev` back after waiting for the stream.
-pub fn download<T: DataType>(stream: &Arc<CudaStream>, dev: &CudaSlice<T>) -> Vec<T> {
+pub fn download<T: DataType>(
+    stream: &Arc<CudaStream>,
+    dev: &impl cudnn_safe::DeviceBuffer<T>,
+) -> Vec<T> {
     stream.synchronize().unwrap();
     stream.clone_dtoh(dev).unwrap()
 }
