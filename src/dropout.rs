@@ -42,6 +42,7 @@ use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
+use crate::stream_order::cross_use;
 use crate::tensor::{Layout, TensorDesc};
 
 /// The C calls of this family, declared here (not in `raw.rs`) as the family's own.
@@ -201,6 +202,8 @@ impl Dropout {
     /// (Re)initialises the states from `self.seed` with `self.probability`.
     fn initialise(&mut self, cudnn: &Cudnn, bytes: usize) -> Result<()> {
         let stream: &cudarc::driver::CudaStream = cudnn.stream();
+        let alloc = self.states.stream().clone();
+        let _order = cross_use(&alloc, stream)?;
         let (sp, _gs) = self.states.device_ptr_mut(stream);
         // SAFETY: live descriptor and handle (bound above by the caller); `states` holds at least
         // `bytes` bytes (the size cuDNN asked for) on the handle's context, and is owned by
@@ -296,6 +299,12 @@ impl Dropout {
     #[allow(dead_code)] // used by the RNN family
     pub(crate) fn states_mut(&mut self) -> &mut CudaSlice<u8> {
         &mut self.states
+    }
+
+    /// The stream the states were allocated on.
+    #[allow(dead_code)] // used by the RNN family
+    pub(crate) fn states_stream(&self) -> &Arc<cudarc::driver::CudaStream> {
+        self.states.stream()
     }
 
     /// A process-unique id (never reused), so a reserve can name the dropout it came from.
@@ -427,8 +436,10 @@ impl Cudnn {
             let (xp, _gx) = x.device_ptr(stream);
             let (yp, _gy) = y.device_ptr_mut(stream);
             let (rp, _gr) = buf.device_ptr_mut(stream);
-            // The descriptor holds the states' address; this guard orders the draw after the
+            // The descriptor holds the states' address; these guards order the draw after the
             // states' initialisation (or previous draw) and before any later free.
+            let alloc = dropout.states.stream().clone();
+            let _order = cross_use(&alloc, stream)?;
             let (_sp, _gs) = dropout.states.device_ptr_mut(stream);
             // SAFETY: live handle and descriptors; the dropout descriptor was initialised with
             // states it owns on this context (checked); `x` and `y` hold their spans on this
@@ -529,6 +540,7 @@ impl Cudnn {
         let stream: &cudarc::driver::CudaStream = self.stream();
         let (dyp, _gdy) = dy.device_ptr(stream);
         let (dxp, _gdx) = dx.device_ptr_mut(stream);
+        let _order = cross_use(reserve.buf.stream(), stream)?;
         let (rp, _gr) = reserve.buf.device_ptr(stream);
         // SAFETY: live handle and descriptors; `dy`, `dx` hold their spans on this context, `dx`
         // does not overlap itself and cannot alias `dy`; the reserve holds at least the bytes

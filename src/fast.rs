@@ -286,6 +286,13 @@ impl Drop for FastKernels {
 #[derive(Default)]
 pub(crate) struct KernelCache(OnceCell<Option<FastKernels>>);
 
+impl KernelCache {
+    /// Whether the kernels were loaded (so launches from them may still be in flight).
+    pub(crate) fn is_loaded(&self) -> bool {
+        matches!(self.0.get(), Some(Some(_)))
+    }
+}
+
 // `Cudnn` is `Send` by an `unsafe impl` that assumes its fields may move between threads; keep
 // this cache one of them.
 const _: fn() = || {

@@ -1,6 +1,7 @@
 //! The cuDNN handle, bound to a cudarc stream, and the checks every launch runs.
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream, DeviceSlice};
@@ -39,9 +40,10 @@ pub fn cuda_context(ordinal: usize) -> Result<Arc<CudaContext>> {
 /// # Ok(()) }
 /// ```
 pub struct Cudnn {
-    raw: NonNull<sys::cudnnContext>,
+    /// The raw handle, shared with the graphs and plans built on it (they keep it alive, so its
+    /// address cannot be handed to another handle while one of them lives).
+    inner: Arc<HandleInner>,
     stream: Arc<CudaStream>,
-    lib: &'static Library,
     /// Recent workspace-size answers keyed by (direction, algorithm, descriptor ids), so a launch
     /// can check its workspace without asking cuDNN again. Ids are never reused and descriptors
     /// are immutable, so an entry can never describe another problem. `Cudnn` is not `Sync`,
@@ -51,6 +53,47 @@ pub struct Cudnn {
     /// launch that can use one, or the remembered failure to load them. Dropped after
     /// `cudnnDestroy`, which synchronizes the device, so no kernel of the module still runs.
     pub(crate) fast: crate::fast::KernelCache,
+}
+
+/// Source of [`Cudnn::id`]: starts at 1, never reused in a process.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The `cudnnHandle_t` itself, destroyed when the last owner lets go: the [`Cudnn`] and every
+/// graph or plan built on it (cuDNN's descriptors of those refer to the handle).
+pub(crate) struct HandleInner {
+    raw: NonNull<sys::cudnnContext>,
+    lib: &'static Library,
+    /// Kept so the handle is destroyed with its context current, and outlives nothing it needs.
+    ctx: Arc<CudaContext>,
+    id: u64,
+}
+
+// SAFETY: `HandleInner` is the raw handle plus immutable data. The handle is used only through a
+// `Cudnn` (which is not `Sync`, so by one thread at a time) and destroyed once, by `Drop`, when
+// no `Cudnn`, graph or plan refers to it any more — so no other thread can be using it then.
+unsafe impl Send for HandleInner {}
+// SAFETY: shared references to `HandleInner` expose only its id (and, inside the crate, the raw
+// pointer, which is passed to cuDNN only through the owning `Cudnn`, see above).
+unsafe impl Sync for HandleInner {}
+
+impl HandleInner {
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl Drop for HandleInner {
+    fn drop(&mut self) {
+        if let Err(e) = self.ctx.bind_to_thread() {
+            log::warn!("dropping a cuDNN handle: binding its context: {e}");
+        }
+        // SAFETY: the handle was created by cudnnCreate and is destroyed exactly once, here,
+        // when its last owner is gone (no `Cudnn`, graph or plan can use it afterwards); work
+        // already enqueued keeps running (cudnnDestroy synchronizes as needed).
+        if let Err(e) = unsafe { raw::cudnnDestroy(self.lib, self.raw.as_ptr()) } {
+            log::warn!("cudnnDestroy: {e}");
+        }
+    }
 }
 
 /// A small most-recently-used list of workspace sizes.
@@ -80,8 +123,9 @@ unsafe impl Send for Cudnn {}
 impl fmt::Debug for Cudnn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Cudnn")
+            .field("id", &self.inner.id)
             .field("device", &self.stream.context().ordinal())
-            .field("library", &self.lib.origin())
+            .field("library", &self.inner.lib.origin())
             .finish()
     }
 }
@@ -109,9 +153,13 @@ impl Cudnn {
             message: "returned a null handle".into(),
         })?;
         let handle = Cudnn {
-            raw,
+            inner: Arc::new(HandleInner {
+                raw,
+                lib,
+                ctx: stream.context().clone(),
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            }),
             stream,
-            lib,
             ws_memo: Default::default(),
             fast: Default::default(),
         };
@@ -137,7 +185,7 @@ impl Cudnn {
         }
         self.bind()?;
         // SAFETY: live handle; same context, checked above; we keep the Arc to the stream.
-        unsafe { raw::cudnnSetStream(self.lib, self.as_raw(), stream.cu_stream().cast()) }?;
+        unsafe { raw::cudnnSetStream(self.lib(), self.as_raw(), stream.cu_stream().cast()) }?;
         self.stream = stream;
         Ok(())
     }
@@ -152,19 +200,32 @@ impl Cudnn {
     }
     /// `cudnnGetVersion()` of the loaded library (e.g. `91400`).
     pub fn version(&self) -> usize {
-        self.lib.version()
+        self.inner.lib.version()
     }
     /// Where the library was loaded from.
     pub fn library_origin(&self) -> &str {
-        self.lib.origin()
+        self.inner.lib.origin()
     }
-    /// The raw handle, for cuDNN functions this crate does not wrap. It stays owned by `self`.
+    /// The raw handle, for cuDNN functions this crate does not wrap. It stays owned by `self`
+    /// (and by the graphs and plans built on it).
     pub fn as_raw(&self) -> sys::cudnnHandle_t {
-        self.raw.as_ptr()
+        self.inner.raw.as_ptr()
+    }
+
+    /// This handle's identity: unique in the process, never reused (unlike the address of the
+    /// raw handle, which cuDNN may hand to a later handle). Graphs, plans, plan-cache entries and
+    /// the autotuner's held plans remember it, and refuse a handle with another id.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// The shared raw handle, for objects that must keep it alive (graphs and plans).
+    pub(crate) fn inner(&self) -> &Arc<HandleInner> {
+        &self.inner
     }
 
     pub(crate) fn lib(&self) -> &'static Library {
-        self.lib
+        self.inner.lib
     }
 
     pub(crate) fn ws_memo(&self) -> &std::cell::RefCell<WorkspaceMemo> {
@@ -220,13 +281,23 @@ impl Cudnn {
 
 impl Drop for Cudnn {
     fn drop(&mut self) {
+        // Graphs and plans built on this handle may keep the raw handle alive after this value
+        // (and its stream) are gone; leave it on the default stream, which never dangles.
         if let Err(e) = self.bind() {
             log::warn!("dropping a cuDNN handle: {e}");
         }
-        // SAFETY: the handle was created by cudnnCreate and is destroyed exactly once; work
-        // already enqueued keeps running (cudnnDestroy synchronizes as needed).
-        if let Err(e) = unsafe { raw::cudnnDestroy(self.lib, self.raw.as_ptr()) } {
-            log::warn!("cudnnDestroy: {e}");
+        // SAFETY: live handle (we own a reference to it); the null stream is CUDA's legacy
+        // default stream of the handle's context, always valid.
+        let reset = unsafe { raw::cudnnSetStream(self.lib(), self.as_raw(), std::ptr::null_mut()) };
+        if let Err(e) = reset {
+            log::warn!("dropping a cuDNN handle: cudnnSetStream: {e}");
+        }
+        // The crate's own kernels (`fast`) are unloaded with this value: the work launched from
+        // them must be done first. (The raw handle itself goes with its last owner.)
+        if self.fast.is_loaded() {
+            if let Err(e) = self.context().synchronize() {
+                log::warn!("dropping a cuDNN handle: synchronizing before unloading kernels: {e}");
+            }
         }
     }
 }

@@ -64,6 +64,7 @@ mod raw;
 pub mod reduce;
 pub mod rnn;
 pub mod softmax;
+mod stream_order;
 pub mod tensor;
 mod version;
 mod workspace;

@@ -570,7 +570,7 @@ fn launch_f32_detour<A: DataType, C: DataType<Scalar = A::Scalar>>(
     let stream: &cudarc::driver::CudaStream = cudnn.stream();
     let (ap, _ga) = a.device_ptr(stream);
     let (cp, _gc) = c.device_ptr_mut(stream);
-    let (base, _gws) = workspace.device_ptr_mut(stream);
+    let (base, _gws) = workspace.device_ptr_mut(cudnn.stream())?;
     // Device addresses inside the workspace; integer arithmetic, never dereferenced on the host.
     let at = |offset: usize| (base as usize + offset) as *mut c_void;
 
@@ -760,7 +760,7 @@ fn launch_reduce<A: DataType, C: DataType<Scalar = A::Scalar>, I: DeviceBufferMu
         }
         None => (std::ptr::null_mut(), None),
     };
-    let (wsp, _gws) = workspace.device_ptr_mut(stream);
+    let (wsp, _gws) = workspace.device_ptr_mut(cudnn.stream())?;
     // SAFETY: live handle and descriptors; `a` and `c` hold their spans on the handle's context
     // and `c` does not overlap itself (checked) nor alias `a` (`&` vs `&mut`); the shapes follow
     // cuDNN's reduction rule and the dtypes a supported pair with the matching compute type

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use crate::error::{Error, Result};
+use crate::stream_order::UseOrder;
 
 /// Largest workspace ever allocated, whatever the limit: a request above it (1 TiB, PyTorch's
 /// cap too) is treated as a failure of the query, not as an allocation to attempt.
@@ -27,6 +28,8 @@ pub struct Workspace {
     buf: Option<CudaSlice<u8>>,
     stream: Arc<CudaStream>,
     limit: usize,
+    /// Uses on streams other than `stream` (a handle's), ordered by events of the crate's own.
+    order: UseOrder,
 }
 
 impl Workspace {
@@ -36,6 +39,7 @@ impl Workspace {
             buf: None,
             stream,
             limit: MAX_WORKSPACE_BYTES,
+            order: UseOrder::default(),
         }
     }
 
@@ -78,8 +82,9 @@ impl Workspace {
         if bytes <= self.capacity() {
             return Ok(());
         }
-        // Free the old buffer first so peak memory is the new size, not old + new.
-        self.buf = None;
+        // Free the old buffer first so peak memory is the new size, not old + new; its free on
+        // the allocating stream waits for its last use on another stream.
+        self.release();
         // SAFETY: the memory is uninitialised, which is sound for `u8` storage that is only ever
         // handed to cuDNN as scratch (cuDNN writes its workspace before reading it) and never
         // read on the host; skipping the zero-fill keeps a first call's growth cheap.
@@ -90,8 +95,12 @@ impl Workspace {
         Ok(())
     }
 
-    /// Releases the memory (the next `reserve` allocates again).
+    /// Releases the memory (the next `reserve` allocates again). The free is ordered after
+    /// the work already enqueued with it, on any stream.
     pub fn release(&mut self) {
+        if self.buf.is_some() {
+            self.order.release(&self.stream);
+        }
         self.buf = None;
     }
 
@@ -109,20 +118,23 @@ impl Workspace {
     }
 
     /// The device address of the buffer (null when nothing is allocated) and the cudarc guard
-    /// that orders the buffer's later reuse or free after work enqueued on `stream`.
+    /// that orders the buffer's later reuse or free after work enqueued on `stream`; `stream`
+    /// first waits for the buffer's previous use on another stream (see [`UseOrder`]), so the
+    /// ordering holds whether or not cudarc tracks events.
     pub(crate) fn device_ptr_mut<'a>(
         &'a mut self,
-        stream: &'a CudaStream,
-    ) -> (
+        stream: &'a Arc<CudaStream>,
+    ) -> Result<(
         *mut std::ffi::c_void,
         Option<cudarc::driver::SyncOnDrop<'a>>,
-    ) {
+    )> {
         match self.buf.as_mut() {
             Some(b) => {
+                self.order.enter(&self.stream, stream)?;
                 let (p, g) = cudarc::driver::DevicePtrMut::device_ptr_mut(b, stream);
-                (p as *mut std::ffi::c_void, Some(g))
+                Ok((p as *mut std::ffi::c_void, Some(g)))
             }
-            None => (std::ptr::null_mut(), None),
+            None => Ok((std::ptr::null_mut(), None)),
         }
     }
 
@@ -130,5 +142,11 @@ impl Workspace {
     pub fn prepare(&mut self, required: usize) -> Result<()> {
         self.reserve(required)?;
         self.check(required)
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        self.release();
     }
 }

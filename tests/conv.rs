@@ -3687,6 +3687,38 @@ fn union_accumulating_calls_use_legacy_and_keep_old_values() {
     );
 }
 
+/// The tuner's held graph plan belongs to the handle it was built on: after that handle is
+/// dropped, a new handle (often at the old address) gets the decision rebuilt on itself, never
+/// the stale plan, and the result is right.
+#[test]
+fn union_held_plan_is_rebuilt_on_a_new_handle() {
+    let Some(first) = gpu() else { return };
+    let mut rng = Rng::new(1010);
+    let mode = &UNION_F16;
+    let s = union_setup::<f16>(&first, &mut rng, mode);
+    let mut tuner = fresh(Policy::Benchmark).graph_search(GraphSearch::Prefer);
+    let (tuned, _) = union_call(&first, &mut rng, &mut tuner, &s, mode, 1.0, 0.0);
+    assert!(tuned.api.is_graph(), "{}", tuned.describe());
+    let (stream, old_id) = (first.stream.clone(), first.cudnn.id());
+    drop(first);
+    for round in 0..3 {
+        let g = Gpu {
+            stream: stream.clone(),
+            cudnn: Cudnn::new(stream.clone()).unwrap(),
+        };
+        assert_ne!(g.cudnn.id(), old_id);
+        let (c, _) = union_call(&g, &mut rng, &mut tuner, &s, mode, 1.0, 0.0);
+        assert_eq!(
+            c.source,
+            Source::Cache,
+            "round {round}: the decision is kept"
+        );
+        assert_eq!(c.api, tuned.api, "round {round}");
+        assert_eq!(c.algo, tuned.algo, "round {round}");
+    }
+    assert_eq!(tuner.stats().benchmarks, 1);
+}
+
 #[test]
 fn union_graph_decision_persists_and_is_rebuilt_without_benchmark() {
     let Some(g) = gpu() else { return };

@@ -885,3 +885,169 @@ fn workspace_grows_is_reused_and_is_limited() {
     assert_eq!(unlimited.limit(), MAX_WORKSPACE_BYTES);
     assert_eq!(Workspace::new(stream).limit(), MAX_WORKSPACE_BYTES);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The crate's own memory across streams, without cudarc's event tracking
+// ---------------------------------------------------------------------------------------------
+
+/// Turns cudarc's event tracking off for buffers created while it lives (the `unsafe` contract:
+/// the test orders its own buffers, here by synchronizing), and back on when dropped, panics
+/// included, so that later tests in this process are not affected.
+struct NoEventTracking(Arc<CudaContext>);
+
+impl NoEventTracking {
+    fn new(ctx: &Arc<CudaContext>) -> Self {
+        ctx.synchronize().unwrap();
+        // SAFETY: every buffer this test creates while tracking is off is used on the streams
+        // the test orders by hand (each check synchronizes before the next step) and dropped
+        // after a synchronization; the crate's own memory is what the test checks.
+        unsafe { ctx.disable_event_tracking() };
+        NoEventTracking(ctx.clone())
+    }
+}
+
+impl Drop for NoEventTracking {
+    fn drop(&mut self) {
+        let _ = self.0.synchronize();
+        // SAFETY: see `new`; buffers made while it was off are dropped by now or synchronized.
+        unsafe { self.0.enable_event_tracking() };
+    }
+}
+
+/// About `ms` of work on `stream` (repeated 64 MiB f32 transforms), returning the buffers so
+/// that they outlive the work.
+fn busy(
+    cudnn: &Cudnn,
+    ms: f64,
+) -> (
+    cudnn_safe::cudarc::driver::CudaSlice<f32>,
+    cudnn_safe::cudarc::driver::CudaSlice<f32>,
+) {
+    let n = 16 << 20;
+    let d = TensorDesc::<f32>::nchw(1, 1, 4096, (n / 4096) as i64).unwrap();
+    let stream = cudnn.stream();
+    let a = stream.alloc_zeros::<f32>(n).unwrap();
+    let mut b = stream.alloc_zeros::<f32>(n).unwrap();
+    // ~0.04 ms per 128 MiB of traffic at H200 bandwidth; round generously up.
+    let reps = (ms / 0.02).ceil() as usize;
+    for _ in 0..reps {
+        cudnn
+            .transform_tensor(1.0, &d, &a, 0.0, &d, &mut b)
+            .unwrap();
+    }
+    (a, b)
+}
+
+/// A workspace allocated on one stream and used by a handle on another, in a context whose
+/// buffers carry no cudarc events: growing it frees the old buffer on its allocating stream only
+/// after the other stream's work with it (checked: once an event recorded on the allocating
+/// stream after the growth has completed, the other stream's earlier work has too).
+#[test]
+fn gpu_workspace_growth_waits_for_its_use_on_another_stream() {
+    let Some((_s, first)) = gpu() else { return };
+    let ctx = first.context().clone();
+    drop(first);
+    let tracking = NoEventTracking::new(&ctx);
+    let s_alloc = ctx.new_stream().unwrap();
+    let s_use = ctx.new_stream().unwrap();
+    let cudnn = Cudnn::new(s_use.clone()).unwrap();
+    let mut ws = Workspace::new(s_alloc.clone());
+    ws.reserve(1 << 20).unwrap();
+    s_alloc.synchronize().unwrap();
+
+    // Long work on the handle's stream, then a launch that uses the workspace there.
+    let keep = busy(&cudnn, 40.0);
+    let x_d = TensorDesc::<f32>::nchw(2, 4, 16, 16).unwrap();
+    let w_d =
+        cudnn_safe::FilterDesc::<f32>::new(&[8, 4, 3, 3], cudnn_safe::TensorFormat::Nchw).unwrap();
+    let conv = cudnn_safe::conv::ConvDesc::builder(2)
+        .pads(&[1, 1])
+        .build::<f32>()
+        .unwrap();
+    let y_d = TensorDesc::<f32>::nchw(2, 8, 16, 16).unwrap();
+    let mut rng = Rng::new(77);
+    let x = s_use.clone_htod(&rng.values::<f32>(x_d.span())).unwrap();
+    let w = s_use.clone_htod(&rng.values::<f32>(w_d.span())).unwrap();
+    let mut y = s_use.alloc_zeros::<f32>(y_d.span()).unwrap();
+    cudnn
+        .conv_forward(
+            1.0,
+            &x_d,
+            &x,
+            &w_d,
+            &w,
+            &conv,
+            cudnn_safe::conv::ConvFwdAlgo::ImplicitGemm,
+            &mut ws,
+            0.0,
+            &y_d,
+            &mut y,
+        )
+        .unwrap();
+    let used = s_use.record_event(None).unwrap();
+    // Growing frees the old buffer on the allocating stream.
+    ws.reserve(64 << 20).unwrap();
+    let after = s_alloc.record_event(None).unwrap();
+    after.synchronize().unwrap();
+    assert!(
+        used.is_complete(),
+        "the workspace was freed on its stream before the other stream's work with it ended"
+    );
+    ctx.synchronize().unwrap();
+    drop((keep, x, w, y, ws, cudnn));
+    drop(tracking);
+}
+
+/// Saved batch-norm statistics made on one stream and read by a backward call on another: the
+/// statistics' free on their stream waits for that backward (and its stream's earlier work),
+/// and the backward reads them only after the forward wrote them.
+#[test]
+fn gpu_saved_values_used_on_another_stream_are_freed_after_the_use() {
+    use cudnn_safe::{BatchNorm, Layout};
+    let Some((_s, first)) = gpu() else { return };
+    let ctx = first.context().clone();
+    drop(first);
+    let tracking = NoEventTracking::new(&ctx);
+    let s_fwd = ctx.new_stream().unwrap();
+    let s_bwd = ctx.new_stream().unwrap();
+    let fwd = Cudnn::new(s_fwd.clone()).unwrap();
+    let bwd = Cudnn::new(s_bwd.clone()).unwrap();
+    let layout = Layout::nchw(4, 8, 6, 6).unwrap();
+    let bn = BatchNorm::builder().build::<f32>(&layout).unwrap();
+    let n = layout.span();
+    let mut rng = Rng::new(78);
+    let x = s_fwd.clone_htod(&rng.values::<f32>(n)).unwrap();
+    let scale = s_fwd
+        .clone_htod(&rng.values_in::<f32>(8, 0.5, 1.5))
+        .unwrap();
+    let bias = s_fwd.clone_htod(&rng.values::<f32>(8)).unwrap();
+    let mut y = s_fwd.alloc_zeros::<f32>(n).unwrap();
+    let dy = s_fwd.clone_htod(&rng.values::<f32>(n)).unwrap();
+    let (mut dx, mut ds, mut db) = (
+        s_fwd.alloc_zeros::<f32>(n).unwrap(),
+        s_fwd.alloc_zeros::<f32>(8).unwrap(),
+        s_fwd.alloc_zeros::<f32>(8).unwrap(),
+    );
+    s_fwd.synchronize().unwrap();
+    let saved = fwd
+        .batch_norm_forward_training(&bn, 1.0, 0.0, &x, &mut y, &scale, &bias, None)
+        .unwrap();
+    // The host orders the user's buffers (tracking is off): forward done before the backward.
+    s_fwd.synchronize().unwrap();
+    let keep = busy(&bwd, 40.0);
+    bwd.batch_norm_backward(
+        &bn, &saved, 1.0, 0.0, 1.0, 0.0, &x, &dy, &mut dx, &scale, &mut ds, &mut db,
+    )
+    .unwrap();
+    let used = s_bwd.record_event(None).unwrap();
+    drop(saved);
+    let after = s_fwd.record_event(None).unwrap();
+    after.synchronize().unwrap();
+    assert!(
+        used.is_complete(),
+        "saved statistics were freed on their stream before the other stream's backward ended"
+    );
+    ctx.synchronize().unwrap();
+    drop((keep, x, y, dy, dx, ds, db, scale, bias, fwd, bwd));
+    drop(tracking);
+}

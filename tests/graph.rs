@@ -2048,6 +2048,76 @@ fn gpu_rejected_bindings_leave_outputs_untouched() {
     c.run_check(&s, &cudnn, &plan, &mut ws, "after rejections");
 }
 
+/// A plan keeps its handle alive and is tied to it by the handle's process-unique id: after the
+/// handle is dropped, a new handle (which cuDNN often creates at a freed handle's address) is
+/// refused, and so is a graph or a plan cache entry of the old handle.
+#[test]
+fn gpu_plan_outlives_its_handle_and_refuses_a_new_one() {
+    let Some((s, first)) = gpu() else { return };
+    let c = conv_case(&s, &first, 41);
+    let plan = some_plans(&first, &c.og, PlanFilter::new(), 1).remove(0);
+    let filter = PlanFilter::new();
+    let mut cache = PlanCache::new();
+    cache.get_or_build(&first, &c.og, &filter).unwrap();
+    let (old_id, old_raw) = (first.id(), first.as_raw() as usize);
+    drop(first);
+
+    let mut ws = Workspace::new(s.clone());
+    // New handles: never the old id; not the old address either while the plan holds it.
+    for round in 0..4 {
+        let cudnn = Cudnn::new(s.clone()).unwrap();
+        assert_ne!(cudnn.id(), old_id, "round {round}: ids are never reused");
+        assert_ne!(
+            cudnn.as_raw() as usize,
+            old_raw,
+            "round {round}: the old raw handle is still alive (held by the plan)"
+        );
+        let mut yb = poisoned::<f32>(&s, &c.og, c.y);
+        let before = download(&s, &yb);
+        {
+            let mut args = Args::new(&cudnn);
+            args.input(c.x, &c.xb)
+                .unwrap()
+                .input(c.w, &c.wb)
+                .unwrap()
+                .output(c.y, &mut yb)
+                .unwrap();
+            let r = cudnn.execute(&plan, &args, &mut ws);
+            assert!(
+                matches!(&r, Err(Error::InvalidArgument { what, .. }) if *what == "cuDNN handle"),
+                "round {round}: {r:?}"
+            );
+        }
+        assert_untouched("y (stale plan)", &s, &yb, &before);
+        let r = c.og.plans(&cudnn, &filter).map(|_| ());
+        assert!(
+            matches!(&r, Err(Error::InvalidArgument { .. })),
+            "graph of a dropped handle: {r:?}"
+        );
+        assert!(
+            cache.get(&cudnn, &c.og, &filter).is_none(),
+            "a cache entry of a dropped handle does not count"
+        );
+    }
+    // Dropping the last plan and graph releases the old handle; a new handle works normally,
+    // whatever address cuDNN gives it.
+    drop(plan);
+    drop(cache);
+    let cudnn = Cudnn::new(s.clone()).unwrap();
+    let c2 = conv_case(&s, &cudnn, 42);
+    let plan = some_plans(&cudnn, &c2.og, PlanFilter::new(), 1).remove(0);
+    c2.run_check(
+        &s,
+        &cudnn,
+        &plan,
+        &mut ws,
+        "new handle after the old one is gone",
+    );
+    // The old graph still refuses it.
+    let r = c.og.plans(&cudnn, &filter).map(|_| ());
+    assert!(matches!(&r, Err(Error::InvalidArgument { .. })), "{r:?}");
+}
+
 #[test]
 fn gpu_variant_pack_reused_and_rebuilt() {
     let Some((s, cudnn)) = gpu() else { return };

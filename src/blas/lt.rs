@@ -1957,7 +1957,7 @@ fn ranked_of(c: &MatmulCandidate) -> Ranked {
 fn launch(
     handle: sys::cublasLtHandle_t,
     workspace: &mut Workspace,
-    stream: &CudaStream,
+    stream: &Arc<CudaStream>,
     descs: &Descs,
     r: &Ranked,
     alpha: f32,
@@ -1965,7 +1965,7 @@ fn launch(
     ptrs: &Ptrs,
 ) -> Result<()> {
     workspace.prepare(r.workspace)?;
-    let (wsp, _gws) = workspace.device_ptr_mut(stream);
+    let (wsp, _gws) = workspace.device_ptr_mut(stream)?;
     let algo = sys::cublasLtMatmulAlgo_t { data: r.algo };
     // SAFETY: live handle and descriptors built for this call's shape, transposes and dtype;
     // every buffer was checked to hold at least what its layout addresses (and the bias/aux

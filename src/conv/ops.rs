@@ -218,7 +218,7 @@ impl Cudnn {
         let (wp, _gw) = w.device_ptr(stream);
         let (yp, _gy) = y.device_ptr_mut(stream);
         let ws_bytes = workspace.capacity();
-        let (wsp, _gws) = workspace.device_ptr_mut(stream);
+        let (wsp, _gws) = workspace.device_ptr_mut(self.stream())?;
         collect_perf(
             count,
             |req, ret, perf| {
@@ -282,7 +282,7 @@ impl Cudnn {
         let (xp, _gx) = x.device_ptr(stream);
         let (wp, _gw) = w.device_ptr(stream);
         let (yp, _gy) = y.device_ptr_mut(stream);
-        let (wsp, _gws) = workspace.device_ptr_mut(stream);
+        let (wsp, _gws) = workspace.device_ptr_mut(self.stream())?;
         // SAFETY: live handle and descriptors; types, shapes and spans checked above, all on
         // this context; y does not overlap itself and cannot alias x or w (`&mut`); the
         // workspace holds at least `bytes`, the size cuDNN reported for this algorithm and
@@ -393,7 +393,7 @@ impl Cudnn {
             Some((p, _)) => (*p as *const c_void, alpha2),
             None => (yp as *const c_void, X::Scalar::from_f64(0.0)),
         };
-        let (wsp, _gws) = workspace.device_ptr_mut(stream);
+        let (wsp, _gws) = workspace.device_ptr_mut(self.stream())?;
         // SAFETY: as `conv_forward`, plus: bias holds [1, K, 1, 1] of the type cuDNN reads for
         // this configuration and z (when given) holds y's span on this context; both are only
         // read; the activation descriptor lives until the call returns.
@@ -558,7 +558,7 @@ impl Cudnn {
         let (dyp, _gdy) = dy.device_ptr(stream);
         let (dxp, _gdx) = dx.device_ptr_mut(stream);
         let ws_bytes = workspace.capacity();
-        let (wsp, _gws) = workspace.device_ptr_mut(stream);
+        let (wsp, _gws) = workspace.device_ptr_mut(self.stream())?;
         collect_perf(
             count,
             |req, ret, perf| {
@@ -617,7 +617,7 @@ impl Cudnn {
         let (wp, _gw) = w.device_ptr(stream);
         let (dyp, _gdy) = dy.device_ptr(stream);
         let (dxp, _gdx) = dx.device_ptr_mut(stream);
-        let (wsp, _gws) = workspace.device_ptr_mut(stream);
+        let (wsp, _gws) = workspace.device_ptr_mut(self.stream())?;
         // SAFETY: live handle and descriptors; types, shapes and spans checked, all on this
         // context; dx does not overlap itself and cannot alias the inputs; the workspace holds
         // the bytes cuDNN reported for this algorithm; alpha/beta are `T::Scalar`.
@@ -826,7 +826,7 @@ impl Cudnn {
         let (dyp, _gdy) = dy.device_ptr(stream);
         let (dwp, _gdw) = dw.device_ptr_mut(stream);
         let ws_bytes = workspace.capacity();
-        let (wsp, _gws) = workspace.device_ptr_mut(stream);
+        let (wsp, _gws) = workspace.device_ptr_mut(self.stream())?;
         collect_perf(
             count,
             |req, ret, perf| {
@@ -886,7 +886,7 @@ impl Cudnn {
         let (xp, _gx) = x.device_ptr(stream);
         let (dyp, _gdy) = dy.device_ptr(stream);
         let (dwp, _gdw) = dw.device_ptr_mut(stream);
-        let (wsp, _gws) = workspace.device_ptr_mut(stream);
+        let (wsp, _gws) = workspace.device_ptr_mut(self.stream())?;
         // SAFETY: live handle and descriptors; types, shapes and spans checked, all on this
         // context; dw is packed and cannot alias the inputs; the workspace holds the bytes
         // cuDNN reported for this algorithm; alpha/beta are `T::Scalar`.

@@ -502,7 +502,7 @@ impl Graph {
                 aliases: Default::default(),
                 signature: self.signature(),
                 source: self.clone(),
-                handle: cudnn.as_raw() as usize,
+                handle: cudnn.inner().clone(),
                 context: cudnn.context().clone(),
             }),
         })
@@ -536,8 +536,9 @@ pub(crate) struct GraphInner {
     pub(crate) signature: String,
     /// The host graph it was built from (what a [`crate::graph::PlanCache`] file records).
     pub(crate) source: Graph,
-    /// Address of the handle the graph (and its plans) were built on.
-    pub(crate) handle: usize,
+    /// The handle the graph (and its plans) were built on, kept alive by them; identified by
+    /// its process-unique id, never by address.
+    pub(crate) handle: Arc<crate::handle::HandleInner>,
     /// Kept alive: plans may hold kernels loaded on this context until they are destroyed.
     #[allow(dead_code)]
     context: Arc<CudaContext>,
@@ -545,17 +546,20 @@ pub(crate) struct GraphInner {
 
 // SAFETY: `GraphInner` is immutable after construction. The only calls into its descriptors
 // (heuristics and plans reading the graph, executions) take the `&Cudnn` it was built on, checked
-// by address ([`GraphInner::check_handle`]); `Cudnn` is not `Sync`, so those calls are made by
+// by its process-unique id ([`GraphInner::check_handle`]); `Cudnn` is not `Sync`, so those calls are made by
 // one thread at a time. Dropping happens once, by the last owner.
 unsafe impl Sync for GraphInner {}
 
 impl GraphInner {
     pub(crate) fn check_handle(&self, cudnn: &Cudnn) -> Result<()> {
-        if cudnn.as_raw() as usize != self.handle {
+        if cudnn.id() != self.handle.id() {
             return Err(Error::invalid(
                 "cuDNN handle",
-                "the handle the graph was built on",
-                "another handle",
+                format!(
+                    "the handle the graph was built on (id {})",
+                    self.handle.id()
+                ),
+                format!("handle id {}", cudnn.id()),
             ));
         }
         Ok(())

@@ -349,7 +349,7 @@ impl Cudnn {
         let ptrs = self.prepare_launch(plan, args, ws)?;
         let stream: &'g CudaStream = self.stream();
         // Every launch takes the pointer again (with its guard); this one only reads it.
-        let wp = ws.device_ptr_mut(stream).0 as usize;
+        let wp = ws.device_ptr_mut(self.stream())?.0 as usize;
         let pack = variant_pack(self.lib(), &plan.graph.pack_uids, &ptrs, wp)?;
         let graph = OwnedGraph::new(self.context())?;
         // SAFETY: live handle, and the plan was built on it (checked); the plan's engine
@@ -410,7 +410,7 @@ impl<'g> PlanGraph<'g> {
         // The guard, dropped after the launch is enqueued, records the launch's use of the
         // workspace, so that its later reuse or free (on any stream) waits for it even if this
         // graph is leaked rather than dropped.
-        let (wp, _guard) = ws.device_ptr_mut(&self.stream);
+        let (wp, _guard) = ws.device_ptr_mut(&self.stream)?;
         if wp as usize != self.workspace {
             // Unreachable: the workspace is borrowed exclusively since the graph was populated.
             return Err(Error::invalid(

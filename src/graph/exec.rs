@@ -381,8 +381,7 @@ impl Cudnn {
     pub fn execute(&self, plan: &Plan, args: &Args<'_>, ws: &mut Workspace) -> Result<()> {
         plan.graph.check_handle(self)?;
         let ptrs = self.prepare_launch(plan, args, ws)?;
-        let stream: &CudaStream = self.stream();
-        let (wp, _gw) = ws.device_ptr_mut(stream);
+        let (wp, _gw) = ws.device_ptr_mut(self.stream())?;
         let wp = wp as usize;
         let mut cache = plan.pack.borrow_mut();
         let reuse = cache

@@ -268,7 +268,9 @@ impl<T: NormType> Regrouped<T> {
     ) -> Result<&'s mut Scratch<T>> {
         let foreign = slot
             .as_ref()
-            .is_some_and(|s| **s.ones.stream().context() != **cudnn.context());
+            // Per stream, not just per context: scratch is then only used on the stream that
+            // allocated it, and its free (there) follows every use.
+            .is_some_and(|s| s.ones.stream().cu_stream() != cudnn.stream().cu_stream());
         let stream: &Arc<CudaStream> = cudnn.stream();
         let alloc_err = |e| Error::driver("allocating normalization scratch", e);
         let one = <T::Param as DataType>::from_f64(1.0);
@@ -770,6 +772,8 @@ impl<T: NormType> Regrouped<T> {
             self.id,
             x,
         )?;
+        // The saved values were allocated on the forward's stream: order this use with it.
+        let _order = crate::stream_order::cross_use(saved.mean.stream(), cudnn.stream())?;
         // Grown (within its limit) before the first launch, so a workspace limit too small
         // for the reductions fails before anything is written.
         workspace.prepare(self.backward_workspace_size(cudnn)?)?;
@@ -1600,6 +1604,8 @@ impl Cudnn {
             ln.core.id,
             x,
         )?;
+        // The saved values were allocated on the forward's stream: order this use with it.
+        let _order = crate::stream_order::cross_use(saved.mean.stream(), self.stream())?;
         ln.build_graph_training_plans(self)?;
         let cached = ln.train.borrow();
         let g = cached.as_ref().expect("built above");

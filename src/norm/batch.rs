@@ -721,6 +721,8 @@ impl Cudnn {
         let stream: &CudaStream = self.stream();
         let (xp, _gx) = x.device_ptr(stream);
         check_origin(bn, saved, xp)?;
+        // The saved values were allocated on the forward's stream: order this use with it.
+        let _order = crate::stream_order::cross_use(saved.mean.stream(), stream)?;
         let (dyp, _gdy) = dy.device_ptr(stream);
         let (dxp, _gdx) = dx.device_ptr_mut(stream);
         let (sp, _gs) = scale.device_ptr(stream);
@@ -945,7 +947,7 @@ impl Cudnn {
             let (rvp, _grv) = opt_ptr_mut(rvar.as_mut(), stream);
             let (mp, _gm) = mean.device_ptr_mut(stream);
             let (ip, _gi) = inv.device_ptr_mut(stream);
-            let (wp, _gw) = workspace.device_ptr_mut(stream);
+            let (wp, _gw) = workspace.device_ptr_mut(self.stream())?;
             let (rp, _gr) = opt_ptr_mut(reserve.as_mut(), stream);
             x_addr = xp;
             let act = bn.ex_activation(ops);
@@ -1074,6 +1076,8 @@ impl Cudnn {
         let stream: &CudaStream = self.stream();
         let (xp, _gx) = x.device_ptr(stream);
         check_origin(bn, saved, xp)?;
+        // The saved values were allocated on the forward's stream: order this use with it.
+        let _order = crate::stream_order::cross_use(saved.mean.stream(), stream)?;
         let (yp, _gy) = opt_ptr(saved.y.as_ref().filter(|_| ops.has_activation()), stream);
         let (dyp, _gdy) = dy.device_ptr(stream);
         let (dzp, _gdz) = opt_ptr_mut(dz.as_mut(), stream);
@@ -1084,7 +1088,7 @@ impl Cudnn {
         let (dbp, _gdb) = dbias.device_ptr_mut(stream);
         let (mp, _gm) = saved.mean.device_ptr(stream);
         let (ip, _gi) = saved.inv_variance.device_ptr(stream);
-        let (wp, _gw) = workspace.device_ptr_mut(stream);
+        let (wp, _gw) = workspace.device_ptr_mut(self.stream())?;
         let reserve_bytes = saved.reserve_bytes;
         let (rp, _gr) = opt_ptr_mut(saved.reserve.as_mut(), stream);
         let act = bn.ex_activation(ops);

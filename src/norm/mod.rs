@@ -116,6 +116,48 @@
 //!   op-tensor / reductions (in one call or two per sum).
 //! * [`FeatureLayout`]: whether the feature view is described channels-first (the tensor as
 //!   it is) or, for a layer norm, channels-last (`[1, D, rows, 1]`, the same memory).
+//!
+//! ## Saved values keep their input borrowed
+//!
+//! A training forward's saved value ([`BatchNormSaved`], [`NormSaved`], [`LayerNormGraphSaved`],
+//! [`RmsNormSaved`]) borrows the `x` it was computed from for as long as it lives (and the Ex
+//! batch-norm forward's also borrows its output `y`, read through [`BatchNormSaved::y`]): the
+//! backward pass needs that `x` unchanged, so it can be neither freed (and another tensor
+//! allocated at its address) nor written while the saved value exists. The backward call also
+//! checks that the `x` it is given is that buffer ([`Error::InvalidArgument`] otherwise).
+//!
+//! ```compile_fail,E0505
+//! use cudnn_safe::norm::RmsNorm;
+//! use cudnn_safe::{Cudnn, Workspace};
+//! fn step(cudnn: &Cudnn, rn: &RmsNorm<f32>, ws: &mut Workspace) -> cudnn_safe::Result<()> {
+//!     let s = cudnn.stream();
+//!     let x = s.alloc_zeros::<f32>(rn.len()).unwrap();
+//!     let gamma = s.alloc_zeros::<f32>(rn.features()).unwrap();
+//!     let mut y = s.alloc_zeros::<f32>(rn.len()).unwrap();
+//!     let saved = cudnn.rms_norm_forward_training(rn, &x, &gamma, &mut y, ws)?;
+//!     drop(x); // freed while `saved` needs it: does not compile
+//!     let other = s.alloc_zeros::<f32>(rn.len()).unwrap();
+//!     let (dy, mut dx) = (s.alloc_zeros::<f32>(rn.len()).unwrap(), s.alloc_zeros(rn.len()).unwrap());
+//!     let mut dgamma = s.alloc_zeros::<f32>(rn.features()).unwrap();
+//!     cudnn.rms_norm_backward(rn, &saved, &other, &dy, &gamma, &mut dx, &mut dgamma, ws)
+//! }
+//! ```
+//!
+//! ```compile_fail,E0502
+//! use cudnn_safe::norm::BatchNorm;
+//! use cudnn_safe::{Cudnn, Layout};
+//! fn step(cudnn: &Cudnn, bn: &BatchNorm<f32>, layout: &Layout) -> cudnn_safe::Result<()> {
+//!     let s = cudnn.stream();
+//!     let mut x = s.alloc_zeros::<f32>(layout.span()).unwrap();
+//!     let mut y = s.alloc_zeros::<f32>(layout.span()).unwrap();
+//!     let (scale, bias) = (s.alloc_zeros::<f32>(8).unwrap(), s.alloc_zeros::<f32>(8).unwrap());
+//!     let saved = cudnn.batch_norm_forward_training(bn, 1.0, 0.0, &x, &mut y, &scale, &bias, None)?;
+//!     s.memset_zeros(&mut x).unwrap(); // written while `saved` needs it: does not compile
+//!     let (dy, mut dx) = (s.alloc_zeros::<f32>(layout.span()).unwrap(), s.alloc_zeros(layout.span()).unwrap());
+//!     let (mut ds, mut db) = (s.alloc_zeros::<f32>(8).unwrap(), s.alloc_zeros::<f32>(8).unwrap());
+//!     cudnn.batch_norm_backward(bn, &saved, 1.0, 0.0, 1.0, 0.0, &x, &dy, &mut dx, &scale, &mut ds, &mut db)
+//! }
+//! ```
 use std::ffi::c_void;
 
 use half::{bf16, f16};

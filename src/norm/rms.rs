@@ -363,6 +363,8 @@ impl Cudnn {
             rn.id,
             x,
         )?;
+        // The saved values were allocated on the forward's stream: order this use with it.
+        let _order = crate::stream_order::cross_use(saved.inv_rms.stream(), self.stream())?;
         rn.build_training_plans(self)?;
         let held = rn.train.borrow();
         let g = held.as_ref().expect("built above");

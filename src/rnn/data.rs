@@ -298,7 +298,9 @@ impl<T: DataType> SeqDataDesc<T> {
     pub(crate) fn device_lengths(&self, cudnn: &Cudnn) -> Result<Ref<'_, CudaSlice<i32>>> {
         let current = matches!(
             &*self.dev_lengths.borrow(),
-            Some(d) if **d.stream().context() == **cudnn.context()
+            // Per stream (not just per context): the lengths are then only ever used on the
+            // stream that uploaded them, and freed there after those uses.
+            Some(d) if d.stream().cu_stream() == cudnn.stream().cu_stream()
         );
         if !current {
             let d = cudnn

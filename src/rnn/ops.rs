@@ -20,6 +20,7 @@ use crate::checks::{opt_ptr, opt_ptr_mut};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
+use crate::stream_order::cross_use;
 use crate::workspace::{Workspace, MAX_WORKSPACE_BYTES};
 
 /// Inference or training (`cudnnForwardMode_t`): training keeps what the backward calls need in
@@ -610,7 +611,21 @@ impl<T: DataType> Rnn<T> {
         cudnn.bind()?;
         let lengths = x_desc.device_lengths(cudnn)?;
         let stream: &CudaStream = cudnn.stream();
+        // The dropout states and a reused reserve may come from another stream: order their use.
+        let dropout_stream = dropout.as_ref().map(|d| d.states_stream().clone());
+        let reserve_stream = reserve
+            .as_ref()
+            .and_then(|r| r.buf.as_ref())
+            .map(|b| b.stream().clone());
         {
+            let _od = dropout_stream
+                .as_deref()
+                .map(|a| cross_use(a, stream))
+                .transpose()?;
+            let _or = reserve_stream
+                .as_deref()
+                .map(|a| cross_use(a, stream))
+                .transpose()?;
             let _gd = dropout
                 .as_mut()
                 .map(|d| d.states_mut().device_ptr_mut(stream).1);
@@ -622,7 +637,7 @@ impl<T: DataType> Rnn<T> {
             let (cxp, _gcx) = opt_ptr(cx, stream);
             let (hyp, _ghy) = opt_ptr_mut(hy, stream);
             let (cyp, _gcy) = opt_ptr_mut(cy, stream);
-            let (wsp, _gws) = workspace.device_ptr_mut(stream);
+            let (wsp, _gws) = workspace.device_ptr_mut(cudnn.stream())?;
             let (rp, _gr) = match reserve.as_mut().and_then(|r| r.buf.as_mut()) {
                 Some(b) => {
                     let (p, g) = b.device_ptr_mut(stream);
@@ -800,6 +815,12 @@ impl<T: DataType> Rnn<T> {
         cudnn.bind()?;
         let lengths = x_desc.device_lengths(cudnn)?;
         let stream: &CudaStream = cudnn.stream();
+        // The reserve was allocated on the forward's stream: order this use with it.
+        let reserve_stream = reserve.buf.as_ref().map(|b| b.stream().clone());
+        let _or = reserve_stream
+            .as_deref()
+            .map(|a| cross_use(a, stream))
+            .transpose()?;
         let (lp, _gl) = lengths.device_ptr(stream);
         let (yp, _gy) = y.device_ptr(stream);
         let (dyp, _gdy) = dy.device_ptr(stream);
@@ -811,7 +832,7 @@ impl<T: DataType> Rnn<T> {
         let (dcyp, _gdcy) = opt_ptr(dcy, stream);
         let (dhxp, _gdhx) = opt_ptr_mut(dhx, stream);
         let (dcxp, _gdcx) = opt_ptr_mut(dcx, stream);
-        let (wsp, _gws) = workspace.device_ptr_mut(stream);
+        let (wsp, _gws) = workspace.device_ptr_mut(cudnn.stream())?;
         let reserve_bytes = reserve.bytes;
         let (rp, _gr) = match reserve.buf.as_mut() {
             Some(b) => {
@@ -912,6 +933,12 @@ impl<T: DataType> Rnn<T> {
         cudnn.bind()?;
         let lengths = x_desc.device_lengths(cudnn)?;
         let stream: &CudaStream = cudnn.stream();
+        // The reserve was allocated on the forward's stream: order this use with it.
+        let reserve_stream = reserve.buf.as_ref().map(|b| b.stream().clone());
+        let _or = reserve_stream
+            .as_deref()
+            .map(|a| cross_use(a, stream))
+            .transpose()?;
         let (lp, _gl) = lengths.device_ptr(stream);
         let (xp, _gx) = x.device_ptr(stream);
         let (yp, _gy) = y.device_ptr(stream);
@@ -932,7 +959,7 @@ impl<T: DataType> Rnn<T> {
             .map_err(|e| Error::driver("zeroing the weight gradient", e))?;
         }
         let (hxp, _ghx) = opt_ptr(hx, stream);
-        let (wsp, _gws) = workspace.device_ptr_mut(stream);
+        let (wsp, _gws) = workspace.device_ptr_mut(cudnn.stream())?;
         let reserve_bytes = reserve.bytes;
         let (rp, _gr) = match reserve.buf.as_mut() {
             Some(b) => {
