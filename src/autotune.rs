@@ -91,8 +91,8 @@ const FINAL_ROUNDS: usize = 5;
 const FINAL_TARGET_MS: f32 = 4.0;
 /// Wall-clock milliseconds the leader runs back to back before the finals, so they time the
 /// settled clocks of a busy GPU (the first pass runs in bursts between plan builds, at the
-/// higher clocks of a GPU that was idle; on an H200 a 0.19 ms convolution runs 0.166 ms there,
-/// and close candidates can swap places between the two states).
+/// higher clocks of a GPU that was idle, where a long kernel runs faster than it will in a
+/// busy program, and close candidates can swap places between the two states).
 const FINAL_HEAT_MS: f32 = 200.0;
 /// Least duration of each of the warm-up rounds before a union search's first pass, in ms.
 const WARM_UP_MS: f32 = 2.0;
@@ -646,9 +646,9 @@ impl Autotuner {
     /// that close, are timed again after 200 ms of the leader, each running alone for 25 ms
     /// before five rounds of at least 4 ms (the median counts), in two sweeps of opposite order
     /// (the mean counts): at the power limit a plan's sustained speed depends on its own power
-    /// draw, which short interleaved rounds cannot see. A contested search costs about 0.5 to
-    /// 1.5 s more for the finals ([`Autotuner::finalists`] and [`Autotuner::final_solo_ms`]
-    /// set their size). A faster graph plan is
+    /// draw, which short interleaved rounds cannot see. The finals lengthen a contested
+    /// search's first call ([`Autotuner::finalists`] and [`Autotuner::final_solo_ms`] set
+    /// their size). A faster graph plan is
     /// remembered in the decision
     /// (and in the cache file as its engine configuration) and runs for every later call with
     /// `alpha = 1, beta = 0` (the graph computes the plain result only; the fused call also
@@ -686,7 +686,7 @@ impl Autotuner {
     /// ([`knob_neighbours`](crate::graph::OperationGraph::knob_neighbours)), at most 64 per
     /// search, is built and timed like the heuristics' proposals. Heuristics propose a few
     /// points of each engine's knob space; this tries the points next to the best of them
-    /// (each costs a plan build, about 0.2 ms, and a timing). Not part of the cache key.
+    /// (each costs a plan build and a timing). Not part of the cache key.
     #[must_use]
     pub fn refine_knobs(mut self, plans: usize) -> Self {
         self.refine_knobs = plans;
@@ -694,9 +694,9 @@ impl Autotuner {
     }
 
     /// Whether union searches also ask cuDNN's heuristics mode B (a neural-network ranking; off
-    /// by default, as in PyTorch, which reads `TORCH_CUDNN_USE_HEURISTIC_MODE_B`). On an H200
-    /// with cuDNN 9.19 it proposed the only plans that run the 5×5 layer of the benchmark set
-    /// 1.5× faster than PyTorch (fp16, bf16 and TF32 alike). Off by default because cuDNN 9.14's
+    /// by default, as in PyTorch, which reads `TORCH_CUDNN_USE_HEURISTIC_MODE_B`). B can
+    /// propose plans that A, the fallback list and the engine list do not (for the 5×5 layer
+    /// of the benchmark set, the fastest ones). Off by default because cuDNN 9.14's
     /// mode-B query creates an internal cuDNN handle it never destroys (about 25 KB of device
     /// memory, once per process), which `compute-sanitizer --leak-check full` reports as three
     /// leaked allocations. Not part of the cache key.
@@ -716,9 +716,9 @@ impl Autotuner {
     /// when it is that close. The finals run only when the first pass left more than one
     /// candidate that close; each finalist costs two sweeps of [`Autotuner::final_solo_ms`]
     /// alone and five timed rounds of at least 4 ms (about 0.1 s per finalist by default).
-    /// 0 skips the finals: the first pass decides, which makes a contested first call 0.5 to
-    /// 1.5 s cheaper and, where the fastest plans lie within a few percent of each other, the
-    /// pick less sure. [`TunerStats::finalists`] counts what the finals timed. Not part of the
+    /// 0 skips the finals: the first pass decides, which makes a contested first call cheaper
+    /// and, where the fastest plans lie within a few percent of each other, the pick less
+    /// sure. [`TunerStats::finalists`] counts what the finals timed. Not part of the
     /// cache key.
     ///
     /// ```no_run
@@ -740,11 +740,9 @@ impl Autotuner {
     /// NaN value counts as 0, more than 10 s as 10 s). At the GPU's power limit a plan's
     /// sustained speed depends on its own power draw, which shows only after it has run alone
     /// for a while; plans whose kernels are long (a few tenths of a millisecond) can keep
-    /// changing places for longer than the default. Longer is not surer: on an H200, for a
-    /// 0.45 ms TF32 convolution whose best plans lie within 2 % of each other, 200 ms picked
-    /// the plan fastest under sustained load and 1000 ms did not (the finals then read the
-    /// top plans within 0.5 %). Each millisecond costs two per finalist. Not part of the cache
-    /// key.
+    /// changing places for longer than the default. Longer is not surer: where the best plans
+    /// lie within the timing noise of each other, a longer time alone does not make the pick
+    /// steadier. Each millisecond costs two per finalist. Not part of the cache key.
     #[must_use]
     pub fn final_solo_ms(mut self, ms: f32) -> Self {
         self.final_solo_ms = if ms > 0.0 {
@@ -800,9 +798,9 @@ impl Autotuner {
     /// the cache file), once, on scratch buffers of the problem's size: each graph decision's
     /// plan is rebuilt and held, and the kernels of every decision are loaded. Call it at
     /// start-up, after [`crate::graph::preload`]: the first real call of each problem then builds
-    /// nothing and loads nothing. On an H200 with cuDNN 9.19 the first execution of a cached
-    /// fp16 convolution plan in a new process costs 12–18 ms of CUDA's lazy kernel loading; after
-    /// the warm-up it costs what the steady state does.
+    /// nothing and loads nothing. Without it, the first execution of a cached plan in a new
+    /// process pays for CUDA's lazy loading of its kernel; after the warm-up it costs what the
+    /// steady state does.
     ///
     /// Decisions of fused bias-activation calls and of data types the graph path does not cover
     /// (f64, int8) are left for their first call ([`WarmUp::skipped`]), as are those of other

@@ -142,7 +142,7 @@ fn check_probability(probability: f32) -> Result<()> {
 }
 
 /// Dropout scales by `1 / (1 − p)`, which only makes sense for floating-point data; bf16 is
-/// refused by cuDNN 9.14's dropout (`CUDNN_STATUS_NOT_SUPPORTED`, measured on the H200), so it
+/// refused by cuDNN 9.14's dropout (`CUDNN_STATUS_NOT_SUPPORTED`), so it
 /// is rejected here with a typed error before anything is allocated or enqueued.
 fn check_dtype<T: DataType>(op: &'static str) -> Result<()> {
     match T::DTYPE {

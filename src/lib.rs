@@ -1,7 +1,10 @@
 //! # cudnn-safe
 //!
-//! Safe, checked Rust bindings to NVIDIA cuDNN 9, built on [cudarc](https://docs.rs/cudarc)'s
-//! device memory and streams.
+//! Safe, checked Rust bindings to NVIDIA cuDNN 9 (and cuBLAS), built on [`cudarc`]'s device
+//! memory and streams. Where cudarc's own `cudnn` module offers `unsafe fn` launches that check no
+//! buffer sizes, this crate's launches are safe functions that check first and return typed
+//! errors, and it adds the graph API, attention, fused operations and an autotuner that searches
+//! legacy algorithms and graph engines together.
 //!
 //! * cuDNN is loaded at run time (no CUDA or cuDNN needed to build). A missing or wrong library
 //!   is an [`Error::Load`] naming what was searched, never a panic. Set `CUDNN_SAFE_LIBRARY` to the
@@ -32,15 +35,40 @@
 //!
 //! // NCHW f32 -> NHWC f16
 //! let x_d = TensorDesc::<f32>::nchw(2, 3, 4, 4)?;
-//! let y_d = TensorDesc::<half::f16>::nhwc(2, 3, 4, 4)?;
-//! let x = stream.clone_htod(&vec![1.5f32; x_d.span()]).unwrap();
-//! let mut y = stream.alloc_zeros::<half::f16>(y_d.span()).unwrap();
+//! let y_d = TensorDesc::<cudnn_safe::half::f16>::nhwc(2, 3, 4, 4)?;
+//! let x = stream.clone_htod(&vec![1.5f32; x_d.span()])?;
+//! let mut y = stream.alloc_zeros::<cudnn_safe::half::f16>(y_d.span())?;
 //! cudnn.transform_tensor(1.0, &x_d, &x, 0.0, &y_d, &mut y)?;
 //! # Ok(()) }
 //! ```
 //!
 //! Layers: `cudnn-safe-sys` holds the generated bindings and the loader; `raw` (private) has
 //! one function per C call; the public types here own their cuDNN objects and check every call.
+//!
+//! # Environment variables
+//!
+//! The library reads these and no others:
+//!
+//! | variable | default | effect |
+//! |---|---|---|
+//! | `CUDNN_SAFE_LIBRARY` | unset: `libcudnn.so.9`, then `libcudnn.so`, through the dynamic loader | The cuDNN library file, or the directory holding it. When set, only that location is searched, and its directory's sub-libraries are opened before any others. Read once, at the first use of cuDNN ([`sys::loader::LIBRARY_ENV`]). |
+//! | `CUDNN_SAFE_AUTOTUNE_CACHE` | unset: decisions kept in memory | File from which [`Autotuner::new`] reads convolution decisions and to which it writes new ones ([`Autotuner::cache_file`] names another, [`Autotuner::without_cache_file`] none; [`CACHE_ENV`]). |
+//! | `CUDNN_SAFE_LT_AUTOTUNE_CACHE` | unset: decisions kept in memory | The same for [`blas::BlasLt::new`]'s cuBLASLt decisions ([`blas::LT_CACHE_ENV`]). |
+//! | `CUDNN_SAFE_LIB_DIR` | unset: the linker's own search path | Build time, with the `link` feature only: the directory holding `libcudnn.so` for `-lcudnn`. |
+//!
+//! The test suites read four more:
+//!
+//! | variable | default | effect |
+//! |---|---|---|
+//! | `CUDNN_SAFE_REQUIRE_LIBRARY` | unset: tests that need libcudnn skip, saying why | `1`: they fail instead |
+//! | `CUDNN_SAFE_REQUIRE_GPU` | unset: tests that need a GPU skip, saying why | `1`: they fail instead |
+//! | `CUDNN_SAFE_PTXAS` | `ptxas` on `PATH` (the test skips without one) | the `ptxas` that assembles the crate's PTX in a unit test |
+//! | `CUDNN_SAFE_KEEP_PTX` | unset: the test deletes its files | set: it keeps the PTX and cubins |
+//!
+//! Logging goes through the `log` crate (each autotune decision at `info`): `RUST_LOG` belongs
+//! to the logger the program installs. CUDA's and cuDNN's own variables (`CUDA_MODULE_LOADING`,
+//! `CUDNN_LOGLEVEL_DBG`) act as NVIDIA documents them. The benchmarks' knobs are documented with
+//! the benchmarks in the repository (`docs/BENCHMARKS.md`).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 #![warn(missing_docs)]

@@ -282,8 +282,8 @@ impl Cudnn {
     /// Sets every element `y` addresses to `value`.
     ///
     /// cuDNN's documentation says the value is read as the tensor's own type, but cuDNN 9 reads
-    /// it as `f32` for f16, bf16 and 8-bit tensors (measured on the H200: passing a 2-byte half
-    /// made it read past the value). This crate hands cuDNN the value in the representation it
+    /// it as `f32` for f16, bf16 and 8-bit tensors (a 2-byte half passed as documented made it
+    /// read past the value). This crate hands cuDNN the value in the representation it
     /// reads (`f64` for f64, `i32` for i32, `f32` otherwise) from an 8-byte buffer, so no
     /// interpretation can read beyond it.
     #[doc(alias = "cudnnSetTensor")]

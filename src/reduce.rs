@@ -204,8 +204,8 @@ fn check_reduce_dtypes<A: DataType, C: DataType>() -> Result<sys::cudnnDataType_
 }
 
 /// Whether a (validated) type pair involves bf16, which `cudnnReduceTensor` refuses with
-/// `CUDNN_STATUS_NOT_SUPPORTED` in cuDNN 9.14 (measured on the H200 for bf16 into bf16 and bf16
-/// into f32; NVIDIA documents half, int8, float and double only). Such a reduction converts
+/// `CUDNN_STATUS_NOT_SUPPORTED` in cuDNN 9.14 (bf16 into bf16 and bf16 into f32 alike; NVIDIA
+/// documents half, int8, float and double only). Such a reduction converts
 /// bf16 data to f32 scratch with `cudnnTransformTensor`, reduces f32 (or f16) into f32, and
 /// converts the result back: see [`launch_f32_detour`].
 fn needs_f32_detour<A: DataType, C: DataType>() -> bool {

@@ -6,7 +6,7 @@
 //! holding its descriptor's span on the handle's context, and no self-overlapping output.
 //!
 //! One combination is refused although cuDNN accepts it: `f64` tensors with 5 or more
-//! dimensions in a channels-last order (NDHWC). On an H200, cuDNN 9.14's
+//! dimensions in a channels-last order (NDHWC). cuDNN 9.14's
 //! `cudnnSoftmaxForward` returned success for such a tensor while leaving elements of the
 //! output unwritten, so a safe call cannot pass it on (see [`Cudnn::softmax_forward`]).
 //!
@@ -127,7 +127,7 @@ fn channels_inside_spatial(layout: &Layout) -> bool {
         && (2..dims.len()).any(|k| dims[k] > 1 && strides[k] > strides[1])
 }
 
-/// Refuses the combination cuDNN was seen to get wrong: on an H200, cuDNN 9.14's
+/// Refuses the combination cuDNN was seen to get wrong: cuDNN 9.14's
 /// `cudnnSoftmaxForward` (Fast algorithm, Channel mode) returned success on an `f64`
 /// `[2, 3, 2, 3, 2]` NDHWC tensor but left output elements unwritten, while f32, f16 and bf16
 /// with the same layout, f64 with 4-D NHWC and 5-D NCDHW layouts, and f64 NDHWC in Instance

@@ -1,6 +1,6 @@
-"""Timing shared by the PyTorch comparison scripts in this folder (attention.py, conv.py, nn_ops.py,
-transformer_block.py): CUDA events around batches of calls, median of the batches, after warm-up.
-The scripts import it from the folder they sit in.
+"""Timing shared by the PyTorch comparison scripts in this folder (attention.py, conv.py, gemm.py,
+nn_ops.py, rms_norm.py, transformer_block.py): CUDA events around batches of calls, median of the
+batches, after warm-up. The scripts import it from the folder they sit in.
 
 `bench_like_rust` is exactly the Rust benches' `median_ms` (benches/common/mod.rs): one timed call
 sizes batches of about 25 ms (3 to 500 calls), such batches run untimed for `BENCH_HEAT_MS` (default

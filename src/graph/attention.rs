@@ -176,11 +176,10 @@ impl SdpaOptions {
     /// same inputs gives the same bits. [`SdpaGrads::dq_accum`] is then `None`.
     /// [`Graph::sdpa`] ignores it (the forward pass is deterministic already).
     ///
-    /// On an H200 repeated runs gave bit-identical gradients
-    /// (`gpu_sdpa_deterministic_backward_repeats_bitwise`, cuDNN 9.14 and 9.19). The default form
-    /// repeated too in the runs measured (8×16×4096×128 bf16 on cuDNN 9.19: dQ identical over
-    /// two runs), and took 7–8 % less backward time; this form is the one cudnn-frontend builds
-    /// when determinism is asked for.
+    /// Reruns give the same bits (`gpu_sdpa_deterministic_backward_repeats_bitwise` checks dQ,
+    /// dK and dV). The default form promises no such thing, though it may repeat in practice,
+    /// and its backward may be faster; this form is the one cudnn-frontend builds when
+    /// determinism is asked for.
     #[must_use]
     pub fn deterministic(mut self, deterministic: bool) -> Self {
         self.deterministic = deterministic;
@@ -211,9 +210,9 @@ impl SdpaOptions {
     /// [`SdpaOptions::dump_dropout_mask`] is refused: the kernels write no mask then).
     ///
     /// A different seed gives an independent mask. A different offset gives a different mask,
-    /// but nearby offsets share part of Philox's stream (on an H200 with cuDNN 9.14, offset 1
-    /// instead of 0 changed about 10 % of a `2×3×64×64` mask at p = 0.3, against 42 % for
-    /// independent masks): advance the offset by large steps, or change the seed, per call.
+    /// but nearby offsets share part of Philox's stream (offset 1 instead of 0 changes only a
+    /// fraction of the elements an independent mask would): advance the offset by large steps,
+    /// or change the seed, per call.
     ///
     /// ```no_run
     /// use cudnn_safe::graph::{Args, Graph, PlanFilter, SdpaOptions};
@@ -1277,7 +1276,7 @@ impl Graph {
     /// With [`SdpaOptions::padding`] the scaled scores get the padding mask (`−∞` outside rows
     /// `i < seq_len_q[n]` and columns `j < seq_len_kv[n]`) before the causal mask, and the
     /// matmuls compute only the valid part of each batch entry (M, N, K overrides from the
-    /// lengths). On an H200 (cuDNN 9.14) the kernels write the padding rows rather than leave
+    /// lengths). cuDNN 9.14's kernels write the padding rows rather than leave
     /// them: O rows `i ≥ seq_len_q[n]` are 0 and their statistics `−∞`; in
     /// [`Graph::sdpa_backward`] dQ rows `i ≥ seq_len_q[n]` and dK, dV rows `j ≥ seq_len_kv[n]`
     /// are 0 (`gpu_sdpa_padding_mask_forward_and_backward` checks this). A batch entry with

@@ -213,7 +213,7 @@ impl Graph {
     /// How cuDNN is told about matmul operands broadcast along batch dimensions: with the
     /// output's batch extents and stride 0 there (the element read is the same for every batch
     /// index, which is what the broadcast means), so that no engine has to infer the batch count
-    /// from the operands. On an H200 with cuDNN 9.14 a plain matmul engine given `[1, K, N]`
+    /// from the operands. With cuDNN 9.14 a plain matmul engine given `[1, K, N]`
     /// against `a` `[3, M, K]` wrote only the first batch of the output; with this description
     /// every engine sees equal batch extents. Buffers keep the tensor's own layout (same span).
     ///

@@ -798,9 +798,9 @@ impl PlanCache {
     /// zero-filled scratch buffers (one per tensor, of its span; freed afterwards) with `ws`
     /// (grown to the plan's workspace size), then holds the plan. A later [`PlanCache::get`] of a
     /// graph with the same signature finds it, and its first execution finds its kernel loaded:
-    /// CUDA loads a kernel lazily at its first launch, which costs 12–18 ms on an H200 for a
-    /// tensor-core convolution kernel (after [`super::preload`], that is what remains of a new
-    /// process's first call without this warm-up).
+    /// CUDA loads a kernel lazily at its first launch, so without this warm-up the first real
+    /// call pays for it (after [`super::preload`], that is what remains of a new process's first
+    /// call).
     ///
     /// The file is trusted for the choice and the graph description only: the graph passes the
     /// record checks and cuDNN's validation, a key whose signature is not its graph's is

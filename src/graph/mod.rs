@@ -274,7 +274,7 @@ pub enum PointwiseMode {
     /// `max(x, 0)`.
     Relu,
     /// `x` for `x > 0`, `slope · x` otherwise. [`Graph::pointwise`] refuses a slope other than
-    /// 0: on an H200 with cuDNN 9.14 a matmul epilogue with
+    /// 0: with cuDNN 9.14 a matmul epilogue with
     /// `CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP_SLOPE` = 0.1 returned 0 for negative inputs, i.e.
     /// the engine ignored the slope, and a safe graph must not compute something else silently.
     LeakyRelu {
@@ -1217,8 +1217,8 @@ impl Graph {
     /// [`Graph::pointwise_bwd`].
     ///
     /// Engines: cuDNN 9 runs pointwise operations in its runtime-fusion engines, best as the
-    /// epilogue of a convolution or matmul (`conv → bias → relu`, `matmul → bias → gelu`). On an
-    /// H200 with cuDNN 9.14, standalone graphs of one f32 NCHW pointwise operation got no engine
+    /// epilogue of a convolution or matmul (`conv → bias → relu`, `matmul → bias → gelu`). With
+    /// cuDNN 9.14, standalone graphs of one f32 NCHW pointwise operation got no engine
     /// configuration from the heuristics ([`OperationGraph::plans`] then returns a typed error),
     /// while f16 channels-last standalone graphs (scale and shift by scalars) ran.
     #[doc(alias = "CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR")]
@@ -1393,7 +1393,7 @@ impl Graph {
     ///
     /// Engines: cuDNN 9 runs reductions fused at the end of a convolution or matmul graph
     /// (e.g. NVIDIA's `matmul → gelu backward → bias-gradient reduction` pattern, the reduction's
-    /// output in f32). On an H200 with cuDNN 9.14, standalone f32 NCHW reduction graphs got no
+    /// output in f32). With cuDNN 9.14, standalone f32 NCHW reduction graphs got no
     /// engine configuration from the heuristics ([`OperationGraph::plans`] then returns a typed
     /// error).
     #[doc(alias = "CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR")]

@@ -99,8 +99,8 @@ pub struct BatchNormOutputs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum GroupNormMethod {
     /// Instance norm (`CUDNN_INSTANCE_NORM`) on x viewed as `[N, G, C/G, S, 1]`: the groups
-    /// are the instance norm's channels. The default: instance-norm engines ran for f32, f16
-    /// and bf16 channels-last data on the H200 (cuDNN 9.14).
+    /// are the instance norm's channels. The default: cuDNN 9.14 has instance-norm engines for
+    /// f32, f16 and bf16 channels-last data.
     #[default]
     InstanceNormView,
     /// Layer norm (`CUDNN_LAYER_NORM`) on x viewed as `[N, G, C/G, S]`, normalizing the last
@@ -843,9 +843,9 @@ impl Graph {
     /// them to [`Graph::layer_norm_backward`]); otherwise the phase is `CUDNN_NORM_FWD_INFERENCE`
     /// and only y is written. y has x's dimensions and memory order.
     ///
-    /// Speed: give f16 / bf16 x a scale and bias of x's own type. On an H200 (cuDNN 9.14 and
-    /// 9.19) a bf16 `16384×2048` layer norm with f32 scale and bias got one generic engine
-    /// (0.164 ms), with bf16 scale and bias the fast ones (0.038 ms); f32 x ran in 0.073 ms.
+    /// Speed: give f16 / bf16 x a scale and bias of x's own type. With f32 scale and bias,
+    /// cuDNN 9.14 and 9.19 offer such a layer norm one generic engine only; with scale and bias
+    /// of x's type, their fused normalization engines.
     ///
     /// Data types: f32, f16 or bf16 for every tensor of the operation; [`Graph::build`] and
     /// [`Graph::check`] return [`Error::UnsupportedDataType`] for f64 (cuDNN has no f64 norm
@@ -1082,8 +1082,8 @@ impl Graph {
     /// `batch_norm_inference → ReLU backward (PointwiseMode::ReluBwd) → batch_norm_backward`
     /// (its sample `BN_inference DRelu DBN Graph`: f16 channels-last x `[4, 32, 16, 16]`, f32
     /// scale, bias, mean and inverse variance `[1, 32, 1, 1]`, y virtual in f32, the ReLU
-    /// gradient virtual in f16). A graph of this operation alone was refused by cuDNN 9.14 on
-    /// an H200 (f32 channels-last: the heuristics' descriptor did not finalize,
+    /// gradient virtual in f16). A graph of this operation alone was refused by cuDNN 9.14
+    /// (f32 channels-last: the heuristics' descriptor did not finalize,
     /// `CUDNN_STATUS_NOT_SUPPORTED`), so [`crate::graph::OperationGraph::plans`] may return a
     /// typed error for it; the legacy `cudnnBatchNormalizationForwardInference`
     /// ([`crate::norm`]) covers standalone inference.
@@ -1234,8 +1234,8 @@ impl Graph {
     /// x's memory layout; the statistics follow x's memory order.
     ///
     /// Whether an engine fuses the operations depends on the cuDNN version, the layout and the
-    /// formulation ([`crate::graph::OperationGraph::plans`] says so with a typed error): on an
-    /// H200 with cuDNN 9.14 the fused layer-norm view with the affine step (NCHW f32) got no
+    /// formulation ([`crate::graph::OperationGraph::plans`] says so with a typed error): with
+    /// cuDNN 9.14 the fused layer-norm view with the affine step (NCHW f32) got no
     /// engine configuration. When no fused graph is offered, normalize without `affine` (mark
     /// y as an output) and apply the affine step afterwards with
     /// [`Cudnn::group_norm_affine`](crate::Cudnn::group_norm_affine) on the same buffer.

@@ -25,18 +25,18 @@ pub struct Preloaded {
 ///
 /// 1. opens every cuDNN sub-library next to the loaded `libcudnn.so` (`libcudnn_graph`,
 ///    `libcudnn_engines_precompiled`, ...; cuDNN opens them lazily, and the first graph built
-///    pays for it: 17 ms on an H200 with cuDNN 9.19; Linux only, elsewhere none are opened);
+///    pays for it; Linux only, elsewhere none are opened);
 /// 2. builds (and drops) a plan of a tiny f32 convolution graph, which runs cuDNN's one-time
-///    initialization of its engines (40 ms there; afterwards a cached plan of another graph
-///    finalizes in 0.2–0.3 ms instead of 40 ms).
+///    initialization of its engines (afterwards the first plan of another graph, such as one
+///    from a [`PlanCache`](super::PlanCache) file, finalizes without paying for it).
 ///
-/// Nothing executes on the GPU. What stays for the first execution of each plan is CUDA's lazy
-/// loading of its kernel (12–18 ms there for a tensor-core convolution kernel; each engine
+/// [`Preloaded`] reports how long each part took. Nothing executes on the GPU. What stays for
+/// the first execution of each plan is CUDA's lazy loading of its kernel (each engine
 /// configuration is a kernel of its own: executing a tiny convolution, or the same engine with
 /// other knobs, loads nothing the cached plan needs). [`crate::Autotuner::warm_up`] replays the
 /// remembered convolution decisions at start-up, which loads exactly their kernels. A process
 /// started with `CUDA_MODULE_LOADING=EAGER` loads every kernel while the sub-libraries open
-/// instead (2.3–3.2 s with cuDNN 9.19), after which the first execution of any plan costs no
+/// instead (seconds of start-up), after which the first execution of any plan costs no
 /// loading.
 ///
 /// ```no_run

@@ -270,9 +270,9 @@ pub(crate) fn filter(
 /// Where a union search's plans come from, in order: heuristics A, heuristics B (only when the
 /// tuner asks for it: `Autotuner::heuristics_b`), the fallback list, then every engine of the
 /// graph with its default knobs (engines that compile kernels at run time left out of that last
-/// source: each would cost a compilation). On an H200 with cuDNN 9.19, B alone proposed the
-/// plans 1.5× faster than any of A's on the 5×5 convolution of the benchmark set, and the engine
-/// list alone a 1×1 plan 4.5 % faster than the heuristics' best.
+/// source: each would cost a compilation). Each source can propose the fastest plan of a
+/// problem that none of the others proposes (B on 5×5 convolutions, the engine list on 1×1 ones
+/// in the benchmark set).
 pub(crate) const SOURCES: [(Option<HeurMode>, &str); 4] = [
     (Some(HeurMode::A), "A"),
     (Some(HeurMode::B), "B"),
@@ -437,9 +437,8 @@ const SUSTAINED_MAX_LAUNCHES: usize = 2000;
 /// Why alone: a GPU at its power limit lowers its clocks by the power the running kernels
 /// draw, so a plan that draws more runs slower once it has run for a while. Short rounds
 /// interleaved between candidates time them all at the clocks the mix of them set; only a
-/// candidate that runs alone for some milliseconds shows its own sustained speed (on an H200,
-/// fp16 plans that interleaved rounds of 2 to 25 ms could not order, all within 0.6 % of each
-/// other, fell into two groups 2 % apart when each ran alone for 125 ms).
+/// candidate that runs alone for some milliseconds shows its own sustained speed (plans that
+/// interleaved rounds cannot order can separate once each runs alone).
 pub(crate) fn sustained_ms(
     cudnn: &Cudnn,
     solo_ms: f32,

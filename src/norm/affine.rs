@@ -1241,7 +1241,7 @@ impl<T: NormType> LayerNorm<T> {
     /// ([`Graph::layer_norm`](crate::graph::Graph::layer_norm),
     /// [`Graph::layer_norm_backward`](crate::graph::Graph::layer_norm_backward)) on the rows
     /// `[rows, features, 1, 1]`, with `γ`, `β`, `dγ`, `dβ` of type `T` and f32 statistics
-    /// (on an H200 with cuDNN 9.14 and 9.19, f16/bf16 data got a backward engine only with
+    /// (with cuDNN 9.14 and 9.19, f16/bf16 data got a backward engine only with
     /// `γ` and its gradients of the data type, or all of them f32; the data type's keeps the
     /// object's buffers). The first build in a process takes seconds (runtime compilation);
     /// later calls on the same handle return at once. f64 has no norm engine:
@@ -1427,10 +1427,9 @@ impl Cudnn {
     }
 
     /// [`layer_norm_forward`](Self::layer_norm_forward) through the graph formulation: one
-    /// fused cuDNN normalization kernel instead of the batch-norm-based steps (on an H200,
-    /// 32768×1024 f32: 0.069 ms against 0.499 ms, 1.49× PyTorch). Opt-in because the plan
-    /// is built on first use ([`LayerNorm::build_graph_plan`], seconds the first time in a
-    /// process: runtime compilation) and kept in `ln` for later calls on this handle.
+    /// fused cuDNN normalization kernel instead of the batch-norm-based steps. Opt-in because
+    /// the plan is built on first use ([`LayerNorm::build_graph_plan`], seconds the first time
+    /// in a process: runtime compilation) and kept in `ln` for later calls on this handle.
     ///
     /// Same buffers as [`layer_norm_forward`](Self::layer_norm_forward) (`x`, `y`:
     /// [`LayerNorm::len`] elements, `γ`, `β`: [`LayerNorm::features`]), all checked before
@@ -1491,8 +1490,8 @@ impl Cudnn {
     /// [`layer_norm_forward_training`](Self::layer_norm_forward_training) through the graph
     /// formulation: one fused cuDNN normalization kernel writes `y` and the per-row mean and
     /// inverse standard deviation, which it returns for
-    /// [`layer_norm_backward_graph`](Self::layer_norm_backward_graph) (on an H200, 32768×1024
-    /// f32: 0.069 ms against 0.50 ms for the batch-norm-based steps, 1.49× PyTorch). The plans
+    /// [`layer_norm_backward_graph`](Self::layer_norm_backward_graph), instead of the
+    /// batch-norm-based steps' several passes over the tensor. The plans
     /// are built on first use ([`LayerNorm::build_graph_training_plans`], seconds the first
     /// time in a process) and kept in `ln` for later calls on this handle.
     ///
@@ -1574,8 +1573,8 @@ impl Cudnn {
     /// writes `dx`, `dγ = Σ_rows dy·x̂` and `dβ = Σ_rows dy` (overwriting them) from `dy`, `x`,
     /// `γ` and the statistics `saved` by
     /// [`layer_norm_forward_training_graph`](Self::layer_norm_forward_training_graph) of this
-    /// `ln` on this `x` (both checked: [`Error::InvalidArgument`]). On an H200, 32768×1024
-    /// f32: 0.109 ms against 1.0 ms for [`layer_norm_backward`](Self::layer_norm_backward).
+    /// `ln` on this `x` (both checked: [`Error::InvalidArgument`]), in one pass where
+    /// [`layer_norm_backward`](Self::layer_norm_backward) makes several.
     ///
     /// `x`, `dy`, `dx`: [`LayerNorm::len`] elements; `γ`, `dγ`, `dβ`:
     /// [`LayerNorm::features`]; every buffer is checked (span, context, outputs not

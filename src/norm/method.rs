@@ -9,8 +9,8 @@
 ///
 /// `R` is the number of normalized groups (rows of a layer norm, `N·G` for a group norm) and
 /// `M` the elements per group; every view addresses the same memory, packed. (A
-/// per-activation batch norm on the transposed view `[M, R, 1, 1]` was measured too and
-/// dropped: 2–60× slower on the H200, and wrong `dγ` in bf16.)
+/// per-activation batch norm on the transposed view `[M, R, 1, 1]` was tried too and
+/// dropped: slower than every spatial view, and wrong `dγ` in bf16.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum NormStats {
@@ -68,8 +68,8 @@ pub enum NormParamGrads {
     BatchNormBackward,
     /// As [`Reduce`](Self::Reduce), but each sum over the rows is split in two
     /// `cudnnReduceTensor` calls through an intermediate tensor of partial sums, because
-    /// cuDNN's one-call reduction over many rows into a few features is slow (for `32768`
-    /// rows of `1024` f32 features on an H200: 2.94 ms in one call, 0.187 ms in two).
+    /// cuDNN's one-call reduction over many rows into a few features is slow (two calls
+    /// through partial sums give the same sums, to rounding, in a fraction of the time).
     ///
     /// A layer norm's `R` rows are split as `R = S1·S2` with `S2` the largest divisor of `R`
     /// not above `√R`, the tensor is viewed as `[S1, S2, D, 1]`, `S2` is summed first (into
@@ -124,29 +124,16 @@ pub enum FeatureLayout {
 /// | affine map | 2 reads + 2 writes | 1 read + 1 write ([`NormAffine::BatchNormInference`]) |
 /// | `dγ`, `dβ` | 4 reads + 1 write, workspace | layer norm: the same passes, each sum in two calls ([`NormParamGrads::TwoStageReduce`]), workspace; group norm: one batch-norm backward ([`NormParamGrads::BatchNormBackward`]), no workspace |
 ///
-/// Measured on an H200 (cuDNN 9.14, f32, ms per call; "BN grads": `dγ`, `dβ` by
-/// [`NormParamGrads::BatchNormBackward`] with the batch-norm affine map):
-///
-/// | problem | forward, defaults vs `reductions` | backward, BN grads | backward, `reductions` |
-/// |---|---|---|---|
-/// | layer norm `32768×1024` | 0.500 vs 0.555 | 5.91 (2.81 in the gradient call) | 6.50 |
-/// | group norm, 32 groups, `32×256×56×56` | 0.153 vs 0.244 | 0.409 | 1.245 |
-///
-/// (Group norm training forward + backward: 0.570 with its default, 1.51 with `reductions`.)
-///
-/// The parameter gradients of that layer norm are where its backward pass lost time: `Σ dy`
-/// over the 32768 rows into 1024 features took 2.94 ms as one `cudnnReduceTensor` and
-/// 0.187 ms as two (`[256, 128, 1024]`, the 128 axis first; the 256 axis first: 0.197 ms),
-/// which agree to 1.8e-5. Hence [`NormParamGrads::TwoStageReduce`] in
-/// [`default_for_layer`](Self::default_for_layer) (its backward is the bench's
-/// `ln_fp32_32768x1024-bwd-default`; the former default, with BN grads, is
-/// `-bwd-default_grads_bn`). For the group norm the two-stage sum took 0.31–0.34 ms against
-/// 0.46 in one call, while its whole default backward takes 0.409 ms: it keeps
-/// [`NormParamGrads::BatchNormBackward`].
-///
-/// The feature view matters: for that layer norm the batch-norm affine map on the
-/// channels-first view took 20.5 ms (channels-last: 0.500), while its backward with only the
-/// gradients on the channels-first view took 3.38 ms.
+/// The defaults are the fastest formulations `cargo bench --bench norm` found (it times every
+/// formulation and its parts, and checks each against `reductions`): for a layer norm of many
+/// rows the parameter gradients, sums over the rows into a few features, are where the time
+/// goes, and one `cudnnReduceTensor` does them slowly, hence
+/// [`NormParamGrads::TwoStageReduce`] in [`default_for_layer`](Self::default_for_layer) (its
+/// backward is the bench's `ln_fp32_32768x1024-bwd-default`; the former default, with
+/// batch-norm gradients, is `-bwd-default_grads_bn`). For a group norm one batch-norm backward
+/// gives the gradients in less time than the two-stage sums alone take: it keeps
+/// [`NormParamGrads::BatchNormBackward`]. The feature view matters too: a layer norm's
+/// batch-norm affine map runs fast on the channels-last view only.
 ///
 /// ```
 /// use cudnn_safe::norm::{FeatureLayout, NormAffine, NormMethod, NormParamGrads, NormStats};
@@ -190,7 +177,7 @@ impl NormMethod {
     }
     /// The default of [`LayerNorm`](super::LayerNorm): batch-norm inference on the
     /// channels-last feature view for the affine map, two-stage reductions for `dγ`, `dβ`
-    /// (the fastest measured for the layer norm; see the table above).
+    /// (the fastest of the formulations for the layer norm; [`NormMethod`] says why).
     pub fn default_for_layer() -> Self {
         NormMethod {
             stats: NormStats::SpatialColumn,
