@@ -1609,18 +1609,40 @@ impl Autotuner {
         };
         match exec(&h.plan, h.ids, ws) {
             Ok(()) => Ok(Some(h.config.clone())),
-            Err(e) if falls_back(&e) || is_graph_only_refusal(&e) => {
-                log::warn!(
-                    "conv {op}: graph plan {} did not run ({e}); legacy ranking instead",
-                    h.config
-                );
-                self.stats.fallbacks += 1;
-                self.drop_graph(key);
-                self.persist();
-                Ok(None)
+            Err(e) => {
+                let config = h.config.clone();
+                self.graph_failed(key, op, &config, e)
             }
-            Err(e) => Err(e),
         }
+    }
+
+    /// What a graph plan's failure to run means for the decision under `key`: `Ok(None)` when
+    /// the legacy ranking must run this call instead, the error when no algorithm can fix it.
+    ///
+    /// A refusal of this call's buffers alone (a view not aligned to the graph's 16 bytes,
+    /// [`is_graph_only_refusal`]) keeps the decision as it is, in memory and in the cache file:
+    /// the next aligned call runs the graph engine again. A refusal of the plan itself (cuDNN
+    /// errors, workspace) drops the graph engine from the decision.
+    fn graph_failed(
+        &mut self,
+        key: &Arc<Key>,
+        op: &'static str,
+        config: &EngineConfig,
+        e: Error,
+    ) -> Result<Option<Arc<EngineConfig>>> {
+        if is_graph_only_refusal(&e) {
+            log::debug!("conv {op}: graph plan {config} not run for this call ({e}); legacy");
+            self.stats.fallbacks += 1;
+            return Ok(None);
+        }
+        if !falls_back(&e) {
+            return Err(e);
+        }
+        log::warn!("conv {op}: graph plan {config} did not run ({e}); legacy ranking instead");
+        self.stats.fallbacks += 1;
+        self.drop_graph(key);
+        self.persist();
+        Ok(None)
     }
 
     /// Saves the cache file if there is one (a failure is logged: the decision stays in memory).
@@ -2933,6 +2955,67 @@ mod tests {
             Some(TensorFormat::NchwVectC { width: 32 })
         );
         assert_eq!(format_from_code(2), None, "filters are never strided");
+    }
+
+    /// A graph plan refused for one call's buffers (a view off the graph's 16-byte alignment)
+    /// leaves the decision's graph engine in memory and in the cache file; a refusal of the plan
+    /// itself drops it from both; an argument error leaves the decision and is returned.
+    #[test]
+    fn only_a_refused_plan_loses_its_graph_decision() {
+        let dir =
+            std::env::temp_dir().join(format!("cudnn-safe-tune-align-{}", std::process::id()));
+        let path = dir.join("cache.txt");
+        let _ = std::fs::remove_file(&path);
+        let mut t = Autotuner::new(Policy::Benchmark)
+            .without_cache_file()
+            .cache_file(&path);
+        let k = Arc::new(key("GPU X|sm90|cudnn91400", vec![0, 1, 2, 3]));
+        let p = pick("eng12_k2=1_k5=0", 4096, 0.125);
+        t.cache.insert(
+            (*k).clone(),
+            Arc::new(Entry {
+                ranking: vec![(1, 0, 0.5)],
+                graph: Some(p.clone()),
+            }),
+        );
+        t.save().unwrap();
+        let graph_in_file = || {
+            let fresh = Autotuner::new(Policy::Benchmark)
+                .without_cache_file()
+                .cache_file(&path);
+            fresh.cache.get(&*k).and_then(|e| e.graph.clone())
+        };
+        assert_eq!(graph_in_file(), Some(p.clone()));
+
+        let misaligned = Error::invalid("graph buffer alignment", "16 bytes", "address 0x4");
+        assert!(is_graph_only_refusal(&misaligned));
+        let r = t.graph_failed(&k, "forward", &p.config, misaligned);
+        assert!(matches!(r, Ok(None)), "{r:?}");
+        assert_eq!(t.cache[&*k].graph, Some(p.clone()));
+        assert_eq!(graph_in_file(), Some(p.clone()));
+        assert_eq!(t.stats().fallbacks, 1);
+
+        let short = Error::BufferTooSmall {
+            name: "y",
+            len: 1,
+            required: 2,
+        };
+        let r = t.graph_failed(&k, "forward", &p.config, short);
+        assert!(matches!(r, Err(Error::BufferTooSmall { .. })), "{r:?}");
+        assert_eq!(t.cache[&*k].graph, Some(p.clone()));
+
+        let refused = Error::Cudnn {
+            status: crate::Status::NOT_SUPPORTED,
+            function: "cudnnBackendExecute",
+            message: String::new(),
+        };
+        let r = t.graph_failed(&k, "forward", &p.config, refused);
+        assert!(matches!(r, Ok(None)), "{r:?}");
+        assert_eq!(t.cache[&*k].graph, None);
+        assert_eq!(t.cache[&*k].ranking, vec![(1, 0, 0.5)]);
+        assert_eq!(graph_in_file(), None);
+        assert_eq!(t.stats().fallbacks, 2);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -3755,6 +3755,120 @@ fn union_graph_decision_persists_and_is_rebuilt_without_benchmark() {
     );
 }
 
+/// A call whose buffer is not 16-byte aligned (an f32 view one element into its allocation)
+/// cannot run the graph plan the union search chose: it runs the legacy ranking, and only it.
+/// The decision keeps its graph engine in memory (the next aligned call runs it) and in the
+/// cache file (a new tuner reading it runs it too).
+#[test]
+fn union_misaligned_call_falls_back_for_that_call_only() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(1010);
+    let mode = &UNION_FP32;
+    let s = union_setup::<f32>(&g, &mut rng, mode);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let path = std::env::temp_dir().join(format!(
+        "cudnn-safe-misaligned-test-{}-{nanos}.txt",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+    // x again, one element into a longer allocation: 4 bytes off the graph's alignment.
+    let image = download(&g.stream, &s.x);
+    let shifted: Vec<f32> = std::iter::once(SENTINEL as f32).chain(image).collect();
+    let x_off = g.stream.clone_htod(&shifted).unwrap();
+    let x_view = x_off.slice(1..);
+    let y_d = s.y_lay.desc::<f32>();
+    let r = s.geo.forward(&s.xf, &s.wf);
+    let misaligned = |tuner: &mut Autotuner| -> Choice<ConvFwdAlgo> {
+        let before = s.y_lay.output_image::<f32>(None);
+        let mut y = g.stream.clone_htod(&before).unwrap();
+        let c = tuner
+            .forward(
+                &g.cudnn, 1.0, &s.x_d, &x_view, &s.w_d, &s.w, &s.conv, 0.0, &y_d, &mut y,
+            )
+            .unwrap_or_else(|e| panic!("misaligned x: {e}"));
+        let what = format!("misaligned x: {} ({:?})", c.describe(), c.source);
+        assert_eq!(c.api, ConvApi::Legacy, "{what}");
+        verify(
+            &g,
+            &what,
+            &s.y_lay,
+            &y,
+            &before,
+            &r,
+            mode.tol,
+            (1.0, 0.0),
+            is_transform(c.algo),
+        );
+        c
+    };
+    let tuner = || {
+        fresh(Policy::Benchmark)
+            .graph_search(GraphSearch::Prefer)
+            .cache_file(&path)
+    };
+
+    let mut a = tuner();
+    let (first, _) = union_call(&g, &mut rng, &mut a, &s, mode, 1.0, 0.0);
+    let ConvApi::Graph(config) = first.api.clone() else {
+        panic!("prefer: {}", first.describe());
+    };
+    let c = misaligned(&mut a);
+    assert_eq!(c.source, Source::Cache);
+    // The graph plan could not run this call (its legacy favourite may in turn need another
+    // candidate): at least one fallback.
+    assert!(a.stats().fallbacks >= 1, "{:?}", a.stats());
+    let (again, _) = union_call(&g, &mut rng, &mut a, &s, mode, 1.0, 0.0);
+    assert_eq!(
+        (again.source, &again.api),
+        (Source::Cache, &first.api),
+        "{}",
+        again.describe()
+    );
+    assert_eq!(
+        (a.stats().benchmarks, a.stats().plan_builds),
+        (1, 0),
+        "one search, the plan still held: {:?}",
+        a.stats()
+    );
+    assert_eq!(
+        a.cached_forward_graph(&g.cudnn, &s.x_d, &s.w_d, &s.conv, &y_d),
+        Some(config.clone())
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains(&format!("\tgraph={config}:")),
+        "the cache file lost the graph engine {config}:\n{text}"
+    );
+    drop(a);
+
+    // A new tuner reads the decision: its first call, misaligned, rebuilds the plan and runs
+    // legacy; the next, aligned, runs the remembered engine; nothing is benchmarked.
+    let mut b = tuner();
+    let b0 = misaligned(&mut b);
+    assert_eq!(b0.source, Source::Cache);
+    let (b1, _) = union_call(&g, &mut rng, &mut b, &s, mode, 1.0, 0.0);
+    assert_eq!(
+        (b1.source, &b1.api),
+        (Source::Cache, &first.api),
+        "{}",
+        b1.describe()
+    );
+    let stats = b.stats();
+    assert_eq!((stats.benchmarks, stats.plan_builds), (0, 1), "{stats:?}");
+    assert!(stats.fallbacks >= 1, "{stats:?}");
+    drop(b);
+    let mut c = tuner();
+    assert_eq!(
+        c.cached_forward_graph(&g.cudnn, &s.x_d, &s.w_d, &s.conv, &y_d),
+        Some(config.clone())
+    );
+    drop(c);
+    let _ = std::fs::remove_file(&path);
+    println!("union with a misaligned x: legacy for that call, graph {config} kept and persisted");
+}
+
 #[test]
 fn union_warm_up_replays_cached_decisions() {
     let Some(g) = gpu() else { return };
