@@ -1893,6 +1893,556 @@ fn conv_transpose_stride_2_output_padding_1() {
     );
 }
 
+/// A transposed convolution as PyTorch's `conv_transpose1d/2d/3d` states it, with its own
+/// reference (the scatter form of the definition, not the backward-data pass the crate runs).
+/// Spatial vectors are per spatial dimension of the tensors, as in [`Case`] (a 1-D case has a
+/// unit height first, with pad 0, stride 1, dilation 1, output padding 0).
+#[derive(Clone, Debug)]
+struct TCase {
+    spatial: usize,
+    n: i64,
+    /// Input channels: the filter count K.
+    k: i64,
+    /// Output channels.
+    c: i64,
+    groups: i64,
+    input: Vec<i64>,
+    kernel: Vec<i64>,
+    pads: Vec<i64>,
+    strides: Vec<i64>,
+    dilations: Vec<i64>,
+    output_padding: Vec<i64>,
+    mode: ConvMode,
+    fmt: Fmt,
+}
+
+impl TCase {
+    /// A 1-D case `[N, K, 1, in] → [N, C, 1, out]`.
+    #[allow(clippy::too_many_arguments)]
+    fn one_d(
+        n: i64,
+        k: i64,
+        c: i64,
+        input: i64,
+        ker: i64,
+        s: i64,
+        d: i64,
+        p: i64,
+        op: i64,
+    ) -> TCase {
+        TCase {
+            spatial: 1,
+            n,
+            k,
+            c,
+            groups: 1,
+            input: vec![1, input],
+            kernel: vec![1, ker],
+            pads: vec![0, p],
+            strides: vec![1, s],
+            dilations: vec![1, d],
+            output_padding: vec![0, op],
+            mode: ConvMode::CrossCorrelation,
+            fmt: Fmt::Nchw,
+        }
+    }
+    /// `out = (in − 1)·stride − 2·pad + dilation·(k − 1) + 1 + output_padding`.
+    fn out(&self) -> Vec<i64> {
+        (0..self.input.len())
+            .map(|i| {
+                (self.input[i] - 1) * self.strides[i] - 2 * self.pads[i]
+                    + self.dilations[i] * (self.kernel[i] - 1)
+                    + 1
+                    + self.output_padding[i]
+            })
+            .collect()
+    }
+    fn x_dims(&self) -> Vec<i64> {
+        [vec![self.n, self.k], self.input.clone()].concat()
+    }
+    fn w_dims(&self) -> Vec<i64> {
+        [vec![self.k, self.c / self.groups], self.kernel.clone()].concat()
+    }
+    fn y_dims(&self) -> Vec<i64> {
+        [vec![self.n, self.c], self.out()].concat()
+    }
+    /// Values per declared spatial dimension (the builder's and `transpose_output_dims`' form).
+    fn declared(&self, v: &[i64]) -> Vec<i64> {
+        if self.spatial == 1 {
+            v[1..].to_vec()
+        } else {
+            v.to_vec()
+        }
+    }
+    fn conv<T: DataType>(&self, math: MathType) -> ConvDesc {
+        ConvDesc::builder(self.spatial)
+            .pads(&self.declared(&self.pads))
+            .strides(&self.declared(&self.strides))
+            .dilations(&self.declared(&self.dilations))
+            .groups(self.groups)
+            .mode(self.mode)
+            .math(math)
+            .build::<T>()
+            .unwrap_or_else(|e| panic!("conv descriptor {self:?}: {e}"))
+    }
+    /// Which way the crate must map the case onto backward data, in words (for messages).
+    fn kind(&self) -> &'static str {
+        let dims = 0..self.input.len();
+        if dims
+            .clone()
+            .all(|i| self.output_padding[i] < self.strides[i])
+        {
+            "output padding < stride"
+        } else if dims.clone().all(|i| self.pads[i] < self.strides[i]) {
+            "output padding ≥ stride, padding < stride"
+        } else {
+            "output padding ≥ stride, padding ≥ stride"
+        }
+    }
+    fn short(&self) -> String {
+        format!(
+            "{}-D {:?} x{:?} w{:?} y{:?} g{} pad{:?} str{:?} dil{:?} op{:?} {:?} ({})",
+            self.spatial,
+            self.fmt,
+            self.x_dims(),
+            self.w_dims(),
+            self.y_dims(),
+            self.groups,
+            self.pads,
+            self.strides,
+            self.dilations,
+            self.output_padding,
+            self.mode,
+            self.kind()
+        )
+    }
+
+    /// `y = conv_transpose(x, w)` by scattering every input element through every tap:
+    /// `y[n, g·Cg + c, i·stride − pad + t·dilation] += x[n, k, i]·w[k, c, t']` for each input
+    /// channel `k` of group `g = k / (K / groups)` (`Cg = C / groups`), every input position `i`
+    /// and tap `t`, keeping the positions inside `y`; `t' = t`, or `kernel − 1 − t` in every
+    /// spatial dimension for a true convolution. Logical row-major arrays.
+    fn reference(&self, x: &[f64], w: &[f64]) -> Ref {
+        let out = self.out();
+        let (kg, cg) = (self.k / self.groups, self.c / self.groups);
+        let ker_count: i64 = self.kernel.iter().product();
+        let out_count: i64 = out.iter().product();
+        let in_count: i64 = self.input.iter().product();
+        let mut r = Ref::zeros(
+            (self.n * self.c * out_count) as usize,
+            (kg * ker_count) as usize,
+        );
+        let ins = all_indices(&self.input);
+        let kers = all_indices(&self.kernel);
+        for n in 0..self.n {
+            for k in 0..self.k {
+                let g = k / kg;
+                for (ii, i) in ins.iter().enumerate() {
+                    let xv = x[((n * self.k + k) * in_count + ii as i64) as usize];
+                    for (ti, t) in kers.iter().enumerate() {
+                        let mut pos = 0i64;
+                        let mut inside = true;
+                        for d in 0..i.len() {
+                            let o =
+                                i[d] * self.strides[d] - self.pads[d] + t[d] * self.dilations[d];
+                            if o < 0 || o >= out[d] {
+                                inside = false;
+                                break;
+                            }
+                            pos = pos * out[d] + o;
+                        }
+                        if !inside {
+                            continue;
+                        }
+                        let wt = if self.mode == ConvMode::Convolution {
+                            ker_count - 1 - ti as i64
+                        } else {
+                            ti as i64
+                        };
+                        for c in 0..cg {
+                            let wv = w[((k * cg + c) * ker_count + wt) as usize];
+                            let yi = ((n * self.c + g * cg + c) * out_count + pos) as usize;
+                            r.val[yi] += xv * wv;
+                            r.abs[yi] += (xv * wv).abs();
+                        }
+                    }
+                }
+            }
+        }
+        r
+    }
+}
+
+/// A transposed-convolution problem on the device: descriptors, inputs (host values as stored
+/// and device copies) and the reference.
+struct TSetup<T: DataType> {
+    conv: ConvDesc,
+    y_lay: Lay,
+    x_d: TensorDesc<T>,
+    w_d: FilterDesc<T>,
+    y_d: TensorDesc<T>,
+    x: CudaSlice<T>,
+    w: CudaSlice<T>,
+    r: Ref,
+}
+
+impl<T: DataType> TSetup<T> {
+    fn new(g: &Gpu, rng: &mut Rng, case: &TCase, math: MathType) -> TSetup<T> {
+        let conv = case.conv::<T>(math);
+        let x_lay = Lay::packed(&case.x_dims(), case.fmt);
+        let w_lay = Lay::packed(&case.w_dims(), case.fmt);
+        let y_lay = Lay::packed(&case.y_dims(), case.fmt);
+        let (x_d, w_d) = (x_lay.desc::<T>(), w_lay.filter::<T>());
+        let dims = conv
+            .transpose_output_dims(x_d.dims(), w_d.dims(), &case.declared(&case.output_padding))
+            .unwrap_or_else(|e| panic!("transpose_output_dims {}: {e}", case.short()));
+        assert_eq!(
+            dims,
+            case.y_dims(),
+            "transpose_output_dims {}",
+            case.short()
+        );
+        let xh: Vec<T> = rng.values(x_lay.count());
+        let wh: Vec<T> = rng.values(w_lay.count());
+        TSetup {
+            r: case.reference(&to_f64(&xh), &to_f64(&wh)),
+            x: x_lay.upload(g, &xh),
+            w: w_lay.upload(g, &wh),
+            y_d: y_lay.desc::<T>(),
+            conv,
+            y_lay,
+            x_d,
+            w_d,
+        }
+    }
+}
+
+/// `y = alpha·conv_transpose(x, w) + beta·y` for `case` with every backward-data algorithm
+/// cuDNN accepts for the pass the crate runs, checked against the scatter reference (y
+/// NaN-poisoned when `beta = 0`).
+#[allow(clippy::too_many_arguments)]
+fn transpose_scatter_case<T: DataType>(
+    g: &Gpu,
+    ws: &mut Workspace,
+    rng: &mut Rng,
+    case: &TCase,
+    math: MathType,
+    tol: Tol,
+    (alpha, beta): (f64, f64),
+    tally: &mut Tally,
+) {
+    let s = TSetup::<T>::new(g, rng, case, math);
+    let (alpha_s, alpha) = scalar::<T>(alpha);
+    let (beta_s, beta) = scalar::<T>(beta);
+    let what = format!(
+        "conv_transpose<{}> {} alpha {alpha} beta {beta}",
+        T::DTYPE,
+        case.short()
+    );
+    let old: Option<Vec<T>> = (beta != 0.0).then(|| rng.values(s.y_lay.count()));
+    let oldf = old.as_deref().map(to_f64);
+    let before = s.y_lay.output_image(old.as_deref());
+    // The heuristics rank the pass that runs (none when no term reaches y).
+    let heur = g
+        .cudnn
+        .conv_transpose_heuristics(&s.x_d, &s.w_d, &s.conv, &s.y_d)
+        .unwrap_or_else(|e| panic!("{what}: heuristics: {e}"));
+    assert!(
+        heur.iter().any(|p| p.is_supported()) || s.r.abs.iter().all(|&a| a == 0.0),
+        "{what}: no algorithm ranked: {heur:?}"
+    );
+    sweep::<ConvBwdDataAlgo, T>(
+        g,
+        &what,
+        ConvBwdDataAlgo::ALL,
+        &s.y_lay,
+        &before,
+        tally,
+        |a| {
+            g.cudnn
+                .conv_transpose_workspace_size(&s.x_d, &s.w_d, &s.conv, &s.y_d, a)
+        },
+        |a, y| {
+            g.cudnn.conv_transpose(
+                alpha_s, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, a, ws, beta_s, &s.y_d, y,
+            )
+        },
+        |a| tol.expect(&s.r, alpha, beta, oldf.as_deref(), is_transform(a)),
+    );
+}
+
+/// Cases PyTorch accepts that backward data alone cannot express (output padding ≥ stride,
+/// with a dilation above the stride), next to ordinary ones: 1-D, 2-D and 3-D, groups, true
+/// convolution, NCHW and NHWC, `beta ≠ 0`, and a case where no term reaches `y`.
+fn transpose_scatter_cases() -> Vec<(TCase, (f64, f64))> {
+    let base = TCase::one_d(2, 3, 4, 5, 3, 1, 2, 1, 1);
+    vec![
+        // 1-D, stride 1, dilation 2, padding 1, output padding 1: F.conv_transpose1d's
+        // smallest case beyond backward data.
+        (base.clone(), (1.0, 0.0)),
+        // 1-D NHWC, true convolution, padding 0, output padding 2 < dilation 3, accumulating.
+        (
+            TCase {
+                fmt: Fmt::Nhwc,
+                mode: ConvMode::Convolution,
+                ..TCase::one_d(1, 2, 3, 6, 2, 1, 3, 0, 2)
+            },
+            (-0.5, 1.5),
+        ),
+        // 2-D, 2 groups: padding ≥ stride in one dimension, output padding ≥ stride in both.
+        (
+            TCase {
+                spatial: 2,
+                n: 1,
+                k: 4,
+                c: 6,
+                groups: 2,
+                input: vec![4, 5],
+                kernel: vec![3, 2],
+                pads: vec![2, 0],
+                strides: vec![1, 2],
+                dilations: vec![2, 3],
+                output_padding: vec![1, 2],
+                mode: ConvMode::CrossCorrelation,
+                fmt: Fmt::Nchw,
+            },
+            (1.0, 0.0),
+        ),
+        // 2-D NCHW, padding < stride, output padding ≥ stride in both dimensions, beta ≠ 0.
+        (
+            TCase {
+                spatial: 2,
+                n: 2,
+                k: 3,
+                c: 2,
+                groups: 1,
+                input: vec![3, 4],
+                kernel: vec![2, 3],
+                pads: vec![1, 0],
+                strides: vec![2, 1],
+                dilations: vec![3, 2],
+                output_padding: vec![2, 1],
+                mode: ConvMode::Convolution,
+                fmt: Fmt::Nchw,
+            },
+            (0.75, -2.0),
+        ),
+        // 3-D: output padding ≥ stride in two dimensions (padding ≥ stride there), < stride in
+        // the third; alpha and beta.
+        (
+            TCase {
+                spatial: 3,
+                n: 1,
+                k: 2,
+                c: 3,
+                groups: 1,
+                input: vec![2, 3, 3],
+                kernel: vec![2, 2, 3],
+                pads: vec![1, 1, 2],
+                strides: vec![1, 2, 1],
+                dilations: vec![2, 1, 3],
+                output_padding: vec![1, 1, 2],
+                mode: ConvMode::CrossCorrelation,
+                fmt: Fmt::Nchw,
+            },
+            (1.5, 0.5),
+        ),
+        // No term reaches y (height 1 at position 0; the one tap lands at −1): y = beta·y,
+        // with beta = 0 on a NaN-poisoned y, then beta = 0.5.
+        (
+            TCase {
+                spatial: 2,
+                n: 2,
+                k: 2,
+                c: 2,
+                groups: 1,
+                input: vec![1, 3],
+                kernel: vec![1, 2],
+                pads: vec![1, 0],
+                strides: vec![2, 1],
+                dilations: vec![3, 1],
+                output_padding: vec![2, 0],
+                mode: ConvMode::CrossCorrelation,
+                fmt: Fmt::Nchw,
+            },
+            (1.0, 0.0),
+        ),
+        (
+            TCase {
+                spatial: 2,
+                n: 1,
+                k: 2,
+                c: 2,
+                groups: 1,
+                input: vec![1, 3],
+                kernel: vec![1, 2],
+                pads: vec![1, 0],
+                strides: vec![2, 1],
+                dilations: vec![3, 1],
+                output_padding: vec![2, 0],
+                mode: ConvMode::CrossCorrelation,
+                fmt: Fmt::Nchw,
+            },
+            (1.0, 0.5),
+        ),
+        // Ordinary: output padding < stride with dilation 2, 3 groups (depthwise-like).
+        (
+            TCase {
+                spatial: 2,
+                n: 2,
+                k: 3,
+                c: 6,
+                groups: 3,
+                input: vec![3, 4],
+                kernel: vec![3, 3],
+                pads: vec![1, 1],
+                strides: vec![2, 2],
+                dilations: vec![2, 1],
+                output_padding: vec![1, 1],
+                mode: ConvMode::CrossCorrelation,
+                fmt: Fmt::Nchw,
+            },
+            (1.0, 0.0),
+        ),
+    ]
+}
+
+#[test]
+fn conv_transpose_every_output_padding_pytorch_accepts() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(502);
+    let mut ws = Workspace::new(g.stream.clone());
+    let mut t = Tally::default();
+    for (case, ab) in transpose_scatter_cases() {
+        transpose_scatter_case::<f32>(
+            &g,
+            &mut ws,
+            &mut rng,
+            &case,
+            MathType::Fma,
+            FP32,
+            ab,
+            &mut t,
+        );
+    }
+    println!(
+        "{}",
+        t.line("conv_transpose f32 (scatter reference, output padding up to the dilation)")
+    );
+    let mut t = Tally::default();
+    for (case, ab) in transpose_scatter_cases().into_iter().skip(2).take(3) {
+        transpose_scatter_case::<f64>(
+            &g,
+            &mut ws,
+            &mut rng,
+            &case,
+            MathType::Default,
+            FP64,
+            ab,
+            &mut t,
+        );
+    }
+    println!("{}", t.line("conv_transpose f64 (scatter reference)"));
+}
+
+#[test]
+fn conv_transpose_half_nhwc_every_output_padding() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(503);
+    let mut ws = Workspace::new(g.stream.clone());
+    let cases = [
+        // Output padding < stride.
+        (
+            TCase {
+                spatial: 2,
+                n: 2,
+                k: 8,
+                c: 8,
+                groups: 1,
+                input: vec![3, 4],
+                kernel: vec![3, 3],
+                pads: vec![1, 1],
+                strides: vec![2, 2],
+                dilations: vec![2, 1],
+                output_padding: vec![1, 1],
+                mode: ConvMode::CrossCorrelation,
+                fmt: Fmt::Nhwc,
+            },
+            (1.0, 0.0),
+        ),
+        // Output padding ≥ stride, padding ≥ stride (scratch): both dimensions.
+        (
+            TCase {
+                spatial: 2,
+                n: 1,
+                k: 8,
+                c: 8,
+                groups: 1,
+                input: vec![4, 3],
+                kernel: vec![2, 3],
+                pads: vec![1, 2],
+                strides: vec![1, 1],
+                dilations: vec![2, 2],
+                output_padding: vec![1, 1],
+                mode: ConvMode::CrossCorrelation,
+                fmt: Fmt::Nhwc,
+            },
+            (1.0, 0.0),
+        ),
+        // Output padding ≥ stride, padding < stride (a sub-tensor of y), accumulating.
+        (
+            TCase {
+                spatial: 2,
+                n: 1,
+                k: 8,
+                c: 8,
+                groups: 1,
+                input: vec![5, 4],
+                kernel: vec![3, 2],
+                pads: vec![0, 1],
+                strides: vec![1, 2],
+                dilations: vec![2, 3],
+                output_padding: vec![1, 2],
+                mode: ConvMode::CrossCorrelation,
+                fmt: Fmt::Nhwc,
+            },
+            (1.0, 1.0),
+        ),
+    ];
+    let mut t16 = Tally::default();
+    let mut tb = Tally::default();
+    for (case, ab) in &cases {
+        transpose_scatter_case::<f16>(
+            &g,
+            &mut ws,
+            &mut rng,
+            case,
+            MathType::Default,
+            FP16,
+            *ab,
+            &mut t16,
+        );
+        transpose_scatter_case::<bf16>(
+            &g,
+            &mut ws,
+            &mut rng,
+            case,
+            MathType::Default,
+            BF16,
+            (1.0, 0.0),
+            &mut tb,
+        );
+    }
+    println!(
+        "{}",
+        t16.line("conv_transpose f16 NHWC (scatter reference)")
+    );
+    println!(
+        "{}",
+        tb.line("conv_transpose bf16 NHWC (scatter reference)")
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Depthwise and grouped convolutions
 // ---------------------------------------------------------------------------------------------
