@@ -2443,6 +2443,316 @@ fn conv_transpose_half_nhwc_every_output_padding() {
     );
 }
 
+#[test]
+fn conv_transpose_refuses_what_pytorch_refuses_before_launch() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(504);
+    let mut ws = Workspace::new(g.stream.clone());
+    let mut tuner = fresh(Policy::Heuristic);
+    // Stride 1, dilation 2, padding 1: output padding 0 and 1 are PyTorch's; 2 is not.
+    let case = TCase::one_d(2, 3, 4, 5, 3, 1, 2, 1, 1);
+    let s = TSetup::<f32>::new(&g, &mut rng, &case, MathType::Fma);
+    let algo = ConvBwdDataAlgo::Algo1;
+    let refused = |what: &str, r: &Result<(), Error>, ok: &dyn Fn(&Error) -> bool| {
+        assert!(matches!(r, Err(e) if ok(e)), "{what}: {r:?}");
+    };
+    // Each refusal through the handle and through the tuner, y sentinel-filled and untouched.
+    let run = |ws: &mut Workspace,
+               tuner: &mut Autotuner,
+               what: &str,
+               x_d: &TensorDesc<f32>,
+               x: &CudaSlice<f32>,
+               w_d: &FilterDesc<f32>,
+               y_d: &TensorDesc<f32>,
+               y_len: usize,
+               ok: &dyn Fn(&Error) -> bool| {
+        let before = vec![SENTINEL as f32; y_len];
+        let mut y = g.stream.clone_htod(&before).unwrap();
+        let r = g
+            .cudnn
+            .conv_transpose(1.0, x_d, x, w_d, &s.w, &s.conv, algo, ws, 0.0, y_d, &mut y);
+        refused(what, &r, ok);
+        let r = tuner
+            .conv_transpose(&g.cudnn, 1.0, x_d, x, w_d, &s.w, &s.conv, 0.0, y_d, &mut y)
+            .map(|_| ());
+        refused(&format!("{what} (autotuner)"), &r, ok);
+        assert_untouched(what, &g.stream, &y, &before);
+    };
+    let y_names = |e: &Error| matches!(e, Error::ShapeMismatch { a: "y", .. });
+    // Output padding 2 = dilation: refused by transpose_output_dims and by the call.
+    let r = s
+        .conv
+        .transpose_output_dims(s.x_d.dims(), s.w_d.dims(), &[2]);
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    let mut too_long = case.y_dims();
+    too_long[3] += 1;
+    let y_long = TensorDesc::<f32>::nchw_nd(&too_long).unwrap();
+    run(
+        &mut ws,
+        &mut tuner,
+        "output padding = dilation",
+        &s.x_d,
+        &s.x,
+        &s.w_d,
+        &y_long,
+        y_long.span(),
+        &y_names,
+    );
+    // Below the smallest size (output padding −1).
+    let mut too_short = case.y_dims();
+    too_short[3] -= 2;
+    let y_short = TensorDesc::<f32>::nchw_nd(&too_short).unwrap();
+    run(
+        &mut ws,
+        &mut tuner,
+        "output padding −1",
+        &s.x_d,
+        &s.x,
+        &s.w_d,
+        &y_short,
+        y_short.span(),
+        &y_names,
+    );
+    // Output channels ≠ C, batch ≠ N.
+    for (i, what) in [(1, "channels"), (0, "batch")] {
+        let mut d = case.y_dims();
+        d[i] += 1;
+        let y_bad = TensorDesc::<f32>::nchw_nd(&d).unwrap();
+        run(
+            &mut ws,
+            &mut tuner,
+            what,
+            &s.x_d,
+            &s.x,
+            &s.w_d,
+            &y_bad,
+            y_bad.span(),
+            &y_names,
+        );
+    }
+    // x's channels ≠ the filter count.
+    let x4 = TensorDesc::<f32>::nchw(2, 4, 1, 5).unwrap();
+    let x4_dev = g.stream.clone_htod(&rng.values::<f32>(x4.span())).unwrap();
+    run(
+        &mut ws,
+        &mut tuner,
+        "x channels",
+        &x4,
+        &x4_dev,
+        &s.w_d,
+        &s.y_d,
+        s.y_d.span(),
+        &|e| matches!(e, Error::ShapeMismatch { a: "x", b: "w", .. }),
+    );
+    // Short buffers are named as the transposed convolution names them.
+    let short_x = g
+        .stream
+        .clone_htod(&rng.values::<f32>(s.x_d.span() - 1))
+        .unwrap();
+    run(
+        &mut ws,
+        &mut tuner,
+        "short x",
+        &s.x_d,
+        &short_x,
+        &s.w_d,
+        &s.y_d,
+        s.y_d.span(),
+        &|e| matches!(e, Error::BufferTooSmall { name: "x", .. }),
+    );
+    run(
+        &mut ws,
+        &mut tuner,
+        "short y",
+        &s.x_d,
+        &s.x,
+        &s.w_d,
+        &s.y_d,
+        s.y_d.span() - 1,
+        &|e| matches!(e, Error::BufferTooSmall { name: "y", .. }),
+    );
+    let before = vec![SENTINEL as f32; s.y_d.span()];
+    let mut y = g.stream.clone_htod(&before).unwrap();
+    let short_w = g
+        .stream
+        .clone_htod(&rng.values::<f32>(s.w_d.span() - 1))
+        .unwrap();
+    let r = g.cudnn.conv_transpose(
+        1.0, &s.x_d, &s.x, &s.w_d, &short_w, &s.conv, algo, &mut ws, 0.0, &s.y_d, &mut y,
+    );
+    refused("short w", &r, &|e| {
+        matches!(e, Error::BufferTooSmall { name: "w", .. })
+    });
+    // An output layout that overlaps itself.
+    let yd = case.y_dims();
+    let y_overlap = TensorDesc::<f32>::strided(&yd, &[yd[3], 1, 1, 1]).unwrap();
+    let r = g.cudnn.conv_transpose(
+        1.0, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, algo, &mut ws, 0.0, &y_overlap, &mut y,
+    );
+    refused("overlapping y", &r, &|e| {
+        matches!(e, Error::OverlappingOutput { name: "y", .. })
+    });
+    assert_untouched("short w, overlapping y", &g.stream, &y, &before);
+    // K not divisible by the groups: refused by transpose_output_dims and by the call.
+    let grouped = ConvDesc::builder(1)
+        .pads(&[1])
+        .dilations(&[2])
+        .groups(2)
+        .build::<f32>()
+        .unwrap();
+    let w_odd = FilterDesc::<f32>::new(&[3, 2, 1, 3], TensorFormat::Nchw).unwrap();
+    let r = grouped.transpose_output_dims(s.x_d.dims(), w_odd.dims(), &[1]);
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    let w_odd_dev = g
+        .stream
+        .clone_htod(&rng.values::<f32>(w_odd.span()))
+        .unwrap();
+    let r = g.cudnn.conv_transpose(
+        1.0, &s.x_d, &s.x, &w_odd, &w_odd_dev, &grouped, algo, &mut ws, 0.0, &s.y_d, &mut y,
+    );
+    refused("K = 3 with 2 groups", &r, &|e| {
+        matches!(e, Error::InvalidArgument { .. })
+    });
+    assert_untouched("groups", &g.stream, &y, &before);
+    // A workspace below what the algorithm needs: refused before the first launch, also where
+    // the call would run backward data into scratch memory and copy.
+    for case in [case.clone(), transpose_scatter_cases()[2].0.clone()] {
+        let s = TSetup::<f32>::new(&g, &mut rng, &case, MathType::Fma);
+        let before = vec![SENTINEL as f32; s.y_d.span()];
+        let mut y = g.stream.clone_htod(&before).unwrap();
+        let mut none = Workspace::new(g.stream.clone()).with_limit(0);
+        let mut limited = 0;
+        for &a in ConvBwdDataAlgo::ALL {
+            let Ok(bytes) = g
+                .cudnn
+                .conv_transpose_workspace_size(&s.x_d, &s.w_d, &s.conv, &s.y_d, a)
+            else {
+                continue;
+            };
+            if bytes == 0 {
+                continue;
+            }
+            let r = g.cudnn.conv_transpose(
+                1.0, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, a, &mut none, 0.0, &s.y_d, &mut y,
+            );
+            refused(&format!("{a} without workspace"), &r, &|e| {
+                matches!(e, Error::WorkspaceLimit { .. })
+            });
+            limited += 1;
+        }
+        assert_untouched("workspace limit", &g.stream, &y, &before);
+        println!(
+            "conv_transpose {}: {limited} algorithms refused for a workspace of 0 bytes",
+            case.short()
+        );
+    }
+}
+
+#[test]
+fn autotuner_conv_transpose_decides_the_backward_data_pass() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(505);
+    let cases = transpose_scatter_cases();
+    // Output padding < stride (the plain backward-data problem), a sub-tensor of y, scratch, and
+    // no term at all.
+    let picked = [&cases[7], &cases[3], &cases[2], &cases[5]];
+    let mut lines = Vec::new();
+    for policy in [
+        Policy::Heuristic,
+        Policy::Benchmark,
+        Policy::Deterministic,
+        Policy::Fixed(FixedAlgos::default()),
+    ] {
+        let mut tuner = fresh(policy);
+        for (case, (alpha, beta)) in picked {
+            let s = TSetup::<f32>::new(&g, &mut rng, case, MathType::Fma);
+            let (alpha_s, alpha) = scalar::<f32>(*alpha);
+            let (beta_s, beta) = scalar::<f32>(*beta);
+            let mut choices = Vec::new();
+            for call in 0..2 {
+                let old: Option<Vec<f32>> = (beta != 0.0).then(|| rng.values(s.y_lay.count()));
+                let oldf = old.as_deref().map(to_f64);
+                let before = s.y_lay.output_image(old.as_deref());
+                let mut y = g.stream.clone_htod(&before).unwrap();
+                let what = format!(
+                    "autotuner {} conv_transpose {} call {call}",
+                    policy.name(),
+                    case.short()
+                );
+                let c = tuner
+                    .conv_transpose(
+                        &g.cudnn, alpha_s, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, beta_s, &s.y_d,
+                        &mut y,
+                    )
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                let what = format!("{what}: {} ({:?})", c.describe(), c.source);
+                let transform = is_transform(c.algo) || c.api.is_graph();
+                let (want, bound) = FP32.expect(&s.r, alpha, beta, oldf.as_deref(), transform);
+                check(
+                    &what,
+                    &download(&g.stream, &y),
+                    &before,
+                    &s.y_lay,
+                    &want,
+                    &bound,
+                );
+                choices.push(c);
+            }
+            let nothing = std::ptr::eq(case, &cases[5].0);
+            let expect_first = match (policy, nothing) {
+                (Policy::Fixed(_), _) | (_, true) => Source::Fixed,
+                (Policy::Heuristic, false) => Source::Heuristic,
+                _ => Source::Benchmark,
+            };
+            assert_eq!(
+                choices[0].source,
+                expect_first,
+                "{} {}",
+                policy.name(),
+                case.short()
+            );
+            if !matches!(expect_first, Source::Fixed) {
+                assert_eq!(
+                    choices[1].source,
+                    Source::Cache,
+                    "{} {}",
+                    policy.name(),
+                    case.short()
+                );
+                assert_eq!(choices[1].algo, choices[0].algo);
+            }
+            if let Policy::Fixed(f) = policy {
+                assert_eq!(choices[0].algo, f.backward_data);
+            }
+            lines.push(format!(
+                "{} {}: {}",
+                policy.name(),
+                case.kind(),
+                choices[0].describe()
+            ));
+        }
+        // The plain case's decision is the backward-data decision of the same problem.
+        if !matches!(policy, Policy::Fixed(_)) {
+            let s = TSetup::<f32>::new(&g, &mut rng, &picked[0].0, MathType::Fma);
+            let mut dx = g.stream.alloc_zeros::<f32>(s.y_d.span()).unwrap();
+            let c = tuner
+                .backward_data(
+                    &g.cudnn, 1.0, &s.w_d, &s.w, &s.x_d, &s.x, &s.conv, 0.0, &s.y_d, &mut dx,
+                )
+                .unwrap();
+            assert_eq!(
+                c.source,
+                Source::Cache,
+                "{}: backward data after conv_transpose",
+                policy.name()
+            );
+        }
+    }
+    for l in lines {
+        println!("autotuner conv_transpose {l}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Depthwise and grouped convolutions
 // ---------------------------------------------------------------------------------------------
