@@ -12,10 +12,11 @@
 //! | `CUDNN_CONV_WSCAP_DBG` (workspace cap)   | [`Autotuner::workspace_limit`]                  |
 //! | in-memory benchmark cache (per process)  | cache keyed by problem, GPU and cuDNN version, persisted with [`Autotuner::cache_file`] or `CUDNN_SAFE_AUTOTUNE_CACHE` |
 //!
-//! Under the benchmark policies every convolution call — forward, backward data, backward
-//! filter and the fused forward with bias and activation — also searches the backend (graph)
-//! engines ([`Autotuner::graph_search`], on by default): legacy algorithms and graph plans are
-//! timed alike and the faster runs, without the caller knowing which API served;
+//! Under the benchmark policies every convolution call — forward, backward data (the transposed
+//! convolution's pass included), backward filter and the fused forward with bias and
+//! activation — also searches the backend (graph) engines ([`Autotuner::graph_search`], on by
+//! default): legacy algorithms and graph plans are timed alike and the faster runs, without
+//! the caller knowing which API served;
 //! [`Choice::api`] says which did. A repeated call is served from the decision as cheaply as
 //! the bare plan: nothing is copied or rebuilt (the held plan's variant pack is reused while
 //! the buffers stay the same), and every check of the call still runs.
@@ -1607,18 +1608,40 @@ impl Autotuner {
         };
         match exec(&h.plan, h.ids, ws) {
             Ok(()) => Ok(Some(h.config.clone())),
-            Err(e) if falls_back(&e) || is_graph_only_refusal(&e) => {
-                log::warn!(
-                    "conv {op}: graph plan {} did not run ({e}); legacy ranking instead",
-                    h.config
-                );
-                self.stats.fallbacks += 1;
-                self.drop_graph(key);
-                self.persist();
-                Ok(None)
+            Err(e) => {
+                let config = h.config.clone();
+                self.graph_failed(key, op, &config, e)
             }
-            Err(e) => Err(e),
         }
+    }
+
+    /// What a graph plan's failure to run means for the decision under `key`: `Ok(None)` when
+    /// the legacy ranking must run this call instead, the error when no algorithm can fix it.
+    ///
+    /// A refusal of this call's buffers alone (a view not aligned to the graph's 16 bytes,
+    /// [`is_graph_only_refusal`]) keeps the decision as it is, in memory and in the cache file:
+    /// the next aligned call runs the graph engine again. A refusal of the plan itself (cuDNN
+    /// errors, workspace) drops the graph engine from the decision.
+    fn graph_failed(
+        &mut self,
+        key: &Arc<Key>,
+        op: &'static str,
+        config: &EngineConfig,
+        e: Error,
+    ) -> Result<Option<Arc<EngineConfig>>> {
+        if is_graph_only_refusal(&e) {
+            log::debug!("conv {op}: graph plan {config} not run for this call ({e}); legacy");
+            self.stats.fallbacks += 1;
+            return Ok(None);
+        }
+        if !falls_back(&e) {
+            return Err(e);
+        }
+        log::warn!("conv {op}: graph plan {config} did not run ({e}); legacy ranking instead");
+        self.stats.fallbacks += 1;
+        self.drop_graph(key);
+        self.persist();
+        Ok(None)
     }
 
     /// Saves the cache file if there is one (a failure is logged: the decision stays in memory).
@@ -2024,6 +2047,83 @@ impl Autotuner {
         );
         let call = Dgrad(cudnn, w_desc, w, dy_desc, dy, conv, dx_desc);
         self.tune(cudnn, &call, prepared, fixed, (alpha, beta), dx)
+    }
+
+    /// Transposed convolution `y = alpha·conv_transpose(x, w) + beta·y` (see
+    /// [`Cudnn::conv_transpose`] for the shapes, every output padding PyTorch accepts) with the
+    /// backward-data algorithm the policy picks.
+    ///
+    /// The decision is the one [`backward_data`](Self::backward_data) makes for the pass the
+    /// transposed convolution runs (`dy` = `x`, `dx` = `y` or, when an output padding reaches
+    /// the stride, the part of `y` backward data can address), cached and searched (graph
+    /// engines included) exactly as that call's; a problem met through either method is decided
+    /// once. Errors name the transposed convolution's arguments (`x`, `w`, `y`), and every check
+    /// runs before anything is enqueued. When no element of `y` receives a term, `y = beta·y`
+    /// and the choice is the policy's fixed backward-data algorithm, nothing decided.
+    ///
+    /// ```no_run
+    /// use cudnn_safe::{conv::ConvDesc, cuda_context, Autotuner, Cudnn, FilterDesc, Policy,
+    ///                  TensorDesc, TensorFormat};
+    /// # fn main() -> cudnn_safe::Result<()> {
+    /// let ctx = cuda_context(0)?;
+    /// let stream = ctx.default_stream();
+    /// let cudnn = Cudnn::new(stream.clone())?;
+    /// let mut tuner = Autotuner::new(Policy::Benchmark);
+    /// // Stride 1, dilation 2, output padding 1 (below the dilation, as PyTorch allows).
+    /// let conv = ConvDesc::builder(2).pads(&[2, 2]).dilations(&[2, 2]).build::<f32>()?;
+    /// let x_d = TensorDesc::<f32>::nchw(1, 8, 16, 16)?;
+    /// let w_d = FilterDesc::<f32>::new(&[8, 4, 3, 3], TensorFormat::Nchw)?;
+    /// let y_d = TensorDesc::<f32>::nchw_nd(
+    ///     &conv.transpose_output_dims(x_d.dims(), w_d.dims(), &[1, 1])?,
+    /// )?;
+    /// assert_eq!(y_d.dims(), [1, 4, 17, 17]);
+    /// let x = stream.clone_htod(&vec![1.0f32; x_d.span()]).unwrap();
+    /// let w = stream.clone_htod(&vec![0.5f32; w_d.span()]).unwrap();
+    /// let mut y = stream.alloc_zeros::<f32>(y_d.span()).unwrap();
+    /// let choice = tuner.conv_transpose(&cudnn, 1.0, &x_d, &x, &w_d, &w, &conv, 0.0, &y_d,
+    ///                                   &mut y)?;
+    /// println!("ran {}", choice.describe());
+    /// # Ok(()) }
+    /// ```
+    #[allow(clippy::too_many_arguments)] // mirrors the C call
+    pub fn conv_transpose<T: DataType>(
+        &mut self,
+        cudnn: &Cudnn,
+        alpha: T::Scalar,
+        x_desc: &TensorDesc<T>,
+        x: &impl DeviceBuffer<T>,
+        w_desc: &FilterDesc<T>,
+        w: &impl DeviceBuffer<T>,
+        conv: &ConvDesc,
+        beta: T::Scalar,
+        y_desc: &TensorDesc<T>,
+        y: &mut impl DeviceBufferMut<T>,
+    ) -> Result<Choice<ConvBwdDataAlgo>> {
+        let plan = cudnn.transpose_plan(x_desc, x, w_desc, w, conv, y_desc, y)?;
+        // Allocated before the first launch, so that a failure refuses the call with y
+        // untouched.
+        let mut mem = plan.memory(cudnn, beta)?;
+        let choice = match (plan.backward(conv, y_desc), &mut mem.scratch) {
+            (Some((bconv, dx)), Some(s)) => {
+                let zero = T::Scalar::from_f64(0.0);
+                self.backward_data(cudnn, alpha, w_desc, w, x_desc, x, bconv, zero, dx, s)?
+            }
+            (Some((bconv, dx)), None) => {
+                self.backward_data(cudnn, alpha, w_desc, w, x_desc, x, bconv, beta, dx, y)?
+            }
+            (None, _) => Choice {
+                algo: match self.policy {
+                    Policy::Fixed(f) => f.backward_data,
+                    _ => FixedAlgos::default().backward_data,
+                },
+                source: Source::Fixed,
+                rank: 0,
+                workspace: self.workspace_bytes(),
+                api: ConvApi::Legacy,
+            },
+        };
+        plan.finish(cudnn, &mem, beta, y)?;
+        Ok(choice)
     }
 
     /// `dw = alpha·backward_filter(x, dy) + beta·dw` with the algorithm the policy picks (see
@@ -2931,6 +3031,67 @@ mod tests {
             Some(TensorFormat::NchwVectC { width: 32 })
         );
         assert_eq!(format_from_code(2), None, "filters are never strided");
+    }
+
+    /// A graph plan refused for one call's buffers (a view off the graph's 16-byte alignment)
+    /// leaves the decision's graph engine in memory and in the cache file; a refusal of the plan
+    /// itself drops it from both; an argument error leaves the decision and is returned.
+    #[test]
+    fn only_a_refused_plan_loses_its_graph_decision() {
+        let dir =
+            std::env::temp_dir().join(format!("cudnn-safe-tune-align-{}", std::process::id()));
+        let path = dir.join("cache.txt");
+        let _ = std::fs::remove_file(&path);
+        let mut t = Autotuner::new(Policy::Benchmark)
+            .without_cache_file()
+            .cache_file(&path);
+        let k = Arc::new(key("GPU X|sm90|cudnn91400", vec![0, 1, 2, 3]));
+        let p = pick("eng12_k2=1_k5=0", 4096, 0.125);
+        t.cache.insert(
+            (*k).clone(),
+            Arc::new(Entry {
+                ranking: vec![(1, 0, 0.5)],
+                graph: Some(p.clone()),
+            }),
+        );
+        t.save().unwrap();
+        let graph_in_file = || {
+            let fresh = Autotuner::new(Policy::Benchmark)
+                .without_cache_file()
+                .cache_file(&path);
+            fresh.cache.get(&*k).and_then(|e| e.graph.clone())
+        };
+        assert_eq!(graph_in_file(), Some(p.clone()));
+
+        let misaligned = Error::invalid("graph buffer alignment", "16 bytes", "address 0x4");
+        assert!(is_graph_only_refusal(&misaligned));
+        let r = t.graph_failed(&k, "forward", &p.config, misaligned);
+        assert!(matches!(r, Ok(None)), "{r:?}");
+        assert_eq!(t.cache[&*k].graph, Some(p.clone()));
+        assert_eq!(graph_in_file(), Some(p.clone()));
+        assert_eq!(t.stats().fallbacks, 1);
+
+        let short = Error::BufferTooSmall {
+            name: "y",
+            len: 1,
+            required: 2,
+        };
+        let r = t.graph_failed(&k, "forward", &p.config, short);
+        assert!(matches!(r, Err(Error::BufferTooSmall { .. })), "{r:?}");
+        assert_eq!(t.cache[&*k].graph, Some(p.clone()));
+
+        let refused = Error::Cudnn {
+            status: crate::Status::NOT_SUPPORTED,
+            function: "cudnnBackendExecute",
+            message: String::new(),
+        };
+        let r = t.graph_failed(&k, "forward", &p.config, refused);
+        assert!(matches!(r, Ok(None)), "{r:?}");
+        assert_eq!(t.cache[&*k].graph, None);
+        assert_eq!(t.cache[&*k].ranking, vec![(1, 0, 0.5)]);
+        assert_eq!(graph_in_file(), None);
+        assert_eq!(t.stats().fallbacks, 2);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

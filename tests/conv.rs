@@ -1893,6 +1893,866 @@ fn conv_transpose_stride_2_output_padding_1() {
     );
 }
 
+/// A transposed convolution as PyTorch's `conv_transpose1d/2d/3d` states it, with its own
+/// reference (the scatter form of the definition, not the backward-data pass the crate runs).
+/// Spatial vectors are per spatial dimension of the tensors, as in [`Case`] (a 1-D case has a
+/// unit height first, with pad 0, stride 1, dilation 1, output padding 0).
+#[derive(Clone, Debug)]
+struct TCase {
+    spatial: usize,
+    n: i64,
+    /// Input channels: the filter count K.
+    k: i64,
+    /// Output channels.
+    c: i64,
+    groups: i64,
+    input: Vec<i64>,
+    kernel: Vec<i64>,
+    pads: Vec<i64>,
+    strides: Vec<i64>,
+    dilations: Vec<i64>,
+    output_padding: Vec<i64>,
+    mode: ConvMode,
+    fmt: Fmt,
+}
+
+impl TCase {
+    /// A 1-D case `[N, K, 1, in] → [N, C, 1, out]`.
+    #[allow(clippy::too_many_arguments)]
+    fn one_d(
+        n: i64,
+        k: i64,
+        c: i64,
+        input: i64,
+        ker: i64,
+        s: i64,
+        d: i64,
+        p: i64,
+        op: i64,
+    ) -> TCase {
+        TCase {
+            spatial: 1,
+            n,
+            k,
+            c,
+            groups: 1,
+            input: vec![1, input],
+            kernel: vec![1, ker],
+            pads: vec![0, p],
+            strides: vec![1, s],
+            dilations: vec![1, d],
+            output_padding: vec![0, op],
+            mode: ConvMode::CrossCorrelation,
+            fmt: Fmt::Nchw,
+        }
+    }
+    /// `out = (in − 1)·stride − 2·pad + dilation·(k − 1) + 1 + output_padding`.
+    fn out(&self) -> Vec<i64> {
+        (0..self.input.len())
+            .map(|i| {
+                (self.input[i] - 1) * self.strides[i] - 2 * self.pads[i]
+                    + self.dilations[i] * (self.kernel[i] - 1)
+                    + 1
+                    + self.output_padding[i]
+            })
+            .collect()
+    }
+    fn x_dims(&self) -> Vec<i64> {
+        [vec![self.n, self.k], self.input.clone()].concat()
+    }
+    fn w_dims(&self) -> Vec<i64> {
+        [vec![self.k, self.c / self.groups], self.kernel.clone()].concat()
+    }
+    fn y_dims(&self) -> Vec<i64> {
+        [vec![self.n, self.c], self.out()].concat()
+    }
+    /// Values per declared spatial dimension (the builder's and `transpose_output_dims`' form).
+    fn declared(&self, v: &[i64]) -> Vec<i64> {
+        if self.spatial == 1 {
+            v[1..].to_vec()
+        } else {
+            v.to_vec()
+        }
+    }
+    fn conv<T: DataType>(&self, math: MathType) -> ConvDesc {
+        ConvDesc::builder(self.spatial)
+            .pads(&self.declared(&self.pads))
+            .strides(&self.declared(&self.strides))
+            .dilations(&self.declared(&self.dilations))
+            .groups(self.groups)
+            .mode(self.mode)
+            .math(math)
+            .build::<T>()
+            .unwrap_or_else(|e| panic!("conv descriptor {self:?}: {e}"))
+    }
+    /// Which way the crate must map the case onto backward data, in words (for messages).
+    fn kind(&self) -> &'static str {
+        let dims = 0..self.input.len();
+        if dims
+            .clone()
+            .all(|i| self.output_padding[i] < self.strides[i])
+        {
+            "output padding < stride"
+        } else if dims.clone().all(|i| self.pads[i] < self.strides[i]) {
+            "output padding ≥ stride, padding < stride"
+        } else {
+            "output padding ≥ stride, padding ≥ stride"
+        }
+    }
+    fn short(&self) -> String {
+        format!(
+            "{}-D {:?} x{:?} w{:?} y{:?} g{} pad{:?} str{:?} dil{:?} op{:?} {:?} ({})",
+            self.spatial,
+            self.fmt,
+            self.x_dims(),
+            self.w_dims(),
+            self.y_dims(),
+            self.groups,
+            self.pads,
+            self.strides,
+            self.dilations,
+            self.output_padding,
+            self.mode,
+            self.kind()
+        )
+    }
+
+    /// `y = conv_transpose(x, w)` by scattering every input element through every tap:
+    /// `y[n, g·Cg + c, i·stride − pad + t·dilation] += x[n, k, i]·w[k, c, t']` for each input
+    /// channel `k` of group `g = k / (K / groups)` (`Cg = C / groups`), every input position `i`
+    /// and tap `t`, keeping the positions inside `y`; `t' = t`, or `kernel − 1 − t` in every
+    /// spatial dimension for a true convolution. Logical row-major arrays.
+    fn reference(&self, x: &[f64], w: &[f64]) -> Ref {
+        let out = self.out();
+        let (kg, cg) = (self.k / self.groups, self.c / self.groups);
+        let ker_count: i64 = self.kernel.iter().product();
+        let out_count: i64 = out.iter().product();
+        let in_count: i64 = self.input.iter().product();
+        let mut r = Ref::zeros(
+            (self.n * self.c * out_count) as usize,
+            (kg * ker_count) as usize,
+        );
+        let ins = all_indices(&self.input);
+        let kers = all_indices(&self.kernel);
+        for n in 0..self.n {
+            for k in 0..self.k {
+                let g = k / kg;
+                for (ii, i) in ins.iter().enumerate() {
+                    let xv = x[((n * self.k + k) * in_count + ii as i64) as usize];
+                    for (ti, t) in kers.iter().enumerate() {
+                        let mut pos = 0i64;
+                        let mut inside = true;
+                        for d in 0..i.len() {
+                            let o =
+                                i[d] * self.strides[d] - self.pads[d] + t[d] * self.dilations[d];
+                            if o < 0 || o >= out[d] {
+                                inside = false;
+                                break;
+                            }
+                            pos = pos * out[d] + o;
+                        }
+                        if !inside {
+                            continue;
+                        }
+                        let wt = if self.mode == ConvMode::Convolution {
+                            ker_count - 1 - ti as i64
+                        } else {
+                            ti as i64
+                        };
+                        for c in 0..cg {
+                            let wv = w[((k * cg + c) * ker_count + wt) as usize];
+                            let yi = ((n * self.c + g * cg + c) * out_count + pos) as usize;
+                            r.val[yi] += xv * wv;
+                            r.abs[yi] += (xv * wv).abs();
+                        }
+                    }
+                }
+            }
+        }
+        r
+    }
+}
+
+/// A transposed-convolution problem on the device: descriptors, inputs (host values as stored
+/// and device copies) and the reference.
+struct TSetup<T: DataType> {
+    conv: ConvDesc,
+    y_lay: Lay,
+    x_d: TensorDesc<T>,
+    w_d: FilterDesc<T>,
+    y_d: TensorDesc<T>,
+    x: CudaSlice<T>,
+    w: CudaSlice<T>,
+    r: Ref,
+}
+
+impl<T: DataType> TSetup<T> {
+    fn new(g: &Gpu, rng: &mut Rng, case: &TCase, math: MathType) -> TSetup<T> {
+        let conv = case.conv::<T>(math);
+        let x_lay = Lay::packed(&case.x_dims(), case.fmt);
+        let w_lay = Lay::packed(&case.w_dims(), case.fmt);
+        let y_lay = Lay::packed(&case.y_dims(), case.fmt);
+        let (x_d, w_d) = (x_lay.desc::<T>(), w_lay.filter::<T>());
+        let dims = conv
+            .transpose_output_dims(x_d.dims(), w_d.dims(), &case.declared(&case.output_padding))
+            .unwrap_or_else(|e| panic!("transpose_output_dims {}: {e}", case.short()));
+        assert_eq!(
+            dims,
+            case.y_dims(),
+            "transpose_output_dims {}",
+            case.short()
+        );
+        let xh: Vec<T> = rng.values(x_lay.count());
+        let wh: Vec<T> = rng.values(w_lay.count());
+        TSetup {
+            r: case.reference(&to_f64(&xh), &to_f64(&wh)),
+            x: x_lay.upload(g, &xh),
+            w: w_lay.upload(g, &wh),
+            y_d: y_lay.desc::<T>(),
+            conv,
+            y_lay,
+            x_d,
+            w_d,
+        }
+    }
+}
+
+/// `y = alpha·conv_transpose(x, w) + beta·y` for `case` with every backward-data algorithm
+/// cuDNN accepts for the pass the crate runs, checked against the scatter reference (y
+/// NaN-poisoned when `beta = 0`).
+#[allow(clippy::too_many_arguments)]
+fn transpose_scatter_case<T: DataType>(
+    g: &Gpu,
+    ws: &mut Workspace,
+    rng: &mut Rng,
+    case: &TCase,
+    math: MathType,
+    tol: Tol,
+    (alpha, beta): (f64, f64),
+    tally: &mut Tally,
+) {
+    let s = TSetup::<T>::new(g, rng, case, math);
+    let (alpha_s, alpha) = scalar::<T>(alpha);
+    let (beta_s, beta) = scalar::<T>(beta);
+    let what = format!(
+        "conv_transpose<{}> {} alpha {alpha} beta {beta}",
+        T::DTYPE,
+        case.short()
+    );
+    let old: Option<Vec<T>> = (beta != 0.0).then(|| rng.values(s.y_lay.count()));
+    let oldf = old.as_deref().map(to_f64);
+    let before = s.y_lay.output_image(old.as_deref());
+    // The heuristics rank the pass that runs (none when no term reaches y).
+    let heur = g
+        .cudnn
+        .conv_transpose_heuristics(&s.x_d, &s.w_d, &s.conv, &s.y_d)
+        .unwrap_or_else(|e| panic!("{what}: heuristics: {e}"));
+    assert!(
+        heur.iter().any(|p| p.is_supported()) || s.r.abs.iter().all(|&a| a == 0.0),
+        "{what}: no algorithm ranked: {heur:?}"
+    );
+    sweep::<ConvBwdDataAlgo, T>(
+        g,
+        &what,
+        ConvBwdDataAlgo::ALL,
+        &s.y_lay,
+        &before,
+        tally,
+        |a| {
+            g.cudnn
+                .conv_transpose_workspace_size(&s.x_d, &s.w_d, &s.conv, &s.y_d, a)
+        },
+        |a, y| {
+            g.cudnn.conv_transpose(
+                alpha_s, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, a, ws, beta_s, &s.y_d, y,
+            )
+        },
+        |a| tol.expect(&s.r, alpha, beta, oldf.as_deref(), is_transform(a)),
+    );
+}
+
+/// Cases PyTorch accepts that backward data alone cannot express (output padding ≥ stride,
+/// with a dilation above the stride), next to ordinary ones: 1-D, 2-D and 3-D, groups, true
+/// convolution, NCHW and NHWC, `beta ≠ 0`, and a case where no term reaches `y`.
+fn transpose_scatter_cases() -> Vec<(TCase, (f64, f64))> {
+    let base = TCase::one_d(2, 3, 4, 5, 3, 1, 2, 1, 1);
+    vec![
+        // 1-D, stride 1, dilation 2, padding 1, output padding 1: F.conv_transpose1d's
+        // smallest case beyond backward data.
+        (base.clone(), (1.0, 0.0)),
+        // 1-D NHWC, true convolution, padding 0, output padding 2 < dilation 3, accumulating.
+        (
+            TCase {
+                fmt: Fmt::Nhwc,
+                mode: ConvMode::Convolution,
+                ..TCase::one_d(1, 2, 3, 6, 2, 1, 3, 0, 2)
+            },
+            (-0.5, 1.5),
+        ),
+        // 2-D, 2 groups: padding ≥ stride in one dimension, output padding ≥ stride in both.
+        (
+            TCase {
+                spatial: 2,
+                n: 1,
+                k: 4,
+                c: 6,
+                groups: 2,
+                input: vec![4, 5],
+                kernel: vec![3, 2],
+                pads: vec![2, 0],
+                strides: vec![1, 2],
+                dilations: vec![2, 3],
+                output_padding: vec![1, 2],
+                mode: ConvMode::CrossCorrelation,
+                fmt: Fmt::Nchw,
+            },
+            (1.0, 0.0),
+        ),
+        // 2-D NCHW, padding < stride, output padding ≥ stride in both dimensions, beta ≠ 0.
+        (
+            TCase {
+                spatial: 2,
+                n: 2,
+                k: 3,
+                c: 2,
+                groups: 1,
+                input: vec![3, 4],
+                kernel: vec![2, 3],
+                pads: vec![1, 0],
+                strides: vec![2, 1],
+                dilations: vec![3, 2],
+                output_padding: vec![2, 1],
+                mode: ConvMode::Convolution,
+                fmt: Fmt::Nchw,
+            },
+            (0.75, -2.0),
+        ),
+        // 3-D: output padding ≥ stride in two dimensions (padding ≥ stride there), < stride in
+        // the third; alpha and beta.
+        (
+            TCase {
+                spatial: 3,
+                n: 1,
+                k: 2,
+                c: 3,
+                groups: 1,
+                input: vec![2, 3, 3],
+                kernel: vec![2, 2, 3],
+                pads: vec![1, 1, 2],
+                strides: vec![1, 2, 1],
+                dilations: vec![2, 1, 3],
+                output_padding: vec![1, 1, 2],
+                mode: ConvMode::CrossCorrelation,
+                fmt: Fmt::Nchw,
+            },
+            (1.5, 0.5),
+        ),
+        // No term reaches y (height 1 at position 0; the one tap lands at −1): y = beta·y,
+        // with beta = 0 on a NaN-poisoned y, then beta = 0.5.
+        (
+            TCase {
+                spatial: 2,
+                n: 2,
+                k: 2,
+                c: 2,
+                groups: 1,
+                input: vec![1, 3],
+                kernel: vec![1, 2],
+                pads: vec![1, 0],
+                strides: vec![2, 1],
+                dilations: vec![3, 1],
+                output_padding: vec![2, 0],
+                mode: ConvMode::CrossCorrelation,
+                fmt: Fmt::Nchw,
+            },
+            (1.0, 0.0),
+        ),
+        (
+            TCase {
+                spatial: 2,
+                n: 1,
+                k: 2,
+                c: 2,
+                groups: 1,
+                input: vec![1, 3],
+                kernel: vec![1, 2],
+                pads: vec![1, 0],
+                strides: vec![2, 1],
+                dilations: vec![3, 1],
+                output_padding: vec![2, 0],
+                mode: ConvMode::CrossCorrelation,
+                fmt: Fmt::Nchw,
+            },
+            (1.0, 0.5),
+        ),
+        // Ordinary: output padding < stride with dilation 2, 3 groups (depthwise-like).
+        (
+            TCase {
+                spatial: 2,
+                n: 2,
+                k: 3,
+                c: 6,
+                groups: 3,
+                input: vec![3, 4],
+                kernel: vec![3, 3],
+                pads: vec![1, 1],
+                strides: vec![2, 2],
+                dilations: vec![2, 1],
+                output_padding: vec![1, 1],
+                mode: ConvMode::CrossCorrelation,
+                fmt: Fmt::Nchw,
+            },
+            (1.0, 0.0),
+        ),
+    ]
+}
+
+#[test]
+fn conv_transpose_every_output_padding_pytorch_accepts() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(502);
+    let mut ws = Workspace::new(g.stream.clone());
+    let mut t = Tally::default();
+    for (case, ab) in transpose_scatter_cases() {
+        transpose_scatter_case::<f32>(
+            &g,
+            &mut ws,
+            &mut rng,
+            &case,
+            MathType::Fma,
+            FP32,
+            ab,
+            &mut t,
+        );
+    }
+    println!(
+        "{}",
+        t.line("conv_transpose f32 (scatter reference, output padding up to the dilation)")
+    );
+    let mut t = Tally::default();
+    for (case, ab) in transpose_scatter_cases().into_iter().skip(2).take(3) {
+        transpose_scatter_case::<f64>(
+            &g,
+            &mut ws,
+            &mut rng,
+            &case,
+            MathType::Default,
+            FP64,
+            ab,
+            &mut t,
+        );
+    }
+    println!("{}", t.line("conv_transpose f64 (scatter reference)"));
+}
+
+#[test]
+fn conv_transpose_half_nhwc_every_output_padding() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(503);
+    let mut ws = Workspace::new(g.stream.clone());
+    let cases = [
+        // Output padding < stride.
+        (
+            TCase {
+                spatial: 2,
+                n: 2,
+                k: 8,
+                c: 8,
+                groups: 1,
+                input: vec![3, 4],
+                kernel: vec![3, 3],
+                pads: vec![1, 1],
+                strides: vec![2, 2],
+                dilations: vec![2, 1],
+                output_padding: vec![1, 1],
+                mode: ConvMode::CrossCorrelation,
+                fmt: Fmt::Nhwc,
+            },
+            (1.0, 0.0),
+        ),
+        // Output padding ≥ stride, padding ≥ stride (scratch): both dimensions.
+        (
+            TCase {
+                spatial: 2,
+                n: 1,
+                k: 8,
+                c: 8,
+                groups: 1,
+                input: vec![4, 3],
+                kernel: vec![2, 3],
+                pads: vec![1, 2],
+                strides: vec![1, 1],
+                dilations: vec![2, 2],
+                output_padding: vec![1, 1],
+                mode: ConvMode::CrossCorrelation,
+                fmt: Fmt::Nhwc,
+            },
+            (1.0, 0.0),
+        ),
+        // Output padding ≥ stride, padding < stride (a sub-tensor of y), accumulating.
+        (
+            TCase {
+                spatial: 2,
+                n: 1,
+                k: 8,
+                c: 8,
+                groups: 1,
+                input: vec![5, 4],
+                kernel: vec![3, 2],
+                pads: vec![0, 1],
+                strides: vec![1, 2],
+                dilations: vec![2, 3],
+                output_padding: vec![1, 2],
+                mode: ConvMode::CrossCorrelation,
+                fmt: Fmt::Nhwc,
+            },
+            (1.0, 1.0),
+        ),
+    ];
+    let mut t16 = Tally::default();
+    let mut tb = Tally::default();
+    for (case, ab) in &cases {
+        transpose_scatter_case::<f16>(
+            &g,
+            &mut ws,
+            &mut rng,
+            case,
+            MathType::Default,
+            FP16,
+            *ab,
+            &mut t16,
+        );
+        transpose_scatter_case::<bf16>(
+            &g,
+            &mut ws,
+            &mut rng,
+            case,
+            MathType::Default,
+            BF16,
+            (1.0, 0.0),
+            &mut tb,
+        );
+    }
+    println!(
+        "{}",
+        t16.line("conv_transpose f16 NHWC (scatter reference)")
+    );
+    println!(
+        "{}",
+        tb.line("conv_transpose bf16 NHWC (scatter reference)")
+    );
+}
+
+#[test]
+fn conv_transpose_refuses_what_pytorch_refuses_before_launch() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(504);
+    let mut ws = Workspace::new(g.stream.clone());
+    let mut tuner = fresh(Policy::Heuristic);
+    // Stride 1, dilation 2, padding 1: output padding 0 and 1 are PyTorch's; 2 is not.
+    let case = TCase::one_d(2, 3, 4, 5, 3, 1, 2, 1, 1);
+    let s = TSetup::<f32>::new(&g, &mut rng, &case, MathType::Fma);
+    let algo = ConvBwdDataAlgo::Algo1;
+    let refused = |what: &str, r: &Result<(), Error>, ok: &dyn Fn(&Error) -> bool| {
+        assert!(matches!(r, Err(e) if ok(e)), "{what}: {r:?}");
+    };
+    // Each refusal through the handle and through the tuner, y sentinel-filled and untouched.
+    let run = |ws: &mut Workspace,
+               tuner: &mut Autotuner,
+               what: &str,
+               x_d: &TensorDesc<f32>,
+               x: &CudaSlice<f32>,
+               w_d: &FilterDesc<f32>,
+               y_d: &TensorDesc<f32>,
+               y_len: usize,
+               ok: &dyn Fn(&Error) -> bool| {
+        let before = vec![SENTINEL as f32; y_len];
+        let mut y = g.stream.clone_htod(&before).unwrap();
+        let r = g
+            .cudnn
+            .conv_transpose(1.0, x_d, x, w_d, &s.w, &s.conv, algo, ws, 0.0, y_d, &mut y);
+        refused(what, &r, ok);
+        let r = tuner
+            .conv_transpose(&g.cudnn, 1.0, x_d, x, w_d, &s.w, &s.conv, 0.0, y_d, &mut y)
+            .map(|_| ());
+        refused(&format!("{what} (autotuner)"), &r, ok);
+        assert_untouched(what, &g.stream, &y, &before);
+    };
+    let y_names = |e: &Error| matches!(e, Error::ShapeMismatch { a: "y", .. });
+    // Output padding 2 = dilation: refused by transpose_output_dims and by the call.
+    let r = s
+        .conv
+        .transpose_output_dims(s.x_d.dims(), s.w_d.dims(), &[2]);
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    let mut too_long = case.y_dims();
+    too_long[3] += 1;
+    let y_long = TensorDesc::<f32>::nchw_nd(&too_long).unwrap();
+    run(
+        &mut ws,
+        &mut tuner,
+        "output padding = dilation",
+        &s.x_d,
+        &s.x,
+        &s.w_d,
+        &y_long,
+        y_long.span(),
+        &y_names,
+    );
+    // Below the smallest size (output padding −1).
+    let mut too_short = case.y_dims();
+    too_short[3] -= 2;
+    let y_short = TensorDesc::<f32>::nchw_nd(&too_short).unwrap();
+    run(
+        &mut ws,
+        &mut tuner,
+        "output padding −1",
+        &s.x_d,
+        &s.x,
+        &s.w_d,
+        &y_short,
+        y_short.span(),
+        &y_names,
+    );
+    // Output channels ≠ C, batch ≠ N.
+    for (i, what) in [(1, "channels"), (0, "batch")] {
+        let mut d = case.y_dims();
+        d[i] += 1;
+        let y_bad = TensorDesc::<f32>::nchw_nd(&d).unwrap();
+        run(
+            &mut ws,
+            &mut tuner,
+            what,
+            &s.x_d,
+            &s.x,
+            &s.w_d,
+            &y_bad,
+            y_bad.span(),
+            &y_names,
+        );
+    }
+    // x's channels ≠ the filter count.
+    let x4 = TensorDesc::<f32>::nchw(2, 4, 1, 5).unwrap();
+    let x4_dev = g.stream.clone_htod(&rng.values::<f32>(x4.span())).unwrap();
+    run(
+        &mut ws,
+        &mut tuner,
+        "x channels",
+        &x4,
+        &x4_dev,
+        &s.w_d,
+        &s.y_d,
+        s.y_d.span(),
+        &|e| matches!(e, Error::ShapeMismatch { a: "x", b: "w", .. }),
+    );
+    // Short buffers are named as the transposed convolution names them.
+    let short_x = g
+        .stream
+        .clone_htod(&rng.values::<f32>(s.x_d.span() - 1))
+        .unwrap();
+    run(
+        &mut ws,
+        &mut tuner,
+        "short x",
+        &s.x_d,
+        &short_x,
+        &s.w_d,
+        &s.y_d,
+        s.y_d.span(),
+        &|e| matches!(e, Error::BufferTooSmall { name: "x", .. }),
+    );
+    run(
+        &mut ws,
+        &mut tuner,
+        "short y",
+        &s.x_d,
+        &s.x,
+        &s.w_d,
+        &s.y_d,
+        s.y_d.span() - 1,
+        &|e| matches!(e, Error::BufferTooSmall { name: "y", .. }),
+    );
+    let before = vec![SENTINEL as f32; s.y_d.span()];
+    let mut y = g.stream.clone_htod(&before).unwrap();
+    let short_w = g
+        .stream
+        .clone_htod(&rng.values::<f32>(s.w_d.span() - 1))
+        .unwrap();
+    let r = g.cudnn.conv_transpose(
+        1.0, &s.x_d, &s.x, &s.w_d, &short_w, &s.conv, algo, &mut ws, 0.0, &s.y_d, &mut y,
+    );
+    refused("short w", &r, &|e| {
+        matches!(e, Error::BufferTooSmall { name: "w", .. })
+    });
+    // An output layout that overlaps itself.
+    let yd = case.y_dims();
+    let y_overlap = TensorDesc::<f32>::strided(&yd, &[yd[3], 1, 1, 1]).unwrap();
+    let r = g.cudnn.conv_transpose(
+        1.0, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, algo, &mut ws, 0.0, &y_overlap, &mut y,
+    );
+    refused("overlapping y", &r, &|e| {
+        matches!(e, Error::OverlappingOutput { name: "y", .. })
+    });
+    assert_untouched("short w, overlapping y", &g.stream, &y, &before);
+    // K not divisible by the groups: refused by transpose_output_dims and by the call.
+    let grouped = ConvDesc::builder(1)
+        .pads(&[1])
+        .dilations(&[2])
+        .groups(2)
+        .build::<f32>()
+        .unwrap();
+    let w_odd = FilterDesc::<f32>::new(&[3, 2, 1, 3], TensorFormat::Nchw).unwrap();
+    let r = grouped.transpose_output_dims(s.x_d.dims(), w_odd.dims(), &[1]);
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    let w_odd_dev = g
+        .stream
+        .clone_htod(&rng.values::<f32>(w_odd.span()))
+        .unwrap();
+    let r = g.cudnn.conv_transpose(
+        1.0, &s.x_d, &s.x, &w_odd, &w_odd_dev, &grouped, algo, &mut ws, 0.0, &s.y_d, &mut y,
+    );
+    refused("K = 3 with 2 groups", &r, &|e| {
+        matches!(e, Error::InvalidArgument { .. })
+    });
+    assert_untouched("groups", &g.stream, &y, &before);
+    // A workspace below what the algorithm needs: refused before the first launch, also where
+    // the call would run backward data into scratch memory and copy.
+    for case in [case.clone(), transpose_scatter_cases()[2].0.clone()] {
+        let s = TSetup::<f32>::new(&g, &mut rng, &case, MathType::Fma);
+        let before = vec![SENTINEL as f32; s.y_d.span()];
+        let mut y = g.stream.clone_htod(&before).unwrap();
+        let mut none = Workspace::new(g.stream.clone()).with_limit(0);
+        let mut limited = 0;
+        for &a in ConvBwdDataAlgo::ALL {
+            let Ok(bytes) = g
+                .cudnn
+                .conv_transpose_workspace_size(&s.x_d, &s.w_d, &s.conv, &s.y_d, a)
+            else {
+                continue;
+            };
+            if bytes == 0 {
+                continue;
+            }
+            let r = g.cudnn.conv_transpose(
+                1.0, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, a, &mut none, 0.0, &s.y_d, &mut y,
+            );
+            refused(&format!("{a} without workspace"), &r, &|e| {
+                matches!(e, Error::WorkspaceLimit { .. })
+            });
+            limited += 1;
+        }
+        assert_untouched("workspace limit", &g.stream, &y, &before);
+        println!(
+            "conv_transpose {}: {limited} algorithms refused for a workspace of 0 bytes",
+            case.short()
+        );
+    }
+}
+
+#[test]
+fn autotuner_conv_transpose_decides_the_backward_data_pass() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(505);
+    let cases = transpose_scatter_cases();
+    // Output padding < stride (the plain backward-data problem), a sub-tensor of y, scratch, and
+    // no term at all.
+    let picked = [&cases[7], &cases[3], &cases[2], &cases[5]];
+    let mut lines = Vec::new();
+    for policy in [
+        Policy::Heuristic,
+        Policy::Benchmark,
+        Policy::Deterministic,
+        Policy::Fixed(FixedAlgos::default()),
+    ] {
+        let mut tuner = fresh(policy);
+        for (case, (alpha, beta)) in picked {
+            let s = TSetup::<f32>::new(&g, &mut rng, case, MathType::Fma);
+            let (alpha_s, alpha) = scalar::<f32>(*alpha);
+            let (beta_s, beta) = scalar::<f32>(*beta);
+            let mut choices = Vec::new();
+            for call in 0..2 {
+                let old: Option<Vec<f32>> = (beta != 0.0).then(|| rng.values(s.y_lay.count()));
+                let oldf = old.as_deref().map(to_f64);
+                let before = s.y_lay.output_image(old.as_deref());
+                let mut y = g.stream.clone_htod(&before).unwrap();
+                let what = format!(
+                    "autotuner {} conv_transpose {} call {call}",
+                    policy.name(),
+                    case.short()
+                );
+                let c = tuner
+                    .conv_transpose(
+                        &g.cudnn, alpha_s, &s.x_d, &s.x, &s.w_d, &s.w, &s.conv, beta_s, &s.y_d,
+                        &mut y,
+                    )
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                let what = format!("{what}: {} ({:?})", c.describe(), c.source);
+                let transform = is_transform(c.algo) || c.api.is_graph();
+                let (want, bound) = FP32.expect(&s.r, alpha, beta, oldf.as_deref(), transform);
+                check(
+                    &what,
+                    &download(&g.stream, &y),
+                    &before,
+                    &s.y_lay,
+                    &want,
+                    &bound,
+                );
+                choices.push(c);
+            }
+            let nothing = std::ptr::eq(case, &cases[5].0);
+            let expect_first = match (policy, nothing) {
+                (Policy::Fixed(_), _) | (_, true) => Source::Fixed,
+                (Policy::Heuristic, false) => Source::Heuristic,
+                _ => Source::Benchmark,
+            };
+            assert_eq!(
+                choices[0].source,
+                expect_first,
+                "{} {}",
+                policy.name(),
+                case.short()
+            );
+            if !matches!(expect_first, Source::Fixed) {
+                assert_eq!(
+                    choices[1].source,
+                    Source::Cache,
+                    "{} {}",
+                    policy.name(),
+                    case.short()
+                );
+                assert_eq!(choices[1].algo, choices[0].algo);
+            }
+            if let Policy::Fixed(f) = policy {
+                assert_eq!(choices[0].algo, f.backward_data);
+            }
+            lines.push(format!(
+                "{} {}: {}",
+                policy.name(),
+                case.kind(),
+                choices[0].describe()
+            ));
+        }
+        // The plain case's decision is the backward-data decision of the same problem.
+        if !matches!(policy, Policy::Fixed(_)) {
+            let s = TSetup::<f32>::new(&g, &mut rng, &picked[0].0, MathType::Fma);
+            let mut dx = g.stream.alloc_zeros::<f32>(s.y_d.span()).unwrap();
+            let c = tuner
+                .backward_data(
+                    &g.cudnn, 1.0, &s.w_d, &s.w, &s.x_d, &s.x, &s.conv, 0.0, &s.y_d, &mut dx,
+                )
+                .unwrap();
+            assert_eq!(
+                c.source,
+                Source::Cache,
+                "{}: backward data after conv_transpose",
+                policy.name()
+            );
+        }
+    }
+    for l in lines {
+        println!("autotuner conv_transpose {l}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Depthwise and grouped convolutions
 // ---------------------------------------------------------------------------------------------
@@ -3785,6 +4645,120 @@ fn union_graph_decision_persists_and_is_rebuilt_without_benchmark() {
     println!(
         "union cache file: graph {config} written, rebuilt by a fresh tuner without benchmarking"
     );
+}
+
+/// A call whose buffer is not 16-byte aligned (an f32 view one element into its allocation)
+/// cannot run the graph plan the union search chose: it runs the legacy ranking, and only it.
+/// The decision keeps its graph engine in memory (the next aligned call runs it) and in the
+/// cache file (a new tuner reading it runs it too).
+#[test]
+fn union_misaligned_call_falls_back_for_that_call_only() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(1010);
+    let mode = &UNION_FP32;
+    let s = union_setup::<f32>(&g, &mut rng, mode);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let path = std::env::temp_dir().join(format!(
+        "cudnn-safe-misaligned-test-{}-{nanos}.txt",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+    // x again, one element into a longer allocation: 4 bytes off the graph's alignment.
+    let image = download(&g.stream, &s.x);
+    let shifted: Vec<f32> = std::iter::once(SENTINEL as f32).chain(image).collect();
+    let x_off = g.stream.clone_htod(&shifted).unwrap();
+    let x_view = x_off.slice(1..);
+    let y_d = s.y_lay.desc::<f32>();
+    let r = s.geo.forward(&s.xf, &s.wf);
+    let misaligned = |tuner: &mut Autotuner| -> Choice<ConvFwdAlgo> {
+        let before = s.y_lay.output_image::<f32>(None);
+        let mut y = g.stream.clone_htod(&before).unwrap();
+        let c = tuner
+            .forward(
+                &g.cudnn, 1.0, &s.x_d, &x_view, &s.w_d, &s.w, &s.conv, 0.0, &y_d, &mut y,
+            )
+            .unwrap_or_else(|e| panic!("misaligned x: {e}"));
+        let what = format!("misaligned x: {} ({:?})", c.describe(), c.source);
+        assert_eq!(c.api, ConvApi::Legacy, "{what}");
+        verify(
+            &g,
+            &what,
+            &s.y_lay,
+            &y,
+            &before,
+            &r,
+            mode.tol,
+            (1.0, 0.0),
+            is_transform(c.algo),
+        );
+        c
+    };
+    let tuner = || {
+        fresh(Policy::Benchmark)
+            .graph_search(GraphSearch::Prefer)
+            .cache_file(&path)
+    };
+
+    let mut a = tuner();
+    let (first, _) = union_call(&g, &mut rng, &mut a, &s, mode, 1.0, 0.0);
+    let ConvApi::Graph(config) = first.api.clone() else {
+        panic!("prefer: {}", first.describe());
+    };
+    let c = misaligned(&mut a);
+    assert_eq!(c.source, Source::Cache);
+    // The graph plan could not run this call (its legacy favourite may in turn need another
+    // candidate): at least one fallback.
+    assert!(a.stats().fallbacks >= 1, "{:?}", a.stats());
+    let (again, _) = union_call(&g, &mut rng, &mut a, &s, mode, 1.0, 0.0);
+    assert_eq!(
+        (again.source, &again.api),
+        (Source::Cache, &first.api),
+        "{}",
+        again.describe()
+    );
+    assert_eq!(
+        (a.stats().benchmarks, a.stats().plan_builds),
+        (1, 0),
+        "one search, the plan still held: {:?}",
+        a.stats()
+    );
+    assert_eq!(
+        a.cached_forward_graph(&g.cudnn, &s.x_d, &s.w_d, &s.conv, &y_d),
+        Some(config.clone())
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains(&format!("\tgraph={config}:")),
+        "the cache file lost the graph engine {config}:\n{text}"
+    );
+    drop(a);
+
+    // A new tuner reads the decision: its first call, misaligned, rebuilds the plan and runs
+    // legacy; the next, aligned, runs the remembered engine; nothing is benchmarked.
+    let mut b = tuner();
+    let b0 = misaligned(&mut b);
+    assert_eq!(b0.source, Source::Cache);
+    let (b1, _) = union_call(&g, &mut rng, &mut b, &s, mode, 1.0, 0.0);
+    assert_eq!(
+        (b1.source, &b1.api),
+        (Source::Cache, &first.api),
+        "{}",
+        b1.describe()
+    );
+    let stats = b.stats();
+    assert_eq!((stats.benchmarks, stats.plan_builds), (0, 1), "{stats:?}");
+    assert!(stats.fallbacks >= 1, "{stats:?}");
+    drop(b);
+    let mut c = tuner();
+    assert_eq!(
+        c.cached_forward_graph(&g.cudnn, &s.x_d, &s.w_d, &s.conv, &y_d),
+        Some(config.clone())
+    );
+    drop(c);
+    let _ = std::fs::remove_file(&path);
+    println!("union with a misaligned x: legacy for that call, graph {config} kept and persisted");
 }
 
 #[test]

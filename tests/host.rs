@@ -684,5 +684,48 @@ mod conv_descriptors {
         let pad2 = ConvDesc::builder(2).pads(&[2, 2]).build::<f32>().unwrap();
         let r = pad2.transpose_output_dims(&[1, 8, 1, 1], &[8, 4, 1, 1], &[]);
         assert!(is_invalid(&r), "empty output: {r:?}");
+        let r = grouped.transpose_output_dims(&[1, 7, 16, 16], &[7, 3, 3, 3], &[1, 1]);
+        assert!(is_invalid(&r), "K = 7 not divisible by 2 groups: {r:?}");
+    }
+
+    /// PyTorch's rule is `output_padding < max(stride, dilation)`: with a dilation above the
+    /// stride, output paddings up to the dilation − 1 are accepted (`F.conv_transpose1d(x, w,
+    /// stride=1, dilation=2, output_padding=1)` runs), one more is refused.
+    #[test]
+    fn transpose_output_padding_may_reach_the_dilation() {
+        let Some(_) = lib() else { return };
+        let c1 = ConvDesc::builder(1)
+            .pads(&[1])
+            .dilations(&[2])
+            .build::<f32>()
+            .unwrap();
+        let (x, w) = ([1i64, 8, 1, 5], [8i64, 4, 1, 3]);
+        // (5 − 1)·1 − 2·1 + 2·(3 − 1) + 1 + op
+        assert_eq!(
+            c1.transpose_output_dims(&x, &w, &[0]).unwrap(),
+            [1, 4, 1, 7]
+        );
+        assert_eq!(
+            c1.transpose_output_dims(&x, &w, &[1]).unwrap(),
+            [1, 4, 1, 8]
+        );
+        let r = c1.transpose_output_dims(&x, &w, &[2]);
+        assert!(is_invalid(&r), "output padding = dilation > stride: {r:?}");
+
+        // Stride 2, dilation 4: output padding 3 in one dimension, the stride's bound in the
+        // other (dilation 1 there).
+        let c2 = ConvDesc::builder(2)
+            .strides(&[2, 2])
+            .dilations(&[4, 1])
+            .pads(&[3, 0])
+            .build::<f32>()
+            .unwrap();
+        let (x, w) = ([2i64, 6, 3, 4], [6i64, 1, 2, 3]);
+        let y = c2.transpose_output_dims(&x, &w, &[3, 1]).unwrap();
+        assert_eq!(y, [2, 1, 2 * 2 - 6 + 4 + 1 + 3, 3 * 2 + 2 + 1 + 1]);
+        for bad in [[4, 0], [0, 2]] {
+            let r = c2.transpose_output_dims(&x, &w, &bad);
+            assert!(is_invalid(&r), "output padding {bad:?}: {r:?}");
+        }
     }
 }

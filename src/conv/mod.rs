@@ -1,5 +1,7 @@
 //! Convolution: the descriptor, the algorithm enums and perf records, and (in `ops`) the checked
-//! forward, backward-data, backward-filter, backward-bias and fused conv+bias+activation calls.
+//! forward, backward-data, backward-filter, backward-bias and fused conv+bias+activation calls;
+//! (in `transpose`) the transposed convolution, [`Cudnn::conv_transpose`], for every output
+//! padding PyTorch accepts.
 //!
 //! Three ways to choose an algorithm, as in cuDNN itself:
 //! * heuristic — [`Cudnn::conv_forward_heuristics`] (and the backward ones): cuDNN's ranked
@@ -42,6 +44,7 @@ use crate::handle::Cudnn;
 use crate::raw;
 
 mod ops;
+mod transpose;
 
 /// Whether the filter is flipped (true convolution) or not (cross-correlation, what deep-learning
 /// frameworks call convolution).
@@ -410,19 +413,36 @@ impl ConvDesc {
     }
 
     /// Output dimensions of a transposed convolution (the backward-data pass used as an
-    /// up-sampling layer) of `x_dims = [N, K, in...]` with filter `w_dims = [K, C/groups, k...]`:
+    /// up-sampling layer, PyTorch's `conv_transpose1d/2d/3d`) of `x_dims = [N, K, in...]` with
+    /// filter `w_dims = [K, C/groups, k...]`:
     /// `out = (in − 1)·stride − 2·pad + dilation·(k − 1) + 1 + output_padding`.
     ///
-    /// `output_padding` (one per spatial dimension, each < its stride or dilation) picks among
-    /// the input sizes a strided forward convolution maps to the same output size, as in
-    /// PyTorch's `ConvTranspose`.
+    /// `output_padding` (one per declared spatial dimension; empty for none) picks among the
+    /// sizes a strided forward convolution maps to the same `in`; each value must satisfy
+    /// `0 ≤ output_padding < max(stride, dilation)`, PyTorch's rule. A 1-D convolution takes one
+    /// value (its unit height has none). [`Cudnn::conv_transpose`] accepts exactly the output
+    /// dimensions this returns.
+    ///
+    /// Errors: ranks not matching the convolution, `x`'s channels not equal to the filter count
+    /// `K` or `K` not divisible by the groups, an output padding out of range, or an output
+    /// smaller than one element.
+    ///
+    /// ```no_run
+    /// use cudnn_safe::conv::ConvDesc;
+    /// # fn main() -> cudnn_safe::Result<()> {
+    /// // Stride 1, dilation 2: output padding 1 is allowed (it is below the dilation).
+    /// let conv = ConvDesc::builder(1).pads(&[1]).dilations(&[2]).build::<f32>()?;
+    /// let y = conv.transpose_output_dims(&[1, 8, 1, 5], &[8, 4, 1, 3], &[1])?;
+    /// assert_eq!(y, [1, 4, 1, 8]); // (5 − 1)·1 − 2·1 + 2·(3 − 1) + 1 + 1
+    /// # Ok(()) }
+    /// ```
     pub fn transpose_output_dims(
         &self,
         x_dims: &[i64],
         w_dims: &[i64],
         output_padding: &[i64],
     ) -> Result<Vec<i64>> {
-        self.check_ranks(x_dims, w_dims)?;
+        let mut out = self.transpose_base(x_dims, w_dims)?;
         let n = self.pads.len();
         let op: Vec<i64> = if self.spatial == 1 && output_padding.len() == 1 {
             vec![0, output_padding[0]]
@@ -438,7 +458,35 @@ impl ConvDesc {
                 format!("{output_padding:?}"),
             ));
         }
-        if x_dims[1] != w_dims[0] {
+        for i in 0..n {
+            let (s, d) = (self.strides[i], self.dilations[i]);
+            if op[i] < 0 || op[i] >= s.max(d) {
+                return Err(Error::invalid(
+                    "output padding",
+                    format!("0 ≤ value < max(stride {s}, dilation {d})"),
+                    op[i].to_string(),
+                ));
+            }
+            let o = out[2 + i] + op[i];
+            if o < 1 {
+                return Err(Error::invalid(
+                    "transposed convolution output",
+                    "at least 1 element per spatial dimension",
+                    format!("{o} in spatial dimension {i}"),
+                ));
+            }
+            out[2 + i] = o;
+        }
+        Ok(out)
+    }
+
+    /// `[N, C, base...]`: a transposed convolution's output dimensions without output padding
+    /// (`base = (in − 1)·stride − 2·pad + dilation·(k − 1) + 1`, possibly < 1), after checking
+    /// the ranks, channels and groups of `x` and `w`.
+    fn transpose_base(&self, x_dims: &[i64], w_dims: &[i64]) -> Result<Vec<i64>> {
+        self.check_ranks(x_dims, w_dims)?;
+        let k = w_dims[0];
+        if x_dims[1] != k {
             return Err(Error::ShapeMismatch {
                 a: "x",
                 a_dims: x_dims.to_vec(),
@@ -447,28 +495,75 @@ impl ConvDesc {
                 rule: "a transposed convolution's input channels equal the filter count K",
             });
         }
+        if k % self.groups != 0 {
+            return Err(Error::invalid(
+                "convolution groups",
+                format!("a divisor of the filter count K = {k}"),
+                self.groups.to_string(),
+            ));
+        }
         let mut out = vec![x_dims[0], w_dims[1] * self.groups];
-        for i in 0..n {
-            let (s, d) = (self.strides[i], self.dilations[i]);
-            if op[i] < 0 || (op[i] >= s && op[i] >= d) {
-                return Err(Error::invalid(
-                    "output padding",
-                    format!("0 ≤ value < stride ({s}) or dilation ({d})"),
-                    op[i].to_string(),
-                ));
-            }
-            let o =
-                (x_dims[2 + i] - 1) * s - 2 * self.pads[i] + d * (w_dims[2 + i] - 1) + 1 + op[i];
-            if o < 1 {
-                return Err(Error::invalid(
-                    "transposed convolution output",
-                    "at least 1 element per spatial dimension",
-                    format!("{o} in spatial dimension {i}"),
-                ));
-            }
-            out.push(o);
+        for i in 0..self.pads.len() {
+            out.push(
+                (x_dims[2 + i] - 1) * self.strides[i] - 2 * self.pads[i]
+                    + self.dilations[i] * (w_dims[2 + i] - 1)
+                    + 1,
+            );
         }
         Ok(out)
+    }
+
+    /// The output padding (per spatial dimension of the tensors) that makes `y_dims` the output
+    /// of a transposed convolution of `x_dims` with `w_dims`: the inverse of
+    /// [`transpose_output_dims`](Self::transpose_output_dims), accepting exactly what it returns.
+    /// A `y` it cannot produce is a [`Error::ShapeMismatch`] naming `y`.
+    pub(crate) fn transpose_output_padding(
+        &self,
+        x_dims: &[i64],
+        w_dims: &[i64],
+        y_dims: &[i64],
+    ) -> Result<Vec<i64>> {
+        let base = self.transpose_base(x_dims, w_dims)?;
+        let mismatch = || Error::ShapeMismatch {
+            a: "y",
+            a_dims: y_dims.to_vec(),
+            b: "conv_transpose(x, w)",
+            b_dims: base.iter().map(|&b| b.max(1)).collect(),
+            rule: "y is [N, C, out...] with out = (in − 1)·stride − 2·pad + dilation·(k − 1) + 1 \
+                   + output_padding, 0 ≤ output_padding < max(stride, dilation)",
+        };
+        if y_dims.len() != base.len() || y_dims[..2] != base[..2] {
+            return Err(mismatch());
+        }
+        let mut op = Vec::with_capacity(self.pads.len());
+        for i in 0..self.pads.len() {
+            let p = y_dims[2 + i] - base[2 + i];
+            if p < 0 || p >= self.strides[i].max(self.dilations[i]) || y_dims[2 + i] < 1 {
+                return Err(mismatch());
+            }
+            op.push(p);
+        }
+        Ok(op)
+    }
+
+    /// The same convolution with other paddings (one per spatial dimension of the tensors).
+    pub(crate) fn with_pads(&self, pads: &[i64]) -> Result<ConvDesc> {
+        let declared = |v: &[i64]| -> Vec<i64> {
+            if self.spatial == 1 {
+                v[1..].to_vec()
+            } else {
+                v.to_vec()
+            }
+        };
+        ConvDesc::builder(self.spatial)
+            .pads(&declared(pads))
+            .strides(&declared(&self.strides))
+            .dilations(&declared(&self.dilations))
+            .groups(self.groups)
+            .mode(self.mode)
+            .math(self.math)
+            .compute(self.compute)
+            .build::<f32>()
     }
 
     fn check_ranks(&self, x_dims: &[i64], w_dims: &[i64]) -> Result<()> {

@@ -641,54 +641,6 @@ impl Cudnn {
         }
     }
 
-    /// Transposed convolution (a "deconvolution" / up-sampling layer):
-    /// `y = alpha·conv_transpose(x, w) + beta·y`, computed by the backward-data pass.
-    ///
-    /// `x` is `[N, K, in...]`, `w` is `[K, C/groups, k...]`, and `y` has the dimensions
-    /// [`ConvDesc::transpose_output_dims`] gives (choosing the output padding).
-    ///
-    /// ```no_run
-    /// use cudnn_safe::{conv::{ConvBwdDataAlgo, ConvDesc}, cuda_context, Cudnn, FilterDesc,
-    ///                  TensorDesc, TensorFormat, Workspace};
-    /// # fn main() -> cudnn_safe::Result<()> {
-    /// let ctx = cuda_context(0)?;
-    /// let stream = ctx.default_stream();
-    /// let cudnn = Cudnn::new(stream.clone())?;
-    /// // 2× up-sampling, 3×3 kernel, stride 2, padding 1, output padding 1: 16×16 → 32×32
-    /// let conv = ConvDesc::builder(2).pads(&[1, 1]).strides(&[2, 2]).build::<f32>()?;
-    /// let x_d = TensorDesc::<f32>::nchw(1, 8, 16, 16)?;
-    /// let w_d = FilterDesc::<f32>::new(&[8, 4, 3, 3], TensorFormat::Nchw)?;
-    /// let y_dims = conv.transpose_output_dims(x_d.dims(), w_d.dims(), &[1, 1])?;
-    /// assert_eq!(y_dims, [1, 4, 32, 32]);
-    /// let y_d = TensorDesc::<f32>::nchw_nd(&y_dims)?;
-    /// let x = stream.clone_htod(&vec![1.0f32; x_d.span()]).unwrap();
-    /// let w = stream.clone_htod(&vec![0.5f32; w_d.span()]).unwrap();
-    /// let mut y = stream.alloc_zeros::<f32>(y_d.span()).unwrap();
-    /// let mut ws = Workspace::new(stream.clone());
-    /// cudnn.conv_transpose(1.0, &x_d, &x, &w_d, &w, &conv, ConvBwdDataAlgo::Algo1, &mut ws,
-    ///                      0.0, &y_d, &mut y)?;
-    /// # Ok(()) }
-    /// ```
-    #[allow(clippy::too_many_arguments)] // mirrors the C call
-    pub fn conv_transpose<T: DataType>(
-        &self,
-        alpha: T::Scalar,
-        x_desc: &TensorDesc<T>,
-        x: &impl DeviceBuffer<T>,
-        w_desc: &FilterDesc<T>,
-        w: &impl DeviceBuffer<T>,
-        conv: &ConvDesc,
-        algo: ConvBwdDataAlgo,
-        workspace: &mut Workspace,
-        beta: T::Scalar,
-        y_desc: &TensorDesc<T>,
-        y: &mut impl DeviceBufferMut<T>,
-    ) -> Result<()> {
-        self.conv_backward_data(
-            alpha, w_desc, w, x_desc, x, conv, algo, workspace, beta, y_desc, y,
-        )
-    }
-
     // ----- backward filter --------------------------------------------------------------------
 
     fn check_backward_filter<T: DataType>(
