@@ -692,7 +692,9 @@ fn host_shape_errors_name_the_tensor() {
     let r = g.batch_norm_backward(x, x, foreign, c, c);
     assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
     // Rejected calls left the graph unchanged: no operation, no stray scalar.
-    assert!(is_err_kind(&g.check(), "InvalidArgument"));
+    if have_cudnn() {
+        assert!(is_err_kind(&g.check(), "InvalidArgument"));
+    }
     let before = g.signature();
     assert!(!before.contains("norm"), "{before}");
     assert_eq!(
