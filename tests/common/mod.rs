@@ -287,11 +287,11 @@ pub fn poisoned_buffer<T: DataType>(stream: &Arc<CudaStream>, n: usize) -> CudaS
     stream.clone_htod(&vec![poison::<T>(); n]).unwrap()
 }
 
-/// Whether `r` is an error of the named kind (matched on the `Debug` form's variant name), for
-/// rejection tests: e.g. `is_err_kind(&r, "BufferTooSmall")`.
+/// Whether `r` is an error of the named kind (matched on the structured `{:#?}` form's variant
+/// name), for rejection tests: e.g. `is_err_kind(&r, "BufferTooSmall")`.
 pub fn is_err_kind<T: std::fmt::Debug>(r: &Result<T, Error>, variant: &str) -> bool {
     match r {
-        Err(e) => format!("{e:?}").starts_with(variant),
+        Err(e) => format!("{e:#?}").starts_with(variant),
         Ok(_) => false,
     }
 }
