@@ -41,6 +41,16 @@
 //!
 //! Layers: `cudnn-safe-sys` holds the generated bindings and the loader; `raw` (private) has
 //! one function per C call; the public types here own their cuDNN objects and check every call.
+//!
+//! ## Logging
+//!
+//! The crate logs through the [`log`](https://docs.rs/log) crate (autotune decisions, fallbacks,
+//! failed destroys). cuDNN's own messages are routed there too, under the target
+//! `cudnn_safe::cudnn`, once a logger is installed before the first cuDNN call: cuDNN warnings at
+//! `warn`, cuDNN errors at `debug` (each is also returned as an [`Error`] with the same reason),
+//! cuDNN's API trace (every call with its arguments) at `trace`. With `env_logger`,
+//! `RUST_LOG=cudnn_safe=debug` shows both. Setting `CUDNN_LOGLEVEL_DBG` instead keeps cuDNN's
+//! own logging to `CUDNN_LOGDEST_DBG` (stderr, stdout or a file), untouched by the crate.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 #![warn(missing_docs)]
@@ -51,6 +61,7 @@ pub mod blas;
 pub mod buffer;
 mod checks;
 pub mod conv;
+mod cudnn_log;
 pub mod dropout;
 pub mod dtype;
 pub mod error;
