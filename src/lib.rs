@@ -42,6 +42,20 @@
 //! Layers: `cudnn-safe-sys` holds the generated bindings and the loader; `raw` (private) has
 //! one function per C call; the public types here own their cuDNN objects and check every call.
 //!
+//! ## CUDA versions
+//!
+//! cudarc binds one version of the CUDA driver API, chosen by exactly one feature. This crate's
+//! default is `cuda-13000` (driver 580 or newer). For a CUDA 12 driver, turn the default off:
+//!
+//! ```toml
+//! [dependencies]
+//! cudnn-safe = { version = "0.1", default-features = false, features = ["cuda-12080"] } # or cuda-12060
+//! ```
+//!
+//! If your own `cudarc` dependency already names a version, select the same feature here, or
+//! `features = ["cuda-version-from-cudarc"]` (with `default-features = false`) to leave the
+//! choice to it. No version, or two, stops the build with one error that says this.
+//!
 //! ## Logging
 //!
 //! The crate logs through the [`log`](https://docs.rs/log) crate (autotune decisions, fallbacks,
