@@ -123,7 +123,7 @@ fn main() -> ExitCode {
         match outcome {
             Ok(mode_rows) => rows.extend(mode_rows),
             Err(e) => {
-                eprintln!("[{}] failed: {e}", mode.name());
+                eprintln!("[{}] failed: {}", mode.name(), common::chain(&e));
                 println!("{}: FAILED: {e}", mode.name());
                 failed = true;
             }

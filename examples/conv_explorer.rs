@@ -120,7 +120,7 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("conv_explorer: {e}");
+            eprintln!("conv_explorer: {}", common::chain(&e));
             ExitCode::FAILURE
         }
     }

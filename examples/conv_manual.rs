@@ -60,7 +60,7 @@ fn main() -> ExitCode {
             }
         }
         Err(e) => {
-            eprintln!("conv_manual: {e}");
+            eprintln!("conv_manual: {}", common::chain(&e));
             ExitCode::FAILURE
         }
     }

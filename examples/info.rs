@@ -85,7 +85,15 @@ fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // The message, then each cause it does not already show.
             eprintln!("error: {e}");
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                if !e.to_string().contains(&c.to_string()) {
+                    eprintln!("  caused by: {c}");
+                }
+                cause = c.source();
+            }
             ExitCode::FAILURE
         }
     }

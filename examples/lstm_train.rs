@@ -58,7 +58,7 @@ fn main() -> ExitCode {
     let blas = match Blas::new(stream.clone()) {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("lstm_train needs cuBLAS: {e}");
+            eprintln!("lstm_train needs cuBLAS: {}", common::chain(&e));
             return ExitCode::from(2);
         }
     };
@@ -72,7 +72,7 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("lstm_train: {e}");
+            eprintln!("lstm_train: {}", common::chain(&e));
             ExitCode::FAILURE
         }
     }

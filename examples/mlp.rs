@@ -54,7 +54,7 @@ fn main() -> ExitCode {
     let (stream, mut lt) = match opened {
         Ok(v) => v,
         Err(e) => {
-            eprintln!("mlp: no usable GPU: {e}");
+            eprintln!("mlp: no usable GPU: {}", common::chain(&e));
             return ExitCode::from(2);
         }
     };
@@ -67,7 +67,7 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("mlp: {e}");
+            eprintln!("mlp: {}", common::chain(&e));
             ExitCode::FAILURE
         }
     }

@@ -147,7 +147,7 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("plan_cache: {e}");
+            eprintln!("plan_cache: {}", common::chain(&*e));
             ExitCode::FAILURE
         }
     }

@@ -916,7 +916,7 @@ fn main() -> ExitCode {
     })();
     match result {
         Err(e) => {
-            eprintln!("transformer_block: {e}");
+            eprintln!("transformer_block: {}", common::chain(&e));
             ExitCode::from(1)
         }
         Ok(()) if failed > 0 => {

@@ -167,7 +167,12 @@ impl fmt::Display for Status {
 ///
 /// Argument errors are returned before anything is enqueued on the GPU: when a function returns
 /// one of them, no output buffer has been touched.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Display` says what went wrong and, for set-up failures (no cuDNN, no driver, no GPU), what to
+/// do about it. `Debug` (`{:?}`) prints the same text followed by its causes, as `anyhow` does, so
+/// that `fn main() -> cudnn_safe::Result<()>` reports an actionable message rather than a struct
+/// dump; the alternate form `{:#?}` is the structured view of the variant and its fields.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A cuDNN call returned a status other than success.
@@ -184,10 +189,10 @@ pub enum Error {
     #[error("{0}")]
     Load(#[from] LoadError),
     /// The CUDA driver library (`libcuda.so`) is not present: there is no NVIDIA driver here.
-    #[error("the CUDA driver library (libcuda.so) was not found: no NVIDIA driver is installed or it is not on the loader path")]
+    #[error("no NVIDIA driver found (the CUDA driver library libcuda.so.1 could not be loaded): install the NVIDIA driver on a machine with an NVIDIA GPU, or put the directory holding libcuda.so.1 on LD_LIBRARY_PATH")]
     NoDriver,
     /// A CUDA driver call (through cudarc) failed.
-    #[error("CUDA driver error in {context}: {source}")]
+    #[error("CUDA driver error in {context}: {source}{}", driver_hint(source))]
     Driver {
         /// What was being done.
         context: &'static str,
@@ -310,6 +315,170 @@ pub enum Error {
     },
 }
 
+/// What to do about the driver errors a set-up step meets (empty for the others).
+fn driver_hint(e: &cudarc::driver::DriverError) -> &'static str {
+    use cudarc::driver::sys::CUresult;
+    match e.0 {
+        CUresult::CUDA_ERROR_NO_DEVICE => {
+            "; no CUDA-capable GPU is visible to this process (check `nvidia-smi` and CUDA_VISIBLE_DEVICES)"
+        }
+        CUresult::CUDA_ERROR_INVALID_DEVICE => {
+            "; there is no GPU with this ordinal (check `nvidia-smi` and CUDA_VISIBLE_DEVICES)"
+        }
+        CUresult::CUDA_ERROR_STUB_LIBRARY => {
+            "; the libcuda.so found is the CUDA toolkit's link stub, not the driver: install the NVIDIA driver, or take the toolkit's `stubs` directory off LD_LIBRARY_PATH"
+        }
+        CUresult::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH => {
+            "; the driver library and the loaded kernel module are different versions: reboot, or reinstall the NVIDIA driver"
+        }
+        _ => "",
+    }
+}
+
+impl fmt::Debug for Error {
+    /// The `Display` text and its causes (`{:?}`), or the variant's fields (`{:#?}`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if f.alternate() {
+            return self.fmt_fields(f);
+        }
+        write!(f, "{self}")?;
+        let mut shown = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            let text = c.to_string();
+            // Variants that also print their cause in their own text (`Driver`) are not repeated.
+            if !shown.contains(&text) {
+                write!(f, "\n  caused by: {text}")?;
+                shown.push_str(&text);
+            }
+            cause = c.source();
+        }
+        Ok(())
+    }
+}
+
+impl Error {
+    /// The structured `Debug` form: the variant and its fields.
+    fn fmt_fields(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Cudnn {
+                status,
+                function,
+                message,
+            } => f
+                .debug_struct("Cudnn")
+                .field("status", status)
+                .field("function", function)
+                .field("message", message)
+                .finish(),
+            Error::Load(e) => f.debug_tuple("Load").field(e).finish(),
+            Error::NoDriver => f.write_str("NoDriver"),
+            Error::Driver { context, source } => f
+                .debug_struct("Driver")
+                .field("context", context)
+                .field("source", source)
+                .finish(),
+            Error::BufferTooSmall {
+                name,
+                len,
+                required,
+            } => f
+                .debug_struct("BufferTooSmall")
+                .field("name", name)
+                .field("len", len)
+                .field("required", required)
+                .finish(),
+            Error::ForeignContext {
+                name,
+                expected,
+                found,
+            } => f
+                .debug_struct("ForeignContext")
+                .field("name", name)
+                .field("expected", expected)
+                .field("found", found)
+                .finish(),
+            Error::OverlappingOutput {
+                name,
+                dims,
+                strides,
+            } => f
+                .debug_struct("OverlappingOutput")
+                .field("name", name)
+                .field("dims", dims)
+                .field("strides", strides)
+                .finish(),
+            Error::InvalidArgument {
+                what,
+                expected,
+                got,
+            } => f
+                .debug_struct("InvalidArgument")
+                .field("what", what)
+                .field("expected", expected)
+                .field("got", got)
+                .finish(),
+            Error::ShapeMismatch {
+                a,
+                a_dims,
+                b,
+                b_dims,
+                rule,
+            } => f
+                .debug_struct("ShapeMismatch")
+                .field("a", a)
+                .field("a_dims", a_dims)
+                .field("b", b)
+                .field("b_dims", b_dims)
+                .field("rule", rule)
+                .finish(),
+            Error::Overflow { what, detail } => f
+                .debug_struct("Overflow")
+                .field("what", what)
+                .field("detail", detail)
+                .finish(),
+            Error::UnsupportedDataType { op, detail } => f
+                .debug_struct("UnsupportedDataType")
+                .field("op", op)
+                .field("detail", detail)
+                .finish(),
+            Error::WorkspaceTooSmall {
+                available,
+                required,
+            } => f
+                .debug_struct("WorkspaceTooSmall")
+                .field("available", available)
+                .field("required", required)
+                .finish(),
+            Error::NoAlgorithm { op, detail } => f
+                .debug_struct("NoAlgorithm")
+                .field("op", op)
+                .field("detail", detail)
+                .finish(),
+            Error::Blas {
+                library,
+                function,
+                status,
+            } => f
+                .debug_struct("Blas")
+                .field("library", library)
+                .field("function", function)
+                .field("status", status)
+                .finish(),
+            Error::LibraryMissing { library, searched } => f
+                .debug_struct("LibraryMissing")
+                .field("library", library)
+                .field("searched", searched)
+                .finish(),
+            Error::WorkspaceLimit { requested, limit } => f
+                .debug_struct("WorkspaceLimit")
+                .field("requested", requested)
+                .field("limit", limit)
+                .finish(),
+        }
+    }
+}
+
 fn fmt_message(m: &str) -> String {
     if m.is_empty() {
         String::new()
@@ -421,5 +590,43 @@ mod tests {
             "cudnnAddTensor failed with CUDNN_STATUS_BAD_PARAM (2000): bad dims"
         );
         assert_eq!(e.status(), Some(Status::BAD_PARAM));
+    }
+
+    #[test]
+    fn debug_prints_the_message_and_alternate_debug_the_fields() {
+        let e = Error::BufferTooSmall {
+            name: "y",
+            len: 1024,
+            required: 2048,
+        };
+        assert_eq!(format!("{e:?}"), e.to_string());
+        let fields = format!("{e:#?}");
+        assert!(fields.starts_with("BufferTooSmall {"), "{fields}");
+        assert!(fields.contains("required: 2048"), "{fields}");
+        // `fn main() -> Result<(), Error>` prints `Error: {:?}`: the advice must be in it.
+        let e = Error::NoDriver;
+        assert!(
+            format!("{e:?}").contains("install the NVIDIA driver"),
+            "{e:?}"
+        );
+        assert_eq!(format!("{e:#?}"), "NoDriver");
+        let e = Error::Load(LoadError::NotFound { tried: vec![] });
+        assert!(format!("{e:?}").contains("CUDNN_SAFE_LIBRARY"), "{e:?}");
+        assert!(format!("{e:#?}").starts_with("Load("), "{e:#?}");
+    }
+
+    #[test]
+    fn driver_errors_say_what_to_check() {
+        // Only the hint is checked: a `DriverError`'s own text comes from libcuda, which a machine
+        // without a driver does not have.
+        use cudarc::driver::{sys::CUresult, DriverError};
+        let hint = driver_hint(&DriverError(CUresult::CUDA_ERROR_NO_DEVICE));
+        assert!(hint.contains("CUDA_VISIBLE_DEVICES"), "{hint}");
+        let hint = driver_hint(&DriverError(CUresult::CUDA_ERROR_STUB_LIBRARY));
+        assert!(hint.contains("install the NVIDIA driver"), "{hint}");
+        assert_eq!(
+            driver_hint(&DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY)),
+            ""
+        );
     }
 }

@@ -45,7 +45,31 @@
 //! Layers: `cudnn-safe-sys` holds the generated bindings and the loader; `raw` (private) has
 //! one function per C call; the public types here own their cuDNN objects and check every call.
 //!
-//! # Environment variables
+//! ## CUDA versions
+//!
+//! cudarc binds one version of the CUDA driver API, chosen by exactly one feature. This crate's
+//! default is `cuda-13000` (driver 580 or newer). For a CUDA 12 driver, turn the default off:
+//!
+//! ```toml
+//! [dependencies]
+//! cudnn-safe = { version = "0.1", default-features = false, features = ["cuda-12080"] } # or cuda-12060
+//! ```
+//!
+//! If your own `cudarc` dependency already names a version, select the same feature here, or
+//! `features = ["cuda-version-from-cudarc"]` (with `default-features = false`) to leave the
+//! choice to it. No version, or two, stops the build with one error that says this.
+//!
+//! ## Logging
+//!
+//! The crate logs through the `log` crate (autotune decisions, fallbacks,
+//! failed destroys). cuDNN's own messages are routed there too, under the target
+//! `cudnn_safe::cudnn`, once a logger is installed before the first cuDNN call: cuDNN warnings at
+//! `warn`, cuDNN errors at `debug` (each is also returned as an [`Error`] with the same reason),
+//! cuDNN's API trace (every call with its arguments) at `trace`. With `env_logger`,
+//! `RUST_LOG=cudnn_safe=debug` shows both. Setting `CUDNN_LOGLEVEL_DBG` instead keeps cuDNN's
+//! own logging to `CUDNN_LOGDEST_DBG` (stderr, stdout or a file), untouched by the crate.
+//!
+//! ## Environment variables
 //!
 //! The library reads these and no others:
 //!
@@ -65,8 +89,8 @@
 //! | `CUDNN_SAFE_PTXAS` | `ptxas` on `PATH` (the test skips without one) | the `ptxas` that assembles the crate's PTX in a unit test |
 //! | `CUDNN_SAFE_KEEP_PTX` | unset: the test deletes its files | set: it keeps the PTX and cubins |
 //!
-//! Logging goes through the `log` crate (each autotune decision at `info`): `RUST_LOG` belongs
-//! to the logger the program installs. CUDA's and cuDNN's own variables (`CUDA_MODULE_LOADING`,
+//! Logging goes through the `log` crate (see [Logging](#logging)): `RUST_LOG` belongs to the
+//! logger the program installs. CUDA's and cuDNN's own variables (`CUDA_MODULE_LOADING`,
 //! `CUDNN_LOGLEVEL_DBG`) act as NVIDIA documents them. The benchmarks' knobs are documented with
 //! the benchmarks in the repository (`docs/BENCHMARKS.md`).
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -79,6 +103,7 @@ pub mod blas;
 pub mod buffer;
 mod checks;
 pub mod conv;
+mod cudnn_log;
 pub mod dropout;
 pub mod dtype;
 pub mod error;

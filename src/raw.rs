@@ -9,9 +9,11 @@ use cudnn_safe_sys::{sym, Library};
 
 use crate::error::{Error, Result, Status};
 
-/// The process-wide cuDNN library.
+/// The process-wide cuDNN library (and cuDNN's log routed to the `log` crate's current level).
 pub(crate) fn lib() -> Result<&'static Library> {
-    Ok(cudnn_safe_sys::library()?)
+    let lib = cudnn_safe_sys::library()?;
+    crate::cudnn_log::sync(lib);
+    Ok(lib)
 }
 
 /// Turns a status into a `Result`, capturing `cudnnGetLastErrorString` on failure.

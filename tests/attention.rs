@@ -680,8 +680,10 @@ fn host_sdpa_rejections() {
     let [qq, k, v] = qkv_inputs(&mut g, q, kv, bf).unwrap();
     let r = g.sdpa(qq, k, v, &opts);
     assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
-    // A failed call leaves the graph without operations.
-    assert!(g.check().is_err());
+    // A failed call leaves the graph without operations (which cuDNN refuses to finalize).
+    if have_cudnn() {
+        assert!(g.check().is_err());
+    }
 }
 
 #[test]

@@ -569,10 +569,10 @@ fn host_f64_is_refused_by_type() {
     assert!(format!("{r:?}").contains("layer_norm.mean"), "{r:?}");
 }
 
-/// Asserts `r` is an error of kind `kind` whose `Debug` form contains `name`.
+/// Asserts `r` is an error of kind `kind` whose structured `Debug` form contains `name`.
 fn named<T: std::fmt::Debug>(r: &cudnn_safe::Result<T>, kind: &str, name: &str) {
     assert!(is_err_kind(r, kind), "{name}: {r:?}");
-    assert!(format!("{r:?}").contains(name), "{name}: {r:?}");
+    assert!(format!("{r:#?}").contains(name), "{name}: {r:#?}");
 }
 
 #[test]
@@ -692,7 +692,9 @@ fn host_shape_errors_name_the_tensor() {
     let r = g.batch_norm_backward(x, x, foreign, c, c);
     assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
     // Rejected calls left the graph unchanged: no operation, no stray scalar.
-    assert!(is_err_kind(&g.check(), "InvalidArgument"));
+    if have_cudnn() {
+        assert!(is_err_kind(&g.check(), "InvalidArgument"));
+    }
     let before = g.signature();
     assert!(!before.contains("norm"), "{before}");
     assert_eq!(

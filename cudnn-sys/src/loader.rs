@@ -78,6 +78,20 @@ pub fn format_version(v: usize) -> String {
     format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100)
 }
 
+/// What to do when the cuDNN found is not one these bindings can use.
+struct Install;
+
+impl fmt::Display for Install {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Install cuDNN {} or newer within major version {CUDNN_MAJOR} (e.g. `pip install \
+             nvidia-cudnn-cu13`) and set {LIBRARY_ENV} to the library file or its directory",
+            format_version(REQUIRED_VERSION)
+        )
+    }
+}
+
 impl fmt::Display for LoadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -92,22 +106,29 @@ impl fmt::Display for LoadError {
                 }
                 write!(
                     f,
-                    ". Install cuDNN 9 (e.g. `pip install nvidia-cudnn-cu13`) and set {LIBRARY_ENV} \
-                     to the library file or its directory, or put it on LD_LIBRARY_PATH"
+                    ". Install cuDNN 9 (e.g. `pip install nvidia-cudnn-cu13`, or `-cu12` for CUDA 12) \
+                     and set {LIBRARY_ENV} to the library file or its directory, or put it on \
+                     LD_LIBRARY_PATH"
                 )
             }
             LoadError::MissingSymbol { symbol, library } => write!(
                 f,
-                "{library} has no symbol `{symbol}`: not cuDNN 9, or a cuDNN older than this function"
+                "{library} has no symbol `{symbol}`: not cuDNN 9, or a cuDNN older than this \
+                 function. {Install}"
             ),
             LoadError::WrongMajor { found, library } => write!(
                 f,
-                "{library} is cuDNN {}, these bindings need major version {CUDNN_MAJOR}",
+                "{library} is cuDNN {}, these bindings need major version {CUDNN_MAJOR}. {Install}",
                 format_version(*found)
             ),
-            LoadError::TooOld { found, required, library } => write!(
+            LoadError::TooOld {
+                found,
+                required,
+                library,
+            } => write!(
                 f,
-                "{library} is cuDNN {}, older than the {} these bindings were generated from",
+                "{library} is cuDNN {}, older than the {} these bindings were generated from. \
+                 {Install}",
                 format_version(*found),
                 format_version(*required)
             ),

@@ -179,6 +179,22 @@ pub fn options<O>(
     })
 }
 
+/// `e`'s message followed by each of its causes that the message does not already show, one
+/// `caused by:` line each: what `main` prints for an error.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let line = c.to_string();
+        if !text.contains(&line) {
+            text.push_str("\n  caused by: ");
+            text.push_str(&line);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 /// Opens device 0 and a cuDNN handle on its default stream, or prints
 /// `<example> needs an NVIDIA GPU: <why>` and returns `None`.
 pub fn open_gpu(example: &str) -> Option<(Arc<CudaStream>, Cudnn)> {
@@ -189,7 +205,7 @@ pub fn open_gpu(example: &str) -> Option<(Arc<CudaStream>, Cudnn)> {
     match opened {
         Ok(v) => Some(v),
         Err(e) => {
-            eprintln!("{example} needs an NVIDIA GPU: {e}");
+            eprintln!("{example} needs an NVIDIA GPU: {}", chain(&e));
             None
         }
     }

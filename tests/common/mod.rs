@@ -19,6 +19,12 @@ pub fn gpu_required() -> bool {
     std::env::var("CUDNN_SAFE_REQUIRE_GPU").as_deref() == Ok("1")
 }
 
+/// Whether the runner demands the cuDNN host library (`CUDNN_SAFE_REQUIRE_LIBRARY=1`, implied by
+/// `CUDNN_SAFE_REQUIRE_GPU=1`): then a test that would skip for want of it fails instead.
+pub fn library_required() -> bool {
+    gpu_required() || std::env::var("CUDNN_SAFE_REQUIRE_LIBRARY").as_deref() == Ok("1")
+}
+
 /// Turns a failure to open the GPU into a skip (`None`), or a panic when the GPU is required.
 pub fn skip_or_fail<T>(opened: Result<T, Error>) -> Option<T> {
     match opened {
@@ -281,17 +287,18 @@ pub fn poisoned_buffer<T: DataType>(stream: &Arc<CudaStream>, n: usize) -> CudaS
     stream.clone_htod(&vec![poison::<T>(); n]).unwrap()
 }
 
-/// Whether `r` is an error of the named kind (matched on the `Debug` form's variant name), for
-/// rejection tests: e.g. `is_err_kind(&r, "BufferTooSmall")`.
+/// Whether `r` is an error of the named kind (matched on the structured `{:#?}` form's variant
+/// name), for rejection tests: e.g. `is_err_kind(&r, "BufferTooSmall")`.
 pub fn is_err_kind<T: std::fmt::Debug>(r: &Result<T, Error>, variant: &str) -> bool {
     match r {
-        Err(e) => format!("{e:?}").starts_with(variant),
+        Err(e) => format!("{e:#?}").starts_with(variant),
         Ok(_) => false,
     }
 }
 
 /// Whether the cuDNN library loads (host tests that finalize descriptors need it): `false`
-/// (printed as a skip) when it does not, a panic when the GPU is required.
+/// (printed as a skip) when it does not, a panic when the library is required
+/// ([`library_required`]).
 pub fn have_cudnn() -> bool {
     let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
     let x = g.tensor_nchw("x", &[1, 1, 1, 4], DType::F32).unwrap();
@@ -299,8 +306,8 @@ pub fn have_cudnn() -> bool {
     g.mark_output(y).unwrap();
     match g.check() {
         Err(Error::Load(e)) => {
-            if gpu_required() {
-                panic!("cuDNN not loadable: {e}");
+            if library_required() {
+                panic!("CUDNN_SAFE_REQUIRE_LIBRARY=1 but cuDNN did not load: {e}");
             }
             eprintln!("skipping: {e}");
             false
