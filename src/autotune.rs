@@ -990,9 +990,11 @@ impl Autotuner {
             .as_ref()
             .map_or(true, |w| **w.stream().context() != **cudnn.context());
         if stale {
-            self.workspace = Some(Workspace::new(cudnn.stream().clone()).with_limit(self.limit));
+            self.workspace = None;
         }
-        self.workspace.as_mut().expect("set above")
+        let limit = self.limit;
+        self.workspace
+            .get_or_insert_with(|| Workspace::new(cudnn.stream().clone()).with_limit(limit))
     }
 
     /// Finds the call's problem: by descriptor ids among recent calls (cheap), else by building

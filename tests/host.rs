@@ -685,6 +685,35 @@ mod conv_descriptors {
         let r = pad2.transpose_output_dims(&[1, 8, 1, 1], &[8, 4, 1, 1], &[]);
         assert!(is_invalid(&r), "empty output: {r:?}");
     }
+
+    /// Dimensions outside cuDNN's `int` (negative, zero, `i64::MAX`) are refused by name, and
+    /// the largest valid ones, with the largest strides and dilations, compute without
+    /// overflow.
+    #[test]
+    fn output_dims_refuse_extreme_shapes_without_overflow() {
+        let Some(_) = lib() else { return };
+        let conv = ConvDesc::builder(2).build::<f32>().unwrap();
+        for bad in [i64::MAX, i64::MIN, -1, 0, 1 << 31] {
+            let x = [1, 1, bad, 1];
+            let r = conv.output_dims(&x, &[1, 1, 1, 1]);
+            assert!(is_invalid(&r), "x {x:?}: {r:?}");
+            let r = conv.transpose_output_dims(&[1, 1, 1, 1], &[1, 1, bad, 1], &[]);
+            assert!(is_invalid(&r), "w height {bad}: {r:?}");
+        }
+        let m = i64::from(i32::MAX);
+        let wide = ConvDesc::builder(2)
+            .strides(&[m, m])
+            .dilations(&[m, m])
+            .build::<f32>()
+            .unwrap();
+        let r = wide.transpose_output_dims(&[1, 1, m, m], &[1, 1, m, m], &[m - 1, m - 1]);
+        assert!(matches!(r, Ok(_) | Err(Error::Overflow { .. })), "{r:?}");
+        let r = wide.output_dims(&[1, m, m, m], &[m, m, m, m]);
+        assert!(
+            matches!(r, Ok(_) | Err(Error::InvalidArgument { .. })),
+            "{r:?}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

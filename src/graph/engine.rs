@@ -175,13 +175,16 @@ pub const MAX_KNOB_VALUES: usize = 16;
 impl KnobRange {
     /// Whether `v` is one of the knob's values.
     pub fn contains(&self, v: i64) -> bool {
-        let stride = self.stride.max(1);
-        v >= self.min && v <= self.max && (v - self.min) % stride == 0
+        // i128: `v - min` of any two i64 values cannot overflow there.
+        let stride = i128::from(self.stride.max(1));
+        v >= self.min && v <= self.max && (i128::from(v) - i128::from(self.min)) % stride == 0
     }
 
     /// Up to `n` of the knob's values, those nearest `around` first (all of them, in order, for
-    /// a knob with at most `n` values). An empty range (`max < min`) has none.
+    /// a knob with at most `n` values). An empty range (`max < min`) has none. `n` is capped at
+    /// 65536: the result is never larger, whatever the range and `n`.
     pub fn values_near(&self, around: i64, n: usize) -> Vec<i64> {
+        let n = n.min(1 << 16);
         // i128: `max - min` of an i64 range cannot overflow there.
         let (min, max, stride) = (
             i128::from(self.min),
