@@ -585,10 +585,32 @@ impl Autotuner {
     /// Persists decisions to `path` (read now if it exists; rewritten after each new decision).
     /// Unreadable lines are skipped with a warning; entries for other GPUs or cuDNN versions are
     /// kept in the file but never used here.
+    ///
+    /// A file that exists but cannot be read is logged and left alone: the tuner starts without
+    /// its entries and [`save`](Self::save) reports the error ([`Error::Io`]) instead of
+    /// overwriting it. [`try_cache_file`](Self::try_cache_file) returns that error at once.
     #[must_use]
-    pub fn cache_file(mut self, path: impl Into<PathBuf>) -> Self {
+    pub fn cache_file(self, path: impl Into<PathBuf>) -> Self {
         let path = path.into();
-        let loaded = load_file(&path);
+        match load_file(&path) {
+            Ok(loaded) => self.with_loaded(path, loaded),
+            Err(e) => {
+                log::warn!("autotune cache not read: {e}");
+                self.with_loaded(path, HashMap::new())
+            }
+        }
+    }
+
+    /// [`cache_file`](Self::cache_file), returning [`Error::Io`] (with the path and the
+    /// operating system's error) when the file exists but cannot be read: not a regular file,
+    /// no permission, or larger than 64 MiB. A missing file is an empty cache.
+    pub fn try_cache_file(self, path: impl Into<PathBuf>) -> Result<Self> {
+        let path = path.into();
+        let loaded = load_file(&path)?;
+        Ok(self.with_loaded(path, loaded))
+    }
+
+    fn with_loaded(mut self, path: PathBuf, loaded: HashMap<Key, Entry>) -> Self {
         log::info!(
             "autotune cache {}: {} entries loaded",
             path.display(),
@@ -919,12 +941,16 @@ impl Autotuner {
     }
 
     /// Writes every decision to the cache file (merging with entries another process wrote
-    /// meanwhile). Called automatically after each new decision when a file is set.
+    /// meanwhile), atomically: readers see the old file or the new one. Called automatically
+    /// after each new decision when a file is set.
+    ///
+    /// Errors: [`Error::Io`] (the path and the operating system's error) when the file cannot
+    /// be read for the merge or cannot be written; the file is then left as it was.
     pub fn save(&self) -> Result<()> {
         let Some(path) = &self.path else {
             return Ok(());
         };
-        let mut all = load_file(path);
+        let mut all = load_file(path)?;
         for (k, v) in &self.cache {
             all.insert(k.clone(), (**v).clone());
         }
@@ -935,19 +961,7 @@ impl Autotuner {
         for l in lines {
             let _ = writeln!(text, "{l}");
         }
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let io = |e: std::io::Error| {
-            Error::invalid(
-                "autotune cache file",
-                "a writable path",
-                format!("{}: {e}", path.display()),
-            )
-        };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
-        std::fs::write(&tmp, text).map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)
+        crate::persist::write_atomic(path, text.as_bytes())
     }
 
     fn device(&mut self, cudnn: &Cudnn) -> Arc<str> {
@@ -975,9 +989,11 @@ impl Autotuner {
             .as_ref()
             .map_or(true, |w| **w.stream().context() != **cudnn.context());
         if stale {
-            self.workspace = Some(Workspace::new(cudnn.stream().clone()).with_limit(self.limit));
+            self.workspace = None;
         }
-        self.workspace.as_mut().expect("set above")
+        let limit = self.limit;
+        self.workspace
+            .get_or_insert_with(|| Workspace::new(cudnn.stream().clone()).with_limit(limit))
     }
 
     /// Finds the call's problem: by descriptor ids among recent calls (cheap), else by building
@@ -2614,32 +2630,30 @@ fn problem_key<T: DataType>(
     k
 }
 
-fn load_file(path: &Path) -> HashMap<Key, Entry> {
+/// The entries of the cache file at `path` (none when it does not exist); unreadable lines are
+/// skipped with a warning. [`Error::Io`] when the file exists but cannot be read.
+fn load_file(path: &Path) -> Result<HashMap<Key, Entry>> {
     let mut map = HashMap::new();
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return map,
-        Err(e) => {
-            log::warn!("autotune cache {} not read: {e}", path.display());
-            return map;
-        }
+    let Some(bytes) = crate::persist::read(path)? else {
+        return Ok(map);
     };
-    for (no, line) in text.lines().enumerate() {
-        if line.starts_with('#') || line.trim().is_empty() {
-            continue;
-        }
-        match parse_line(line) {
+    for (no, line) in crate::persist::lines(&bytes) {
+        let parsed = match line {
+            Some(l) if l.starts_with('#') || l.trim().is_empty() => continue,
+            Some(l) => parse_line(l),
+            None => None,
+        };
+        match parsed {
             Some((k, v)) => {
                 map.insert(k, v);
             }
             None => log::warn!(
-                "autotune cache {}:{}: unreadable line skipped",
-                path.display(),
-                no + 1
+                "autotune cache {}:{no}: unreadable line skipped",
+                path.display()
             ),
         }
     }
-    map
+    Ok(map)
 }
 
 fn parse_line(line: &str) -> Option<(Key, Entry)> {

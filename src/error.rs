@@ -4,6 +4,7 @@
 //! returns and this crate does not list still maps to a name and a [`StatusFamily`] (cuDNN 9
 //! groups codes by thousands), never to undefined behaviour.
 use std::fmt;
+use std::path::PathBuf;
 
 pub use cudnn_safe_sys::LoadError;
 
@@ -313,6 +314,16 @@ pub enum Error {
         /// The limit in force.
         limit: usize,
     },
+    /// Reading or writing a file (a tuner or plan cache) failed. Nothing was replaced: a failed
+    /// write leaves the previous file, and no temporary file, behind.
+    #[error("reading or writing {} failed: {source}", .path.display())]
+    Io {
+        /// The file read or written.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// What to do about the driver errors a set-up step meets (empty for the others).
@@ -474,6 +485,11 @@ impl Error {
                 .debug_struct("WorkspaceLimit")
                 .field("requested", requested)
                 .field("limit", limit)
+                .finish(),
+            Error::Io { path, source } => f
+                .debug_struct("Io")
+                .field("path", path)
+                .field("source", source)
                 .finish(),
         }
     }

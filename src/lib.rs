@@ -112,6 +112,7 @@ pub mod graph;
 mod handle;
 pub mod norm;
 pub mod ops;
+mod persist;
 pub mod pooling;
 mod raw;
 pub mod reduce;

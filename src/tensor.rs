@@ -313,7 +313,7 @@ impl Layout {
         let mut out = Vec::with_capacity(self.element_count());
         let mut idx = vec![0i64; self.dims.len()];
         loop {
-            out.push(self.offset_of(&idx));
+            out.push(self.offset_in_range(&idx));
             let mut axis = self.dims.len();
             loop {
                 if axis == 0 {
@@ -329,8 +329,20 @@ impl Layout {
         }
     }
 
-    /// Offset of the element at logical index `idx` (one entry per dimension).
-    pub fn offset_of(&self, idx: &[i64]) -> i64 {
+    /// Offset of the element at logical index `idx` (one entry per dimension, each in
+    /// `0..dim`); `None` for an index of another length or outside the dimensions.
+    pub fn offset_of(&self, idx: &[i64]) -> Option<i64> {
+        let inside = idx.len() == self.dims.len()
+            && idx
+                .iter()
+                .zip(&self.dims)
+                .all(|(&i, &d)| (0..d).contains(&i));
+        inside.then(|| self.offset_in_range(idx))
+    }
+
+    /// [`offset_of`](Self::offset_of) of an index known to lie inside the dimensions: every
+    /// term is then bounded by the validated span, so nothing overflows.
+    fn offset_in_range(&self, idx: &[i64]) -> i64 {
         if let TensorFormat::NchwVectC { width } = self.format {
             let v = i64::from(width);
             let (n, c, h, w) = (idx[0], idx[1], idx[2], idx[3]);

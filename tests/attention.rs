@@ -1248,7 +1248,7 @@ fn modified_case<T: DataType>(sh: Shape, c: ModCase, seed: u64) {
         .map(|[nb, nh]| rng.values(nb * nh * sh.s_q * sh.s_kv));
     let bias_f64 = bias_host.as_deref().map(to_f64);
     let bias_dev = bias_host.as_deref().map(|v| s.clone_htod(v).unwrap());
-    let slopes_host = c.alibi.then(|| alibi_slopes(sh.h));
+    let slopes_host = c.alibi.then(|| alibi_slopes(sh.h).unwrap());
     let slopes_f64 = slopes_host.as_deref().map(to_f64);
     let slopes_dev = slopes_host.as_deref().map(|v| s.clone_htod(v).unwrap());
     let lens = c.lens_or_full(sh);
@@ -1642,10 +1642,14 @@ fn host_sdpa_score_modifier_graphs_and_records() {
     assert!(o.is_causal() && !o.causal(false).is_causal());
     assert!(SdpaOptions::new().deterministic(true).is_deterministic());
     // ALiBi slopes: cudnn-frontend's get_alibi_slope (powers of two; odd steps past 2^k heads).
-    assert_eq!(alibi_slopes(3), [1.0 / 16.0, 1.0 / 256.0, 0.25]);
+    assert_eq!(alibi_slopes(3).unwrap(), [1.0 / 16.0, 1.0 / 256.0, 0.25]);
     let eight: Vec<f32> = (1..=8).map(|i| 2f32.powi(-i)).collect();
-    assert_eq!(alibi_slopes(8), eight);
-    assert!(alibi_slopes(0).is_empty());
+    assert_eq!(alibi_slopes(8).unwrap(), eight);
+    assert!(alibi_slopes(0).unwrap().is_empty());
+    assert!(matches!(
+        alibi_slopes(usize::MAX),
+        Err(Error::InvalidArgument { .. })
+    ));
 }
 
 #[test]

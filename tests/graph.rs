@@ -975,6 +975,65 @@ fn gpu_conv_knob_neighbours_f32_tf32() {
     conv_knob_neighbours_case::<f32>(false, PlanFilter::new(), 62);
 }
 
+/// Engine configurations are data to check: an engine index the graph does not have, a knob
+/// the engine does not have, a value outside its range or a knob chosen twice is refused with
+/// `InvalidArgument` before it reaches cuDNN; a plan cache file naming one is skipped by the
+/// warm-up, and the graph gets a plan from the heuristics instead.
+#[test]
+fn gpu_configs_outside_their_engine_are_refused() {
+    let Some(mut f) = FpropFixture::<f32>::new(&conv_geometry(), false, 64) else {
+        return;
+    };
+    let filter = PlanFilter::new();
+    let good = some_plans(&f.cudnn, &f.og, filter.clone(), 1)[0]
+        .config()
+        .clone();
+    let ranges = f.og.knob_ranges(&f.cudnn, good.engine).unwrap();
+    let count = f.og.engine_count(&f.cudnn).unwrap();
+    let engine = |engine| EngineConfig {
+        engine,
+        knobs: Vec::new(),
+    };
+    let mut bad = vec![
+        engine(count),
+        engine(-1),
+        engine(i64::MAX),
+        good.with_knob(u32::MAX, 0),
+    ];
+    for r in ranges.iter().take(2) {
+        bad.push(good.with_knob(r.knob, r.max.saturating_add(r.stride.max(1))));
+        bad.push(good.with_knob(r.knob, r.min.saturating_sub(1)));
+        let mut twice = good.with_knob(r.knob, r.min);
+        twice.knobs.push((r.knob, r.min));
+        bad.push(twice);
+    }
+    for c in &bad {
+        let r = f.og.plan_from_config(&f.cudnn, c);
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { .. })),
+            "{c}: {r:?}"
+        );
+    }
+    let rebuilt = f.og.plan_from_config(&f.cudnn, &good).unwrap();
+    f.check_plan(&rebuilt, "rebuilt from its configuration");
+
+    let dir = std::env::temp_dir().join(format!("cudnn-safe-badcfg-{}", std::process::id()));
+    let path = dir.join("plans.txt");
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = PlanCache::key(&f.cudnn, &f.og, &filter);
+    let record = f.og.graph().to_json().unwrap();
+    let tampered = bad.last().unwrap();
+    std::fs::write(&path, format!("{tampered}\t{key}\t{record}\n")).unwrap();
+    let mut cache = PlanCache::with_file(&path).unwrap();
+    let warm = cache.warm_up(&f.cudnn, &mut f.ws).unwrap();
+    assert_eq!((warm.replayed, warm.skipped.len()), (0, 1), "{warm:?}");
+    let plan = cache.get_or_build(&f.cudnn, &f.og, &filter).unwrap();
+    assert!(!bad.contains(plan.config()), "{}", plan.config());
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(!text.contains(&format!("{tampered}\t")), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn gpu_conv_fprop_f32_strict() {
     // No tensor cores: strict fp32 (FMA), so the fp32 tolerance holds.

@@ -728,4 +728,168 @@ mod conv_descriptors {
             assert!(is_invalid(&r), "output padding {bad:?}: {r:?}");
         }
     }
+
+    /// Dimensions outside cuDNN's `int` (negative, zero, `i64::MAX`) are refused by name, and
+    /// the largest valid ones, with the largest strides and dilations, compute without
+    /// overflow.
+    #[test]
+    fn output_dims_refuse_extreme_shapes_without_overflow() {
+        let Some(_) = lib() else { return };
+        let conv = ConvDesc::builder(2).build::<f32>().unwrap();
+        for bad in [i64::MAX, i64::MIN, -1, 0, 1 << 31] {
+            let x = [1, 1, bad, 1];
+            let r = conv.output_dims(&x, &[1, 1, 1, 1]);
+            assert!(is_invalid(&r), "x {x:?}: {r:?}");
+            let r = conv.transpose_output_dims(&[1, 1, 1, 1], &[1, 1, bad, 1], &[]);
+            assert!(is_invalid(&r), "w height {bad}: {r:?}");
+        }
+        let m = i64::from(i32::MAX);
+        let wide = ConvDesc::builder(2)
+            .strides(&[m, m])
+            .dilations(&[m, m])
+            .build::<f32>()
+            .unwrap();
+        let r = wide.transpose_output_dims(&[1, 1, m, m], &[1, 1, m, m], &[m - 1, m - 1]);
+        assert!(matches!(r, Ok(_) | Err(Error::Overflow { .. })), "{r:?}");
+        let r = wide.output_dims(&[1, m, m, m], &[m, m, m, m]);
+        assert!(
+            matches!(r, Ok(_) | Err(Error::InvalidArgument { .. })),
+            "{r:?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cache files: atomic writes, `Error::Io` with the path and the operating system's error
+// ---------------------------------------------------------------------------------------------
+
+mod cache_files {
+    use std::path::{Path, PathBuf};
+
+    use cudnn_safe::graph::PlanCache;
+    use cudnn_safe::{Autotuner, Error, Policy};
+
+    /// A fresh empty directory for one test.
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("cudnn-safe-host-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Names in `dir` that look like a temporary file of an atomic write.
+    fn temporaries(dir: &Path) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".tmp"))
+            .collect()
+    }
+
+    /// `r` is `Error::Io` for `path`, whose `source()` is the operating system's error.
+    fn assert_io_error(r: Result<(), Error>, path: &Path) {
+        match &r {
+            Err(e @ Error::Io { path: p, .. }) => {
+                assert_eq!(p, path, "{e}");
+                let source = std::error::Error::source(e).expect("Error::Io has a source");
+                assert!(source.is::<std::io::Error>(), "{source:?}");
+                assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+            }
+            other => panic!("expected Error::Io for {}: {other:?}", path.display()),
+        }
+    }
+
+    fn tuner(path: &Path) -> Autotuner {
+        Autotuner::new(Policy::Benchmark)
+            .without_cache_file()
+            .cache_file(path)
+    }
+
+    /// Every cache's save into a directory that does not exist and cannot be created (a file
+    /// took its name after the cache was opened); opening a path below a file is an
+    /// `Error::Io` as well.
+    #[test]
+    fn saves_into_a_directory_that_cannot_exist_are_io_errors() {
+        let dir = scratch("nodir");
+        let path = dir.join("sub").join("cache.txt");
+        let (t, plans) = (tuner(&path), PlanCache::with_file(&path).unwrap());
+        std::fs::write(dir.join("sub"), b"not a directory").unwrap();
+        assert_io_error(t.save(), &path);
+        assert_io_error(plans.save(), &path);
+        assert_io_error(PlanCache::with_file(&path).map(|_| ()), &path);
+        assert!(temporaries(&dir).is_empty(), "{:?}", temporaries(&dir));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A save whose rename fails (the cache path is a non-empty directory) leaves no temporary
+    /// file behind and the directory untouched; reading such a path is an `Error::Io` too.
+    #[test]
+    fn failed_saves_leave_no_temporary_file() {
+        let dir = scratch("rename");
+        let path = dir.join("cache.txt");
+        std::fs::create_dir_all(path.join("keep")).unwrap();
+        let t = tuner(&path);
+        assert_eq!(t.cached_decisions(), 0);
+        assert_io_error(t.save(), &path);
+        let r = Autotuner::new(Policy::Benchmark)
+            .without_cache_file()
+            .try_cache_file(&path)
+            .map(|_| ());
+        assert_io_error(r, &path);
+        assert_io_error(PlanCache::with_file(&path).map(|_| ()), &path);
+        assert!(temporaries(&dir).is_empty(), "{:?}", temporaries(&dir));
+        assert!(path.join("keep").is_dir());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A save into a read-only directory (where this process cannot write: not as root).
+    #[test]
+    fn saves_into_a_read_only_directory_are_io_errors() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = scratch("readonly");
+        let locked = dir.join("locked");
+        std::fs::create_dir_all(&locked).unwrap();
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o555)).unwrap();
+        let path = locked.join("cache.txt");
+        if std::fs::write(locked.join("probe"), b"").is_ok() {
+            eprintln!("skipping: the read-only directory is writable here (running as root)");
+        } else {
+            assert_io_error(tuner(&path).save(), &path);
+            assert_io_error(PlanCache::with_file(&path).unwrap().save(), &path);
+            assert!(temporaries(&locked).is_empty());
+        }
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A save writes the file whole (header and entries) and nothing beside it; an unreadable
+    /// file is not overwritten by a tuner that could not read it.
+    #[test]
+    fn saves_replace_the_file_and_keep_what_they_could_not_read() {
+        let dir = scratch("replace");
+        let path = dir.join("cache.txt");
+        tuner(&path).save().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with('#'), "{text}");
+        let plans = dir.join("plans.txt");
+        PlanCache::with_file(&plans).unwrap().save().unwrap();
+        assert!(plans.is_file());
+        assert!(temporaries(&dir).is_empty(), "{:?}", temporaries(&dir));
+
+        // Longer than a cache file may be: refused, and left as it is.
+        let big = dir.join("big.txt");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len((64 << 20) + 1)
+            .unwrap();
+        let r = Autotuner::new(Policy::Benchmark)
+            .without_cache_file()
+            .try_cache_file(&big)
+            .map(|_| ());
+        assert_io_error(r, &big);
+        assert_io_error(tuner(&big).save(), &big);
+        assert_eq!(std::fs::metadata(&big).unwrap().len(), (64 << 20) + 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -73,8 +73,8 @@ proptest! {
         let nhwc = Layout::nhwc(n, c, h, w).unwrap();
         for ni in 0..n { for ci in 0..c { for hi in 0..h { for wi in 0..w {
             let idx = [ni, ci, hi, wi];
-            prop_assert_eq!(nchw.offset_of(&idx), ((ni * c + ci) * h + hi) * w + wi);
-            prop_assert_eq!(nhwc.offset_of(&idx), ((ni * h + hi) * w + wi) * c + ci);
+            prop_assert_eq!(nchw.offset_of(&idx), Some(((ni * c + ci) * h + hi) * w + wi));
+            prop_assert_eq!(nhwc.offset_of(&idx), Some(((ni * h + hi) * w + wi) * c + ci));
         }}}}
         for l in [&nchw, &nhwc] {
             prop_assert!(l.is_packed());
@@ -89,8 +89,8 @@ proptest! {
     fn five_d_formats(n in 1i64..3, c in 1i64..4, d in 1i64..4, h in 1i64..4, w in 1i64..4) {
         let ndhwc = Layout::ndhwc(n, c, d, h, w).unwrap();
         let ncdhw = Layout::ncdhw(n, c, d, h, w).unwrap();
-        prop_assert_eq!(ndhwc.offset_of(&[0, 1 % c, 0, 0, 0]), 1 % c);
-        prop_assert_eq!(ncdhw.offset_of(&[0, 0, 0, 0, 1 % w]), 1 % w);
+        prop_assert_eq!(ndhwc.offset_of(&[0, 1 % c, 0, 0, 0]), Some(1 % c));
+        prop_assert_eq!(ncdhw.offset_of(&[0, 0, 0, 0, 1 % w]), Some(1 % w));
         for l in [ndhwc, ncdhw] {
             let offs = l.offsets();
             prop_assert!(injective(&offs));
@@ -108,8 +108,15 @@ proptest! {
         // Brute force from the definition: memory order N, C/v, H, W, v.
         let v = i64::from(width);
         let def = |ni: i64, ci: i64, hi: i64, wi: i64| (((ni * (c / v) + ci / v) * h + hi) * w + wi) * v + ci % v;
-        prop_assert_eq!(l.offset_of(&[n - 1, c - 1, h - 1, w - 1]), def(n - 1, c - 1, h - 1, w - 1));
-        prop_assert_eq!(l.offset_of(&[0, v - 1, 0, 1 % w]), def(0, v - 1, 0, 1 % w));
+        let last = def(n - 1, c - 1, h - 1, w - 1);
+        prop_assert_eq!(l.offset_of(&[n - 1, c - 1, h - 1, w - 1]), Some(last));
+        prop_assert_eq!(l.offset_of(&[0, v - 1, 0, 1 % w]), Some(def(0, v - 1, 0, 1 % w)));
+        // An index shorter than the rank, or outside a dimension, has no offset.
+        prop_assert_eq!(l.offset_of(&[0, 0]), None);
+        prop_assert_eq!(l.offset_of(&[n, 0, 0, 0]), None);
+        prop_assert_eq!(l.offset_of(&[0, c, 0, 0]), None);
+        prop_assert_eq!(l.offset_of(&[0, 0, -1, 0]), None);
+        prop_assert_eq!(l.offset_of(&[0, 0, 0, 0, 0]), None);
         offs.sort_unstable();
         prop_assert_eq!(offs, (0..n * c * h * w).collect::<Vec<_>>());
         prop_assert_eq!(l.span(), (n * c * h * w) as usize);

@@ -195,7 +195,7 @@ fn round_seqs<T: DataType>(seqs: &reference::Seqs) -> reference::Seqs {
 fn place<T: DataType>(desc: &SeqDataDesc<T>, seqs: &reference::Seqs, junk: f64) -> Vec<T> {
     let mut out = vec![T::from_f64(junk); desc.span()];
     for (b, seq) in seqs.iter().enumerate() {
-        assert_eq!(seq.len(), desc.length(b));
+        assert_eq!(Some(seq.len()), desc.length(b));
         for (t, step) in seq.iter().enumerate() {
             for (v, &x) in step.iter().enumerate() {
                 out[desc.offset(t, b, v).unwrap()] = T::from_f64(x);
@@ -228,13 +228,13 @@ fn check_seq_output<T: DataType>(
     assert_close(what, &picked, &expect, tol);
     if desc.layout().is_padded() {
         for b in 0..desc.batch() {
-            for t in desc.length(b)..desc.max_len() {
+            for t in desc.length(b).unwrap()..desc.max_len() {
                 for v in 0..desc.vector_size() {
                     let g = got[desc.offset(t, b, v).unwrap()].to_f64();
                     assert_eq!(
                         g,
                         T::from_f64(FILL).to_f64(),
-                        "{what}: padding at step {t} of sequence {b} (length {})",
+                        "{what}: padding at step {t} of sequence {b} (length {:?})",
                         desc.length(b)
                     );
                 }
@@ -247,7 +247,7 @@ fn check_seq_output<T: DataType>(
 fn extract<T: DataType>(desc: &SeqDataDesc<T>, buf: &[T]) -> reference::Seqs {
     (0..desc.batch())
         .map(|b| {
-            (0..desc.length(b))
+            (0..desc.length(b).unwrap())
                 .map(|t| {
                     (0..desc.vector_size())
                         .map(|v| buf[desc.offset(t, b, v).unwrap()].to_f64())
@@ -1453,7 +1453,12 @@ fn sequence_descriptors_are_validated_without_a_gpu() {
         (36, 3, 3, 4)
     );
     assert_eq!(sm.offset(2, 1, 3), Some((2 * 3 + 1) * 4 + 3));
-    assert!(sm.is_padding(1, 1) && !sm.is_padding(0, 1));
+    assert_eq!(
+        (sm.is_padding(1, 1), sm.is_padding(0, 1)),
+        (Some(true), Some(false))
+    );
+    // A sequence past the batch has no length and no padding: `None`, not a panic.
+    assert_eq!((sm.length(3), sm.is_padding(0, 3)), (None, None));
     assert_eq!(sm.fill(), -1.0);
     let bm = SeqDataDesc::<f32>::new(SeqLayout::BatchMajor, 3, 4, &[3, 1, 2], 0.0).unwrap();
     assert_eq!(bm.span(), 36);
@@ -1480,7 +1485,7 @@ fn sequence_descriptors_are_validated_without_a_gpu() {
         assert!(seen.iter().all(|&s| s));
     }
     let u = SeqDataDesc::<f16>::uniform(SeqLayout::SeqMajor, 5, 2, 3).unwrap();
-    assert_eq!((u.span(), u.length(1)), (30, 5));
+    assert_eq!((u.span(), u.length(1)), (30, Some(5)));
 
     let bad = |r: Result<SeqDataDesc<f32>, Error>, kind: &str, what: &str| rejected(r, kind, what);
     for layout in [

@@ -1117,10 +1117,33 @@ impl BlasLt {
     /// An algorithm read from the file is checked with `cublasLtMatmulAlgoCheck` before its first
     /// use. The file is this crate's own: the stored algorithms are cuBLASLt's opaque 64-byte
     /// descriptors, valid only for the same GPU model and cuBLASLt version (both in the key).
+    ///
+    /// A file that exists but cannot be read is logged and left alone: the tuner starts without
+    /// its entries and [`save_cache`](Self::save_cache) reports the error ([`Error::Io`])
+    /// instead of overwriting it. [`try_cache_file`](Self::try_cache_file) returns that error at
+    /// once.
     #[must_use]
-    pub fn cache_file(mut self, path: impl Into<PathBuf>) -> Self {
+    pub fn cache_file(self, path: impl Into<PathBuf>) -> Self {
         let path = path.into();
-        let loaded = load_file(&path);
+        match load_file(&path) {
+            Ok(loaded) => self.with_loaded(path, loaded),
+            Err(e) => {
+                log::warn!("cuBLASLt autotune cache not read: {e}");
+                self.with_loaded(path, HashMap::new())
+            }
+        }
+    }
+
+    /// [`cache_file`](Self::cache_file), returning [`Error::Io`] (with the path and the
+    /// operating system's error) when the file exists but cannot be read: not a regular file,
+    /// no permission, or larger than 64 MiB. A missing file is an empty cache.
+    pub fn try_cache_file(self, path: impl Into<PathBuf>) -> Result<Self> {
+        let path = path.into();
+        let loaded = load_file(&path)?;
+        Ok(self.with_loaded(path, loaded))
+    }
+
+    fn with_loaded(mut self, path: PathBuf, loaded: HashMap<Key, Vec<Ranked>>) -> Self {
         log::info!(
             "cuBLASLt autotune cache {}: {} entries loaded",
             path.display(),
@@ -1860,12 +1883,16 @@ impl BlasLt {
     }
 
     /// Writes every decision to the cache file (merged with entries another process wrote
-    /// meanwhile). Called after each new decision when a file is set.
+    /// meanwhile), atomically: readers see the old file or the new one. Called after each new
+    /// decision when a file is set.
+    ///
+    /// Errors: [`Error::Io`] (the path and the operating system's error) when the file cannot
+    /// be read for the merge or cannot be written; the file is then left as it was.
     pub fn save_cache(&self) -> Result<()> {
         let Some(path) = &self.path else {
             return Ok(());
         };
-        let mut all = load_file(path);
+        let mut all = load_file(path)?;
         for (k, e) in &self.cache {
             all.insert(k.clone(), e.ranked.clone());
         }
@@ -1876,19 +1903,7 @@ impl BlasLt {
         for l in lines {
             let _ = writeln!(text, "{l}");
         }
-        let io = |e: std::io::Error| {
-            Error::invalid(
-                "cuBLASLt autotune cache file",
-                "a writable path",
-                format!("{}: {e}", path.display()),
-            )
-        };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, text).map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)
+        crate::persist::write_atomic(path, text.as_bytes())
     }
 }
 
@@ -2089,21 +2104,20 @@ fn parse_line(line: &str) -> Option<(Key, Vec<Ranked>)> {
     ))
 }
 
-fn load_file(path: &Path) -> HashMap<Key, Vec<Ranked>> {
+/// The entries of the cache file at `path` (none when it does not exist); unreadable lines are
+/// skipped with a warning. [`Error::Io`] when the file exists but cannot be read.
+fn load_file(path: &Path) -> Result<HashMap<Key, Vec<Ranked>>> {
     let mut map = HashMap::new();
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return map,
-        Err(e) => {
-            log::warn!("cuBLASLt autotune cache {} not read: {e}", path.display());
-            return map;
-        }
+    let Some(bytes) = crate::persist::read(path)? else {
+        return Ok(map);
     };
-    for (no, line) in text.lines().enumerate() {
-        if line.starts_with('#') || line.trim().is_empty() {
-            continue;
-        }
-        match parse_line(line) {
+    for (no, line) in crate::persist::lines(&bytes) {
+        let parsed = match line {
+            Some(l) if l.starts_with('#') || l.trim().is_empty() => continue,
+            Some(l) => parse_line(l),
+            None => None,
+        };
+        match parsed {
             Some((k, mut v)) => {
                 for r in &mut v {
                     r.algo_id = algo_id_if_loaded(&r.algo);
@@ -2111,13 +2125,12 @@ fn load_file(path: &Path) -> HashMap<Key, Vec<Ranked>> {
                 map.insert(k, v);
             }
             None => log::warn!(
-                "cuBLASLt autotune cache {}:{}: unreadable line skipped",
-                path.display(),
-                no + 1
+                "cuBLASLt autotune cache {}:{no}: unreadable line skipped",
+                path.display()
             ),
         }
     }
-    map
+    Ok(map)
 }
 
 /// The algorithm id of a stored descriptor, when cuBLASLt is loadable (the file may be read in
@@ -2297,9 +2310,39 @@ mod tests {
             format!("{FILE_HEADER}\n{line}\nbad line\n{tampered}\n"),
         )
         .unwrap();
-        let loaded = load_file(&path);
+        let loaded = load_file(&path).unwrap();
         assert_eq!(loaded.len(), 1);
         assert_eq!(loaded[&key][0].algo, r.algo);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    proptest::proptest! {
+        /// A cache file of arbitrary bytes, or of lines as written with fields replaced by
+        /// arbitrary text (the checksum made to match, so the fields are parsed): reading it
+        /// skips what does not parse, without a panic, and what it keeps writes back the same.
+        #[test]
+        fn arbitrary_cache_files_read_without_panics(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400),
+            fields in proptest::collection::vec("[0-9a-f:.,-]{0,40}|.{0,20}", 1..5),
+        ) {
+            let body = fields.join("\t");
+            let forged = format!("{body}\t{:016x}", fnv1a(&body));
+            if let Some((k, v)) = parse_line(&forged) {
+                // Compared as text: a NaN time reads back as NaN, which is not equal to itself.
+                let line = format_line(&k, &v);
+                let again = parse_line(&line).map(|(k, v)| format_line(&k, &v));
+                proptest::prop_assert_eq!(again, Some(line));
+            }
+            let dir = std::env::temp_dir()
+                .join(format!("cudnn-safe-lt-fuzz-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("lt.txt");
+            let mut all = bytes.clone();
+            all.push(b'\n');
+            all.extend_from_slice(forged.as_bytes());
+            std::fs::write(&path, &all).unwrap();
+            proptest::prop_assert!(load_file(&path).is_ok());
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 }

@@ -391,6 +391,8 @@ impl ConvDesc {
         }
         let mut out = vec![x_dims[0], k];
         for i in 0..self.pads.len() {
+            // Dims (checked by `check_ranks`), pads, strides and dilations are all in
+            // `0..2^31`: every term below is far from i64's limits.
             let input = x_dims[2 + i];
             let padded = input + 2 * self.pads[i];
             let span = self.dilations[i] * (w_dims[2 + i] - 1) + 1;
@@ -467,7 +469,12 @@ impl ConvDesc {
                     op[i].to_string(),
                 ));
             }
-            let o = out[2 + i] + op[i];
+            let o = out[2 + i]
+                .checked_add(op[i])
+                .ok_or_else(|| Error::Overflow {
+                    what: "transposed convolution output",
+                    detail: format!("spatial dimension {i} of x {x_dims:?} and w {w_dims:?}"),
+                })?;
             if o < 1 {
                 return Err(Error::invalid(
                     "transposed convolution output",
@@ -504,11 +511,18 @@ impl ConvDesc {
         }
         let mut out = vec![x_dims[0], w_dims[1] * self.groups];
         for i in 0..self.pads.len() {
-            out.push(
-                (x_dims[2 + i] - 1) * self.strides[i] - 2 * self.pads[i]
-                    + self.dilations[i] * (w_dims[2 + i] - 1)
-                    + 1,
-            );
+            let (s, d) = (self.strides[i], self.dilations[i]);
+            // Each product is below 2^62 (dims, strides, dilations and pads are in `0..2^31`,
+            // checked), but two of them can pass i64: checked sums. Output padding (below
+            // 2^31) is added by the caller with a checked sum too.
+            let o = ((x_dims[2 + i] - 1) * s)
+                .checked_add(d * (w_dims[2 + i] - 1) + 1)
+                .map(|o| o - 2 * self.pads[i])
+                .ok_or_else(|| Error::Overflow {
+                    what: "transposed convolution output",
+                    detail: format!("spatial dimension {i} of x {x_dims:?} and w {w_dims:?}"),
+                })?;
+            out.push(o);
         }
         Ok(out)
     }
@@ -586,6 +600,21 @@ impl ConvDesc {
                 format!("{rank} dimensions{hint}"),
                 format!("{w_dims:?}"),
             ));
+        }
+        for (what, dims) in [
+            ("convolution input dimension", x_dims),
+            ("convolution filter dimension", w_dims),
+        ] {
+            if let Some(bad) = dims
+                .iter()
+                .find(|&&d| !(1..=i64::from(c_int::MAX)).contains(&d))
+            {
+                return Err(Error::invalid(
+                    what,
+                    "dimensions in 1..=2147483647",
+                    format!("{bad} in {dims:?}"),
+                ));
+            }
         }
         if self.spatial == 1 && (x_dims[2] != 1 || w_dims[2] != 1) {
             return Err(Error::invalid(

@@ -149,7 +149,7 @@ impl SdpaOptions {
     /// let v = g.tensor_nchw("v", &[2, 8, 512, 64], DType::BF16)?;
     /// let slopes = g.alibi_slopes_input("slopes", 8)?;
     /// let out = g.sdpa(q, k, v, &SdpaOptions::new().causal(true).alibi(slopes))?;
-    /// let slopes_buf = stream.clone_htod(&alibi_slopes(8)).unwrap();
+    /// let slopes_buf = stream.clone_htod(&alibi_slopes(8)?).unwrap();
     /// let mut args = Args::new(&cudnn);
     /// args.input(slopes, &slopes_buf)?;
     /// # let _ = out; Ok(()) }
@@ -1458,22 +1458,33 @@ impl Graph {
 /// `2^(−8(i + 1)/n)` and the remaining heads `2^(−8(k + ½)/n)` for `k = 0, 1, …` (the odd
 /// steps of the sequence for `2n` heads). Empty for 0 heads.
 ///
+/// Errors: [`Error::InvalidArgument`] for more heads than a graph tensor describes
+/// (`i32::MAX`, the most [`Graph::alibi_slopes_input`] accepts), before anything is allocated.
+///
 /// ```
-/// let s = cudnn_safe::graph::alibi_slopes(8);
+/// let s = cudnn_safe::graph::alibi_slopes(8)?;
 /// assert_eq!(s[0], 0.5);
 /// assert_eq!(s[7], 1.0 / 256.0);
+/// # Ok::<(), cudnn_safe::Error>(())
 /// ```
-pub fn alibi_slopes(heads: usize) -> Vec<f32> {
+pub fn alibi_slopes(heads: usize) -> Result<Vec<f32>> {
+    if heads > i32::MAX as usize {
+        return Err(Error::invalid(
+            "ALiBi heads",
+            "at most 2147483647 heads (cuDNN's int)",
+            heads,
+        ));
+    }
     if heads == 0 {
-        return Vec::new();
+        return Ok(Vec::new());
     }
     let n = 1usize << heads.ilog2();
     let steps = (0..n)
         .map(|i| (i + 1) as f64)
         .chain((0..heads - n).map(|k| k as f64 + 0.5));
-    steps
+    Ok(steps
         .map(|e| 2f64.powf(-8.0 * e / n as f64) as f32)
-        .collect()
+        .collect())
 }
 
 /// The attention scale: the option's (finite) or `1/√d`.

@@ -175,13 +175,16 @@ pub const MAX_KNOB_VALUES: usize = 16;
 impl KnobRange {
     /// Whether `v` is one of the knob's values.
     pub fn contains(&self, v: i64) -> bool {
-        let stride = self.stride.max(1);
-        v >= self.min && v <= self.max && (v - self.min) % stride == 0
+        // i128: `v - min` of any two i64 values cannot overflow there.
+        let stride = i128::from(self.stride.max(1));
+        v >= self.min && v <= self.max && (i128::from(v) - i128::from(self.min)) % stride == 0
     }
 
     /// Up to `n` of the knob's values, those nearest `around` first (all of them, in order, for
-    /// a knob with at most `n` values). An empty range (`max < min`) has none.
+    /// a knob with at most `n` values). An empty range (`max < min`) has none. `n` is capped at
+    /// 65536: the result is never larger, whatever the range and `n`.
     pub fn values_near(&self, around: i64, n: usize) -> Vec<i64> {
+        let n = n.min(1 << 16);
         // i128: `max - min` of an i64 range cannot overflow there.
         let (min, max, stride) = (
             i128::from(self.min),
@@ -219,6 +222,47 @@ impl KnobRange {
 }
 
 impl EngineConfig {
+    /// Checks the knob choices against the knobs an engine has (`ranges`, as
+    /// [`OperationGraph::knob_ranges`] reads them): each knob chosen at most once, each one the
+    /// engine has, each value in its range. [`Error::InvalidArgument`] naming the knob
+    /// otherwise.
+    pub fn check_knobs(&self, ranges: &[KnobRange]) -> Result<()> {
+        for (i, &(t, v)) in self.knobs.iter().enumerate() {
+            if self.knobs[..i].iter().any(|&(u, _)| u == t) {
+                return Err(Error::invalid(
+                    "engine configuration knob",
+                    "each knob chosen once",
+                    format!("knob {t} chosen twice in {self}"),
+                ));
+            }
+            let Some(r) = ranges.iter().find(|r| r.knob == t) else {
+                return Err(Error::invalid(
+                    "engine configuration knob",
+                    format!(
+                        "a knob of engine {} (it has {:?})",
+                        self.engine,
+                        ranges.iter().map(|r| r.knob).collect::<Vec<_>>()
+                    ),
+                    format!("knob {t} in {self}"),
+                ));
+            };
+            if !r.contains(v) {
+                return Err(Error::invalid(
+                    "engine configuration knob value",
+                    format!(
+                        "a value of knob {t} of engine {}: {}..={} in steps of {}",
+                        self.engine,
+                        r.min,
+                        r.max,
+                        r.stride.max(1)
+                    ),
+                    format!("{v} in {self}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The value chosen for `knob`, if the configuration sets it.
     pub fn knob(&self, knob: u32) -> Option<i64> {
         self.knobs.iter().find(|(t, _)| *t == knob).map(|&(_, v)| v)
@@ -894,10 +938,29 @@ impl OperationGraph {
 
     /// Rebuilds the plan of a known engine configuration (e.g. one persisted by a
     /// [`super::PlanCache`] or read from [`Plan::config`]) without asking the heuristics.
+    ///
+    /// The configuration is data to check, not to trust (it may come from a file): its engine
+    /// index must be one of the graph's engines and its knobs must pass
+    /// [`EngineConfig::check_knobs`] against the engine's own knob ranges, else
+    /// [`Error::InvalidArgument`] before any knob reaches cuDNN.
     pub fn plan_from_config(&self, cudnn: &Cudnn, config: &EngineConfig) -> Result<Plan> {
         self.inner.check_handle(cudnn)?;
         cudnn.bind()?;
-        let c = self.configure(cudnn.lib(), config)?;
+        let lib = cudnn.lib();
+        let count = self
+            .inner
+            .graph
+            .get_i64(attr!(CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT))?;
+        if !(0..count).contains(&config.engine) {
+            return Err(Error::invalid(
+                "engine configuration engine",
+                format!("an engine index in 0..{count} (the graph's engines)"),
+                config.engine,
+            ));
+        }
+        let engine = self.engine_desc(lib, config.engine)?;
+        config.check_knobs(&knob_ranges_of(lib, &engine)?)?;
+        let c = self.configure(lib, config)?;
         self.finish(cudnn, c)
     }
 }
@@ -955,6 +1018,46 @@ mod tests {
             stride: 0,
         };
         assert_eq!(zero.values_near(0, 8), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn knob_choices_are_checked_against_the_engine_ranges() {
+        let ranges = [
+            KnobRange {
+                knob: 2,
+                min: 0,
+                max: 6,
+                stride: 2,
+            },
+            KnobRange {
+                knob: 27,
+                min: -1,
+                max: 1000,
+                stride: 1,
+            },
+        ];
+        let ok: EngineConfig = "eng3_k2=4_k27=-1".parse().unwrap();
+        assert!(ok.check_knobs(&ranges).is_ok());
+        for bad in [
+            "eng3_k2=3",      // off the stride
+            "eng3_k2=8",      // past the maximum
+            "eng3_k27=-2",    // below the minimum
+            "eng3_k5=0",      // a knob the engine does not have
+            "eng3_k2=0_k2=2", // a knob chosen twice
+            "eng3_k27=9223372036854775807",
+        ] {
+            let c: EngineConfig = bad.parse().unwrap();
+            assert!(
+                matches!(c.check_knobs(&ranges), Err(Error::InvalidArgument { .. })),
+                "{bad}"
+            );
+        }
+        // No knobs: nothing to refuse.
+        assert!("eng3"
+            .parse::<EngineConfig>()
+            .unwrap()
+            .check_knobs(&[])
+            .is_ok());
     }
 
     #[test]

@@ -609,34 +609,29 @@ impl PlanCache {
     /// A cache persisting its choices to `path` (read now if it exists; written after each new
     /// choice). Lines are `<engine config>\t<key>\t<graph>` (the graph as [`Graph::to_json`]
     /// writes it; lines without one are still read, for their choice only); malformed lines are
-    /// ignored.
+    /// ignored. A configuration read from the file is checked against its engine's knobs when
+    /// its plan is built ([`OperationGraph::plan_from_config`]); one that fails is logged and
+    /// replaced.
+    ///
+    /// Errors: [`Error::Io`] (the path and the operating system's error) when the file exists
+    /// but cannot be read (not a regular file, no permission, larger than 64 MiB).
     pub fn with_file(path: impl Into<PathBuf>) -> Result<Self> {
         let path = path.into();
         let mut configs = HashMap::new();
         let mut graphs = HashMap::new();
-        match std::fs::read_to_string(&path) {
-            Ok(text) => {
-                for line in text.lines() {
-                    let mut fields = line.splitn(3, '\t');
-                    let (Some(cfg), Some(key)) = (fields.next(), fields.next()) else {
-                        continue;
-                    };
-                    let Ok(c) = cfg.parse::<EngineConfig>() else {
-                        continue;
-                    };
-                    configs.insert(key.to_string(), c);
-                    if let Some(g) = fields.next().filter(|g| !g.is_empty()) {
-                        graphs.insert(key.to_string(), g.to_string());
-                    }
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(Error::invalid(
-                    "graph plan cache file",
-                    "a readable file",
-                    format!("{}: {e}", path.display()),
-                ))
+        let bytes = crate::persist::read(&path)?.unwrap_or_default();
+        for (_, line) in crate::persist::lines(&bytes) {
+            let Some(line) = line else { continue };
+            let mut fields = line.splitn(3, '\t');
+            let (Some(cfg), Some(key)) = (fields.next(), fields.next()) else {
+                continue;
+            };
+            let Ok(c) = cfg.parse::<EngineConfig>() else {
+                continue;
+            };
+            configs.insert(key.to_string(), c);
+            if let Some(g) = fields.next().filter(|g| !g.is_empty()) {
+                graphs.insert(key.to_string(), g.to_string());
             }
         }
         Ok(PlanCache {
@@ -916,7 +911,9 @@ impl PlanCache {
         Ok(done)
     }
 
-    /// Writes the persisted configurations (no-op without a file).
+    /// Writes the persisted configurations (no-op without a file), atomically: readers see the
+    /// old file or the new one. Errors: [`Error::Io`] (the path and the operating system's
+    /// error) when it cannot be written; the file is then left as it was.
     pub fn save(&self) -> Result<()> {
         let Some(path) = &self.path else {
             return Ok(());
@@ -1020,13 +1017,6 @@ fn save_configs(
     graphs: &HashMap<String, String>,
 ) -> Result<()> {
     use std::fmt::Write;
-    let io = |e: std::io::Error| {
-        Error::invalid(
-            "graph plan cache file",
-            "a writable path",
-            format!("{}: {e}", path.display()),
-        )
-    };
     let mut lines: Vec<String> = configs
         .iter()
         .map(|(k, c)| {
@@ -1042,10 +1032,5 @@ fn save_configs(
     for l in lines {
         let _ = writeln!(text, "{l}");
     }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(io)?;
-    }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, text).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    crate::persist::write_atomic(path, text.as_bytes())
 }

@@ -766,6 +766,19 @@ impl Graph {
         }
     }
 
+    /// A mode's parameter (slope, alpha, beta) must be finite: cuDNN would compute with an
+    /// infinity or NaN, and a graph record ([`Graph::to_json`]) cannot hold one.
+    fn check_param(mode: PointwiseMode) -> Result<()> {
+        match mode.param() {
+            Some((_, v)) if !v.is_finite() => Err(Error::invalid(
+                "pointwise mode parameter",
+                "a finite value",
+                format!("{mode:?}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     fn push(&mut self, info: TensorInfo) -> TensorId {
         self.tensors.push(info);
         TensorId {
@@ -1230,6 +1243,7 @@ impl Graph {
     ) -> Result<TensorId> {
         const OP: &str = "pointwise";
         let xi = self.index(x)?;
+        Self::check_param(mode)?;
         if let PointwiseMode::LeakyRelu { slope } = mode {
             if slope != 0.0 {
                 return Err(Error::invalid(
@@ -1362,6 +1376,7 @@ impl Graph {
     ) -> Result<TensorId> {
         const OP: &str = "pointwise backward";
         let (dyi, xi) = (self.index(dy)?, self.index(x)?);
+        Self::check_param(mode)?;
         if !mode.is_backward() {
             return Err(Error::invalid(
                 "pointwise backward mode",

@@ -7,11 +7,13 @@ use super::{ConvParams, Graph, HeurMode, PlanFilter};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::handle::Cudnn;
+use cudnn_safe_sys as sys;
 
 /// What [`preload`] did and how long each part took.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Preloaded {
-    /// cuDNN sub-libraries (`libcudnn_*.so*` next to the loaded `libcudnn.so`) opened.
+    /// cuDNN sub-libraries opened (cuDNN's own names, of the loaded major version, next to the
+    /// loaded `libcudnn.so`).
     pub libraries: usize,
     /// Time spent opening them.
     pub open: Duration,
@@ -23,9 +25,11 @@ pub struct Preloaded {
 
 /// Does at start-up what cuDNN otherwise does during the first graph call of a process:
 ///
-/// 1. opens every cuDNN sub-library next to the loaded `libcudnn.so` (`libcudnn_graph`,
-///    `libcudnn_engines_precompiled`, ...; cuDNN opens them lazily, and the first graph built
-///    pays for it; Linux only, elsewhere none are opened);
+/// 1. opens the cuDNN sub-libraries next to the loaded `libcudnn.so`: cuDNN's own names
+///    ([`crate::sys::loader::SUB_LIBRARIES`]: `libcudnn_graph`,
+///    `libcudnn_engines_precompiled`, ...) with the loaded major version's soname (`.so.9`),
+///    nothing else in that directory (cuDNN opens them lazily, and the first graph built pays
+///    for it; Linux only, elsewhere none are opened);
 /// 2. builds (and drops) a plan of a tiny f32 convolution graph, which runs cuDNN's one-time
 ///    initialization of its engines (afterwards the first plan of another graph, such as one
 ///    from a [`PlanCache`](super::PlanCache) file, finalizes without paying for it).
@@ -47,7 +51,7 @@ pub struct Preloaded {
 /// ```
 pub fn preload(cudnn: &Cudnn) -> Result<Preloaded> {
     let t = Instant::now();
-    let libraries = open_sub_libraries();
+    let libraries = open_sub_libraries(cudnn);
     let open = t.elapsed();
     let t = Instant::now();
     let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
@@ -71,9 +75,14 @@ pub fn preload(cudnn: &Cudnn) -> Result<Preloaded> {
     })
 }
 
-/// The path `libcudnn.so*` is mapped from in this process.
+/// The directory of the cuDNN this crate loaded: that of the path it was opened from, or else
+/// (opened by soname) the directory `libcudnn.so*` is mapped from in this process.
 #[cfg(target_os = "linux")]
-fn cudnn_path() -> Option<PathBuf> {
+fn cudnn_dir(cudnn: &Cudnn) -> Option<PathBuf> {
+    let origin = Path::new(cudnn.library_origin());
+    if origin.is_absolute() {
+        return origin.parent().map(Path::to_path_buf);
+    }
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     maps.lines()
         .filter_map(|l| l.split_whitespace().nth(5))
@@ -82,41 +91,43 @@ fn cudnn_path() -> Option<PathBuf> {
                 .file_name()
                 .is_some_and(|f| f.to_string_lossy().starts_with("libcudnn.so"))
         })
-        .map(PathBuf::from)
+        .and_then(|p| Path::new(p).parent().map(Path::to_path_buf))
 }
 
-/// `dlopen`s every `libcudnn_*.so*` next to the mapped libcudnn.so; how many opened.
+/// The sub-libraries of a cuDNN of major version `major` present in `dir`: each of cuDNN's own
+/// names ([`sys::loader::SUB_LIBRARIES`]) with that major's soname (`libcudnn_graph.so.9`,
+/// ...), in cuDNN's loading order. Nothing else in the directory is named, whatever it is
+/// called.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn sub_library_paths(dir: &Path, major: usize) -> Vec<PathBuf> {
+    sys::loader::SUB_LIBRARIES
+        .iter()
+        .map(|name| dir.join(format!("{name}.so.{major}")))
+        .filter(|p| p.is_file())
+        .collect()
+}
+
+/// `dlopen`s the sub-libraries of the loaded cuDNN ([`sub_library_paths`] of its directory and
+/// major version); how many opened.
 #[cfg(target_os = "linux")]
-fn open_sub_libraries() -> usize {
+fn open_sub_libraries(cudnn: &Cudnn) -> usize {
     use std::ffi::{c_char, c_int, c_void, CString};
     use std::os::unix::ffi::OsStrExt;
     extern "C" {
         fn dlopen(filename: *const c_char, flags: c_int) -> *mut c_void;
     }
     const RTLD_LAZY: c_int = 1;
-    let Some(dir) = cudnn_path().and_then(|p| p.parent().map(Path::to_path_buf)) else {
+    let Some(dir) = cudnn_dir(cudnn) else {
         return 0;
     };
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return 0;
-    };
-    let mut names: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name().is_some_and(|f| {
-                let f = f.to_string_lossy();
-                f.starts_with("libcudnn_") && f.contains(".so")
-            })
-        })
-        .collect();
-    names.sort();
     let mut opened = 0;
-    for p in names {
+    for p in sub_library_paths(&dir, cudnn.version() / 10000) {
         let Ok(c) = CString::new(p.as_os_str().as_bytes()) else {
             continue;
         };
-        // SAFETY: `c` is a NUL-terminated path that outlives the call. Opening a cuDNN
-        // sub-library runs its initializers exactly as cuDNN's own `dlopen` of it would (the
+        // SAFETY: `c` is a NUL-terminated path that outlives the call, naming one of cuDNN's
+        // own sub-libraries of the loaded major version in the loaded library's directory.
+        // Opening it runs its initializers exactly as cuDNN's own `dlopen` of it would (the
         // dynamic loader then hands cuDNN this instance, matched by soname); the handle is
         // never closed, so nothing is unloaded under cuDNN.
         let h = unsafe { dlopen(c.as_ptr(), RTLD_LAZY) };
@@ -130,6 +141,43 @@ fn open_sub_libraries() -> usize {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn open_sub_libraries() -> usize {
+fn open_sub_libraries(_cudnn: &Cudnn) -> usize {
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_known_sub_libraries_of_the_major_are_named() {
+        let dir = std::env::temp_dir().join(format!("cudnn-safe-preload-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // Empty files: nothing here is ever opened by this test, only named.
+        for f in [
+            "libcudnn_evil.so.9",
+            "libcudnn_ops.so.9",
+            "libcudnn_graph.so.9",
+            "libcudnn_cnn.so.8",
+            "libcudnn_adv.so",
+            "libcudnn_heuristic.so.9.14.0",
+            "libcudnn.so.9",
+        ] {
+            std::fs::write(dir.join(f), b"").unwrap();
+        }
+        // A directory of a known name is not a library either.
+        std::fs::create_dir_all(dir.join("libcudnn_adv.so.9")).unwrap();
+        let named = sub_library_paths(&dir, 9);
+        assert_eq!(
+            named,
+            [
+                dir.join("libcudnn_graph.so.9"),
+                dir.join("libcudnn_ops.so.9")
+            ]
+        );
+        assert!(named.iter().all(|p| !p.to_string_lossy().contains("evil")));
+        assert_eq!(sub_library_paths(&dir, 8), [dir.join("libcudnn_cnn.so.8")]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

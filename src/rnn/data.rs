@@ -75,8 +75,9 @@ pub struct SeqDataDesc<T: DataType> {
     lengths: Vec<i32>,
     fill: T,
     span: usize,
-    /// Start of each step in the packed layout (`steps + 1` entries), empty otherwise.
-    packed_starts: Vec<usize>,
+    /// In the packed layout, the sum of the lengths from each sequence on (`batch + 1`
+    /// entries); empty otherwise.
+    packed_tails: Vec<usize>,
     dev_lengths: RefCell<Option<CudaSlice<i32>>>,
 }
 
@@ -127,7 +128,8 @@ impl<T: DataType> SeqDataDesc<T> {
                 ));
             }
         }
-        let mut packed_starts = Vec::new();
+        // Everything below is sized by `lengths` (the caller's own slice), never by `max_len`:
+        // the sizes are checked against cuDNN's `int` before anything is allocated.
         let steps_stored: usize = if layout == SeqLayout::Packed {
             if let Some(b) = lengths.windows(2).position(|w| w[1] > w[0]) {
                 return Err(Error::invalid(
@@ -148,13 +150,13 @@ impl<T: DataType> SeqDataDesc<T> {
                     format!("longest {}", lengths[0]),
                 ));
             }
-            let mut start = 0usize;
-            for t in 0..max_len {
-                packed_starts.push(start);
-                start += lengths.iter().filter(|&&l| l > t).count();
-            }
-            packed_starts.push(start);
-            start
+            lengths
+                .iter()
+                .try_fold(0usize, |acc, &l| acc.checked_add(l))
+                .ok_or_else(|| Error::Overflow {
+                    what: "RNN data size",
+                    detail: format!("the sum of {} sequence lengths", lengths.len()),
+                })?
         } else {
             max_len
                 .checked_mul(lengths.len())
@@ -173,6 +175,17 @@ impl<T: DataType> SeqDataDesc<T> {
                      addressing"
                 ),
             })?;
+        // Packed: the vectors stored before step `t` are `Σ_b min(length_b, t)`, which with the
+        // lengths sorted is `k·t + Σ_{b ≥ k} length_b` for the `k` sequences longer than `t`.
+        let packed_tails = if layout == SeqLayout::Packed {
+            let mut tails = vec![0usize; lengths.len() + 1];
+            for b in (0..lengths.len()).rev() {
+                tails[b] = tails[b + 1] + lengths[b];
+            }
+            tails
+        } else {
+            Vec::new()
+        };
         let c_lengths: Vec<i32> = lengths.iter().map(|&l| l as i32).collect();
         let lib = raw::lib()?;
         let desc = ffi::OwnedRnnData::new(lib)?;
@@ -202,7 +215,7 @@ impl<T: DataType> SeqDataDesc<T> {
             lengths: c_lengths,
             fill,
             span,
-            packed_starts,
+            packed_tails,
             dev_lengths: RefCell::new(None),
         })
     }
@@ -214,6 +227,20 @@ impl<T: DataType> SeqDataDesc<T> {
         batch: usize,
         vector_size: usize,
     ) -> Result<Self> {
+        // Checked before the lengths are allocated from `batch`: at most one length per vector
+        // of a layout cuDNN can address.
+        int_arg("RNN batch size", batch)?;
+        seq_len
+            .checked_mul(batch)
+            .and_then(|s| s.checked_mul(vector_size))
+            .filter(|&s| s <= i32::MAX as usize)
+            .ok_or_else(|| Error::Overflow {
+                what: "RNN data size",
+                detail: format!(
+                    "{batch} sequences of {seq_len} vectors of {vector_size} values exceed \
+                     cuDNN's 32-bit addressing"
+                ),
+            })?;
         Self::new(
             layout,
             seq_len,
@@ -243,9 +270,9 @@ impl<T: DataType> SeqDataDesc<T> {
     pub fn lengths(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
         self.lengths.iter().map(|&l| l as usize)
     }
-    /// Length of sequence `b`.
-    pub fn length(&self, b: usize) -> usize {
-        self.lengths[b] as usize
+    /// Length of sequence `b`; `None` for `b ≥ batch`.
+    pub fn length(&self, b: usize) -> Option<usize> {
+        self.lengths.get(b).map(|&l| l as usize)
     }
     /// The value cuDNN writes into the padding of outputs.
     pub fn fill(&self) -> T {
@@ -268,18 +295,20 @@ impl<T: DataType> SeqDataDesc<T> {
             SeqLayout::SeqMajor => t * batch + b,
             SeqLayout::BatchMajor => b * self.max_len + t,
             SeqLayout::Packed => {
-                if t >= self.length(b) {
+                if t >= self.length(b)? {
                     return None;
                 }
-                // Sorted lengths: the sequences still running at step t are 0..count.
-                self.packed_starts[t] + b
+                // Sorted lengths: the sequences still running at step t are 0..k, b among them.
+                let k = self.lengths.partition_point(|&l| l as usize > t);
+                k * t + self.packed_tails[k] + b
             }
         };
         Some(slot * self.vector + v)
     }
-    /// Whether step `t` of sequence `b` lies past its length (padding, or not stored).
-    pub fn is_padding(&self, t: usize, b: usize) -> bool {
-        t >= self.length(b)
+    /// Whether step `t` of sequence `b` lies past its length (padding, or not stored); `None`
+    /// for `b ≥ batch`.
+    pub fn is_padding(&self, t: usize, b: usize) -> Option<bool> {
+        Some(t >= self.length(b)?)
     }
 
     /// The raw descriptor (still owned by `self`).

@@ -589,6 +589,12 @@ struct Config {
     padded_io: bool,
 }
 
+/// The product of a state buffer's dimensions, `usize::MAX` past `usize` (a caller's batch can
+/// be anything).
+fn saturating_product(dims: [usize; 3]) -> usize {
+    dims.iter().fold(1usize, |a, &d| a.saturating_mul(d))
+}
+
 fn size_arg(what: &'static str, v: i64) -> Result<i32> {
     if v < 1 {
         return Err(Error::invalid(what, "at least 1", v));
@@ -1223,18 +1229,20 @@ impl<T: DataType> Rnn<T> {
     pub fn hidden_state_dims(&self, batch: usize) -> [usize; 3] {
         [self.layers() * self.directions(), batch, self.state_size()]
     }
-    /// Elements of a hidden-state buffer for `batch` sequences.
+    /// Elements of a hidden-state buffer for `batch` sequences (`usize::MAX` when the product
+    /// does not fit: no buffer is that long, so a launch refuses it).
     pub fn hidden_state_len(&self, batch: usize) -> usize {
-        self.hidden_state_dims(batch).iter().product()
+        saturating_product(self.hidden_state_dims(batch))
     }
     /// `[layers · directions, batch, hidden_size]`: the shape of the LSTM's `cx`, `cy`, `dcx`,
     /// `dcy`.
     pub fn cell_state_dims(&self, batch: usize) -> [usize; 3] {
         [self.layers() * self.directions(), batch, self.hidden_size()]
     }
-    /// Elements of an LSTM cell-state buffer for `batch` sequences.
+    /// Elements of an LSTM cell-state buffer for `batch` sequences (`usize::MAX` when the
+    /// product does not fit).
     pub fn cell_state_len(&self, batch: usize) -> usize {
-        self.cell_state_dims(batch).iter().product()
+        saturating_product(self.cell_state_dims(batch))
     }
 
     /// Bytes of the weight space (`cudnnGetRNNWeightSpaceSize`).
