@@ -164,18 +164,27 @@ use half::{bf16, f16};
 
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
+use crate::handle::Cudnn;
 
-mod affine;
 mod batch;
+mod ffi;
+mod group;
+mod layer;
+mod layer_graph;
 mod method;
+mod regrouped;
 mod rms;
+mod saved;
 
-pub use affine::{GroupNorm, LayerNorm, LayerNormGraphSaved, NormSaved};
 pub use batch::{
     BatchNorm, BatchNormBuilder, BatchNormMode, BatchNormOps, BatchNormSaved, RunningStats,
 };
+pub use group::GroupNorm;
+pub use layer::LayerNorm;
+pub use layer_graph::LayerNormGraphSaved;
 pub use method::{FeatureLayout, NormAffine, NormMethod, NormParamGrads, NormStats};
 pub use rms::{RmsNorm, RmsNormSaved};
+pub use saved::NormSaved;
 
 mod sealed {
     pub trait Sealed {}
@@ -229,173 +238,20 @@ fn scalar_ptr<S>(s: &S) -> *const c_void {
     (s as *const S).cast::<c_void>()
 }
 
-/// The C calls of this family (libcudnn_ops), declared here rather than in `raw`.
-mod ffi {
-    #![allow(non_snake_case)]
-    use std::ffi::{c_int, c_void};
-
-    use cudnn_safe_sys as sys;
-
-    crate::raw::raw_fns! {
-        fn cudnnDeriveBNTensorDescriptor(
-            derived: sys::cudnnTensorDescriptor_t,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            mode: sys::cudnnBatchNormMode_t,
-        );
-        fn cudnnGetTensorNdDescriptor(
-            desc: sys::cudnnTensorDescriptor_t,
-            requested: c_int,
-            data_type: *mut sys::cudnnDataType_t,
-            nb_dims: *mut c_int,
-            dims: *mut c_int,
-            strides: *mut c_int,
-        );
-        fn cudnnBatchNormalizationForwardInference(
-            handle: sys::cudnnHandle_t,
-            mode: sys::cudnnBatchNormMode_t,
-            alpha: *const c_void,
-            beta: *const c_void,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            x: *const c_void,
-            y_desc: sys::cudnnTensorDescriptor_t,
-            y: *mut c_void,
-            param_desc: sys::cudnnTensorDescriptor_t,
-            scale: *const c_void,
-            bias: *const c_void,
-            mean: *const c_void,
-            variance: *const c_void,
-            epsilon: f64,
-        );
-        fn cudnnBatchNormalizationForwardTraining(
-            handle: sys::cudnnHandle_t,
-            mode: sys::cudnnBatchNormMode_t,
-            alpha: *const c_void,
-            beta: *const c_void,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            x: *const c_void,
-            y_desc: sys::cudnnTensorDescriptor_t,
-            y: *mut c_void,
-            param_desc: sys::cudnnTensorDescriptor_t,
-            scale: *const c_void,
-            bias: *const c_void,
-            factor: f64,
-            running_mean: *mut c_void,
-            running_variance: *mut c_void,
-            epsilon: f64,
-            saved_mean: *mut c_void,
-            saved_inv_variance: *mut c_void,
-        );
-        fn cudnnBatchNormalizationForwardTrainingEx(
-            handle: sys::cudnnHandle_t,
-            mode: sys::cudnnBatchNormMode_t,
-            ops: sys::cudnnBatchNormOps_t,
-            alpha: *const c_void,
-            beta: *const c_void,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            x: *const c_void,
-            z_desc: sys::cudnnTensorDescriptor_t,
-            z: *const c_void,
-            y_desc: sys::cudnnTensorDescriptor_t,
-            y: *mut c_void,
-            param_desc: sys::cudnnTensorDescriptor_t,
-            scale: *const c_void,
-            bias: *const c_void,
-            factor: f64,
-            running_mean: *mut c_void,
-            running_variance: *mut c_void,
-            epsilon: f64,
-            saved_mean: *mut c_void,
-            saved_inv_variance: *mut c_void,
-            activation: sys::cudnnActivationDescriptor_t,
-            workspace: *mut c_void,
-            workspace_bytes: usize,
-            reserve: *mut c_void,
-            reserve_bytes: usize,
-        );
-        fn cudnnBatchNormalizationBackward(
-            handle: sys::cudnnHandle_t,
-            mode: sys::cudnnBatchNormMode_t,
-            alpha_data: *const c_void,
-            beta_data: *const c_void,
-            alpha_param: *const c_void,
-            beta_param: *const c_void,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            x: *const c_void,
-            dy_desc: sys::cudnnTensorDescriptor_t,
-            dy: *const c_void,
-            dx_desc: sys::cudnnTensorDescriptor_t,
-            dx: *mut c_void,
-            param_desc: sys::cudnnTensorDescriptor_t,
-            scale: *const c_void,
-            dscale: *mut c_void,
-            dbias: *mut c_void,
-            epsilon: f64,
-            saved_mean: *const c_void,
-            saved_inv_variance: *const c_void,
-        );
-        fn cudnnBatchNormalizationBackwardEx(
-            handle: sys::cudnnHandle_t,
-            mode: sys::cudnnBatchNormMode_t,
-            ops: sys::cudnnBatchNormOps_t,
-            alpha_data: *const c_void,
-            beta_data: *const c_void,
-            alpha_param: *const c_void,
-            beta_param: *const c_void,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            x: *const c_void,
-            y_desc: sys::cudnnTensorDescriptor_t,
-            y: *const c_void,
-            dy_desc: sys::cudnnTensorDescriptor_t,
-            dy: *const c_void,
-            dz_desc: sys::cudnnTensorDescriptor_t,
-            dz: *mut c_void,
-            dx_desc: sys::cudnnTensorDescriptor_t,
-            dx: *mut c_void,
-            param_desc: sys::cudnnTensorDescriptor_t,
-            scale: *const c_void,
-            bias: *const c_void,
-            dscale: *mut c_void,
-            dbias: *mut c_void,
-            epsilon: f64,
-            saved_mean: *const c_void,
-            saved_inv_variance: *const c_void,
-            activation: sys::cudnnActivationDescriptor_t,
-            workspace: *mut c_void,
-            workspace_bytes: usize,
-            reserve: *mut c_void,
-            reserve_bytes: usize,
-        );
-        fn cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
-            handle: sys::cudnnHandle_t,
-            mode: sys::cudnnBatchNormMode_t,
-            ops: sys::cudnnBatchNormOps_t,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            z_desc: sys::cudnnTensorDescriptor_t,
-            y_desc: sys::cudnnTensorDescriptor_t,
-            param_desc: sys::cudnnTensorDescriptor_t,
-            activation: sys::cudnnActivationDescriptor_t,
-            bytes: *mut usize,
-        );
-        fn cudnnGetBatchNormalizationBackwardExWorkspaceSize(
-            handle: sys::cudnnHandle_t,
-            mode: sys::cudnnBatchNormMode_t,
-            ops: sys::cudnnBatchNormOps_t,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            y_desc: sys::cudnnTensorDescriptor_t,
-            dy_desc: sys::cudnnTensorDescriptor_t,
-            dz_desc: sys::cudnnTensorDescriptor_t,
-            dx_desc: sys::cudnnTensorDescriptor_t,
-            param_desc: sys::cudnnTensorDescriptor_t,
-            activation: sys::cudnnActivationDescriptor_t,
-            bytes: *mut usize,
-        );
-        fn cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
-            handle: sys::cudnnHandle_t,
-            mode: sys::cudnnBatchNormMode_t,
-            ops: sys::cudnnBatchNormOps_t,
-            activation: sys::cudnnActivationDescriptor_t,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            bytes: *mut usize,
-        );
-    }
+/// The first plan cuDNN's heuristics build for `g` (a normalization graph: its engines are
+/// few and the heuristics' first is the fused one), or [`Error::NoAlgorithm`] naming `op`.
+fn first_graph_plan(
+    cudnn: &Cudnn,
+    g: &crate::graph::Graph,
+    op: &'static str,
+) -> Result<crate::graph::Plan> {
+    let og = g.build(cudnn)?;
+    og.plans(cudnn, &crate::graph::PlanFilter::new().max_plans(Some(1)))?
+        .plans
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::NoAlgorithm {
+            op,
+            detail: "cuDNN built no plan for the normalization graph".into(),
+        })
 }

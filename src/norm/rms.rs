@@ -5,7 +5,8 @@ use std::marker::PhantomData;
 
 use cudarc::driver::CudaSlice;
 
-use super::affine::{check_saved_origin, first_graph_plan};
+use super::first_graph_plan;
+use super::saved::check_saved_origin;
 use super::NormType;
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::error::{Error, Result};
