@@ -167,6 +167,7 @@ use crate::error::{Error, Result};
 use crate::handle::Cudnn;
 
 mod batch;
+mod batch_ex;
 mod ffi;
 mod group;
 mod layer;

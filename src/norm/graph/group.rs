@@ -113,80 +113,16 @@ impl Graph {
         training: bool,
         method: GroupNormMethod,
     ) -> Result<GroupNormOutputs> {
-        const OP: &str = "group norm";
         let xi = self.index(x)?;
         let affine_idx = match affine {
             Some((s, b)) => Some((self.index(s)?, self.index(b)?)),
             None => None,
         };
-        if let Some((si, bi)) = affine_idx {
-            if xi == si || xi == bi || si == bi {
-                return Err(Error::invalid(
-                    "group norm operands",
-                    "three distinct tensors x, scale and bias",
-                    format!(
-                        "`{}`, `{}`, `{}`",
-                        self.tensors[xi].name, self.tensors[si].name, self.tensors[bi].name
-                    ),
-                ));
-            }
-        }
-        self.norm_check_x(NormMode::Instance, OP, xi)?;
+        self.group_norm_check(xi, affine_idx, groups, epsilon)?;
         let xd = self.tensors[xi].dims.clone();
-        let param = NormMode::Instance.param_dims(&xd);
-        const RULE: &str = "group norm scale and bias are [1, C, 1, ...] for x [N, C, ...]";
-        let mut operands = vec![xi];
-        if let Some((si, bi)) = affine_idx {
-            self.norm_check_dims(xi, si, &param, RULE)?;
-            self.norm_check_dims(xi, bi, &param, RULE)?;
-            operands.extend([si, bi]);
-        }
-        for &i in &operands {
-            let t = &self.tensors[i];
-            if t.producer.is_some() || t.consumed {
-                return Err(Error::invalid(
-                    "group norm operand",
-                    "a graph input no other operation reads (it is described in the group view)",
-                    format!("`{}`", t.name),
-                ));
-            }
-        }
-        let c = xd[1];
-        if groups < 1 || c % groups != 0 {
-            return Err(Error::invalid(
-                "group norm groups",
-                format!("a divisor of the channel count {c}"),
-                format!("{groups} groups for `{}`", self.tensors[xi].name),
-            ));
-        }
-        Self::norm_check_epsilon(NormMode::Instance, epsilon)?;
-        // The spatial dimensions merge into one axis of stride `run` when each one's stride is
-        // the next one's stride times its extent (extent-1 dimensions don't matter).
         let xs = self.tensors[xi].strides.clone();
-        let mut run: Option<(i64, i64)> = None; // (extent so far, stride of the innermost)
-        let mut mergeable = true;
-        for a in (2..xd.len()).rev() {
-            if xd[a] == 1 {
-                continue;
-            }
-            run = match run {
-                None => Some((xd[a], xs[a])),
-                Some((ext, inner)) => {
-                    if xs[a] != inner * ext {
-                        mergeable = false;
-                    }
-                    Some((ext * xd[a], inner))
-                }
-            };
-        }
-        if !mergeable {
-            return Err(Error::invalid(
-                "group norm input layout",
-                "spatial dimensions of x that form one strided run (as in packed NCHW or NHWC)",
-                format!("`{}` dims {:?} strides {:?}", self.tensors[xi].name, xd, xs),
-            ));
-        }
-        let (s, s_stride) = run.unwrap_or((1, 1));
+        let (s, s_stride) = spatial_run(&xd, &xs, &self.tensors[xi].name)?;
+        let c = xd[1];
         let cg = c / groups;
         let five = method == GroupNormMethod::InstanceNormView;
         // The instance-norm view appends a unit axis so that the instance norm's "spatial"
@@ -275,6 +211,93 @@ impl Graph {
             zero_bias,
         })
     }
+
+    /// The checks of [`Graph::group_norm_with`] before the graph changes: distinct operands,
+    /// x's rank, scale and bias `[1, C, 1, ...]`, operands that are graph inputs no other
+    /// operation reads, `groups` dividing `C`, and epsilon.
+    fn group_norm_check(
+        &self,
+        xi: usize,
+        affine_idx: Option<(usize, usize)>,
+        groups: i64,
+        epsilon: f64,
+    ) -> Result<()> {
+        const OP: &str = "group norm";
+        if let Some((si, bi)) = affine_idx {
+            if xi == si || xi == bi || si == bi {
+                return Err(Error::invalid(
+                    "group norm operands",
+                    "three distinct tensors x, scale and bias",
+                    format!(
+                        "`{}`, `{}`, `{}`",
+                        self.tensors[xi].name, self.tensors[si].name, self.tensors[bi].name
+                    ),
+                ));
+            }
+        }
+        self.norm_check_x(NormMode::Instance, OP, xi)?;
+        let xd = &self.tensors[xi].dims;
+        let param = NormMode::Instance.param_dims(xd);
+        const RULE: &str = "group norm scale and bias are [1, C, 1, ...] for x [N, C, ...]";
+        let mut operands = vec![xi];
+        if let Some((si, bi)) = affine_idx {
+            self.norm_check_dims(xi, si, &param, RULE)?;
+            self.norm_check_dims(xi, bi, &param, RULE)?;
+            operands.extend([si, bi]);
+        }
+        for &i in &operands {
+            let t = &self.tensors[i];
+            if t.producer.is_some() || t.consumed {
+                return Err(Error::invalid(
+                    "group norm operand",
+                    "a graph input no other operation reads (it is described in the group view)",
+                    format!("`{}`", t.name),
+                ));
+            }
+        }
+        let c = xd[1];
+        if groups < 1 || c % groups != 0 {
+            return Err(Error::invalid(
+                "group norm groups",
+                format!("a divisor of the channel count {c}"),
+                format!("{groups} groups for `{}`", self.tensors[xi].name),
+            ));
+        }
+        Self::norm_check_epsilon(NormMode::Instance, epsilon)?;
+        Ok(())
+    }
+}
+
+/// The spatial dimensions of x (dims `xd`, strides `xs`, named `name`) as one strided run:
+/// `(extent, stride)`, `(1, 1)` without spatial extent; [`Error::InvalidArgument`] when they
+/// do not merge.
+fn spatial_run(xd: &[i64], xs: &[i64], name: &str) -> Result<(i64, i64)> {
+    // The spatial dimensions merge into one axis of stride `run` when each one's stride is
+    // the next one's stride times its extent (extent-1 dimensions don't matter).
+    let mut run: Option<(i64, i64)> = None; // (extent so far, stride of the innermost)
+    let mut mergeable = true;
+    for a in (2..xd.len()).rev() {
+        if xd[a] == 1 {
+            continue;
+        }
+        run = match run {
+            None => Some((xd[a], xs[a])),
+            Some((ext, inner)) => {
+                if xs[a] != inner * ext {
+                    mergeable = false;
+                }
+                Some((ext * xd[a], inner))
+            }
+        };
+    }
+    if !mergeable {
+        return Err(Error::invalid(
+            "group norm input layout",
+            "spatial dimensions of x that form one strided run (as in packed NCHW or NHWC)",
+            format!("`{}` dims {:?} strides {:?}", name, xd, xs),
+        ));
+    }
+    Ok(run.unwrap_or((1, 1)))
 }
 
 impl Cudnn {

@@ -13,6 +13,7 @@ use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::Scalar;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
+use crate::norm::batch::{batch_norm_backward_raw, BnBackwardBufs};
 use crate::norm::method::NormAffine;
 use crate::norm::saved::{check_saved_origin, NormSaved};
 use crate::norm::{ffi, scalar_ptr, NormType};
@@ -227,7 +228,91 @@ impl<T: NormType> Regrouped<T> {
         dbeta: &mut impl DeviceBufferMut<T>,
         workspace: &mut Workspace,
     ) -> Result<()> {
-        // Every check before the first launch, so a rejected call writes nothing.
+        self.check_backward(
+            cudnn, saved, x, dy, gamma, &*dx, &*dgamma, &*dbeta, workspace,
+        )?;
+        // The saved values were allocated on the forward's stream: order this use with it.
+        let _order = crate::stream_order::cross_use(saved.mean.stream(), cudnn.stream())?;
+        // Grown (within its limit) before the first launch, so a workspace limit too small
+        // for the reductions fails before anything is written.
+        workspace.prepare(self.backward_workspace_size(cudnn)?)?;
+        let mut slot = self.scratch.borrow_mut();
+        let scratch = self.ensure_scratch(cudnn, &mut slot, true)?;
+        let one = <T::Scalar as Scalar>::from_f64(1.0);
+        let zero = <T::Scalar as Scalar>::from_f64(0.0);
+        self.param_grads(cudnn, scratch, &saved.xhat, dy, dgamma, dbeta, workspace)?;
+        let Scratch {
+            ones,
+            dscale,
+            dbias,
+            big,
+            feat,
+            ..
+        } = scratch;
+        let tmp = big.as_mut().expect("allocated by ensure_scratch(.., true)");
+        // dx̂ = dy·γ, then the normalization's own backward on the statistics view.
+        match self.method.affine {
+            NormAffine::OpTensor => cudnn.op_tensor(
+                OpTensorOp::Mul,
+                one,
+                &self.full,
+                dy,
+                one,
+                &self.affine,
+                gamma,
+                zero,
+                &self.full,
+                tmp,
+            )?,
+            NormAffine::BatchNormInference => {
+                let fs = feat.as_mut().expect("allocated for this method");
+                self.affine_bn(cudnn, fs, dy, gamma, None::<&CudaSlice<T>>, tmp)?;
+            }
+        }
+        cudnn.bind()?;
+        let (xp, _gx) = x.device_ptr(cudnn.stream());
+        // SAFETY: live handle and descriptors; x, the scratch dx̂ and dx hold the packed
+        // element count the statistics view addresses (checked above / allocated for this
+        // object); dx is a `&mut` distinct from x and from the object's scratch; the scale, the
+        // discarded gradients and the saved statistics hold `R` parameters on this context;
+        // the statistics were saved by this object's forward (same view and mode) on this x
+        // (checked); scalars are `T::Scalar`; `_gx` keeps x alive and ordered until enqueued.
+        unsafe {
+            batch_norm_backward_raw(
+                cudnn,
+                self.view_mode,
+                [one, zero, one, zero],
+                (self.view.as_raw(), self.stats.as_raw()),
+                BnBackwardBufs {
+                    x: xp,
+                    dy: &*tmp,
+                    dx,
+                    scale: &*ones,
+                    dscale,
+                    dbias,
+                },
+                self.epsilon,
+                (&saved.mean, &saved.inv_std),
+            )
+        }
+    }
+
+    /// Every check of [`backward`](Self::backward) before the first launch, so a rejected call
+    /// writes nothing: buffers against the descriptors, the workspace's context, and the saved
+    /// values' origin.
+    #[allow(clippy::too_many_arguments)] // the layer's inputs and outputs
+    fn check_backward(
+        &self,
+        cudnn: &Cudnn,
+        saved: &NormSaved<'_, T>,
+        x: &impl DeviceBuffer<T>,
+        dy: &impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        dx: &impl DeviceBufferMut<T>,
+        dgamma: &impl DeviceBufferMut<T>,
+        dbeta: &impl DeviceBufferMut<T>,
+        workspace: &Workspace,
+    ) -> Result<()> {
         let (full, affine) = (self.full.layout(), self.affine.layout());
         cudnn.check_tensor("x", full, x, false)?;
         cudnn.check_tensor("dy", full, dy, false)?;
@@ -259,19 +344,25 @@ impl<T: NormType> Regrouped<T> {
             self.id,
             x,
         )?;
-        // The saved values were allocated on the forward's stream: order this use with it.
-        let _order = crate::stream_order::cross_use(saved.mean.stream(), cudnn.stream())?;
-        // Grown (within its limit) before the first launch, so a workspace limit too small
-        // for the reductions fails before anything is written.
-        workspace.prepare(self.backward_workspace_size(cudnn)?)?;
-        let mut slot = self.scratch.borrow_mut();
-        let scratch = self.ensure_scratch(cudnn, &mut slot, true)?;
+        Ok(())
+    }
+
+    /// `dβ = Σ dy` and `dγ = Σ dy·x̂` (over every axis but the feature one) by the method's
+    /// [`GradsPlan`], using the object's tensor-sized scratch for the product.
+    #[allow(clippy::too_many_arguments)] // the gradients and their inputs
+    fn param_grads(
+        &self,
+        cudnn: &Cudnn,
+        scratch: &mut Scratch<T>,
+        xhat: &CudaSlice<T>,
+        dy: &impl DeviceBuffer<T>,
+        dgamma: &mut impl DeviceBufferMut<T>,
+        dbeta: &mut impl DeviceBufferMut<T>,
+        workspace: &mut Workspace,
+    ) -> Result<()> {
         let one = <T::Scalar as Scalar>::from_f64(1.0);
         let zero = <T::Scalar as Scalar>::from_f64(0.0);
         let Scratch {
-            ones,
-            dscale,
-            dbias,
             big,
             feat,
             two_stage,
@@ -298,7 +389,7 @@ impl<T: NormType> Regrouped<T> {
                     dy,
                     one,
                     &self.full,
-                    &saved.xhat,
+                    xhat,
                     zero,
                     &self.full,
                     tmp,
@@ -316,7 +407,7 @@ impl<T: NormType> Regrouped<T> {
             }
             GradsPlan::BatchNorm => {
                 let fs = feat.as_mut().expect("allocated for this method");
-                self.param_grads_bn(cudnn, fs, &saved.xhat, dy, tmp, dgamma, dbeta)?;
+                self.param_grads_bn(cudnn, fs, xhat, dy, tmp, dgamma, dbeta)?;
             }
             GradsPlan::TwoStage(ts) => {
                 // Allocated before the first launch, so a failed allocation writes nothing.
@@ -330,7 +421,7 @@ impl<T: NormType> Regrouped<T> {
                     dy,
                     one,
                     &self.full,
-                    &saved.xhat,
+                    xhat,
                     zero,
                     &self.full,
                     tmp,
@@ -338,65 +429,6 @@ impl<T: NormType> Regrouped<T> {
                 self.sum_two_stage(cudnn, ts, t, &*tmp, dgamma, workspace)?;
             }
         }
-        // dx̂ = dy·γ, then the normalization's own backward on the statistics view.
-        match self.method.affine {
-            NormAffine::OpTensor => cudnn.op_tensor(
-                OpTensorOp::Mul,
-                one,
-                &self.full,
-                dy,
-                one,
-                &self.affine,
-                gamma,
-                zero,
-                &self.full,
-                tmp,
-            )?,
-            NormAffine::BatchNormInference => {
-                let fs = feat.as_mut().expect("allocated for this method");
-                self.affine_bn(cudnn, fs, dy, gamma, None::<&CudaSlice<T>>, tmp)?;
-            }
-        }
-        cudnn.bind()?;
-        let stream: &CudaStream = cudnn.stream();
-        let (xp, _gx) = x.device_ptr(stream);
-        let (tp, _gt) = tmp.device_ptr(stream);
-        let (dxp, _gdx) = dx.device_ptr_mut(stream);
-        let (sp, _gs) = ones.device_ptr(stream);
-        let (dsp, _gds) = dscale.device_ptr_mut(stream);
-        let (dbp, _gdb) = dbias.device_ptr_mut(stream);
-        let (mp, _gm) = saved.mean.device_ptr(stream);
-        let (ip, _gi) = saved.inv_std.device_ptr(stream);
-        // SAFETY: live handle and descriptors; x, the scratch dx̂ and dx hold the packed
-        // element count the statistics view addresses (checked above / allocated for this
-        // object); dx is a `&mut` distinct from x and from the object's scratch; the scale, the
-        // discarded gradients and the saved statistics hold `R` parameters on this context;
-        // the statistics were saved by this object's forward (same view and mode) on this x
-        // (checked); scalars are `T::Scalar`; the guards keep every buffer alive and ordered
-        // until enqueued.
-        unsafe {
-            ffi::cudnnBatchNormalizationBackward(
-                cudnn.lib(),
-                cudnn.as_raw(),
-                self.view_mode,
-                scalar_ptr(&one),
-                scalar_ptr(&zero),
-                scalar_ptr(&one),
-                scalar_ptr(&zero),
-                self.view.as_raw(),
-                xp as *const c_void,
-                self.view.as_raw(),
-                tp as *const c_void,
-                self.view.as_raw(),
-                dxp as *mut c_void,
-                self.stats.as_raw(),
-                sp as *const c_void,
-                dsp as *mut c_void,
-                dbp as *mut c_void,
-                self.epsilon,
-                mp as *const c_void,
-                ip as *const c_void,
-            )
-        }
+        Ok(())
     }
 }
