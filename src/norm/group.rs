@@ -2,12 +2,13 @@
 use std::fmt;
 
 use super::method::NormMethod;
-use super::regrouped::{packed, Regrouped};
+use super::regrouped::Regrouped;
 use super::saved::NormSaved;
-use super::NormType;
+use super::{packed_dims, NormType};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
+use crate::tensor::Layout;
 use crate::workspace::Workspace;
 
 /// Group normalization of a packed NCHW-style tensor `[N, C, spatial...]`: the `C` channels of
@@ -23,7 +24,7 @@ use crate::workspace::Workspace;
 /// [`Cudnn::transform_tensor`] first. `Send`, not `Sync`.
 pub struct GroupNorm<T: NormType> {
     core: Regrouped<T>,
-    dims: Vec<i64>,
+    layout: Layout,
     groups: i64,
 }
 
@@ -31,7 +32,7 @@ impl<T: NormType> fmt::Debug for GroupNorm<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GroupNorm")
             .field("dtype", &T::DTYPE)
-            .field("dims", &self.dims)
+            .field("dims", &self.layout.dims())
             .field("groups", &self.groups)
             .field("epsilon", &self.core.epsilon)
             .field("method", &self.core.method)
@@ -40,10 +41,13 @@ impl<T: NormType> fmt::Debug for GroupNorm<T> {
 }
 
 impl<T: NormType> GroupNorm<T> {
-    /// Group normalization of a packed `[N, C, spatial...]` tensor (at least 2 dimensions) in
-    /// `groups` groups (`C % groups == 0`), with epsilon `epsilon` (finite, ≥ 0).
-    pub fn new(dims: &[i64], groups: i64, epsilon: f64) -> Result<Self> {
-        packed(dims)?;
+    /// Group normalization of a `[N, C, spatial...]` tensor (at least 2 dimensions) laid out
+    /// as `x` (packed row-major, as [`Layout::nchw_nd`] builds it) in `groups` groups
+    /// (`C % groups == 0`), with epsilon `epsilon` (finite, ≥ 0). Host only:
+    /// [`Error::InvalidArgument`] for another layout (naming `x`), a bad rank, group count or
+    /// epsilon.
+    pub fn new(x: &Layout, groups: i64, epsilon: f64) -> Result<Self> {
+        let dims = packed_dims("group-norm x layout", x)?;
         if dims.len() < 2 {
             return Err(Error::invalid(
                 "group-norm input rank",
@@ -62,18 +66,22 @@ impl<T: NormType> GroupNorm<T> {
         let s: i64 = dims[2..].iter().product();
         Ok(GroupNorm {
             core: Regrouped::new(n, c, s, groups, epsilon, NormMethod::default_for_group())?,
-            dims: dims.to_vec(),
+            layout: x.clone(),
             groups,
         })
     }
-    /// Instance normalization: one group per channel.
-    pub fn instance(dims: &[i64], epsilon: f64) -> Result<Self> {
-        let c = dims.get(1).copied().unwrap_or(0);
-        Self::new(dims, c, epsilon)
+    /// Instance normalization of a tensor laid out as `x`: one group per channel.
+    pub fn instance(x: &Layout, epsilon: f64) -> Result<Self> {
+        let c = x.dims().get(1).copied().unwrap_or(0);
+        Self::new(x, c, epsilon)
+    }
+    /// The layout of `x`, `y`, `dy` and `dx`.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
     }
     /// The tensor dimensions.
     pub fn dims(&self) -> &[i64] {
-        &self.dims
+        self.layout.dims()
     }
     /// Elements of `x`, `y`, `dy`, `dx`.
     pub fn len(&self) -> usize {

@@ -5,12 +5,13 @@ use std::fmt;
 
 use super::layer_graph::{LayerNormGraph, LayerNormTrainGraphs};
 use super::method::NormMethod;
-use super::regrouped::{packed, Regrouped};
+use super::regrouped::Regrouped;
 use super::saved::NormSaved;
-use super::NormType;
+use super::{packed_dims, NormType};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
+use crate::tensor::Layout;
 use crate::workspace::Workspace;
 
 /// Layer normalization over the trailing dimensions of a packed row-major tensor:
@@ -29,12 +30,12 @@ use crate::workspace::Workspace;
 ///
 /// ```no_run
 /// use cudnn_safe::norm::{LayerNorm, NormMethod};
-/// use cudnn_safe::{cuda_context, Cudnn, Workspace};
+/// use cudnn_safe::{cuda_context, Cudnn, Layout, Workspace};
 /// # fn main() -> cudnn_safe::Result<()> {
 /// let ctx = cuda_context(0)?;
 /// let stream = ctx.default_stream();
 /// let cudnn = Cudnn::new(stream.clone())?;
-/// let ln = LayerNorm::<f32>::new(&[8, 128, 512], 1, 1e-5)? // normalize the last dim
+/// let ln = LayerNorm::<f32>::new(&Layout::nchw_nd(&[8, 128, 512])?, 1, 1e-5)? // normalize the last dim
 ///     .with_method(NormMethod::reductions())?; // optional: another formulation
 /// let x = stream.clone_htod(&vec![0.5f32; ln.len()]).unwrap();
 /// let gamma = stream.clone_htod(&vec![1.0f32; 512]).unwrap();
@@ -50,7 +51,7 @@ use crate::workspace::Workspace;
 /// ```
 pub struct LayerNorm<T: NormType> {
     pub(super) core: Regrouped<T>,
-    dims: Vec<i64>,
+    layout: Layout,
     normalized: usize,
     /// The graph formulation's plan, built on first use
     /// ([`Cudnn::layer_norm_forward_graph`]); `RefCell` keeps the object `Send` and not `Sync`.
@@ -64,7 +65,7 @@ impl<T: NormType> fmt::Debug for LayerNorm<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LayerNorm")
             .field("dtype", &T::DTYPE)
-            .field("dims", &self.dims)
+            .field("dims", &self.layout.dims())
             .field("normalized_dims", &self.normalized)
             .field("epsilon", &self.core.epsilon)
             .field("method", &self.core.method)
@@ -73,10 +74,12 @@ impl<T: NormType> fmt::Debug for LayerNorm<T> {
 }
 
 impl<T: NormType> LayerNorm<T> {
-    /// Layer normalization of a packed tensor with dimensions `dims`, over its last
-    /// `normalized_dims` dimensions (1 to `dims.len()`), with epsilon `epsilon` (finite, ≥ 0).
-    pub fn new(dims: &[i64], normalized_dims: usize, epsilon: f64) -> Result<Self> {
-        packed(dims)?;
+    /// Layer normalization of a tensor laid out as `x` (packed row-major, as
+    /// [`Layout::nchw_nd`] builds it), over its last `normalized_dims` dimensions (1 to
+    /// `x.rank()`), with epsilon `epsilon` (finite, ≥ 0). Host only: [`Error::InvalidArgument`]
+    /// for another layout (naming `x`), a bad `normalized_dims` or epsilon.
+    pub fn new(x: &Layout, normalized_dims: usize, epsilon: f64) -> Result<Self> {
+        let dims = packed_dims("layer-norm x layout", x)?;
         if normalized_dims == 0 || normalized_dims > dims.len() {
             return Err(Error::invalid(
                 "layer-norm normalized dimensions",
@@ -85,7 +88,7 @@ impl<T: NormType> LayerNorm<T> {
             ));
         }
         let split = dims.len() - normalized_dims;
-        // Products bounded by the element count `packed` validated.
+        // Products bounded by the element count the layout validated.
         let rows: i64 = dims[..split].iter().product();
         let features: i64 = dims[split..].iter().product();
         Ok(LayerNorm {
@@ -97,15 +100,23 @@ impl<T: NormType> LayerNorm<T> {
                 epsilon,
                 NormMethod::default_for_layer(),
             )?,
-            dims: dims.to_vec(),
+            layout: x.clone(),
             normalized: normalized_dims,
             graph: RefCell::new(None),
             train: RefCell::new(None),
         })
     }
+    /// The layout of `x`, `y`, `dy` and `dx`.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
     /// The tensor dimensions.
     pub fn dims(&self) -> &[i64] {
-        &self.dims
+        self.layout.dims()
+    }
+    /// How many trailing dimensions are normalized.
+    pub fn normalized_dims(&self) -> usize {
+        self.normalized
     }
     /// Elements of `x`, `y`, `dy`, `dx`.
     pub fn len(&self) -> usize {

@@ -185,12 +185,12 @@ impl Cudnn {
     ///
     /// ```no_run
     /// use cudnn_safe::norm::LayerNorm;
-    /// use cudnn_safe::{cuda_context, Cudnn, Workspace};
+    /// use cudnn_safe::{cuda_context, Cudnn, Layout, Workspace};
     /// # fn main() -> cudnn_safe::Result<()> {
     /// let ctx = cuda_context(0)?;
     /// let stream = ctx.default_stream();
     /// let cudnn = Cudnn::new(stream.clone())?;
-    /// let ln = LayerNorm::<f32>::new(&[32768, 1024], 1, 1e-5)?;
+    /// let ln = LayerNorm::<f32>::new(&Layout::nchw_nd(&[32768, 1024])?, 1, 1e-5)?;
     /// ln.build_graph_plan(&cudnn)?; // seconds, once
     /// let x = stream.clone_htod(&vec![0.5f32; ln.len()]).unwrap();
     /// let gamma = stream.clone_htod(&vec![1.0f32; 1024]).unwrap();
@@ -236,12 +236,12 @@ impl Cudnn {
     ///
     /// ```no_run
     /// use cudnn_safe::norm::LayerNorm;
-    /// use cudnn_safe::{cuda_context, Cudnn, Workspace};
+    /// use cudnn_safe::{cuda_context, Cudnn, Layout, Workspace};
     /// # fn main() -> cudnn_safe::Result<()> {
     /// let ctx = cuda_context(0)?;
     /// let stream = ctx.default_stream();
     /// let cudnn = Cudnn::new(stream.clone())?;
-    /// let ln = LayerNorm::<f32>::new(&[8, 512, 1024], 1, 1e-5)?;
+    /// let ln = LayerNorm::<f32>::new(&Layout::nchw_nd(&[8, 512, 1024])?, 1, 1e-5)?;
     /// ln.build_graph_training_plans(&cudnn)?; // seconds, once
     /// let x = stream.clone_htod(&vec![0.5f32; ln.len()]).unwrap();
     /// let gamma = stream.clone_htod(&vec![1.0f32; 1024]).unwrap();

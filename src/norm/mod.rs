@@ -27,6 +27,16 @@
 //!   [`Cudnn::rms_norm_forward_training`](crate::Cudnn::rms_norm_forward_training) returning an
 //!   owned [`RmsNormSaved`] (the per-row inverse RMS), and
 //!   [`Cudnn::rms_norm_backward`](crate::Cudnn::rms_norm_backward).
+//! * Every object is built for the [`Layout`](crate::Layout) of its input `x`, as the rest of
+//!   the crate describes tensors: `BatchNorm::builder().build(&layout)`,
+//!   `LayerNorm::new(&layout, normalized_dims, ε)`, `GroupNorm::new(&layout, groups, ε)`,
+//!   `GroupNorm::instance(&layout, ε)`, `RmsNorm::new(&layout, normalized_dims, ε)`. Layer,
+//!   group and RMS norm address packed row-major tensors ([`Layout::nchw_nd`](crate::Layout::nchw_nd))
+//!   and refuse any other layout with [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+//!   naming `x`.
+//! * The graph API's normalization operations ([`Graph::layer_norm`](crate::graph::Graph::layer_norm),
+//!   `rms_norm`, `instance_norm`, `batch_norm`, `group_norm` and their backward) are in
+//!   this folder too (`graph/`), compiled as part of [`crate::graph`].
 //!
 //! Parameters (scale, bias, running and saved statistics) of batch normalization are of type
 //! [`NormType::Param`]: `f32` for f16, bf16 and f32 data, `f64` for f64 data — cuDNN's rule
@@ -165,6 +175,7 @@ use half::{bf16, f16};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
+use crate::tensor::Layout;
 
 mod batch;
 mod batch_ex;
@@ -232,6 +243,28 @@ fn check_epsilon(epsilon: f64) -> Result<()> {
             epsilon,
         ))
     }
+}
+
+/// The dimensions of `x` when it is packed row-major (channels-first, as
+/// [`Layout::nchw_nd`] builds it), the only layout the layer, group and RMS norms address;
+/// [`Error::InvalidArgument`] naming `what` (the argument) for any other layout. Strides of
+/// extent-1 dimensions address nothing and are not compared.
+fn packed_dims<'a>(what: &'static str, x: &'a Layout) -> Result<&'a [i64]> {
+    let (dims, strides) = (x.dims(), x.strides());
+    // The layout's constructor bounded the element count, so the products cannot overflow.
+    let mut expected = 1i64;
+    for (&d, &s) in dims.iter().zip(strides).rev() {
+        if d != 1 && s != expected {
+            return Err(Error::invalid(
+                what,
+                "a packed row-major layout (Layout::nchw_nd); convert others with \
+                 Cudnn::transform_tensor first",
+                x,
+            ));
+        }
+        expected *= d;
+    }
+    Ok(dims)
 }
 
 /// A host pointer to an alpha/beta scalar, as cuDNN takes it.

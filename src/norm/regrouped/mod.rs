@@ -141,7 +141,7 @@ pub(super) struct Regrouped<T: NormType> {
     scratch: RefCell<Option<Scratch<T>>>,
 }
 
-pub(super) fn packed(dims: &[i64]) -> Result<Layout> {
+fn packed(dims: &[i64]) -> Result<Layout> {
     Layout::nchw_nd(dims)
 }
 
