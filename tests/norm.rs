@@ -464,7 +464,7 @@ fn bn_case<T: NormType>(
     );
     assert_close(
         &format!("{what} saved inverse std"),
-        &download(stream, saved.inv_variance()),
+        &download(stream, saved.inv_std()),
         &inv,
         ptol::<T>(),
     );
@@ -827,7 +827,7 @@ fn bn_ex_case<T: NormType>(
     );
     assert_close(
         &format!("{what} saved inverse std"),
-        &download(stream, saved.inv_variance()),
+        &download(stream, saved.inv_std()),
         &inv,
         ptol::<T>(),
     );

@@ -469,7 +469,11 @@ impl<'x, T: NormType> BatchNormSaved<'x, T> {
     ///
     /// NVIDIA calls these values intermediate results "not to be used directly by the user"
     /// whose form may depend on the mode; this crate's tests check them against that formula.
-    pub fn inv_variance(&self) -> &CudaSlice<T::Param> {
+    /// Named as [`NormSaved::inv_std`](super::NormSaved::inv_std) (cuDNN's
+    /// `resultSaveInvVariance`).
+    #[doc(alias = "inv_variance")]
+    #[doc(alias = "resultSaveInvVariance")]
+    pub fn inv_std(&self) -> &CudaSlice<T::Param> {
         &self.inv_variance
     }
     /// Bytes of the reserve space (0 for the plain forward).

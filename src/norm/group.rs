@@ -121,8 +121,8 @@ impl<T: NormType> GroupNorm<T> {
         })
     }
     /// Workspace bytes the backward pass grows `workspace` to (the reductions of
-    /// [`NormParamGrads::Reduce`] and [`NormParamGrads::TwoStageReduce`]; 0 with
-    /// [`NormParamGrads::BatchNormBackward`], the default), e.g. to size a
+    /// [`NormParamGrads::Reduce`](super::NormParamGrads::Reduce) and [`NormParamGrads::TwoStageReduce`](super::NormParamGrads::TwoStageReduce); 0 with
+    /// [`NormParamGrads::BatchNormBackward`](super::NormParamGrads::BatchNormBackward), the default), e.g. to size a
     /// [`Workspace::with_limit`]. Queries cuDNN.
     #[doc(alias = "cudnnGetReductionWorkspaceSize")]
     pub fn backward_workspace_size(&self, cudnn: &Cudnn) -> Result<usize> {
@@ -162,8 +162,8 @@ impl Cudnn {
     /// Group (or instance) normalization backward: writes `dx`, `dγ = Σ_{n,spatial} dy·x̂` and
     /// `dβ = Σ_{n,spatial} dy` per channel (overwriting them) from `dy` and the values `saved`
     /// by [`group_norm_forward_training`](Self::group_norm_forward_training) of this `gn` on
-    /// this `x` (checked). `workspace` serves the reductions of [`NormParamGrads::Reduce`]
-    /// and [`NormParamGrads::TwoStageReduce`], grown (within its limit) to
+    /// this `x` (checked). `workspace` serves the reductions of [`NormParamGrads::Reduce`](super::NormParamGrads::Reduce)
+    /// and [`NormParamGrads::TwoStageReduce`](super::NormParamGrads::TwoStageReduce), grown (within its limit) to
     /// [`GroupNorm::backward_workspace_size`] before anything is written; the default method
     /// uses none.
     #[doc(alias = "cudnnBatchNormalizationBackward")]

@@ -23,7 +23,7 @@ use crate::workspace::Workspace;
 /// statistics over the regrouped view `[1, rows, D, 1]`, then the affine map, by default
 /// ([`NormMethod::default_for_layer`]) as one batch-norm inference on the channels-last view
 /// `[1, D, rows, 1]` of the same memory, and `dγ`, `dβ` as two-stage reductions over the rows
-/// ([`NormParamGrads::TwoStageReduce`]); other formulations of the same computation are chosen
+/// ([`NormParamGrads::TwoStageReduce`](super::NormParamGrads::TwoStageReduce)); other formulations of the same computation are chosen
 /// with [`with_method`](Self::with_method).
 /// Built once for a shape; it owns its descriptors and a few scratch buffers (see the memory
 /// note there). `Send`, not `Sync`.
@@ -153,8 +153,8 @@ impl<T: NormType> LayerNorm<T> {
         })
     }
     /// Workspace bytes the backward pass grows `workspace` to (the reductions of
-    /// [`NormParamGrads::TwoStageReduce`], the default, and of [`NormParamGrads::Reduce`]; 0
-    /// with [`NormParamGrads::BatchNormBackward`]), e.g. to size a
+    /// [`NormParamGrads::TwoStageReduce`](super::NormParamGrads::TwoStageReduce), the default, and of [`NormParamGrads::Reduce`](super::NormParamGrads::Reduce); 0
+    /// with [`NormParamGrads::BatchNormBackward`](super::NormParamGrads::BatchNormBackward)), e.g. to size a
     /// [`Workspace::with_limit`]. Queries cuDNN.
     #[doc(alias = "cudnnGetReductionWorkspaceSize")]
     pub fn backward_workspace_size(&self, cudnn: &Cudnn) -> Result<usize> {
@@ -195,7 +195,7 @@ impl Cudnn {
     /// (overwriting them) from `dy` and the values `saved` by
     /// [`layer_norm_forward_training`](Self::layer_norm_forward_training) of this `ln` on this
     /// `x` (checked). `workspace` serves the reductions of the default
-    /// [`NormParamGrads::TwoStageReduce`] and of [`NormParamGrads::Reduce`], grown (within its
+    /// [`NormParamGrads::TwoStageReduce`](super::NormParamGrads::TwoStageReduce) and of [`NormParamGrads::Reduce`](super::NormParamGrads::Reduce), grown (within its
     /// limit) to [`LayerNorm::backward_workspace_size`] before anything is written.
     #[doc(alias = "cudnnBatchNormalizationBackward")]
     #[doc(alias = "cudnnReduceTensor")]

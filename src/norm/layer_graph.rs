@@ -26,7 +26,7 @@ pub(super) struct LayerNormTrainGraphs {
 
 /// What [`Cudnn::layer_norm_forward_training_graph`] saves for
 /// [`Cudnn::layer_norm_backward_graph`]: the per-row mean and inverse standard deviation
-/// `1/sqrt(σ² + ε)` (biased variance) as f32, [`LayerNorm::rows`] each. Unlike [`NormSaved`]
+/// `1/sqrt(σ² + ε)` (biased variance) as f32, [`LayerNorm::rows`] each. Unlike [`NormSaved`](super::NormSaved)
 /// no `x̂` is kept (the graph backward recomputes it from `x`), so it costs `8·rows` bytes.
 ///
 /// The backward call checks that it came from the same normalization object and that `x` is

@@ -27,12 +27,12 @@
 //!   [`Cudnn::rms_norm_forward_training`](crate::Cudnn::rms_norm_forward_training) returning an
 //!   owned [`RmsNormSaved`] (the per-row inverse RMS), and
 //!   [`Cudnn::rms_norm_backward`](crate::Cudnn::rms_norm_backward).
-//! * Every object is built for the [`Layout`](crate::Layout) of its input `x`, as the rest of
+//! * Every object is built for the [`Layout`] of its input `x`, as the rest of
 //!   the crate describes tensors: `BatchNorm::builder().build(&layout)`,
 //!   `LayerNorm::new(&layout, normalized_dims, ε)`, `GroupNorm::new(&layout, groups, ε)`,
 //!   `GroupNorm::instance(&layout, ε)`, `RmsNorm::new(&layout, normalized_dims, ε)`. Layer,
 //!   group and RMS norm address packed row-major tensors ([`Layout::nchw_nd`](crate::Layout::nchw_nd))
-//!   and refuse any other layout with [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+//!   and refuse any other layout with [`Error::InvalidArgument`]
 //!   naming `x`.
 //! * The graph API's normalization operations ([`Graph::layer_norm`](crate::graph::Graph::layer_norm),
 //!   `rms_norm`, `instance_norm`, `batch_norm`, `group_norm` and their backward) are in

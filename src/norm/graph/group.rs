@@ -121,7 +121,7 @@ impl Graph {
         self.group_norm_check(xi, affine_idx, groups, epsilon)?;
         let xd = self.tensors[xi].dims.clone();
         let xs = self.tensors[xi].strides.clone();
-        let (s, s_stride) = spatial_run(&xd, &xs, &self.tensors[xi].name)?;
+        let (s, s_stride) = spatial_run(&xd, &xs, self.tensors[xi].name)?;
         let c = xd[1];
         let cg = c / groups;
         let five = method == GroupNormMethod::InstanceNormView;

@@ -25,8 +25,8 @@ mod ops;
 
 pub(crate) use ops::{NormBwdOp, NormFwdOp};
 
-/// Outputs of [`Graph::layer_norm_backward`], [`Graph::instance_norm_backward`] and
-/// [`Graph::batch_norm_backward`]: virtual until marked as outputs.
+/// Outputs of [`Graph::layer_norm_backward`](super::Graph::layer_norm_backward), [`Graph::instance_norm_backward`](super::Graph::instance_norm_backward) and
+/// [`Graph::batch_norm_backward`](super::Graph::batch_norm_backward): virtual until marked as outputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayerNormGrads {
     /// Gradient with respect to x (x's dimensions, laid out like dy).
@@ -37,7 +37,7 @@ pub struct LayerNormGrads {
     pub dbias: TensorId,
 }
 
-/// Outputs of [`Graph::layer_norm`] and [`Graph::instance_norm`]: virtual until marked as
+/// Outputs of [`Graph::layer_norm`](super::Graph::layer_norm) and [`Graph::instance_norm`](super::Graph::instance_norm): virtual until marked as
 /// outputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayerNormOutputs {
@@ -49,17 +49,17 @@ pub struct LayerNormOutputs {
     pub stats: Option<(TensorId, TensorId)>,
 }
 
-/// Outputs of [`Graph::rms_norm`]: virtual until marked as outputs.
+/// Outputs of [`Graph::rms_norm`](super::Graph::rms_norm): virtual until marked as outputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RmsNormOutputs {
     /// The normalized and scaled (and shifted, with a bias) x (x's dimensions and layout).
     pub y: TensorId,
     /// Training phase only: the inverse root mean square `1 / √(mean(x²) + ε)` per row
-    /// `[N, 1, ...]`, which [`Graph::rms_norm_backward`] reads.
+    /// `[N, 1, ...]`, which [`Graph::rms_norm_backward`](super::Graph::rms_norm_backward) reads.
     pub inv_rms: Option<TensorId>,
 }
 
-/// Outputs of [`Graph::rms_norm_backward`]: virtual until marked as outputs.
+/// Outputs of [`Graph::rms_norm_backward`](super::Graph::rms_norm_backward): virtual until marked as outputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RmsNormGrads {
     /// Gradient with respect to x (x's dimensions, laid out like dy).
@@ -70,7 +70,7 @@ pub struct RmsNormGrads {
     pub dbias: Option<TensorId>,
 }
 
-/// Running statistics a training batch norm ([`Graph::batch_norm`]) updates:
+/// Running statistics a training batch norm ([`Graph::batch_norm`](super::Graph::batch_norm)) updates:
 /// `next = (1 − momentum) · prev + momentum · batch statistic`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BatchNormRunning {
@@ -82,7 +82,7 @@ pub struct BatchNormRunning {
     pub momentum: f64,
 }
 
-/// Outputs of [`Graph::batch_norm`] (training phase): virtual until marked as outputs.
+/// Outputs of [`Graph::batch_norm`](super::Graph::batch_norm) (training phase): virtual until marked as outputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchNormOutputs {
     /// The normalized, scaled and shifted x (x's dimensions and layout).
@@ -95,7 +95,7 @@ pub struct BatchNormOutputs {
     pub running: Option<(TensorId, TensorId)>,
 }
 
-/// How [`Graph::group_norm_with`] expresses group normalization with cuDNN's normalization
+/// How [`Graph::group_norm_with`](super::Graph::group_norm_with) expresses group normalization with cuDNN's normalization
 /// operations (cuDNN has no group-norm engine).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum GroupNormMethod {
@@ -109,7 +109,7 @@ pub enum GroupNormMethod {
     LayerNormView,
 }
 
-/// Outputs of [`Graph::group_norm`] and [`Graph::group_norm_with`]: virtual until marked as
+/// Outputs of [`Graph::group_norm`](super::Graph::group_norm) and [`Graph::group_norm_with`](super::Graph::group_norm_with): virtual until marked as
 /// outputs, plus the two constant inputs the graph needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GroupNormOutputs {
