@@ -430,17 +430,23 @@ fn activation_and_normalization_objects_never_panic() {
         let _ = ActivationDesc::builder(act)
             .nan(NanPropagation::NotPropagate)
             .build();
-        if let Ok(ln) = LayerNorm::<f32>::new(&d, normalized, eps) {
-            prop_assert_eq!(ln.rows() * ln.features(), ln.len());
-            let _ = ln.with_method(NormMethod::reductions());
-        }
-        let _ = LayerNorm::<cudnn_safe::half::bf16>::new(&d, normalized, eps);
-        if let Ok(gn) = GroupNorm::<f32>::new(&d, groups, eps) {
-            let _ = gn.with_method(NormMethod::default_for_layer());
-        }
-        let _ = GroupNorm::<cudnn_safe::half::f16>::instance(&d, eps);
-        if let Ok(r) = RmsNorm::<f32>::new(&d, normalized, eps) {
-            prop_assert_eq!(r.rows() * r.features(), r.len());
+        // Every layout the inputs make, packed or not: refused or built, never a panic.
+        for x in [Layout::strided(&d, &s), Layout::nchw_nd(&d)]
+            .iter()
+            .flatten()
+        {
+            if let Ok(ln) = LayerNorm::<f32>::new(x, normalized, eps) {
+                prop_assert_eq!(ln.rows() * ln.features(), ln.len());
+                let _ = ln.with_method(NormMethod::reductions());
+            }
+            let _ = LayerNorm::<cudnn_safe::half::bf16>::new(x, normalized, eps);
+            if let Ok(gn) = GroupNorm::<f32>::new(x, groups, eps) {
+                let _ = gn.with_method(NormMethod::default_for_layer());
+            }
+            let _ = GroupNorm::<cudnn_safe::half::f16>::instance(x, eps);
+            if let Ok(r) = RmsNorm::<f32>::new(x, normalized, eps) {
+                prop_assert_eq!(r.rows() * r.features(), r.len());
+            }
         }
         for layout in [Layout::strided(&d, &s), Layout::nchw_nd(&d)]
             .into_iter()
