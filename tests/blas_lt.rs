@@ -16,9 +16,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{assert_send, assert_untouched, skip_or_fail, to_f64, Rng};
-use cudnn_safe::blas::{
-    BlasLt, Epilogue, EpilogueData, LtChoice, LtElement, LtMatmul, LtPolicy, LtSource,
-    MatmulCandidate,
+use cudnn_safe::blas::lt::{
+    BlasLt, Candidate, Choice, Element, Epilogue, EpilogueData, Matmul, Policy, Source,
 };
 use cudnn_safe::cudarc::driver::{CudaContext, CudaStream};
 use cudnn_safe::half::{bf16, f16};
@@ -76,7 +75,7 @@ struct Expected {
 }
 
 /// `D = epilogue(alpha·op(A)·op(B) + beta·D0 + bias)` in f64, row-major.
-fn reference(op: &LtMatmul, alpha: f64, beta: f64, x: &Inputs) -> Expected {
+fn reference(op: &Matmul, alpha: f64, beta: f64, x: &Inputs) -> Expected {
     let (m, n, k) = (op.m(), op.n(), op.k());
     let ld = op.aux_ld();
     let a_at = |i: usize, p: usize| {
@@ -167,7 +166,7 @@ fn reference(op: &LtMatmul, alpha: f64, beta: f64, x: &Inputs) -> Expected {
 }
 
 /// Tolerance relative to the magnitude, for results stored as `T`.
-fn tol<T: DataType>(op: &LtMatmul) -> f64 {
+fn tol<T: DataType>(op: &Matmul) -> f64 {
     let gelu = matches!(
         op.get_epilogue(),
         Epilogue::Gelu
@@ -219,16 +218,16 @@ fn nan<T: DataType>() -> T {
 
 /// [`try_run_case`], failing on any error.
 #[allow(clippy::too_many_arguments)]
-fn run_case<T: LtElement>(
+fn run_case<T: Element>(
     stream: &Arc<CudaStream>,
     lt: &mut BlasLt,
     rng: &mut Rng,
-    op: LtMatmul,
+    op: Matmul,
     alpha: f32,
     beta: f32,
-    candidate: Option<&MatmulCandidate>,
+    candidate: Option<&Candidate>,
     label: &str,
-) -> LtChoice {
+) -> Choice {
     try_run_case::<T>(stream, lt, rng, op, alpha, beta, candidate, label)
         .unwrap_or_else(|err| panic!("{label}: {op} {}: {err}", T::DTYPE))
 }
@@ -237,16 +236,16 @@ fn run_case<T: LtElement>(
 /// every output (panicking on a wrong value). D is NaN-poisoned when `beta = 0`. An error of the
 /// call itself is returned.
 #[allow(clippy::too_many_arguments)]
-fn try_run_case<T: LtElement>(
+fn try_run_case<T: Element>(
     stream: &Arc<CudaStream>,
     lt: &mut BlasLt,
     rng: &mut Rng,
-    op: LtMatmul,
+    op: Matmul,
     alpha: f32,
     beta: f32,
-    candidate: Option<&MatmulCandidate>,
+    candidate: Option<&Candidate>,
     label: &str,
-) -> Result<LtChoice, Error> {
+) -> Result<Choice, Error> {
     let e = op.get_epilogue();
     let a_h: Vec<T> = rng.values(op.a_len());
     let b_h: Vec<T> = rng.values(op.b_len());
@@ -330,12 +329,12 @@ fn try_run_case<T: LtElement>(
 /// Shapes covering the four transpose combinations (dims multiples of 8, which every cuBLASLt
 /// epilogue kernel supports for 16-bit types): linear (`A·Bᵀ`), plain (`A·B`), weight-gradient
 /// (`Aᵀ·B`), and `Aᵀ·Bᵀ`.
-fn shapes() -> Vec<LtMatmul> {
+fn shapes() -> Vec<Matmul> {
     vec![
-        LtMatmul::linear(16, 40, 24).unwrap(),
-        LtMatmul::new(24, 16, 32).unwrap(),
-        LtMatmul::new(16, 32, 24).unwrap().transpose_a(true),
-        LtMatmul::new(8, 16, 16)
+        Matmul::linear(16, 40, 24).unwrap(),
+        Matmul::new(24, 16, 32).unwrap(),
+        Matmul::new(16, 32, 24).unwrap().transpose_a(true),
+        Matmul::new(8, 16, 16)
             .unwrap()
             .transpose_a(true)
             .transpose_b(true),
@@ -366,7 +365,7 @@ fn alpha_for(e: Epilogue) -> f32 {
 /// it; the canonical layout must run; elsewhere "no algorithm" is reported (cuBLASLt does not
 /// document which layouts each epilogue supports) and any other error fails.
 #[allow(clippy::too_many_arguments)]
-fn every_layout<T: LtElement>(
+fn every_layout<T: Element>(
     stream: &Arc<CudaStream>,
     lt: &mut BlasLt,
     rng: &mut Rng,
@@ -390,7 +389,7 @@ fn every_layout<T: LtElement>(
     }
 }
 
-fn every_epilogue<T: LtElement>(seed: u64) {
+fn every_epilogue<T: Element>(seed: u64) {
     let Some((stream, mut lt)) = gpu() else {
         return;
     };
@@ -426,7 +425,7 @@ fn tf32_matches_within_tf32_tolerance() {
     };
     let mut rng = Rng::new(4);
     for e in [Epilogue::None, Epilogue::BiasGelu] {
-        let op = LtMatmul::linear(32, 64, 48).unwrap().tf32(true).epilogue(e);
+        let op = Matmul::linear(32, 64, 48).unwrap().tf32(true).epilogue(e);
         run_case::<f32>(&stream, &mut lt, &mut rng, op, 1.0, 0.0, None, "tf32");
     }
 }
@@ -440,7 +439,7 @@ fn odd_f32_shapes_and_all_transposes() {
     for (m, n, k) in [(5, 7, 3), (1, 9, 13), (11, 1, 6), (3, 3, 1)] {
         for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
             for e in [Epilogue::None, Epilogue::Bias] {
-                let op = LtMatmul::new(m, n, k)
+                let op = Matmul::new(m, n, k)
                     .unwrap()
                     .transpose_a(ta)
                     .transpose_b(tb)
@@ -485,7 +484,7 @@ fn bias_gradient_of_a_linear_layer() {
     let mut rng = Rng::new(7);
     let dy_h: Vec<f32> = rng.values(batch * out);
     let x_h: Vec<f32> = rng.values(batch * inp);
-    let op = LtMatmul::new(out, inp, batch)
+    let op = Matmul::new(out, inp, batch)
         .unwrap()
         .transpose_a(true)
         .epilogue(Epilogue::BiasGrad);
@@ -534,7 +533,7 @@ fn large_bf16_linear_with_bias_gelu() {
     };
     let (m, n, k) = (1024, 1024, 1024);
     let mut rng = Rng::new(8);
-    let op = LtMatmul::linear(m, k, n)
+    let op = Matmul::linear(m, k, n)
         .unwrap()
         .epilogue(Epilogue::BiasGelu);
     // Values in [-1, 1]/√k keep the GELU inputs O(1).
@@ -590,11 +589,11 @@ fn every_heuristic_candidate_is_correct() {
     };
     let mut rng = Rng::new(9);
     let cases = [
-        LtMatmul::linear(64, 96, 128)
+        Matmul::linear(64, 96, 128)
             .unwrap()
             .epilogue(Epilogue::BiasGelu),
-        LtMatmul::new(32, 64, 80).unwrap().epilogue(Epilogue::None),
-        LtMatmul::new(48, 40, 64)
+        Matmul::new(32, 64, 80).unwrap().epilogue(Epilogue::None),
+        Matmul::new(48, 40, 64)
             .unwrap()
             .transpose_a(true)
             .epilogue(Epilogue::BiasGrad),
@@ -623,7 +622,7 @@ fn every_heuristic_candidate_is_correct() {
                 Some(c),
                 "cand",
             );
-            assert_eq!(choice.source, LtSource::Explicit);
+            assert_eq!(choice.source, Source::Explicit);
             assert_eq!(&choice.candidate.algo_id, &c.algo_id);
         }
         for c in &c16 {
@@ -639,7 +638,7 @@ fn every_heuristic_candidate_is_correct() {
             );
         }
         // A candidate is tied to its problem and element type.
-        let other = LtMatmul::new(32, 64, 80).unwrap().epilogue(Epilogue::Relu);
+        let other = Matmul::new(32, 64, 80).unwrap().epilogue(Epilogue::Relu);
         if other != op {
             let a = stream.alloc_zeros::<f32>(other.a_len()).unwrap();
             let b = stream.alloc_zeros::<f32>(other.b_len()).unwrap();
@@ -670,32 +669,32 @@ fn autotune_picks_a_candidate_caches_and_persists() {
     let path = dir.join("lt-cache.txt");
     let _ = std::fs::remove_file(&path);
     let mut rng = Rng::new(10);
-    let op = LtMatmul::linear(256, 128, 192)
+    let op = Matmul::linear(256, 128, 192)
         .unwrap()
         .epilogue(Epilogue::BiasGelu);
 
     let mut lt = BlasLt::new(stream.clone())
         .unwrap()
         .without_cache_file()
-        .with_policy(LtPolicy::Autotune)
+        .with_policy(Policy::Autotune)
         .autotune_candidates(4)
         .cache_file(&path);
     let first = run_case::<bf16>(&stream, &mut lt, &mut rng, op, 1.0, 0.0, None, "tune 1");
-    assert_eq!(first.source, LtSource::Autotune);
+    assert_eq!(first.source, Source::Autotune);
     assert!(first.candidate.time_ms.is_some());
     assert!(first.candidate.index < 4);
     assert_eq!(lt.stats().autotunes, 1);
     assert_eq!(lt.stats().misses, 1);
 
     let second = run_case::<bf16>(&stream, &mut lt, &mut rng, op, 1.0, 0.0, None, "tune 2");
-    assert_eq!(second.source, LtSource::Cache);
+    assert_eq!(second.source, Source::Cache);
     assert_eq!(second.candidate.algo_id, first.candidate.algo_id);
     assert_eq!(lt.stats().autotunes, 1, "the second call re-tuned");
     assert_eq!(lt.stats().hits, 1);
 
     // beta ≠ 0 under autotune: the trials must not accumulate into D (checked by run_case).
     let acc = run_case::<f32>(&stream, &mut lt, &mut rng, op, 0.5, 1.0, None, "tune beta");
-    assert_eq!(acc.source, LtSource::Autotune);
+    assert_eq!(acc.source, Source::Autotune);
     assert_eq!(lt.stats().autotunes, 2);
     assert!(path.exists(), "cache file not written");
     drop(lt);
@@ -703,12 +702,12 @@ fn autotune_picks_a_candidate_caches_and_persists() {
     let mut fresh = BlasLt::new(stream.clone())
         .unwrap()
         .without_cache_file()
-        .with_policy(LtPolicy::Autotune)
+        .with_policy(Policy::Autotune)
         .autotune_candidates(4)
         .cache_file(&path);
     assert!(fresh.cached_decisions() >= 2);
     let third = run_case::<bf16>(&stream, &mut fresh, &mut rng, op, 1.0, 0.0, None, "tune 3");
-    assert_eq!(third.source, LtSource::Cache);
+    assert_eq!(third.source, Source::Cache);
     assert_eq!(
         fresh.stats().autotunes,
         0,
@@ -717,9 +716,9 @@ fn autotune_picks_a_candidate_caches_and_persists() {
     assert_eq!(third.candidate.algo_id, first.candidate.algo_id);
 
     // The heuristic policy has its own key: deciding it does not touch the autotuned entry.
-    fresh.set_policy(LtPolicy::Heuristic);
+    fresh.set_policy(Policy::Heuristic);
     let h = run_case::<bf16>(&stream, &mut fresh, &mut rng, op, 1.0, 0.0, None, "heur");
-    assert_eq!(h.source, LtSource::Heuristic);
+    assert_eq!(h.source, Source::Heuristic);
     assert_eq!(h.candidate.index, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -733,7 +732,7 @@ fn workspace_limit_zero_still_runs_or_says_why() {
     assert_eq!(lt.workspace_limit(), 0);
     let mut rng = Rng::new(11);
     for e in [Epilogue::None, Epilogue::BiasGelu] {
-        let op = LtMatmul::linear(64, 128, 96).unwrap().epilogue(e);
+        let op = Matmul::linear(64, 128, 96).unwrap().epilogue(e);
         let cands = lt.candidates::<bf16>(&op, 8);
         match cands {
             Ok(c) => {
@@ -754,9 +753,7 @@ fn misaligned_views_get_suitable_algorithms_or_are_refused() {
         return;
     };
     let mut rng = Rng::new(12);
-    let op = LtMatmul::linear(32, 64, 48)
-        .unwrap()
-        .epilogue(Epilogue::Bias);
+    let op = Matmul::linear(32, 64, 48).unwrap().epilogue(Epilogue::Bias);
     let a_h: Vec<bf16> = rng.values(op.a_len() + 1);
     let b_h: Vec<bf16> = rng.values(op.b_len());
     let bias_h: Vec<bf16> = rng.values(op.bias_len());
@@ -830,7 +827,7 @@ fn bad_arguments_are_rejected_before_launch() {
         return;
     };
     let mut rng = Rng::new(13);
-    let op = LtMatmul::linear(16, 24, 32)
+    let op = Matmul::linear(16, 24, 32)
         .unwrap()
         .epilogue(Epilogue::BiasGelu);
     let a = stream.clone_htod(&rng.values::<f32>(op.a_len())).unwrap();
@@ -1019,9 +1016,7 @@ fn buffers_of_another_context_are_rejected() {
     assert!(*other != **lt.context());
     let other_stream = other.default_stream();
     let mut rng = Rng::new(14);
-    let op = LtMatmul::linear(8, 16, 24)
-        .unwrap()
-        .epilogue(Epilogue::Bias);
+    let op = Matmul::linear(8, 16, 24).unwrap().epilogue(Epilogue::Bias);
     let a = stream.clone_htod(&rng.values::<f32>(op.a_len())).unwrap();
     let b = stream.clone_htod(&rng.values::<f32>(op.b_len())).unwrap();
     let bias = stream
@@ -1076,7 +1071,7 @@ fn handle_moves_to_another_thread() {
     let Some((stream, mut lt)) = gpu() else {
         return;
     };
-    let op = LtMatmul::linear(8, 8, 8).unwrap().epilogue(Epilogue::Relu);
+    let op = Matmul::linear(8, 8, 8).unwrap().epilogue(Epilogue::Relu);
     let s = stream.clone();
     let worker = std::thread::spawn(move || {
         let mut rng = Rng::new(15);

@@ -12,7 +12,7 @@ use std::fmt::Debug;
 use std::path::PathBuf;
 
 use cudnn_safe::activation::{ActivationDesc, ActivationMode, NanPropagation};
-use cudnn_safe::blas::{Epilogue, LtMatmul};
+use cudnn_safe::blas::lt::{Epilogue, Matmul};
 use cudnn_safe::conv::{ConvDesc, ConvMode, MathType};
 use cudnn_safe::graph::{
     alibi_slopes, BatchNormRunning, ConvParams, EngineConfig, Graph, GroupNormMethod, KnobRange,
@@ -647,7 +647,7 @@ fn epilogue() -> impl Strategy<Value = Epilogue> {
 fn matmul_shapes_never_panic() {
     let input = (size(), size(), size(), epilogue(), any::<[bool; 3]>());
     check(512, input, |(m, n, k, e, [ta, tb, tf32])| {
-        for op in [LtMatmul::new(m, n, k), LtMatmul::linear(m, n, k)]
+        for op in [Matmul::new(m, n, k), Matmul::linear(m, n, k)]
             .into_iter()
             .flatten()
         {

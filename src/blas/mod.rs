@@ -4,17 +4,19 @@
 //! * [`Blas`] (cuBLAS): GEMM for f32, f64, f16 and bf16 with transposes, batched and
 //!   strided-batched GEMM, GEMV, and a row-major layer.
 //! * [`BlasLt`] (cuBLASLt): matmul with epilogues (bias, ReLU, GELU, their combinations, bias
-//!   gradient), heuristic candidates and an autotune over them, cached.
+//!   gradient), heuristic candidates and an autotune over them, cached. Its types live in [`lt`]
+//!   and are named without a prefix: [`lt::Matmul`], [`lt::Epilogue`], [`lt::Policy`],
+//!   [`lt::Choice`]. The handle itself is also here, as `blas::BlasLt`, beside [`Blas`].
 //!
 //! cuBLAS and cuBLASLt are loaded at run time by cudarc. A missing library is
 //! [`Error::LibraryMissing`], never a panic: the handles check for
 //! the library before cudarc first touches it.
 
 mod gemm;
-mod lt;
+pub mod lt;
 
-pub use gemm::*;
-pub use lt::*;
+pub use gemm::{Blas, BlasMath, GemmType, Transpose, DEFAULT_BLAS_WORKSPACE_BYTES};
+pub use lt::BlasLt;
 
 use crate::error::{Error, Result};
 

@@ -1,0 +1,338 @@
+//! The cuBLASLt descriptors of one call, owned (RAII: destroyed on drop, a failure is logged),
+//! and the column-major plan they describe.
+use std::ffi::{c_int, c_void};
+use std::mem::size_of;
+
+use cudarc::cublaslt::{result, sys};
+
+use super::Matmul;
+use crate::blas::cublaslt_error;
+use crate::error::Result;
+
+/// `cublasLtMatmulHeuristicResult_t` with its status kept as an integer: cudarc declares the
+/// field as a Rust enum, and a status value it does not list would be undefined behaviour.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct RawHeuristic {
+    pub(super) algo: [u64; 8],
+    pub(super) workspace_size: usize,
+    pub(super) state: u32,
+    pub(super) waves_count: f32,
+    pub(super) reserved: [c_int; 4],
+}
+
+const _: () =
+    assert!(size_of::<RawHeuristic>() == size_of::<sys::cublasLtMatmulHeuristicResult_t>());
+const _: () = assert!(
+    std::mem::align_of::<RawHeuristic>()
+        == std::mem::align_of::<sys::cublasLtMatmulHeuristicResult_t>()
+);
+const _: () = assert!(size_of::<[u64; 8]>() == size_of::<sys::cublasLtMatmulAlgo_t>());
+
+pub(super) struct OpDesc(pub(super) sys::cublasLtMatmulDesc_t);
+
+impl OpDesc {
+    pub(super) fn new(compute: sys::cublasComputeType_t) -> Result<Self> {
+        result::create_matmul_desc(compute, sys::cudaDataType::CUDA_R_32F)
+            .map(OpDesc)
+            .map_err(|e| cublaslt_error("cublasLtMatmulDescCreate", e))
+    }
+    pub(super) fn set<V: Copy>(
+        &self,
+        attr: sys::cublasLtMatmulDescAttributes_t,
+        v: &V,
+    ) -> Result<()> {
+        // SAFETY: live descriptor; `v` points to a `V` of `size_of::<V>()` bytes, the type the
+        // attribute takes (callers pass i32 for transposes, u32 for the epilogue, u64 for
+        // pointers, i64 for the aux leading dimension).
+        unsafe {
+            result::set_matmul_desc_attribute(
+                self.0,
+                attr,
+                (v as *const V).cast::<c_void>(),
+                size_of::<V>(),
+            )
+        }
+        .map_err(|e| cublaslt_error("cublasLtMatmulDescSetAttribute", e))
+    }
+}
+
+impl Drop for OpDesc {
+    fn drop(&mut self) {
+        // SAFETY: created by cublasLtMatmulDescCreate, destroyed once.
+        if let Err(e) = unsafe { result::destroy_matmul_desc(self.0) } {
+            log::warn!("cublasLtMatmulDescDestroy: {e}");
+        }
+    }
+}
+
+pub(super) struct LayoutDesc(pub(super) sys::cublasLtMatrixLayout_t);
+
+impl LayoutDesc {
+    pub(super) fn new(dtype: sys::cudaDataType, rows: u64, cols: u64) -> Result<Self> {
+        // Packed column-major: the leading dimension is the row count (< 2^31).
+        result::create_matrix_layout(dtype, rows, cols, rows as i64)
+            .map(LayoutDesc)
+            .map_err(|e| cublaslt_error("cublasLtMatrixLayoutCreate", e))
+    }
+}
+
+impl Drop for LayoutDesc {
+    fn drop(&mut self) {
+        // SAFETY: created by cublasLtMatrixLayoutCreate, destroyed once.
+        if let Err(e) = unsafe { result::destroy_matrix_layout(self.0) } {
+            log::warn!("cublasLtMatrixLayoutDestroy: {e}");
+        }
+    }
+}
+
+pub(super) struct PrefDesc(pub(super) sys::cublasLtMatmulPreference_t);
+
+impl PrefDesc {
+    pub(super) fn new(workspace_limit: usize, align: &Alignments) -> Result<Self> {
+        let p = result::create_matmul_pref()
+            .map(PrefDesc)
+            .map_err(|e| cublaslt_error("cublasLtMatmulPreferenceCreate", e))?;
+        use sys::cublasLtMatmulPreferenceAttributes_t as P;
+        p.set(
+            P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            &(workspace_limit as u64),
+        )?;
+        // cuBLASLt's "A" is our B and its "B" our A (see the module docs).
+        p.set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align.b)?;
+        p.set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align.a)?;
+        p.set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align.d)?;
+        p.set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align.d)?;
+        Ok(p)
+    }
+    pub(super) fn set<V: Copy>(
+        &self,
+        attr: sys::cublasLtMatmulPreferenceAttributes_t,
+        v: &V,
+    ) -> Result<()> {
+        // SAFETY: live preference; `v` points to a `V` of `size_of::<V>()` bytes, the type the
+        // attribute takes (u64 for the workspace size, u32 for alignments).
+        unsafe {
+            result::set_matmul_pref_attribute(
+                self.0,
+                attr,
+                (v as *const V).cast::<c_void>(),
+                size_of::<V>(),
+            )
+        }
+        .map_err(|e| cublaslt_error("cublasLtMatmulPreferenceSetAttribute", e))
+    }
+}
+
+impl Drop for PrefDesc {
+    fn drop(&mut self) {
+        // SAFETY: created by cublasLtMatmulPreferenceCreate, destroyed once.
+        if let Err(e) = unsafe { result::destroy_matmul_pref(self.0) } {
+            log::warn!("cublasLtMatmulPreferenceDestroy: {e}");
+        }
+    }
+}
+
+/// The column-major problem cuBLASLt is given for a row-major one (see [`BlasLt`]):
+/// `Dᵀ[n×m] = op(B)ᵀ · op(A)ᵀ`, so cuBLASLt's `M, N, K` are our `n, m, k`, its A is our B and its
+/// B our A. Layouts are (rows, cols) of the stored column-major matrices, packed (ld = rows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct CuPlan {
+    /// `CUBLASLT_MATMUL_DESC_TRANSA` (applies to our B).
+    pub(super) trans_a: bool,
+    /// `CUBLASLT_MATMUL_DESC_TRANSB` (applies to our A).
+    pub(super) trans_b: bool,
+    /// Layout of cuBLASLt's A: our B, stored row-major k×n (= column-major n×k) or, transposed,
+    /// n×k (= column-major k×n).
+    pub(super) a: (u64, u64),
+    /// Layout of cuBLASLt's B: our A, stored row-major m×k (= column-major k×m) or, transposed,
+    /// k×m (= column-major m×k).
+    pub(super) b: (u64, u64),
+    /// Layout of C and D: our row-major m×n = column-major n×m.
+    pub(super) d: (u64, u64),
+}
+
+impl CuPlan {
+    pub(super) fn of(op: &Matmul) -> Self {
+        let (m, n, k) = (op.m, op.n, op.k);
+        CuPlan {
+            trans_a: op.trans_b,
+            trans_b: op.trans_a,
+            a: if op.trans_b { (k, n) } else { (n, k) },
+            b: if op.trans_a { (m, k) } else { (k, m) },
+            d: (n, m),
+        }
+    }
+}
+
+/// The descriptors of one call: the operation and the layouts of cuBLASLt's A (our B), B (our
+/// A) and C = D.
+pub(super) struct Descs {
+    pub(super) op: OpDesc,
+    pub(super) cu_a: LayoutDesc,
+    pub(super) cu_b: LayoutDesc,
+    pub(super) d: LayoutDesc,
+}
+
+impl Descs {
+    /// `bias` and `aux` are the device addresses set on the descriptor (0: not used by the
+    /// epilogue). The heuristic reads them for their alignment only.
+    pub(super) fn new(op: &Matmul, dtype: sys::cudaDataType, bias: u64, aux: u64) -> Result<Self> {
+        use sys::cublasLtMatmulDescAttributes_t as A;
+        let desc = OpDesc::new(op.compute_type())?;
+        let plan = CuPlan::of(op);
+        // cublasOperation_t: 0 = N, 1 = T.
+        desc.set(A::CUBLASLT_MATMUL_DESC_TRANSA, &i32::from(plan.trans_a))?;
+        desc.set(A::CUBLASLT_MATMUL_DESC_TRANSB, &i32::from(plan.trans_b))?;
+        desc.set(
+            A::CUBLASLT_MATMUL_DESC_EPILOGUE,
+            &(op.epilogue.raw() as u32),
+        )?;
+        if op.epilogue.uses_bias() {
+            desc.set(A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;
+        }
+        if op.epilogue.uses_aux() {
+            desc.set(A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux)?;
+            desc.set(
+                A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                &(op.aux_ld_u64() as i64),
+            )?;
+        }
+        let cu_a = LayoutDesc::new(dtype, plan.a.0, plan.a.1)?;
+        let cu_b = LayoutDesc::new(dtype, plan.b.0, plan.b.1)?;
+        let d = LayoutDesc::new(dtype, plan.d.0, plan.d.1)?;
+        Ok(Descs {
+            op: desc,
+            cu_a,
+            cu_b,
+            d,
+        })
+    }
+}
+
+/// Pointer alignments of one call, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct Alignments {
+    pub(super) a: u32,
+    pub(super) b: u32,
+    pub(super) d: u32,
+    pub(super) bias: u32,
+    pub(super) aux: u32,
+}
+
+impl Alignments {
+    pub(super) fn uniform(v: u32) -> Self {
+        Alignments {
+            a: v,
+            b: v,
+            d: v,
+            bias: v,
+            aux: v,
+        }
+    }
+    pub(super) fn min(&self) -> u32 {
+        self.a.min(self.b).min(self.d).min(self.bias).min(self.aux)
+    }
+    /// Whether every pointer is at least as aligned as in `other`.
+    pub(super) fn covers(&self, other: &Alignments) -> bool {
+        self.a >= other.a
+            && self.b >= other.b
+            && self.d >= other.d
+            && self.bias >= other.bias
+            && self.aux >= other.aux
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A host model of cuBLASLt's column-major contract, fed the plan's descriptors and our
+    /// row-major buffers, must produce our row-major product, bias broadcast and bias gradients.
+    #[test]
+    fn column_major_plan_computes_the_row_major_problem() {
+        // cuBLASLt semantics (column-major, packed, ld = rows): element (r, c) of a stored
+        // `rows×cols` matrix is at `r + c·rows`; op(X) = X or Xᵀ.
+        fn at(mem: &[f64], (rows, _cols): (u64, u64), trans: bool, r: u64, c: u64) -> f64 {
+            let (r, c) = if trans { (c, r) } else { (r, c) };
+            mem[(r + c * rows) as usize]
+        }
+        let mut seed = 0x1234_5678_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed >> 11) % 1000) as f64 / 250.0 - 2.0
+        };
+        for (m, n, k) in [(3u64, 5u64, 4u64), (1, 4, 2), (6, 1, 3), (2, 3, 1)] {
+            for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                let op = Matmul::new(m as usize, n as usize, k as usize)
+                    .unwrap()
+                    .transpose_a(ta)
+                    .transpose_b(tb);
+                let plan = CuPlan::of(&op);
+                let a: Vec<f64> = (0..m * k).map(|_| next()).collect();
+                let b: Vec<f64> = (0..k * n).map(|_| next()).collect();
+                let bias: Vec<f64> = (0..n).map(|_| next()).collect();
+                // Row-major reference.
+                let op_a = |i: u64, p: u64| {
+                    if ta {
+                        a[(p * m + i) as usize]
+                    } else {
+                        a[(i * k + p) as usize]
+                    }
+                };
+                let op_b = |p: u64, j: u64| {
+                    if tb {
+                        b[(j * k + p) as usize]
+                    } else {
+                        b[(p * n + j) as usize]
+                    }
+                };
+                // cuBLASLt: M = rows of D = plan.d.0, N = plan.d.1, A = our B, B = our A.
+                let (cm, cn) = plan.d;
+                assert_eq!((cm, cn), (n, m));
+                let (a_rows, a_cols) = plan.a;
+                let ck = if plan.trans_a { a_rows } else { a_cols };
+                assert_eq!(ck, k);
+                assert_eq!(if plan.trans_b { plan.b.1 } else { plan.b.0 }, k);
+                let mut d_cm = vec![0.0; (m * n) as usize];
+                for i in 0..cm {
+                    for j in 0..cn {
+                        let mut acc = 0.0;
+                        for p in 0..ck {
+                            acc += at(&b, plan.a, plan.trans_a, i, p)
+                                * at(&a, plan.b, plan.trans_b, p, j);
+                        }
+                        // BIAS: one value per row of the column-major D.
+                        d_cm[(i + j * cm) as usize] = acc + bias[i as usize];
+                    }
+                }
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: f64 =
+                            (0..k).map(|p| op_a(i, p) * op_b(p, j)).sum::<f64>() + bias[j as usize];
+                        let got = d_cm[(i * n + j) as usize];
+                        assert!(
+                            (got - want).abs() < 1e-12,
+                            "{op}: D[{i},{j}] {got} != {want}"
+                        );
+                    }
+                }
+                // BGRADB: reduce op(cuBLASLt's B) over k, one value per column of D (cn = m).
+                for j in 0..cn {
+                    let got: f64 = (0..ck).map(|p| at(&a, plan.b, plan.trans_b, p, j)).sum();
+                    let want: f64 = (0..k).map(|p| op_a(j, p)).sum();
+                    assert!((got - want).abs() < 1e-12, "{op}: db[{j}]");
+                }
+                // DGELU_BGRAD: reduce D over its columns, one value per row (cm = n): the column
+                // sums of our row-major D.
+                for i in 0..cm {
+                    let got: f64 = (0..cn).map(|j| d_cm[(i + j * cm) as usize]).sum();
+                    let want: f64 = (0..m).map(|r| d_cm[(r * n + i) as usize]).sum();
+                    assert!((got - want).abs() < 1e-12, "{op}: column sum {i}");
+                }
+            }
+        }
+    }
+}
