@@ -36,9 +36,9 @@ use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::half::{bf16, f16};
 
 /// Square sizes of the GEMM groups.
-const SIZES: [usize; 4] = [1024, 2048, 4096, 8192];
+const SIZES: [i64; 4] = [1024, 2048, 4096, 8192];
 /// The fused problem (torch_lt.py's first case).
-const FUSED: (usize, usize, usize) = (8192, 4096, 1024);
+const FUSED: (i64, i64, i64) = (8192, 4096, 1024);
 
 fn describe(c: &Choice) -> String {
     format!(
@@ -63,7 +63,7 @@ fn gemm_group<T: Element>(
     stream: &Arc<CudaStream>,
     lts: &mut Handles,
     mode: &Mode,
-    size: usize,
+    size: i64,
 ) {
     let group = format!("lt_gemm_{}/{size}", mode.name);
     let functions = ["heuristic", "autotune"];
@@ -72,7 +72,7 @@ fn gemm_group<T: Element>(
         return;
     }
     let prepared = (|| -> BoxResult<_> {
-        let op = Matmul::linear(size, size, size)?.tf32(mode.tf32);
+        let op = Matmul::linear(size, size, size)?.with_tf32(mode.tf32);
         let scale = 1.0;
         let a = stream.clone_htod(&values::<T>(op.a_len(), scale))?;
         let b = stream.clone_htod(&values::<T>(op.b_len(), scale))?;
@@ -185,10 +185,10 @@ struct Fused {
 impl Fused {
     fn new(stream: &Arc<CudaStream>) -> BoxResult<Self> {
         let (m, n, k) = FUSED;
-        let fused = Matmul::linear(m, k, n)?.epilogue(Epilogue::BiasGelu);
+        let fused = Matmul::linear(m, k, n)?.with_epilogue(Epilogue::BiasGelu);
         let plain = Matmul::linear(m, k, n)?;
         // y ← gelu(Z₁·Z₂ + 1·y + b) with Z₁, Z₂ zero: one read and one write of y.
-        let pass = Matmul::new(m, n, 8)?.epilogue(Epilogue::BiasGelu);
+        let pass = Matmul::new(m, n, 8)?.with_epilogue(Epilogue::BiasGelu);
         let scale = 1.0 / (k as f64).sqrt();
         Ok(Fused {
             x: stream.clone_htod(&values::<bf16>(fused.a_len(), 1.0))?,

@@ -155,17 +155,19 @@ struct Ops {
 
 impl Ops {
     fn new() -> Result<Self> {
+        // Matrix dimensions are i64 in cudnn_safe::blas; buffer lengths usize.
+        let [in_, hidden, classes, batch] = [IN, HIDDEN, CLASSES, BATCH].map(|v| v as i64);
         Ok(Ops {
-            fwd1: Matmul::linear(BATCH, IN, HIDDEN)?.epilogue(Epilogue::BiasGeluAux),
-            fwd2: Matmul::linear(BATCH, HIDDEN, HIDDEN)?.epilogue(Epilogue::BiasGeluAux),
-            fwd3: Matmul::linear(BATCH, HIDDEN, CLASSES)?.epilogue(Epilogue::Bias),
-            dgelu_h3: Matmul::new(BATCH, HIDDEN, CLASSES)?.epilogue(Epilogue::DGelu),
-            dgelu_h2: Matmul::new(BATCH, HIDDEN, HIDDEN)?.epilogue(Epilogue::DGelu),
-            upd3: Matmul::new(CLASSES, HIDDEN, BATCH)?.transpose_a(true),
-            upd2: Matmul::new(HIDDEN, HIDDEN, BATCH)?.transpose_a(true),
-            upd1: Matmul::new(HIDDEN, IN, BATCH)?.transpose_a(true),
-            upd_b3: Matmul::new(1, CLASSES, BATCH)?,
-            upd_bh: Matmul::new(1, HIDDEN, BATCH)?,
+            fwd1: Matmul::linear(batch, in_, hidden)?.with_epilogue(Epilogue::BiasGeluAux),
+            fwd2: Matmul::linear(batch, hidden, hidden)?.with_epilogue(Epilogue::BiasGeluAux),
+            fwd3: Matmul::linear(batch, hidden, classes)?.with_epilogue(Epilogue::Bias),
+            dgelu_h3: Matmul::new(batch, hidden, classes)?.with_epilogue(Epilogue::DGelu),
+            dgelu_h2: Matmul::new(batch, hidden, hidden)?.with_epilogue(Epilogue::DGelu),
+            upd3: Matmul::new(classes, hidden, batch)?.with_transpose_a(true),
+            upd2: Matmul::new(hidden, hidden, batch)?.with_transpose_a(true),
+            upd1: Matmul::new(hidden, in_, batch)?.with_transpose_a(true),
+            upd_b3: Matmul::new(1, classes, batch)?,
+            upd_bh: Matmul::new(1, hidden, batch)?,
         })
     }
 }

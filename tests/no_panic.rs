@@ -647,17 +647,23 @@ fn epilogue() -> impl Strategy<Value = Epilogue> {
 fn matmul_shapes_never_panic() {
     let input = (size(), size(), size(), epilogue(), any::<[bool; 3]>());
     check(512, input, |(m, n, k, e, [ta, tb, tf32])| {
+        // Wrapping casts on purpose: huge sizes become negative dimensions, refused too.
+        let (m, n, k) = (m as i64, n as i64, k as i64);
         for op in [Matmul::new(m, n, k), Matmul::linear(m, n, k)]
             .into_iter()
             .flatten()
         {
-            let op = op.transpose_a(ta).transpose_b(tb).tf32(tf32).epilogue(e);
+            let op = op
+                .with_transpose_a(ta)
+                .with_transpose_b(tb)
+                .with_tf32(tf32)
+                .with_epilogue(e);
             let lens = [
                 op.a_len(),
                 op.b_len(),
                 op.d_len(),
                 op.bias_len(),
-                op.aux_ld(),
+                op.aux_ld() as usize,
                 op.aux_len(),
             ];
             prop_assert!(lens[2] >= 1 && op.flops() > 0.0, "{lens:?}");

@@ -4,6 +4,7 @@ use std::ffi::c_int;
 use cudarc::cublas::sys;
 
 use super::Transpose;
+use crate::blas::to_c_int;
 use crate::error::{Error, Result};
 
 /// How a matrix is laid out in memory.
@@ -20,10 +21,7 @@ pub(super) fn dim(what: &'static str, v: i64) -> Result<c_int> {
     if v < 0 {
         return Err(Error::invalid(what, "a dimension ≥ 0", v));
     }
-    c_int::try_from(v).map_err(|_| Error::Overflow {
-        what,
-        detail: format!("{v} does not fit cuBLAS's 32-bit int (max {})", c_int::MAX),
-    })
+    to_c_int(what, v)
 }
 
 pub(super) fn overflow(what: &'static str, detail: String) -> Error {
@@ -64,12 +62,7 @@ impl Mat {
                 ld,
             ));
         }
-        let ld_c = c_int::try_from(ld).map_err(|_| {
-            overflow(
-                ld_name,
-                format!("{ld} does not fit cuBLAS's 32-bit int (max {})", c_int::MAX),
-            )
-        })?;
+        let ld_c = to_c_int(ld_name, ld)?;
         let span = if rows == 0 || cols == 0 {
             0
         } else {
@@ -129,7 +122,7 @@ impl Mat {
         Err(Error::OverlappingOutput {
             name: self.name,
             dims: vec![batch, outer, inner],
-            strides: vec![stride, self.ld as i64, 1],
+            strides: vec![stride, i64::from(self.ld), 1],
         })
     }
 }
@@ -226,9 +219,9 @@ pub(super) struct GemvShape {
     pub(super) a: Mat,
     pub(super) m: c_int,
     pub(super) n: c_int,
-    /// Elements of x and y.
-    pub(super) x_count: i64,
-    pub(super) y_count: i64,
+    /// Elements of x and y (`n` and `m`, or `m` and `n` when transposed).
+    pub(super) x_count: c_int,
+    pub(super) y_count: c_int,
     pub(super) incx: c_int,
     pub(super) incy: c_int,
     pub(super) x_span: i64,
@@ -239,12 +232,7 @@ pub(super) fn inc(what: &'static str, v: i64) -> Result<c_int> {
     if v < 1 {
         return Err(Error::invalid(what, "an increment ≥ 1", v));
     }
-    c_int::try_from(v).map_err(|_| {
-        overflow(
-            what,
-            format!("{v} does not fit cuBLAS's 32-bit int (max {})", c_int::MAX),
-        )
-    })
+    to_c_int(what, v)
 }
 
 /// `1 + (count − 1)·inc` elements (0 when `count` is 0).
@@ -253,7 +241,7 @@ pub(super) fn vec_span(name: &'static str, count: i64, inc: c_int) -> Result<i64
         return Ok(0);
     }
     (count - 1)
-        .checked_mul(inc as i64)
+        .checked_mul(i64::from(inc))
         .and_then(|v| v.checked_add(1))
         .ok_or_else(|| overflow(name, format!("span of {count} elements {inc} apart")))
 }
@@ -271,8 +259,8 @@ impl GemvShape {
         let a = Mat::new("a", "lda", m, n, lda, Order::Col)?;
         let (incx, incy) = (inc("incx", incx)?, inc("incy", incy)?);
         let (x_count, y_count) = match trans {
-            Transpose::No => (n, m),
-            Transpose::Yes => (m, n),
+            Transpose::No => (nc, mc),
+            Transpose::Yes => (mc, nc),
         };
         Ok(GemvShape {
             a,
@@ -282,8 +270,8 @@ impl GemvShape {
             y_count,
             incx,
             incy,
-            x_span: vec_span("x", x_count, incx)?,
-            y_span: vec_span("y", y_count, incy)?,
+            x_span: vec_span("x", x_count.into(), incx)?,
+            y_span: vec_span("y", y_count.into(), incy)?,
         })
     }
 }
@@ -590,8 +578,8 @@ mod tests {
                 sys::cublasOperation_t::CUBLAS_OP_N,
                 trans.flip().raw(),
                 1,
-                s.y_count as c_int,
-                s.x_count as c_int,
+                s.y_count,
+                s.x_count,
                 &x,
                 s.incx,
                 &a,
@@ -599,9 +587,9 @@ mod tests {
                 &mut y,
                 s.incy,
             );
-            for i in 0..s.y_count {
+            for i in 0..i64::from(s.y_count) {
                 let mut want = 0.0;
-                for j in 0..s.x_count {
+                for j in 0..i64::from(s.x_count) {
                     let av = match trans {
                         Transpose::No => a[(i + j * lda) as usize],
                         Transpose::Yes => a[(j + i * lda) as usize],

@@ -1,6 +1,6 @@
 //! The GEMM family's launches: plain, row-major, `linear`, strided-batched, pointer-array
 //! batched and GEMV.
-use std::ffi::{c_int, c_longlong, c_void};
+use std::ffi::{c_longlong, c_void};
 
 use cudarc::cublas::sys;
 use cudarc::driver::{CudaStream, DevicePtr};
@@ -390,7 +390,8 @@ impl Blas {
             ));
         }
         let len = c.len();
-        let batch = dim("batch", len as i64)?;
+        // A slice's length is at most isize::MAX, so it fits i64; cuBLAS's int is checked.
+        let batch = dim("batch", i64::try_from(len).unwrap_or(i64::MAX))?;
         for x in a {
             self.check_buf("a", *x, shape.a.span)?;
         }
@@ -550,7 +551,7 @@ impl Blas {
         }
         // yᵀ (1×ny, ld incy) = xᵀ (1×nx, ld incx) · op(A)ᵀ: a column-major GEMM with M = 1 where
         // x and y are one-row matrices whose columns are `inc` apart.
-        let (nx, ny) = (s.x_count as c_int, s.y_count as c_int);
+        let (nx, ny) = (s.x_count, s.y_count);
         // SAFETY: the same buffers and checks as above, read as GEMM operands: xᵀ is 1×nx with
         // ld = incx ≥ 1 = max(1, rows) and span 1 + (nx − 1)·incx; op(A)ᵀ is nx×ny taken from
         // the stored m×n A with lda ≥ max(1, m) (transposed iff `trans` is No); yᵀ is 1×ny with

@@ -154,7 +154,12 @@ pub(super) struct CuPlan {
 
 impl CuPlan {
     pub(super) fn of(op: &Matmul) -> Self {
-        let (m, n, k) = (op.m, op.n, op.k);
+        // Positive (checked by `Matmul::new`): `unsigned_abs` is the value.
+        let (m, n, k) = (
+            op.m.unsigned_abs(),
+            op.n.unsigned_abs(),
+            op.k.unsigned_abs(),
+        );
         CuPlan {
             trans_a: op.trans_b,
             trans_b: op.trans_a,
@@ -193,10 +198,7 @@ impl Descs {
         }
         if op.epilogue.uses_aux() {
             desc.set(A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux)?;
-            desc.set(
-                A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
-                &(op.aux_ld_u64() as i64),
-            )?;
+            desc.set(A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &op.aux_ld())?;
         }
         let cu_a = LayoutDesc::new(dtype, plan.a.0, plan.a.1)?;
         let cu_b = LayoutDesc::new(dtype, plan.b.0, plan.b.1)?;
@@ -266,10 +268,10 @@ mod tests {
         };
         for (m, n, k) in [(3u64, 5u64, 4u64), (1, 4, 2), (6, 1, 3), (2, 3, 1)] {
             for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
-                let op = Matmul::new(m as usize, n as usize, k as usize)
+                let op = Matmul::new(m as i64, n as i64, k as i64)
                     .unwrap()
-                    .transpose_a(ta)
-                    .transpose_b(tb);
+                    .with_transpose_a(ta)
+                    .with_transpose_b(tb);
                 let plan = CuPlan::of(&op);
                 let a: Vec<f64> = (0..m * k).map(|_| next()).collect();
                 let b: Vec<f64> = (0..k * n).map(|_| next()).collect();

@@ -27,8 +27,8 @@ use crate::workspace::Workspace;
 ///
 /// where every matrix is **row-major and densely packed** (row length = leading dimension):
 ///
-/// * `A` is stored `m×k`, or `k×m` when [`Matmul::transpose_a`] is set (`op(A) = Aᵀ`);
-/// * `B` is stored `k×n`, or `n×k` when [`Matmul::transpose_b`] is set — the usual case for a
+/// * `A` is stored `m×k`, or `k×m` when [`Matmul::with_transpose_a`] is set (`op(A) = Aᵀ`);
+/// * `B` is stored `k×n`, or `n×k` when [`Matmul::with_transpose_b`] is set — the usual case for a
 ///   weight `W[out×in]` of a linear layer: `y = x · Wᵀ` is [`Matmul::linear`];
 /// * `D` is `m×n`; with `beta ≠ 0` its old contents are accumulated (C and D are the same buffer);
 /// * `bias` has length `n`: `bias[j]` is added to every element of output column `j` (one bias
@@ -74,7 +74,7 @@ use crate::workspace::Workspace;
 /// let stream = ctx.default_stream();
 /// let mut lt = BlasLt::new(stream.clone())?;
 /// // y[64×256] = gelu(x[64×128] · W[256×128]ᵀ + b[256])
-/// let op = Matmul::linear(64, 128, 256)?.epilogue(Epilogue::BiasGelu);
+/// let op = Matmul::linear(64, 128, 256)?.with_epilogue(Epilogue::BiasGelu);
 /// let x = stream.clone_htod(&vec![bf16::from_f32(0.5); op.a_len()]).unwrap();
 /// let w = stream.clone_htod(&vec![bf16::from_f32(0.01); op.b_len()]).unwrap();
 /// let b = stream.clone_htod(&vec![bf16::from_f32(0.1); op.bias_len()]).unwrap();

@@ -5,26 +5,33 @@ use cudarc::cublaslt::sys;
 
 use super::epilogue::DataKind;
 use super::Epilogue;
+use crate::blas::to_c_int;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// One row-major matmul problem: shape, transposes, epilogue and compute type. Plain data with
-/// by-value setters; the dimensions are validated by the constructors.
+/// by-value `with_*` setters; the dimensions are validated by the constructors.
+///
+/// Dimensions are `i64`, as everywhere in [`blas`](crate::blas); element counts (`*_len`) are
+/// `usize`.
 ///
 /// ```
 /// use cudnn_safe::blas::lt::{Epilogue, Matmul};
 /// // nn.Linear(in=1024, out=4096) on a batch of 8192, bias and GELU fused:
-/// let op = Matmul::linear(8192, 1024, 4096).unwrap().epilogue(Epilogue::BiasGelu);
+/// let op = Matmul::linear(8192, 1024, 4096)?.with_epilogue(Epilogue::BiasGelu);
 /// assert_eq!((op.m(), op.n(), op.k()), (8192, 4096, 1024));
 /// assert!(op.is_transposed_b());
+/// assert_eq!(op.epilogue(), Epilogue::BiasGelu);
 /// assert_eq!(op.bias_len(), 4096);
 /// assert!(Matmul::new(0, 4, 4).is_err());
+/// # Ok::<(), cudnn_safe::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Matmul {
-    pub(super) m: u64,
-    pub(super) n: u64,
-    pub(super) k: u64,
+    /// In `1..=i32::MAX` (checked by `new`), so every product below fits `i64`.
+    pub(super) m: i64,
+    pub(super) n: i64,
+    pub(super) k: i64,
     pub(super) trans_a: bool,
     pub(super) trans_b: bool,
     pub(super) epilogue: Epilogue,
@@ -32,37 +39,53 @@ pub struct Matmul {
 }
 
 impl Matmul {
-    /// `D[m×n] = A[m×k] · B[k×n]`, no epilogue, strict f32 math. Each dimension must be in
-    /// `1..=i32::MAX`, and every matrix's element count must fit `usize`.
-    pub fn new(m: usize, n: usize, k: usize) -> Result<Self> {
-        let dim = |what: &'static str, v: usize| -> Result<u64> {
-            if v == 0 {
-                return Err(Error::invalid(what, "at least 1", v));
+    /// `D[m×n] = A[m×k] · B[k×n]`, no epilogue, strict f32 math.
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming `m`, `n` or `k` when it is below 1,
+    /// [`Error::Overflow`] when it exceeds cuBLASLt's 32-bit `int` or a matrix's element count
+    /// does not fit `usize`.
+    pub fn new(m: i64, n: i64, k: i64) -> Result<Self> {
+        Self::named(["m", "n", "k"], m, n, k)
+    }
+
+    /// The forward pass of a linear layer, `y[batch×out] = x[batch×in] · W[out×in]ᵀ`:
+    /// `m = batch`, `n = out_features`, `k = in_features`, `B` (the weight) transposed. Errors
+    /// as in [`new`](Self::new), naming `batch`, `in_features` or `out_features`.
+    pub fn linear(batch: i64, in_features: i64, out_features: i64) -> Result<Self> {
+        Ok(Self::named(
+            ["batch", "out_features", "in_features"],
+            batch,
+            out_features,
+            in_features,
+        )?
+        .with_transpose_b(true))
+    }
+
+    /// [`new`](Self::new) with the caller's names for `m`, `n`, `k` in its errors.
+    fn named(names: [&'static str; 3], m: i64, n: i64, k: i64) -> Result<Self> {
+        let dim = |what: &'static str, v: i64| -> Result<i64> {
+            if v < 1 {
+                return Err(Error::invalid(what, "a dimension ≥ 1", v));
             }
-            if v > i32::MAX as usize {
-                return Err(Error::Overflow {
-                    what,
-                    detail: format!("{v} exceeds i32::MAX, cuBLASLt's limit for a dimension"),
-                });
-            }
-            Ok(v as u64)
+            to_c_int(what, v)?;
+            Ok(v)
         };
         let op = Matmul {
-            m: dim("matmul dimension m", m)?,
-            n: dim("matmul dimension n", n)?,
-            k: dim("matmul dimension k", k)?,
+            m: dim(names[0], m)?,
+            n: dim(names[1], n)?,
+            k: dim(names[2], k)?,
             trans_a: false,
             trans_b: false,
             epilogue: Epilogue::None,
             tf32: false,
         };
-        // Every length below is a product of two dims (< 2^62) or the aux span: they fit u64;
-        // check usize (32-bit targets).
+        // Every length below is a product of two dims (< 2^62) or the aux span (< 2^63): they
+        // fit i64; check usize (32-bit targets), so that the `*_len` getters need no check.
         for (what, v) in [
-            ("matrix A", op.m * op.k),
-            ("matrix B", op.k * op.n),
-            ("matrix D", op.m * op.n),
-            ("aux matrix", op.aux_span()),
+            ("a", op.m * op.k),
+            ("b", op.k * op.n),
+            ("d", op.m * op.n),
+            ("aux", op.aux_span()),
         ] {
             if usize::try_from(v).is_err() {
                 return Err(Error::Overflow {
@@ -74,49 +97,43 @@ impl Matmul {
         Ok(op)
     }
 
-    /// The forward pass of a linear layer, `y[batch×out] = x[batch×in] · W[out×in]ᵀ`:
-    /// `m = batch`, `n = out_features`, `k = in_features`, `B` (the weight) transposed.
-    pub fn linear(batch: usize, in_features: usize, out_features: usize) -> Result<Self> {
-        Ok(Self::new(batch, out_features, in_features)?.transpose_b(true))
-    }
-
     /// `A` is stored `k×m` and used transposed.
     #[must_use]
-    pub fn transpose_a(mut self, yes: bool) -> Self {
+    pub fn with_transpose_a(mut self, yes: bool) -> Self {
         self.trans_a = yes;
         self
     }
     /// `B` is stored `n×k` and used transposed (a weight `W[out×in]`).
     #[must_use]
-    pub fn transpose_b(mut self, yes: bool) -> Self {
+    pub fn with_transpose_b(mut self, yes: bool) -> Self {
         self.trans_b = yes;
         self
     }
     /// The epilogue.
     #[must_use]
-    pub fn epilogue(mut self, e: Epilogue) -> Self {
+    pub fn with_epilogue(mut self, e: Epilogue) -> Self {
         self.epilogue = e;
         self
     }
     /// For f32 only: let cuBLASLt use TF32 tensor cores (`CUBLAS_COMPUTE_32F_FAST_TF32`,
     /// PyTorch's `allow_tf32`), about 10 mantissa bits per product. Refused for f16/bf16.
     #[must_use]
-    pub fn tf32(mut self, yes: bool) -> Self {
+    pub fn with_tf32(mut self, yes: bool) -> Self {
         self.tf32 = yes;
         self
     }
 
     /// Rows of `D` and of `op(A)`.
-    pub fn m(&self) -> usize {
-        self.m as usize
+    pub fn m(&self) -> i64 {
+        self.m
     }
     /// Columns of `D` and of `op(B)`.
-    pub fn n(&self) -> usize {
-        self.n as usize
+    pub fn n(&self) -> i64 {
+        self.n
     }
     /// The reduced dimension.
-    pub fn k(&self) -> usize {
-        self.k as usize
+    pub fn k(&self) -> i64 {
+        self.k
     }
     /// Whether `A` is stored `k×m`.
     pub fn is_transposed_a(&self) -> bool {
@@ -127,7 +144,7 @@ impl Matmul {
         self.trans_b
     }
     /// The epilogue.
-    pub fn get_epilogue(&self) -> Epilogue {
+    pub fn epilogue(&self) -> Epilogue {
         self.epilogue
     }
     /// Whether TF32 is allowed.
@@ -136,35 +153,33 @@ impl Matmul {
     }
     /// Elements `A` must hold: `m·k`.
     pub fn a_len(&self) -> usize {
-        (self.m * self.k) as usize
+        len(self.m * self.k)
     }
     /// Elements `B` must hold: `k·n`.
     pub fn b_len(&self) -> usize {
-        (self.k * self.n) as usize
+        len(self.k * self.n)
     }
     /// Elements `D` must hold: `m·n`.
     pub fn d_len(&self) -> usize {
-        (self.m * self.n) as usize
+        len(self.m * self.n)
     }
     /// Elements of the bias buffer the epilogue uses: `m` for [`Epilogue::BiasGrad`] (one per row
     /// of `D`), `n` for the others (one per column), 0 when it uses none.
     pub fn bias_len(&self) -> usize {
         match self.epilogue.data_kind() {
             DataKind::None | DataKind::Aux => 0,
-            DataKind::BiasGrad => self.m as usize,
-            _ => self.n as usize,
+            DataKind::BiasGrad => len(self.m),
+            _ => len(self.n),
         }
     }
-    /// Row length (elements) of the aux matrix of the GELU epilogues: `n` rounded up to a
-    /// multiple of 8 (cuBLASLt requires the aux leading dimension to be divisible by 8).
-    pub fn aux_ld(&self) -> usize {
-        self.aux_ld_u64() as usize
+    /// Row length (elements) of the aux matrix of the GELU epilogues, its leading dimension: `n`
+    /// rounded up to a multiple of 8 (cuBLASLt requires the aux leading dimension to be
+    /// divisible by 8).
+    pub fn aux_ld(&self) -> i64 {
+        (self.n + 7) / 8 * 8
     }
-    pub(super) fn aux_ld_u64(&self) -> u64 {
-        self.n.div_ceil(8) * 8
-    }
-    pub(super) fn aux_span(&self) -> u64 {
-        self.m * self.aux_ld_u64()
+    pub(super) fn aux_span(&self) -> i64 {
+        self.m * self.aux_ld()
     }
     /// Elements the aux matrix must hold: `m·aux_ld` (0 when the epilogue uses none). Element
     /// `(i, j)` of the GELU input is at `i·aux_ld + j`; the `aux_ld − n` padding elements of each
@@ -172,7 +187,7 @@ impl Matmul {
     /// `(m − 1)·aux_ld + n`, so that no kernel's row-wise access can leave the buffer.)
     pub fn aux_len(&self) -> usize {
         if self.epilogue.uses_aux() {
-            self.aux_span() as usize
+            len(self.aux_span())
         } else {
             0
         }
@@ -186,9 +201,9 @@ impl Matmul {
     /// identity a [`Candidate`] is tied to.
     pub(super) fn shape_code(&self, dtype: DType) -> [i64; 8] {
         [
-            self.m as i64,
-            self.n as i64,
-            self.k as i64,
+            self.m,
+            self.n,
+            self.k,
             i64::from(self.trans_a),
             i64::from(self.trans_b),
             dtype_code(dtype),
@@ -226,6 +241,12 @@ impl fmt::Display for Matmul {
     }
 }
 
+/// An element count (or a factor of one) `Matmul::new` checked to fit `usize`: positive and
+/// within range, so the conversion cannot fail.
+fn len(v: i64) -> usize {
+    usize::try_from(v).unwrap_or(usize::MAX)
+}
+
 pub(super) fn dtype_code(d: DType) -> i64 {
     match d {
         DType::F32 => 0,
@@ -251,11 +272,11 @@ mod tests {
         let op = Matmul::new(3, 5, 7).unwrap();
         assert_eq!((op.a_len(), op.b_len(), op.d_len()), (21, 35, 15));
         assert_eq!(op.bias_len(), 0);
-        assert_eq!(op.epilogue(Epilogue::Bias).bias_len(), 5);
-        assert_eq!(op.epilogue(Epilogue::BiasGrad).bias_len(), 3);
-        assert_eq!(op.epilogue(Epilogue::DGeluBiasGrad).bias_len(), 5);
+        assert_eq!(op.with_epilogue(Epilogue::Bias).bias_len(), 5);
+        assert_eq!(op.with_epilogue(Epilogue::BiasGrad).bias_len(), 3);
+        assert_eq!(op.with_epilogue(Epilogue::DGeluBiasGrad).bias_len(), 5);
         assert_eq!(op.aux_ld(), 8);
-        assert_eq!(op.epilogue(Epilogue::DGelu).aux_len(), 3 * 8);
+        assert_eq!(op.with_epilogue(Epilogue::DGelu).aux_len(), 3 * 8);
         assert_eq!(op.aux_len(), 0);
         let lin = Matmul::linear(4, 6, 9).unwrap();
         assert_eq!((lin.m(), lin.n(), lin.k()), (4, 9, 6));

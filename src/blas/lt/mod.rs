@@ -7,7 +7,7 @@
 //!
 //! ```
 //! use cudnn_safe::blas::lt::{self, Epilogue};
-//! let op = lt::Matmul::linear(8, 16, 32)?.epilogue(Epilogue::Bias);
+//! let op = lt::Matmul::linear(8, 16, 32)?.with_epilogue(Epilogue::Bias);
 //! assert_eq!(op.bias_len(), 32);
 //! assert_eq!(lt::CACHE_ENV, "CUDNN_SAFE_LT_AUTOTUNE_CACHE");
 //! # Ok::<(), cudnn_safe::Error>(())
@@ -73,7 +73,7 @@ mod sealed {
 
 /// An element type [`BlasLt`] multiplies: `f32`, [`struct@f16`] or [`bf16`] (sealed). All three
 /// use f32 accumulation (`CUBLAS_COMPUTE_32F`, or `32F_FAST_TF32` for f32 with
-/// [`Matmul::tf32`]) and f32 `alpha`/`beta`; the bias and aux buffers have the element type.
+/// [`Matmul::with_tf32`]) and f32 `alpha`/`beta`; the bias and aux buffers have the element type.
 pub trait Element: DataType + sealed::Sealed {}
 
 impl Element for f32 {}
