@@ -32,6 +32,10 @@ pub use gemm::{Blas, BlasMath, GemmType, Transpose, DEFAULT_BLAS_WORKSPACE_BYTES
 pub use lt::BlasLt;
 
 use std::ffi::c_int;
+use std::fmt;
+use std::ptr::NonNull;
+
+use cudarc::driver::{CudaStream, DeviceSlice};
 
 use crate::error::{Error, Result};
 
@@ -39,26 +43,28 @@ use crate::error::{Error, Result};
 pub(crate) fn require_cublas() -> Result<()> {
     // SAFETY: only tries to dlopen the library by its usual names and closes it again; the CUDA
     // library's initialisers are sound to run.
-    if unsafe { cudarc::cublas::sys::is_culib_present() } {
-        Ok(())
-    } else {
-        Err(Error::LibraryMissing {
-            library: "cuBLAS",
-            searched: "libcublas",
-        })
-    }
+    present(
+        unsafe { cudarc::cublas::sys::is_culib_present() },
+        "cuBLAS",
+        "libcublas",
+    )
 }
 
 /// Checks that cuBLASLt can be loaded, before any cudarc cuBLASLt call.
 pub(crate) fn require_cublaslt() -> Result<()> {
     // SAFETY: as in `require_cublas`.
-    if unsafe { cudarc::cublaslt::sys::is_culib_present() } {
+    present(
+        unsafe { cudarc::cublaslt::sys::is_culib_present() },
+        "cuBLASLt",
+        "libcublasLt",
+    )
+}
+
+fn present(found: bool, library: &'static str, searched: &'static str) -> Result<()> {
+    if found {
         Ok(())
     } else {
-        Err(Error::LibraryMissing {
-            library: "cuBLASLt",
-            searched: "libcublasLt",
-        })
+        Err(Error::LibraryMissing { library, searched })
     }
 }
 
@@ -75,11 +81,7 @@ pub(crate) fn cublas_error(
     function: &'static str,
     e: cudarc::cublas::result::CublasError,
 ) -> Error {
-    Error::Blas {
-        library: "cuBLAS",
-        function,
-        status: format!("{:?}", e.0),
-    }
+    status_error("cuBLAS", function, e.0)
 }
 
 /// Turns a cuBLASLt status into this crate's error.
@@ -87,9 +89,69 @@ pub(crate) fn cublaslt_error(
     function: &'static str,
     e: cudarc::cublaslt::result::CublasError,
 ) -> Error {
+    status_error("cuBLASLt", function, e.0)
+}
+
+fn status_error(library: &'static str, function: &'static str, status: impl fmt::Debug) -> Error {
     Error::Blas {
-        library: "cuBLASLt",
+        library,
         function,
-        status: format!("{:?}", e.0),
+        status: format!("{status:?}"),
     }
+}
+
+/// A handle `function` created, or [`Error::Blas`] when it returned null.
+pub(crate) fn created<T>(
+    handle: *mut T,
+    library: &'static str,
+    function: &'static str,
+) -> Result<NonNull<T>> {
+    NonNull::new(handle).ok_or_else(|| Error::Blas {
+        library,
+        function,
+        status: "a null handle".into(),
+    })
+}
+
+/// Makes `stream`'s CUDA context current on this thread: a handle may have moved threads since
+/// its last call.
+pub(crate) fn bind(stream: &CudaStream) -> Result<()> {
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| Error::driver("binding the CUDA context", e))
+}
+
+/// [`Error::ForeignContext`] (naming `name`) unless `other` belongs to `stream`'s context.
+pub(crate) fn same_context(
+    name: &'static str,
+    stream: &CudaStream,
+    other: &CudaStream,
+) -> Result<()> {
+    if **other.context() != **stream.context() {
+        return Err(Error::ForeignContext {
+            name,
+            expected: stream.context().ordinal(),
+            found: other.context().ordinal(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks that `buf` lives on `stream`'s context and holds at least `required` elements.
+pub(crate) fn check_buffer<T, B: DeviceSlice<T> + ?Sized>(
+    stream: &CudaStream,
+    name: &'static str,
+    buf: &B,
+    required: usize,
+) -> Result<()> {
+    same_context(name, stream, buf.stream())?;
+    if buf.len() < required {
+        return Err(Error::BufferTooSmall {
+            name,
+            len: buf.len(),
+            required,
+        });
+    }
+    Ok(())
 }

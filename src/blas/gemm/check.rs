@@ -276,6 +276,25 @@ impl GemvShape {
     }
 }
 
+impl GemvShape {
+    /// The GEMM that computes this GEMV (for the types cuBLAS has no GEMV for):
+    /// `yᵀ (1×ny, ld incy) = xᵀ (1×nx, ld incx) · op(A)ᵀ`, a column-major GEMM with M = 1 where
+    /// x and y are one-row matrices whose columns are `inc` apart, x first and A second.
+    pub(super) fn as_gemm(&self, trans: Transpose) -> ColCall {
+        ColCall {
+            transa: sys::cublasOperation_t::CUBLAS_OP_N,
+            transb: trans.flip().raw(),
+            m: 1,
+            n: self.y_count,
+            k: self.x_count,
+            lda: self.incx,
+            ldb: self.a.ld,
+            ldc: self.incy,
+            swapped: false,
+        }
+    }
+}
+
 /// Errors of `linear`'s shape check speak of x, w, y and the features, not of a, b, c.
 pub(super) fn rename_linear(e: Error, batch: i64, in_features: i64, out_features: i64) -> Error {
     let rename = |what: &'static str| match what {
@@ -574,18 +593,20 @@ mod tests {
             let a = fill(s.a.span as usize, 3);
             let x = fill(s.x_span as usize, 4);
             let mut y = vec![f64::NAN; s.y_span as usize];
+            let call = s.as_gemm(trans);
+            assert!(!call.swapped);
             host_gemm(
-                sys::cublasOperation_t::CUBLAS_OP_N,
-                trans.flip().raw(),
-                1,
-                s.y_count,
-                s.x_count,
+                call.transa,
+                call.transb,
+                call.m,
+                call.n,
+                call.k,
                 &x,
-                s.incx,
+                call.lda,
                 &a,
-                s.a.ld,
+                call.ldb,
                 &mut y,
-                s.incy,
+                call.ldc,
             );
             for i in 0..i64::from(s.y_count) {
                 let mut want = 0.0;

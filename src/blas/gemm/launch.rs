@@ -5,7 +5,9 @@ use std::ffi::{c_longlong, c_void};
 use cudarc::cublas::sys;
 use cudarc::driver::{CudaStream, DevicePtr};
 
-use super::check::{check_disjoint_outputs, dim, rename_linear, GemmShape, GemvShape, Order};
+use super::check::{
+    check_disjoint_outputs, dim, rename_linear, ColCall, GemmShape, GemvShape, Order,
+};
 #[cfg(doc)]
 use super::BlasMath;
 use super::{Blas, GemmType, Transpose};
@@ -171,13 +173,35 @@ impl Blas {
         } else {
             (ap, bp)
         };
-        let call = &shape.call;
         // SAFETY: live handle with its context current; every dimension and leading dimension
         // was checked non-negative, within c_int and consistent with the stored shapes; a, b, c
         // live on the handle's context and hold the spans their shapes address (checked above);
         // their cudarc guards stay alive until the call is enqueued; c cannot alias a or b
-        // (`&mut`); alpha/beta are host values of the scale type of `T`'s compute type; A, B, C
-        // types and the compute type form a combination cuBLAS documents for cublasGemmEx.
+        // (`&mut`).
+        unsafe { self.gemm_ex::<T>(&shape.call, alpha, first, second, beta, cp) }
+    }
+
+    /// `cublasGemmEx` with the handle's compute type for `T` and the default algorithm.
+    ///
+    /// # Safety
+    ///
+    /// The handle's context is current; `call`'s dimensions and leading dimensions are within
+    /// `c_int` and describe matrices at `first`, `second` and `c` (device addresses on the
+    /// handle's context, each holding the span its operand addresses, kept alive until the call
+    /// is enqueued); `c` overlaps neither input. alpha/beta are host values of the scale type of
+    /// `T`'s compute type, and A, B, C of type `T` with that compute type form a combination
+    /// cuBLAS documents for cublasGemmEx.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm_ex<T: GemmType>(
+        &self,
+        call: &ColCall,
+        alpha: T::Scalar,
+        first: u64,
+        second: u64,
+        beta: T::Scalar,
+        c: u64,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract; the handle is live (owned by `self`).
         unsafe {
             sys::cublasGemmEx(
                 self.as_raw(),
@@ -194,7 +218,7 @@ impl Blas {
                 T::CUDA_TYPE,
                 call.ldb,
                 (&beta as *const T::Scalar).cast::<c_void>(),
-                cp as *mut c_void,
+                c as *mut c_void,
                 T::CUDA_TYPE,
                 call.ldc,
                 T::compute_type(self.math),
@@ -549,38 +573,12 @@ impl Blas {
                 )
             });
         }
-        // yᵀ (1×ny, ld incy) = xᵀ (1×nx, ld incx) · op(A)ᵀ: a column-major GEMM with M = 1 where
-        // x and y are one-row matrices whose columns are `inc` apart.
-        let (nx, ny) = (s.x_count, s.y_count);
+        // The one-row GEMM of `GemvShape::as_gemm`, with x first and A second.
+        let call = s.as_gemm(trans);
         // SAFETY: the same buffers and checks as above, read as GEMM operands: xᵀ is 1×nx with
         // ld = incx ≥ 1 = max(1, rows) and span 1 + (nx − 1)·incx; op(A)ᵀ is nx×ny taken from
         // the stored m×n A with lda ≥ max(1, m) (transposed iff `trans` is No); yᵀ is 1×ny with
-        // ld = incy and span 1 + (ny − 1)·incy. A, B, C of type T with T's compute type form a
-        // combination cuBLAS documents.
-        unsafe {
-            sys::cublasGemmEx(
-                self.as_raw(),
-                sys::cublasOperation_t::CUBLAS_OP_N,
-                trans.flip().raw(),
-                1,
-                ny,
-                nx,
-                (&alpha as *const T::Scalar).cast::<c_void>(),
-                xp as *const c_void,
-                T::CUDA_TYPE,
-                s.incx,
-                ap as *const c_void,
-                T::CUDA_TYPE,
-                s.a.ld,
-                (&beta as *const T::Scalar).cast::<c_void>(),
-                yp as *mut c_void,
-                T::CUDA_TYPE,
-                s.incy,
-                T::compute_type(self.math),
-                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .result()
-        .map_err(|e| cublas_error("cublasGemmEx", e))
+        // ld = incy and span 1 + (ny − 1)·incy; y cannot alias a or x (`&mut`).
+        unsafe { self.gemm_ex::<T>(&call, alpha, xp, ap, beta, yp) }
     }
 }

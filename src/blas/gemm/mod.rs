@@ -21,7 +21,7 @@ use std::sync::Arc;
 use cudarc::cublas::{result, sys};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut, DeviceSlice};
 
-use super::{cublas_error, require_cublas};
+use super::{check_buffer, created, cublas_error, require_cublas, same_context};
 use crate::error::{Error, Result};
 use crate::workspace::MAX_WORKSPACE_BYTES;
 use check::span_len;
@@ -119,16 +119,9 @@ impl Blas {
     pub fn with_workspace(stream: Arc<CudaStream>, bytes: usize) -> Result<Self> {
         require_cublas()?;
         check_workspace_bytes(bytes)?;
-        stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| Error::driver("binding the CUDA context", e))?;
+        super::bind(&stream)?;
         let h = result::create_handle().map_err(|e| cublas_error("cublasCreate_v2", e))?;
-        let raw = NonNull::new(h).ok_or_else(|| Error::Blas {
-            library: "cuBLAS",
-            function: "cublasCreate_v2",
-            status: "a null handle".into(),
-        })?;
+        let raw = created(h, "cuBLAS", "cublasCreate_v2")?;
         // From here on, `Drop` destroys the handle if anything fails.
         let mut blas = Blas {
             raw,
@@ -150,10 +143,7 @@ impl Blas {
 
     /// Makes the handle's context current on this thread (the handle may have moved threads).
     pub(super) fn bind(&self) -> Result<()> {
-        self.stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| Error::driver("binding the CUDA context", e))
+        super::bind(&self.stream)
     }
 
     /// The stream operations are enqueued on.
@@ -205,13 +195,7 @@ impl Blas {
     #[doc(alias = "cublasSetStream")]
     #[doc(alias = "cublasSetStream_v2")]
     pub fn set_stream(&mut self, stream: Arc<CudaStream>) -> Result<()> {
-        if **stream.context() != **self.stream.context() {
-            return Err(Error::ForeignContext {
-                name: "stream",
-                expected: self.stream.context().ordinal(),
-                found: stream.context().ordinal(),
-            });
-        }
+        same_context("stream", &self.stream, &stream)?;
         self.bind()?;
         stream
             .join(&self.stream)
@@ -300,23 +284,7 @@ impl Blas {
         buf: &impl DeviceSlice<T>,
         span: i64,
     ) -> Result<()> {
-        let ctx = buf.stream().context();
-        if **ctx != **self.stream.context() {
-            return Err(Error::ForeignContext {
-                name,
-                expected: self.stream.context().ordinal(),
-                found: ctx.ordinal(),
-            });
-        }
-        let required = span_len(name, span)?;
-        if buf.len() < required {
-            return Err(Error::BufferTooSmall {
-                name,
-                len: buf.len(),
-                required,
-            });
-        }
-        Ok(())
+        check_buffer(&self.stream, name, buf, span_len(name, span)?)
     }
 }
 

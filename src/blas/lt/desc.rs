@@ -1,8 +1,10 @@
 //! The cuBLASLt descriptors of one call, owned (RAII: destroyed on drop, a failure is logged),
 //! and the column-major plan they describe.
 use std::ffi::{c_int, c_void};
+use std::fmt;
 use std::mem::size_of;
 
+use cudarc::cublaslt::result::CublasError;
 use cudarc::cublaslt::{result, sys};
 
 use super::Matmul;
@@ -29,69 +31,146 @@ const _: () = assert!(
 );
 const _: () = assert!(size_of::<[u64; 8]>() == size_of::<sys::cublasLtMatmulAlgo_t>());
 
-pub(super) struct OpDesc(pub(super) sys::cublasLtMatmulDesc_t);
+/// One kind of cuBLASLt descriptor: its raw handle, its attribute enum and its C calls.
+pub(super) trait Kind {
+    type Raw: Copy;
+    type Attr;
+    /// C names, for errors and logs.
+    const SET: &'static str;
+    const DESTROY: &'static str;
+    /// # Safety
+    ///
+    /// `raw` is a live descriptor of this kind; `v` points to `size` readable bytes of the type
+    /// `attr` takes.
+    unsafe fn set(
+        raw: Self::Raw,
+        attr: Self::Attr,
+        v: *const c_void,
+        size: usize,
+    ) -> std::result::Result<(), CublasError>;
+    /// # Safety
+    ///
+    /// `raw` is a live descriptor of this kind, destroyed once.
+    unsafe fn destroy(raw: Self::Raw) -> std::result::Result<(), CublasError>;
+}
 
-impl OpDesc {
-    pub(super) fn new(compute: sys::cublasComputeType_t) -> Result<Self> {
-        result::create_matmul_desc(compute, sys::cudaDataType::CUDA_R_32F)
-            .map(OpDesc)
-            .map_err(|e| cublaslt_error("cublasLtMatmulDescCreate", e))
-    }
-    pub(super) fn set<V: Copy>(
-        &self,
-        attr: sys::cublasLtMatmulDescAttributes_t,
-        v: &V,
-    ) -> Result<()> {
-        // SAFETY: live descriptor; `v` points to a `V` of `size_of::<V>()` bytes, the type the
-        // attribute takes (callers pass i32 for transposes, u32 for the epilogue, u64 for
-        // pointers, i64 for the aux leading dimension).
+/// An owned cuBLASLt descriptor, destroyed on drop (a failure is logged).
+pub(super) struct Desc<K: Kind>(pub(super) K::Raw);
+
+impl<K: Kind> Desc<K> {
+    /// Sets attribute `attr` to `v`. Callers pass the type the attribute takes: i32 for
+    /// transposes, u32 for the epilogue and alignments, u64 for pointers and the workspace size,
+    /// i64 for the aux leading dimension.
+    pub(super) fn set<V: Copy>(&self, attr: K::Attr, v: &V) -> Result<()> {
+        // SAFETY: live descriptor (owned by `self`); `v` points to a `V` of `size_of::<V>()`
+        // bytes, the type the attribute takes (see above).
         unsafe {
-            result::set_matmul_desc_attribute(
+            K::set(
                 self.0,
                 attr,
                 (v as *const V).cast::<c_void>(),
                 size_of::<V>(),
             )
         }
-        .map_err(|e| cublaslt_error("cublasLtMatmulDescSetAttribute", e))
+        .map_err(|e| cublaslt_error(K::SET, e))
     }
 }
 
-impl Drop for OpDesc {
+impl<K: Kind> Drop for Desc<K> {
     fn drop(&mut self) {
-        // SAFETY: created by cublasLtMatmulDescCreate, destroyed once.
-        if let Err(e) = unsafe { result::destroy_matmul_desc(self.0) } {
-            log::warn!("cublasLtMatmulDescDestroy: {e}");
+        // SAFETY: created by the kind's create call (the only way to build a `Desc`), destroyed
+        // once, here.
+        if let Err(e) = unsafe { K::destroy(self.0) } {
+            log::warn!("{}: {e}", K::DESTROY);
         }
     }
 }
 
-pub(super) struct LayoutDesc(pub(super) sys::cublasLtMatrixLayout_t);
+/// `cublasLtMatmulDesc_t`.
+pub(super) enum Op {}
+/// `cublasLtMatrixLayout_t`.
+pub(super) enum Layout {}
+/// `cublasLtMatmulPreference_t`.
+pub(super) enum Pref {}
+
+pub(super) type OpDesc = Desc<Op>;
+pub(super) type LayoutDesc = Desc<Layout>;
+pub(super) type PrefDesc = Desc<Pref>;
+
+/// Implements [`Kind`] for a descriptor kind from cudarc's `set_*` and `destroy_*` calls.
+macro_rules! kind {
+    ($kind:ty, $raw:ty, $attr:ty, $set:ident, $set_name:literal, $destroy:ident, $destroy_name:literal) => {
+        impl Kind for $kind {
+            type Raw = $raw;
+            type Attr = $attr;
+            const SET: &'static str = $set_name;
+            const DESTROY: &'static str = $destroy_name;
+            unsafe fn set(
+                raw: Self::Raw,
+                attr: Self::Attr,
+                v: *const c_void,
+                size: usize,
+            ) -> std::result::Result<(), CublasError> {
+                // SAFETY: the caller's contract.
+                unsafe { result::$set(raw, attr, v, size) }
+            }
+            unsafe fn destroy(raw: Self::Raw) -> std::result::Result<(), CublasError> {
+                // SAFETY: the caller's contract.
+                unsafe { result::$destroy(raw) }
+            }
+        }
+    };
+}
+
+kind!(
+    Op,
+    sys::cublasLtMatmulDesc_t,
+    sys::cublasLtMatmulDescAttributes_t,
+    set_matmul_desc_attribute,
+    "cublasLtMatmulDescSetAttribute",
+    destroy_matmul_desc,
+    "cublasLtMatmulDescDestroy"
+);
+kind!(
+    Layout,
+    sys::cublasLtMatrixLayout_t,
+    sys::cublasLtMatrixLayoutAttribute_t,
+    set_matrix_layout_attribute,
+    "cublasLtMatrixLayoutSetAttribute",
+    destroy_matrix_layout,
+    "cublasLtMatrixLayoutDestroy"
+);
+kind!(
+    Pref,
+    sys::cublasLtMatmulPreference_t,
+    sys::cublasLtMatmulPreferenceAttributes_t,
+    set_matmul_pref_attribute,
+    "cublasLtMatmulPreferenceSetAttribute",
+    destroy_matmul_pref,
+    "cublasLtMatmulPreferenceDestroy"
+);
+
+impl OpDesc {
+    pub(super) fn new(compute: sys::cublasComputeType_t) -> Result<Self> {
+        result::create_matmul_desc(compute, sys::cudaDataType::CUDA_R_32F)
+            .map(Desc)
+            .map_err(|e| cublaslt_error("cublasLtMatmulDescCreate", e))
+    }
+}
 
 impl LayoutDesc {
     pub(super) fn new(dtype: sys::cudaDataType, rows: u64, cols: u64) -> Result<Self> {
         // Packed column-major: the leading dimension is the row count (< 2^31).
         result::create_matrix_layout(dtype, rows, cols, rows as i64)
-            .map(LayoutDesc)
+            .map(Desc)
             .map_err(|e| cublaslt_error("cublasLtMatrixLayoutCreate", e))
     }
 }
 
-impl Drop for LayoutDesc {
-    fn drop(&mut self) {
-        // SAFETY: created by cublasLtMatrixLayoutCreate, destroyed once.
-        if let Err(e) = unsafe { result::destroy_matrix_layout(self.0) } {
-            log::warn!("cublasLtMatrixLayoutDestroy: {e}");
-        }
-    }
-}
-
-pub(super) struct PrefDesc(pub(super) sys::cublasLtMatmulPreference_t);
-
 impl PrefDesc {
     pub(super) fn new(workspace_limit: usize, align: &Alignments) -> Result<Self> {
         let p = result::create_matmul_pref()
-            .map(PrefDesc)
+            .map(Desc)
             .map_err(|e| cublaslt_error("cublasLtMatmulPreferenceCreate", e))?;
         use sys::cublasLtMatmulPreferenceAttributes_t as P;
         p.set(
@@ -104,32 +183,6 @@ impl PrefDesc {
         p.set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align.d)?;
         p.set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align.d)?;
         Ok(p)
-    }
-    pub(super) fn set<V: Copy>(
-        &self,
-        attr: sys::cublasLtMatmulPreferenceAttributes_t,
-        v: &V,
-    ) -> Result<()> {
-        // SAFETY: live preference; `v` points to a `V` of `size_of::<V>()` bytes, the type the
-        // attribute takes (u64 for the workspace size, u32 for alignments).
-        unsafe {
-            result::set_matmul_pref_attribute(
-                self.0,
-                attr,
-                (v as *const V).cast::<c_void>(),
-                size_of::<V>(),
-            )
-        }
-        .map_err(|e| cublaslt_error("cublasLtMatmulPreferenceSetAttribute", e))
-    }
-}
-
-impl Drop for PrefDesc {
-    fn drop(&mut self) {
-        // SAFETY: created by cublasLtMatmulPreferenceCreate, destroyed once.
-        if let Err(e) = unsafe { result::destroy_matmul_pref(self.0) } {
-            log::warn!("cublasLtMatmulPreferenceDestroy: {e}");
-        }
     }
 }
 
@@ -220,6 +273,16 @@ pub(super) struct Alignments {
     pub(super) d: u32,
     pub(super) bias: u32,
     pub(super) aux: u32,
+}
+
+impl fmt::Display for Alignments {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a {}, b {}, d {}, bias {}, aux {} bytes",
+            self.a, self.b, self.d, self.bias, self.aux
+        )
+    }
 }
 
 impl Alignments {

@@ -2,7 +2,7 @@
 use std::fmt;
 
 use cudarc::cublaslt::sys;
-use cudarc::driver::{CudaView, CudaViewMut};
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 #[cfg(doc)]
 use super::{BlasLt, Matmul};
@@ -234,6 +234,40 @@ impl<'a, T> EpilogueData<'a, T> {
         EpilogueData::AuxBiasGrad {
             aux: aux.view(),
             bias_grad: bias_grad.view_mut(),
+        }
+    }
+
+    /// Device addresses of the bias and aux buffers (0 where the variant has none), with the
+    /// cudarc guards that order their use on `stream`: they must live until the launch is
+    /// enqueued. Inputs are taken as shared, outputs as exclusive device pointers.
+    pub(super) fn device_ptrs<'s>(
+        &'s mut self,
+        stream: &'s CudaStream,
+    ) -> (u64, u64, [Option<SyncOnDrop<'s>>; 2]) {
+        match self {
+            EpilogueData::None => (0, 0, [None, None]),
+            EpilogueData::Bias(bias) => {
+                let (p, g) = bias.device_ptr(stream);
+                (p, 0, [Some(g), None])
+            }
+            EpilogueData::BiasGrad(db) => {
+                let (p, g) = db.device_ptr_mut(stream);
+                (p, 0, [Some(g), None])
+            }
+            EpilogueData::BiasAux { bias, aux } => {
+                let (p, g) = bias.device_ptr(stream);
+                let (q, h) = aux.device_ptr_mut(stream);
+                (p, q, [Some(g), Some(h)])
+            }
+            EpilogueData::Aux(aux) => {
+                let (q, h) = aux.device_ptr(stream);
+                (0, q, [None, Some(h)])
+            }
+            EpilogueData::AuxBiasGrad { aux, bias_grad } => {
+                let (p, g) = bias_grad.device_ptr_mut(stream);
+                let (q, h) = aux.device_ptr(stream);
+                (p, q, [Some(g), Some(h)])
+            }
         }
     }
 

@@ -14,8 +14,10 @@ use super::{Epilogue, Matmul};
 use super::{
     Policy, Stats, CACHE_ENV, DEFAULT_AUTOTUNE_CANDIDATES, DEFAULT_WORKSPACE, MAX_CANDIDATES,
 };
-use crate::blas::{cublaslt_error, require_cublaslt};
-use crate::error::{Error, Result};
+use crate::blas::{self, cublaslt_error, require_cublaslt};
+#[cfg(doc)]
+use crate::error::Error;
+use crate::error::Result;
 use crate::workspace::Workspace;
 
 /// A cuBLASLt handle (`cublasLtHandle_t`) bound to one CUDA stream, with its workspace, its
@@ -138,16 +140,9 @@ impl BlasLt {
     #[doc(alias = "cublasLtCreate")]
     pub fn new(stream: Arc<CudaStream>) -> Result<Self> {
         require_cublaslt()?;
-        stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| Error::driver("binding the CUDA context", e))?;
+        blas::bind(&stream)?;
         let h = result::create_handle().map_err(|e| cublaslt_error("cublasLtCreate", e))?;
-        let raw = NonNull::new(h).ok_or(Error::Blas {
-            library: "cuBLASLt",
-            function: "cublasLtCreate",
-            status: "returned a null handle".into(),
-        })?;
+        let raw = blas::created(h, "cuBLASLt", "cublasLtCreate")?;
         // SAFETY: a plain query of the loaded library (present, checked above).
         let version = unsafe { sys::cublasLtGetVersion() };
         let lt = BlasLt {
@@ -202,13 +197,7 @@ impl BlasLt {
 
     /// Moves the handle to another stream of the same CUDA context.
     pub fn set_stream(&mut self, stream: Arc<CudaStream>) -> Result<()> {
-        if **stream.context() != **self.stream.context() {
-            return Err(Error::ForeignContext {
-                name: "stream",
-                expected: self.stream.context().ordinal(),
-                found: stream.context().ordinal(),
-            });
-        }
+        blas::same_context("stream", &self.stream, &stream)?;
         self.stream = stream;
         Ok(())
     }
@@ -260,10 +249,7 @@ impl BlasLt {
     }
 
     pub(super) fn bind(&self) -> Result<()> {
-        self.stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| Error::driver("binding the CUDA context", e))
+        blas::bind(&self.stream)
     }
 }
 

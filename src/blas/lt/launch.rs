@@ -5,10 +5,10 @@ use std::mem::size_of;
 use std::sync::Arc;
 
 use cudarc::cublaslt::{result, sys};
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
+use cudarc::driver::{CudaStream, DeviceSlice};
 
 use super::desc::{Alignments, Descs, PrefDesc, RawHeuristic};
-use super::tune::{candidate, ranked_of, Ranked};
+use super::tune::{candidate, ranked_of, Key, Ranked};
 #[cfg(doc)]
 use super::Policy;
 use super::{
@@ -30,6 +30,17 @@ pub(super) fn alignment_of(ptr: u64) -> u32 {
     }
 }
 
+/// What every launch of one call shares: the stream, the descriptors, the scalars and the
+/// addresses of A, B and D.
+#[derive(Clone, Copy)]
+pub(super) struct Call<'a> {
+    pub(super) stream: &'a Arc<CudaStream>,
+    pub(super) descs: &'a Descs,
+    pub(super) alpha: f32,
+    pub(super) beta: f32,
+    pub(super) ptrs: &'a Ptrs,
+}
+
 /// Device addresses of A, B and D (the bias and aux addresses live in the descriptor).
 #[derive(Clone, Copy)]
 pub(super) struct Ptrs {
@@ -46,22 +57,7 @@ impl BlasLt {
         buf: &B,
         required: usize,
     ) -> Result<()> {
-        let ctx = buf.stream().context();
-        if **ctx != **self.stream.context() {
-            return Err(Error::ForeignContext {
-                name,
-                expected: self.stream.context().ordinal(),
-                found: ctx.ordinal(),
-            });
-        }
-        if buf.len() < required {
-            return Err(Error::BufferTooSmall {
-                name,
-                len: buf.len(),
-                required,
-            });
-        }
-        Ok(())
+        crate::blas::check_buffer(&self.stream, name, buf, required)
     }
 
     /// Everything that can be checked without touching a pointer.
@@ -194,19 +190,7 @@ impl BlasLt {
         self.check_call(op, a, b, &*d, &epi)?;
         let shape = op.shape_code(T::DTYPE);
         if let Some(c) = explicit {
-            if c.shape != shape {
-                return Err(Error::invalid(
-                    "matmul candidate",
-                    format!("one found for {op} in {}", T::DTYPE),
-                    format!("one found for problem {:?}", c.shape),
-                ));
-            }
-            if c.workspace > self.workspace.limit() {
-                return Err(Error::WorkspaceLimit {
-                    requested: c.workspace,
-                    limit: self.workspace.limit(),
-                });
-            }
+            self.check_candidate::<T>(c, op, shape)?;
         }
         self.bind()?;
         // The guards below borrow this local stream, not `self`, so the cache and the
@@ -216,31 +200,7 @@ impl BlasLt {
         let (ap, _ga) = a.device_ptr(&stream);
         let (bp, _gb) = b.device_ptr(&stream);
         let (dp, _gd) = d.device_ptr_mut(&stream);
-        let (bias, _gbias, aux, _gaux) = match &mut epi {
-            EpilogueData::None => (0, None, 0, None),
-            EpilogueData::Bias(bias) => {
-                let (p, g) = bias.device_ptr(&stream);
-                (p, Some(g), 0, None)
-            }
-            EpilogueData::BiasGrad(db) => {
-                let (p, g) = db.device_ptr_mut(&stream);
-                (p, Some(g), 0, None)
-            }
-            EpilogueData::BiasAux { bias, aux } => {
-                let (p, g) = bias.device_ptr(&stream);
-                let (q, h) = aux.device_ptr_mut(&stream);
-                (p, Some(g), q, Some(h))
-            }
-            EpilogueData::Aux(aux) => {
-                let (q, h) = aux.device_ptr(&stream);
-                (0, None, q, Some(h))
-            }
-            EpilogueData::AuxBiasGrad { aux, bias_grad } => {
-                let (p, g) = bias_grad.device_ptr_mut(&stream);
-                let (q, h) = aux.device_ptr(&stream);
-                (p, Some(g), q, Some(h))
-            }
-        };
+        let (bias, aux, _guards) = epi.device_ptrs(&stream);
         let ptrs = Ptrs {
             a: ap,
             b: bp,
@@ -255,19 +215,10 @@ impl BlasLt {
         };
         if let Some(c) = explicit {
             if !align.covers(&c.alignment) {
-                let show = |x: &Alignments| {
-                    format!(
-                        "a {}, b {}, d {}, bias {}, aux {} bytes",
-                        x.a, x.b, x.d, x.bias, x.aux
-                    )
-                };
                 return Err(Error::invalid(
                     "pointer alignment",
-                    format!(
-                        "at least what the candidate assumes: {}",
-                        show(&c.alignment)
-                    ),
-                    show(&align),
+                    format!("at least what the candidate assumes: {}", c.alignment),
+                    align,
                 ));
             }
         }
@@ -279,19 +230,59 @@ impl BlasLt {
                 (r, s, Some(k), align)
             }
         };
+        let call = Call {
+            stream: &stream,
+            descs: &descs,
+            alpha,
+            beta,
+            ptrs: &ptrs,
+        };
+        let rank = self.launch_ranked::<T>(op, &call, &ranked, key.as_ref())?;
+        Ok(Choice {
+            candidate: candidate(&ranked[rank], shape, chosen_for),
+            source,
+            rank,
+        })
+    }
+
+    /// Refuses an explicit candidate found for another problem or needing more workspace than
+    /// the limit.
+    fn check_candidate<T: Element>(
+        &self,
+        c: &Candidate,
+        op: &Matmul,
+        shape: [i64; 8],
+    ) -> Result<()> {
+        if c.shape != shape {
+            return Err(Error::invalid(
+                "matmul candidate",
+                format!("one found for {op} in {}", T::DTYPE),
+                format!("one found for problem {:?}", c.shape),
+            ));
+        }
+        if c.workspace > self.workspace.limit() {
+            return Err(Error::WorkspaceLimit {
+                requested: c.workspace,
+                limit: self.workspace.limit(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Launches the first algorithm of `ranked` cuBLASLt accepts and returns its rank. Algorithms
+    /// cuBLASLt refuses are dropped from the cache entry under `key`; one whose workspace could
+    /// not be allocated is skipped.
+    fn launch_ranked<T: Element>(
+        &mut self,
+        op: &Matmul,
+        call: &Call<'_>,
+        ranked: &[Ranked],
+        key: Option<&Key>,
+    ) -> Result<usize> {
         let mut failures = Vec::new();
         let mut refused = Vec::new();
         for (rank, r) in ranked.iter().enumerate() {
-            match launch(
-                self.raw.as_ptr(),
-                &mut self.workspace,
-                &stream,
-                &descs,
-                r,
-                alpha,
-                beta,
-                &ptrs,
-            ) {
+            match launch(self.raw.as_ptr(), &mut self.workspace, call, r) {
                 Ok(()) => {
                     if rank > 0 {
                         self.stats.fallbacks += 1;
@@ -302,16 +293,12 @@ impl BlasLt {
                             failures.join("; ")
                         );
                     }
-                    if let (Some(key), false) = (&key, refused.is_empty()) {
+                    if let (Some(key), false) = (key, refused.is_empty()) {
                         if let Some(e) = self.cache.get_mut(key) {
                             e.ranked.retain(|x| !refused.contains(&x.algo));
                         }
                     }
-                    return Ok(Choice {
-                        candidate: candidate(r, shape, chosen_for),
-                        source,
-                        rank,
-                    });
+                    return Ok(rank);
                 }
                 Err(e @ Error::Blas { .. }) => {
                     // cuBLASLt refused the algorithm (nothing was enqueued): drop it.
@@ -366,13 +353,8 @@ impl BlasLt {
             op: "cuBLASLt matmul",
             detail: format!(
                 "cuBLASLt's heuristic has no algorithm for {op} with a workspace limit of {} bytes \
-                 and pointer alignments a {}, b {}, d {}, bias {}, aux {} bytes",
+                 and pointer alignments {align}",
                 self.workspace.limit(),
-                align.a,
-                align.b,
-                align.d,
-                align.bias,
-                align.aux
             ),
         };
         match status.result() {
@@ -465,17 +447,19 @@ pub(super) fn algo_id(data: &[u64; 8]) -> i32 {
 }
 
 /// Enqueues one `cublasLtMatmul` with algorithm `r` (growing the workspace to what it needs).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn launch(
     handle: sys::cublasLtHandle_t,
     workspace: &mut Workspace,
-    stream: &Arc<CudaStream>,
-    descs: &Descs,
+    call: &Call<'_>,
     r: &Ranked,
-    alpha: f32,
-    beta: f32,
-    ptrs: &Ptrs,
 ) -> Result<()> {
+    let Call {
+        stream,
+        descs,
+        alpha,
+        beta,
+        ptrs,
+    } = *call;
     workspace.prepare(r.workspace)?;
     let (wsp, _gws) = workspace.device_ptr_mut(stream)?;
     let algo = sys::cublasLtMatmulAlgo_t { data: r.algo };

@@ -10,7 +10,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaStream, DevicePtrMut};
 
 use super::desc::{Alignments, Descs};
-use super::launch::{algo_id, alignment_of, launch, Ptrs};
+use super::launch::{algo_id, alignment_of, launch, Call, Ptrs};
 use super::{BlasLt, Element, Matmul};
 use crate::blas::require_cublaslt;
 use crate::error::{Error, Result};
@@ -425,6 +425,13 @@ impl BlasLt {
     ) -> Result<f32> {
         let raw = self.raw.as_ptr();
         let ws = &mut self.workspace;
+        let call = Call {
+            stream,
+            descs,
+            alpha,
+            beta,
+            ptrs,
+        };
         let mut timed = |reps: usize| -> Result<f32> {
             // CU_EVENT_DEFAULT: cudarc's default (None) creates events with timing disabled.
             let event = || {
@@ -434,7 +441,7 @@ impl BlasLt {
             };
             let start = event()?;
             for _ in 0..reps {
-                launch(raw, ws, stream, descs, r, alpha, beta, ptrs)?;
+                launch(raw, ws, &call, r)?;
             }
             let end = event()?;
             let ms = start
