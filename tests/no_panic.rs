@@ -12,7 +12,7 @@ use std::fmt::Debug;
 use std::path::PathBuf;
 
 use cudnn_safe::activation::{ActivationDesc, ActivationMode, NanPropagation};
-use cudnn_safe::blas::{Epilogue, LtMatmul};
+use cudnn_safe::blas::lt::{Epilogue, Matmul};
 use cudnn_safe::conv::{ConvDesc, ConvMode, MathType};
 use cudnn_safe::graph::{
     alibi_slopes, BatchNormRunning, ConvParams, EngineConfig, Graph, GroupNormMethod, KnobRange,
@@ -653,17 +653,23 @@ fn epilogue() -> impl Strategy<Value = Epilogue> {
 fn matmul_shapes_never_panic() {
     let input = (size(), size(), size(), epilogue(), any::<[bool; 3]>());
     check(512, input, |(m, n, k, e, [ta, tb, tf32])| {
-        for op in [LtMatmul::new(m, n, k), LtMatmul::linear(m, n, k)]
+        // Wrapping casts on purpose: huge sizes become negative dimensions, refused too.
+        let (m, n, k) = (m as i64, n as i64, k as i64);
+        for op in [Matmul::new(m, n, k), Matmul::linear(m, n, k)]
             .into_iter()
             .flatten()
         {
-            let op = op.transpose_a(ta).transpose_b(tb).tf32(tf32).epilogue(e);
+            let op = op
+                .with_transpose_a(ta)
+                .with_transpose_b(tb)
+                .with_tf32(tf32)
+                .with_epilogue(e);
             let lens = [
                 op.a_len(),
                 op.b_len(),
                 op.d_len(),
                 op.bias_len(),
-                op.aux_ld(),
+                op.aux_ld() as usize,
                 op.aux_len(),
             ];
             prop_assert!(lens[2] >= 1 && op.flops() > 0.0, "{lens:?}");
