@@ -42,7 +42,7 @@ use crate::activation::same_dims;
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
-use crate::handle::Cudnn;
+use crate::handle::{same_context, Cudnn};
 use crate::stream_order::cross_use;
 use crate::tensor::{Layout, TensorDesc};
 
@@ -343,15 +343,9 @@ impl Dropout {
         self.desc.id()
     }
 
-    fn check_context(&self, cudnn: &Cudnn) -> Result<()> {
-        if **self.context() != **cudnn.context() {
-            return Err(Error::ForeignContext {
-                name: "dropout",
-                expected: cudnn.context().ordinal(),
-                found: self.context().ordinal(),
-            });
-        }
-        Ok(())
+    /// Errors unless the dropout lives on `cudnn`'s context.
+    pub(crate) fn check_context(&self, cudnn: &Cudnn) -> Result<()> {
+        same_context("dropout", cudnn.context(), self.context())
     }
 }
 

@@ -176,13 +176,7 @@ impl Cudnn {
     /// Moves the handle to another stream of the same CUDA context.
     #[doc(alias = "cudnnSetStream")]
     pub fn set_stream(&mut self, stream: Arc<CudaStream>) -> Result<()> {
-        if **stream.context() != **self.stream.context() {
-            return Err(Error::ForeignContext {
-                name: "stream",
-                expected: self.stream.context().ordinal(),
-                found: stream.context().ordinal(),
-            });
-        }
+        same_context("stream", self.stream.context(), stream.context())?;
         self.bind()?;
         // SAFETY: live handle; same context, checked above; we keep the Arc to the stream.
         unsafe { raw::cudnnSetStream(self.lib(), self.as_raw(), stream.cu_stream().cast()) }?;
@@ -246,14 +240,7 @@ impl Cudnn {
         buf: &B,
         required: usize,
     ) -> Result<()> {
-        let ctx = buf.stream().context();
-        if **ctx != **self.context() {
-            return Err(Error::ForeignContext {
-                name,
-                expected: self.context().ordinal(),
-                found: ctx.ordinal(),
-            });
-        }
+        same_context(name, self.context(), buf.stream().context())?;
         if buf.len() < required {
             return Err(Error::BufferTooSmall {
                 name,
@@ -300,4 +287,21 @@ impl Drop for Cudnn {
             }
         }
     }
+}
+
+/// Errors unless `found` (the context of the thing called `name`) is `expected` (the handle's):
+/// memory or state of another context would be a wild pointer for a launch on this one.
+pub(crate) fn same_context(
+    name: &'static str,
+    expected: &CudaContext,
+    found: &CudaContext,
+) -> Result<()> {
+    if *found != *expected {
+        return Err(Error::ForeignContext {
+            name,
+            expected: expected.ordinal(),
+            found: found.ordinal(),
+        });
+    }
+    Ok(())
 }

@@ -281,13 +281,7 @@ impl<T: DataType> RnnBuilder<T> {
         cudnn.bind()?;
         let dropout = match self.dropout {
             Some(d) => {
-                if **d.context() != **cudnn.context() {
-                    return Err(Error::ForeignContext {
-                        name: "dropout",
-                        expected: cudnn.context().ordinal(),
-                        found: d.context().ordinal(),
-                    });
-                }
+                d.check_context(cudnn)?;
                 DropoutSlot::User(RefCell::new(d))
             }
             None => DropoutSlot::Off(NoDropout::new(cudnn)?),

@@ -149,13 +149,7 @@ impl<T: DataType> Rnn<T> {
         let d = d
             .try_borrow_mut()
             .map_err(|_| Error::invalid("RNN dropout", "no other use in progress", "in use"))?;
-        if **d.context() != **cudnn.context() {
-            return Err(Error::ForeignContext {
-                name: "dropout",
-                expected: cudnn.context().ordinal(),
-                found: d.context().ordinal(),
-            });
-        }
+        d.check_context(cudnn)?;
         Ok(Some(d))
     }
 
@@ -381,15 +375,17 @@ impl<T: DataType> Rnn<T> {
         Ok(reserve)
     }
 
-    /// Checks that `reserve` comes from a training forward of this network over these
-    /// sequence descriptors, on this handle's context.
-    fn check_reserve(
+    /// The checks both backward calls start with: [`check_io`](Self::check_io), and that
+    /// `reserve` comes from a training forward of this network over these sequence descriptors,
+    /// on this handle's context.
+    fn check_backward(
         &self,
         cudnn: &Cudnn,
         reserve: &RnnReserve<T>,
         x_desc: &SeqDataDesc<T>,
         y_desc: &SeqDataDesc<T>,
     ) -> Result<()> {
+        self.check_io(x_desc, y_desc)?;
         if reserve.rnn != self.id()
             || reserve.x_desc != x_desc.id()
             || reserve.y_desc != y_desc.id()
@@ -439,8 +435,7 @@ impl<T: DataType> Rnn<T> {
         let (y, dy, dx, weights) = (&y, &dy, &mut dx, &weights);
         let (hx, cx, dhy, dcy) = (hx.as_ref(), cx.as_ref(), dhy.as_ref(), dcy.as_ref());
         let (dhx, dcx) = (dhx.as_mut(), dcx.as_mut());
-        self.check_io(x_desc, y_desc)?;
-        self.check_reserve(cudnn, reserve, x_desc, y_desc)?;
+        self.check_backward(cudnn, reserve, x_desc, y_desc)?;
         reserve.state.ready_for_data()?;
         for (name, given) in [
             ("cx", cx.is_some()),
@@ -549,8 +544,7 @@ impl<T: DataType> Rnn<T> {
             mode,
         } = args;
         let (x, y, dweights, hx) = (&x, &y, &mut dweights, hx.as_ref());
-        self.check_io(x_desc, y_desc)?;
-        self.check_reserve(cudnn, reserve, x_desc, y_desc)?;
+        self.check_backward(cudnn, reserve, x_desc, y_desc)?;
         reserve.state.ready_for_weights()?;
         reserve.check_states_match(hx.is_some(), None)?;
         let batch = x_desc.batch();
