@@ -5,6 +5,7 @@ use std::marker::PhantomData;
 
 use cudnn_safe_sys as sys;
 
+use super::int_arg;
 use super::params::query_params;
 use super::{ffi, BiasMode, CellMode, DirectionMode, InputMode, Rnn, RnnAlgo};
 use crate::conv::MathType;
@@ -91,16 +92,6 @@ pub(super) struct Config {
     pub(super) padded_io: bool,
 }
 
-fn size_arg(what: &'static str, v: i64) -> Result<i32> {
-    if v < 1 {
-        return Err(Error::invalid(what, "at least 1", v));
-    }
-    i32::try_from(v).map_err(|_| Error::Overflow {
-        what,
-        detail: format!("{v} does not fit cuDNN's 32-bit int"),
-    })
-}
-
 /// By-value builder setters: `set` stores the value, `some` stores `Some(value)`.
 macro_rules! setters {
     ($($(#[$m:meta])* $kind:ident $name:ident: $ty:ty;)*) => {
@@ -185,13 +176,13 @@ impl<T: DataType> RnnBuilder<T> {
                 detail: format!("{} (cuDNN RNNs take f32, f64, f16 or bf16)", T::DTYPE),
             });
         }
-        let input_size = size_arg("RNN input size", self.input_size)?;
-        let hidden_size = size_arg("RNN hidden size", self.hidden_size)?;
-        let layers = size_arg("RNN layer count", self.layers)?;
+        let input_size = int_arg("RNN input size", self.input_size)?;
+        let hidden_size = int_arg("RNN hidden size", self.hidden_size)?;
+        let layers = int_arg("RNN layer count", self.layers)?;
         let proj_size = match self.proj_size {
             None => hidden_size,
             Some(p) => {
-                let p = size_arg("LSTM projection size", p)?;
+                let p = int_arg("LSTM projection size", p)?;
                 if p > hidden_size {
                     return Err(Error::invalid(
                         "LSTM projection size",

@@ -57,7 +57,7 @@
 //! rnn.forward_inference(&cudnn, Forward::new(&x_d, &x, &y_d, &mut y, &w).hy(&mut hy), &mut ws)?;
 //! # Ok(()) }
 //! ```
-use std::cell::RefCell;
+use std::cell::{RefCell, RefMut};
 use std::fmt;
 use std::marker::PhantomData;
 
@@ -65,7 +65,7 @@ use cudnn_safe_sys as sys;
 
 use crate::conv::MathType;
 use crate::dtype::{DType, DataType};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tensor::TensorDesc;
 
 mod args;
@@ -87,15 +87,31 @@ pub use pytorch::PyTorchParam;
 pub use reserve::RnnReserve;
 pub use settings::{BiasMode, CellMode, Direction, DirectionMode, InputMode, RnnAlgo};
 
-/// The product of a state buffer's dimensions, `usize::MAX` past `usize` (a caller's batch can
-/// be anything).
-fn saturating_product(dims: [usize; 3]) -> usize {
-    dims.iter().fold(1usize, |a, &d| a.saturating_mul(d))
+/// The product of a state buffer's dimensions, `usize::MAX` past `usize` or for a negative
+/// dimension (a caller's batch can be anything; no buffer is that long, so a launch refuses it).
+fn saturating_product(dims: [i64; 3]) -> usize {
+    dims.iter()
+        .try_fold(1usize, |a, &d| {
+            Some(a.saturating_mul(usize::try_from(d).ok()?))
+        })
+        .unwrap_or(usize::MAX)
+}
+
+/// A size handed to cuDNN as an `int`, named `what` in the error: at least 1, at most
+/// `i32::MAX`.
+fn int_arg(what: &'static str, v: i64) -> Result<i32> {
+    if v < 1 {
+        return Err(Error::invalid(what, "at least 1", v));
+    }
+    i32::try_from(v).map_err(|_| Error::Overflow {
+        what,
+        detail: format!("{v} does not fit cuDNN's 32-bit int"),
+    })
 }
 
 /// The hidden- and cell-state descriptors for one batch size.
 pub(crate) struct StateDescs<T: DataType> {
-    batch: usize,
+    batch: i64,
     pub(crate) h: TensorDesc<T>,
     pub(crate) c: TensorDesc<T>,
 }
@@ -142,6 +158,10 @@ impl<T: DataType> Rnn<T> {
     /// A builder for a one-layer, unidirectional network of `cell`s reading `input_size` values
     /// per step with `hidden_size` hidden units, linear input, double bias, no dropout, no
     /// projection, the standard algorithm and padded I/O enabled.
+    ///
+    /// Sizes are dimensions, `i64` as in [`TensorDesc`](crate::TensorDesc) (the getters return
+    /// them the same way); [`RnnBuilder::build`] refuses one below 1
+    /// ([`Error::InvalidArgument`]) or above cuDNN's `i32::MAX` ([`Error::Overflow`]), naming it.
     pub fn builder(cell: CellMode, input_size: i64, hidden_size: i64) -> RnnBuilder<T> {
         RnnBuilder::new(cell, input_size, hidden_size)
     }
@@ -155,32 +175,32 @@ impl<T: DataType> Rnn<T> {
         self.cfg.direction
     }
     /// 1 or 2.
-    pub fn directions(&self) -> usize {
-        self.cfg.direction.count()
+    pub fn directions(&self) -> i64 {
+        self.cfg.direction.count() as i64
     }
     /// Stacked layers.
-    pub fn layers(&self) -> usize {
-        self.cfg.layers as usize
+    pub fn layers(&self) -> i64 {
+        i64::from(self.cfg.layers)
     }
     /// Values per step of the input.
-    pub fn input_size(&self) -> usize {
-        self.cfg.input_size as usize
+    pub fn input_size(&self) -> i64 {
+        i64::from(self.cfg.input_size)
     }
     /// Hidden units per layer and direction (the LSTM cell-state width).
-    pub fn hidden_size(&self) -> usize {
-        self.cfg.hidden_size as usize
+    pub fn hidden_size(&self) -> i64 {
+        i64::from(self.cfg.hidden_size)
     }
     /// Width of the hidden state and of each direction's output: the projection size of a
     /// projected LSTM, the hidden size otherwise.
-    pub fn state_size(&self) -> usize {
-        self.cfg.proj_size as usize
+    pub fn state_size(&self) -> i64 {
+        i64::from(self.cfg.proj_size)
     }
     /// Whether the LSTM projects its hidden state.
     pub fn has_projection(&self) -> bool {
         self.cfg.proj_size < self.cfg.hidden_size
     }
     /// Values per step of the output: `directions · state_size`.
-    pub fn output_size(&self) -> usize {
+    pub fn output_size(&self) -> i64 {
         self.directions() * self.state_size()
     }
     /// First-layer input mode.
@@ -209,22 +229,22 @@ impl<T: DataType> Rnn<T> {
     }
 
     /// `[layers · directions, batch, state_size]`: the shape of `hx`, `hy`, `dhx`, `dhy`.
-    pub fn hidden_state_dims(&self, batch: usize) -> [usize; 3] {
+    pub fn hidden_state_dims(&self, batch: i64) -> [i64; 3] {
         [self.layers() * self.directions(), batch, self.state_size()]
     }
     /// Elements of a hidden-state buffer for `batch` sequences (`usize::MAX` when the product
     /// does not fit: no buffer is that long, so a launch refuses it).
-    pub fn hidden_state_len(&self, batch: usize) -> usize {
+    pub fn hidden_state_len(&self, batch: i64) -> usize {
         saturating_product(self.hidden_state_dims(batch))
     }
     /// `[layers · directions, batch, hidden_size]`: the shape of the LSTM's `cx`, `cy`, `dcx`,
     /// `dcy`.
-    pub fn cell_state_dims(&self, batch: usize) -> [usize; 3] {
+    pub fn cell_state_dims(&self, batch: i64) -> [i64; 3] {
         [self.layers() * self.directions(), batch, self.hidden_size()]
     }
     /// Elements of an LSTM cell-state buffer for `batch` sequences (`usize::MAX` when the
     /// product does not fit).
-    pub fn cell_state_len(&self, batch: usize) -> usize {
+    pub fn cell_state_len(&self, batch: i64) -> usize {
         saturating_product(self.cell_state_dims(batch))
     }
 
@@ -265,16 +285,16 @@ impl<T: DataType> Rnn<T> {
     }
 
     /// The state descriptors for `batch`, created on first use and kept for the last size.
-    pub(crate) fn state_descs(&self, batch: usize) -> Result<std::cell::Ref<'_, StateDescs<T>>> {
-        let fresh = !matches!(&*self.state_descs.borrow(), Some(s) if s.batch == batch);
-        if fresh {
-            let dims = |d: [usize; 3]| d.map(|v| v as i64);
-            let h = TensorDesc::<T>::nchw_nd(&dims(self.hidden_state_dims(batch)))?;
-            let c = TensorDesc::<T>::nchw_nd(&dims(self.cell_state_dims(batch)))?;
-            *self.state_descs.borrow_mut() = Some(StateDescs { batch, h, c });
-        }
-        Ok(std::cell::Ref::map(self.state_descs.borrow(), |s| {
-            s.as_ref().expect("state descriptors were just set")
-        }))
+    pub(crate) fn state_descs(&self, batch: i64) -> Result<RefMut<'_, StateDescs<T>>> {
+        let mut slot = self.state_descs.borrow_mut();
+        let descs = match slot.take() {
+            Some(s) if s.batch == batch => s,
+            _ => StateDescs {
+                batch,
+                h: TensorDesc::<T>::nchw_nd(&self.hidden_state_dims(batch))?,
+                c: TensorDesc::<T>::nchw_nd(&self.cell_state_dims(batch))?,
+            },
+        };
+        Ok(RefMut::map(slot, |s| s.insert(descs)))
     }
 }

@@ -6,7 +6,7 @@
 //! the network's weight-space length); cell states only for LSTMs; the workspace grows (within
 //! its limit) to what cuDNN asks for; and a reserve comes from a training forward of the same
 //! network and descriptors, with backward data run before backward weights.
-use std::cell::{Ref, RefMut};
+use std::cell::RefMut;
 use std::ffi::c_void;
 use std::marker::PhantomData;
 
@@ -58,7 +58,7 @@ fn check_opt<T, B: DeviceSlice<T> + ?Sized>(
 }
 
 fn seq_dims<T: DataType>(d: &SeqDataDesc<T>) -> Vec<i64> {
-    vec![d.max_len() as i64, d.batch() as i64, d.vector_size() as i64]
+    vec![d.max_len(), d.batch(), d.vector_size()]
 }
 
 /// Memo tags for `Cudnn`'s workspace-size cache: far above any convolution algorithm number
@@ -75,7 +75,7 @@ impl<T: DataType> Rnn<T> {
                 a: "x",
                 a_dims: seq_dims(x_desc),
                 b: "rnn",
-                b_dims: vec![self.input_size() as i64],
+                b_dims: vec![self.input_size()],
                 rule: "the input vector size must equal the RNN's input size",
             });
         }
@@ -84,7 +84,7 @@ impl<T: DataType> Rnn<T> {
                 a: "y",
                 a_dims: seq_dims(y_desc),
                 b: "rnn",
-                b_dims: vec![self.output_size() as i64],
+                b_dims: vec![self.output_size()],
                 rule: "the output vector size must equal directions × (projection or hidden) size",
             });
         }
@@ -129,7 +129,7 @@ impl<T: DataType> Rnn<T> {
         mode: ForwardMode,
         x_desc: &SeqDataDesc<T>,
         workspace: &mut Workspace,
-    ) -> Result<(TempSpace, Ref<'_, StateDescs<T>>)> {
+    ) -> Result<(TempSpace, RefMut<'_, StateDescs<T>>)> {
         cudnn.check_workspace_context(workspace)?;
         let sizes = self.temp_space_sizes(cudnn, mode, x_desc)?;
         workspace.prepare(sizes.workspace)?;
