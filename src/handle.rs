@@ -240,15 +240,7 @@ impl Cudnn {
         buf: &B,
         required: usize,
     ) -> Result<()> {
-        same_context(name, self.context(), buf.stream().context())?;
-        if buf.len() < required {
-            return Err(Error::BufferTooSmall {
-                name,
-                len: buf.len(),
-                required,
-            });
-        }
-        Ok(())
+        check_buffer_on(self.context(), name, buf, required)
     }
 
     /// [`Self::check_buffer`] against a layout's span, plus the no-overlap rule for outputs.
@@ -287,6 +279,25 @@ impl Drop for Cudnn {
             }
         }
     }
+}
+
+/// Errors unless `buf` (called `name`) lives on `ctx` and holds at least `required` elements:
+/// the check every launch makes of its buffers, for any handle bound to `ctx`.
+pub(crate) fn check_buffer_on<T, B: DeviceSlice<T> + ?Sized>(
+    ctx: &CudaContext,
+    name: &'static str,
+    buf: &B,
+    required: usize,
+) -> Result<()> {
+    same_context(name, ctx, buf.stream().context())?;
+    if buf.len() < required {
+        return Err(Error::BufferTooSmall {
+            name,
+            len: buf.len(),
+            required,
+        });
+    }
+    Ok(())
 }
 
 /// Errors unless `found` (the context of the thing called `name`) is `expected` (the handle's):
