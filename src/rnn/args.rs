@@ -75,7 +75,8 @@ pub enum WeightGradMode {
 /// initial states (`hx`, LSTM `cx`; zero when absent) and final states (`hy`, LSTM `cy`; not
 /// computed when absent).
 ///
-/// `hx`/`hy` hold [`Rnn::hidden_state_len`] elements, `cx`/`cy` [`Rnn::cell_state_len`].
+/// `hx`/`hy` hold [`Rnn::hidden_state_len`](super::Rnn::hidden_state_len) elements, `cx`/`cy`
+/// [`Rnn::cell_state_len`](super::Rnn::cell_state_len).
 #[must_use]
 pub struct Forward<'a, T: DataType> {
     pub(super) x_desc: &'a SeqDataDesc<T>,

@@ -159,7 +159,7 @@ impl<T: DataType> Rnn<T> {
     /// per step with `hidden_size` hidden units, linear input, double bias, no dropout, no
     /// projection, the standard algorithm and padded I/O enabled.
     ///
-    /// Sizes are dimensions, `i64` as in [`TensorDesc`](crate::TensorDesc) (the getters return
+    /// Sizes are dimensions, `i64` as in [`TensorDesc`] (the getters return
     /// them the same way); [`RnnBuilder::build`] refuses one below 1
     /// ([`Error::InvalidArgument`]) or above cuDNN's `i32::MAX` ([`Error::Overflow`]), naming it.
     pub fn builder(cell: CellMode, input_size: i64, hidden_size: i64) -> RnnBuilder<T> {

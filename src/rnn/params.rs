@@ -71,7 +71,7 @@ pub struct WeightParam {
     pub direction: Direction,
     /// cuDNN's pseudo-layer index: `layer · directions + (0 forward | 1 reverse)`.
     pub pseudo_layer: usize,
-    /// cuDNN's linear-layer id (see the [module docs](self)).
+    /// cuDNN's linear-layer id (see the [module docs](crate::rnn)).
     pub lin_id: usize,
     /// Matrix or bias, input or recurrent.
     pub kind: ParamKind,
