@@ -393,7 +393,7 @@ fn check_forward<T: DataType>(
             ForwardMode::Inference => rnn.forward_inference(cudnn, args, &mut ws)?,
             ForwardMode::Training => {
                 let reserve = rnn.forward_training(cudnn, args, &mut ws)?;
-                assert!(reserve.bytes() > 0, "{label}: empty reserve");
+                assert!(reserve.size_in_bytes() > 0, "{label}: empty reserve");
             }
         }
         check_seq_output(
@@ -1181,7 +1181,7 @@ fn backward_rejects_foreign_and_misordered_reserves() {
             &mut f.ws,
         )
         .unwrap();
-    assert_eq!(reserve.bytes(), sizes.reserve);
+    assert_eq!(reserve.size_in_bytes(), sizes.reserve);
     // Another call's reserve: same shapes, other descriptors.
     let x_d2 = SeqDataDesc::<f32>::new(SeqLayout::SeqMajor, 3, 3, &LENS, 0.0).unwrap();
     let y_d2 = SeqDataDesc::<f32>::new(SeqLayout::SeqMajor, 3, 4, &LENS, 0.0).unwrap();

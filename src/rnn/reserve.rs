@@ -52,7 +52,7 @@ impl<T: DataType> std::fmt::Debug for RnnReserve<T> {
 
 impl<T: DataType> RnnReserve<T> {
     /// Bytes cuDNN asked for.
-    pub fn bytes(&self) -> usize {
+    pub fn size_in_bytes(&self) -> usize {
         self.bytes
     }
     /// Whether backward data has run on it (so backward weights may).
