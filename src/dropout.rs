@@ -103,6 +103,7 @@ mod ffi {
 pub(crate) struct NoDropout(ffi::OwnedDropout);
 
 impl NoDropout {
+    /// Creates and sets the descriptor on `cudnn` (bound by the caller).
     pub(crate) fn new(cudnn: &Cudnn) -> Result<Self> {
         let lib = cudnn.lib();
         let d = ffi::OwnedDropout::new(lib)?;
@@ -123,6 +124,7 @@ impl NoDropout {
         Ok(NoDropout(d))
     }
 
+    /// The raw descriptor (still owned by `self`).
     pub(crate) fn as_raw(&self) -> sys::cudnnDropoutDescriptor_t {
         self.0.as_ptr()
     }
