@@ -8,7 +8,6 @@
 //! network and descriptors, with backward data run before backward weights.
 use std::cell::RefMut;
 use std::ffi::c_void;
-use std::marker::PhantomData;
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
 use cudnn_safe_sys as sys;
@@ -233,8 +232,7 @@ impl<T: DataType> Rnn<T> {
         args: Forward<'_, T>,
         workspace: &mut Workspace,
     ) -> Result<()> {
-        self.forward_impl(cudnn, ForwardMode::Inference, args, workspace, None)
-            .map(|_| ())
+        self.forward_impl(cudnn, args, workspace, None)
     }
 
     /// Runs the network over `x` in training mode (dropout between layers if the network has
@@ -246,8 +244,7 @@ impl<T: DataType> Rnn<T> {
         args: Forward<'_, T>,
         workspace: &mut Workspace,
     ) -> Result<RnnReserve<T>> {
-        self.forward_impl(cudnn, ForwardMode::Training, args, workspace, None)
-            .map(|r| r.expect("training returns a reserve"))
+        self.forward_training_impl(cudnn, args, workspace, None)
     }
 
     /// [`forward_training`](Self::forward_training) reusing the memory of an earlier step's
@@ -261,18 +258,34 @@ impl<T: DataType> Rnn<T> {
         workspace: &mut Workspace,
         old: RnnReserve<T>,
     ) -> Result<RnnReserve<T>> {
-        self.forward_impl(cudnn, ForwardMode::Training, args, workspace, Some(old))
-            .map(|r| r.expect("training returns a reserve"))
+        self.forward_training_impl(cudnn, args, workspace, Some(old))
     }
 
-    fn forward_impl(
+    fn forward_training_impl(
         &self,
         cudnn: &Cudnn,
-        mode: ForwardMode,
         args: Forward<'_, T>,
         workspace: &mut Workspace,
         old: Option<RnnReserve<T>>,
-    ) -> Result<Option<RnnReserve<T>>> {
+    ) -> Result<RnnReserve<T>> {
+        let mut reserve = RnnReserve::for_forward(self.id(), &args);
+        self.forward_impl(cudnn, args, workspace, Some((&mut reserve, old)))?;
+        Ok(reserve)
+    }
+
+    /// The forward launch; `training` is the reserve to fill (given its memory here, `old`'s
+    /// when it can be reused) for a training forward, `None` for inference.
+    fn forward_impl(
+        &self,
+        cudnn: &Cudnn,
+        args: Forward<'_, T>,
+        workspace: &mut Workspace,
+        training: Option<(&mut RnnReserve<T>, Option<RnnReserve<T>>)>,
+    ) -> Result<()> {
+        let mode = match training {
+            Some(_) => ForwardMode::Training,
+            None => ForwardMode::Inference,
+        };
         let Forward {
             x_desc,
             x,
@@ -300,19 +313,13 @@ impl<T: DataType> Rnn<T> {
         check_opt(cudnn, "cy", cy.as_deref(), c_len)?;
         let (sizes, states) = self.prepare(cudnn, mode, x_desc, workspace)?;
         let mut dropout = self.training_dropout(cudnn, mode)?;
-        let mut reserve = match mode {
-            ForwardMode::Inference => None,
-            ForwardMode::Training => Some(RnnReserve {
-                buf: RnnReserve::take_buffer(cudnn, sizes.reserve, old)?,
-                bytes: sizes.reserve,
-                rnn: self.id(),
-                x_desc: x_desc.id(),
-                y_desc: y_desc.id(),
-                had_hx: hx.is_some(),
-                had_cx: cx.is_some(),
-                state: ReserveState::Forward,
-                _t: PhantomData,
-            }),
+        let mut reserve = match training {
+            None => None,
+            Some((r, old)) => {
+                r.buf = RnnReserve::take_buffer(cudnn, sizes.reserve, old)?;
+                r.bytes = sizes.reserve;
+                Some(r)
+            }
         };
 
         cudnn.bind()?;
@@ -320,7 +327,7 @@ impl<T: DataType> Rnn<T> {
         let stream: &CudaStream = cudnn.stream();
         // The dropout states and a reused reserve may come from another stream: order their use.
         let dropout_stream = dropout.as_ref().map(|d| d.states_stream().clone());
-        let reserve_stream = reserve.as_ref().and_then(RnnReserve::alloc_stream);
+        let reserve_stream = reserve.as_ref().and_then(|r| r.alloc_stream());
         {
             let _od = cross_use_opt(dropout_stream.as_deref(), stream)?;
             let _or = cross_use_opt(reserve_stream.as_deref(), stream)?;
@@ -372,7 +379,7 @@ impl<T: DataType> Rnn<T> {
                 )
             }?;
         }
-        Ok(reserve)
+        Ok(())
     }
 
     /// The checks both backward calls start with: [`check_io`](Self::check_io), and that

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
+use super::Forward;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -93,6 +94,22 @@ impl ReserveState {
 }
 
 impl<T: DataType> RnnReserve<T> {
+    /// The reserve of a training forward of the network `rnn` (its id) over `args`, before the
+    /// launch gives it memory.
+    pub(super) fn for_forward(rnn: u64, args: &Forward<'_, T>) -> Self {
+        RnnReserve {
+            buf: None,
+            bytes: 0,
+            rnn,
+            x_desc: args.x_desc.id(),
+            y_desc: args.y_desc.id(),
+            had_hx: args.hx.is_some(),
+            had_cx: args.cx.is_some(),
+            state: ReserveState::Forward,
+            _t: PhantomData,
+        }
+    }
+
     /// The memory for a training forward's reserve of `bytes` bytes: `old`'s when it is large
     /// enough and on the handle's context, else a fresh allocation (none for 0 bytes).
     pub(super) fn take_buffer(
