@@ -479,18 +479,18 @@ fn sequence_descriptors_never_panic() {
         return;
     }
     let lengths = prop_oneof![
-        3 => prop::collection::vec(1usize..6, 0..6).prop_map(|mut v| {
+        3 => prop::collection::vec(1i64..6, 0..6).prop_map(|mut v| {
             v.sort_unstable_by(|a, b| b.cmp(a));
             v
         }),
-        1 => prop::collection::vec(size(), 0..6),
+        1 => prop::collection::vec(int(), 0..6),
     ];
     let input = (
         seq_layout(),
-        prop_oneof![3 => 1usize..6, 1 => size()],
-        prop_oneof![3 => 1usize..4, 1 => size()],
+        prop_oneof![3 => 1i64..6, 1 => int()],
+        prop_oneof![3 => 1i64..4, 1 => int()],
         lengths,
-        (size(), size(), size()),
+        (int(), int(), int()),
     );
     check(
         384,
@@ -501,11 +501,11 @@ fn sequence_descriptors_never_panic() {
                 (SeqLayout::Packed, Some(&l)) if max_len < 6 => l,
                 _ => max_len,
             };
-            let _ = SeqDataDesc::<f32>::uniform(layout, max_len, lengths.len(), vector);
+            let _ = SeqDataDesc::<f32>::uniform(layout, max_len, lengths.len() as i64, vector);
             // A valid request for millions of sequences allocates their lengths, as asked: only
             // those refused before allocating (or small ones) run here.
             let stored = max_len.checked_mul(b).and_then(|s| s.checked_mul(vector));
-            if b <= 1 << 16 || stored.is_none_or(|s| s > i32::MAX as usize) {
+            if b <= 1 << 16 || stored.is_none_or(|s| s > i32::MAX as i64) {
                 let _ = SeqDataDesc::<f32>::uniform(layout, max_len, b, vector);
             }
             let Ok(d) = SeqDataDesc::<f32>::new(layout, max_len, vector, &lengths, f32::NAN) else {
@@ -559,7 +559,7 @@ fn huge_packed_lengths_are_refused() {
             "{r:?}"
         );
     }
-    let r = SeqDataDesc::<f32>::uniform(SeqLayout::SeqMajor, 2, usize::MAX, 1);
+    let r = SeqDataDesc::<f32>::uniform(SeqLayout::SeqMajor, 2, i64::MAX, 1);
     assert!(matches!(r, Err(Error::Overflow { .. })), "{r:?}");
     let r = SeqDataDesc::<f32>::uniform(SeqLayout::SeqMajor, 1 << 16, 1 << 16, 1);
     assert!(matches!(r, Err(Error::Overflow { .. })), "{r:?}");
