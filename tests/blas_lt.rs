@@ -684,8 +684,9 @@ fn autotune_picks_a_candidate_caches_and_persists() {
         .unwrap()
         .without_cache_file()
         .with_policy(Policy::Autotune)
-        .autotune_candidates(4)
+        .with_autotune_candidates(4)
         .cache_file(&path);
+    assert_eq!(lt.autotune_candidates(), 4);
     let first = run_case::<bf16>(&stream, &mut lt, &mut rng, op, 1.0, 0.0, None, "tune 1");
     assert_eq!(first.source, Source::Autotune);
     assert!(first.candidate.time_ms.is_some());
@@ -710,7 +711,7 @@ fn autotune_picks_a_candidate_caches_and_persists() {
         .unwrap()
         .without_cache_file()
         .with_policy(Policy::Autotune)
-        .autotune_candidates(4)
+        .with_autotune_candidates(4)
         .cache_file(&path);
     assert!(fresh.cached_decisions() >= 2);
     let third = run_case::<bf16>(&stream, &mut fresh, &mut rng, op, 1.0, 0.0, None, "tune 3");

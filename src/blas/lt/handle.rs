@@ -188,11 +188,17 @@ impl BlasLt {
         self.policy = policy;
     }
 
-    /// How many heuristic candidates an autotune times (1..=64; default 8). Part of the key.
+    /// How many heuristic candidates an autotune times (clamped to 1..=64; default
+    /// [`DEFAULT_AUTOTUNE_CANDIDATES`]). Part of the key.
     #[must_use]
-    pub fn autotune_candidates(mut self, n: usize) -> Self {
+    pub fn with_autotune_candidates(mut self, n: usize) -> Self {
         self.top_n = n.clamp(1, MAX_CANDIDATES);
         self
+    }
+
+    /// How many heuristic candidates an autotune times.
+    pub fn autotune_candidates(&self) -> usize {
+        self.top_n
     }
 
     /// Moves the handle to another stream of the same CUDA context.
