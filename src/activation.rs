@@ -299,15 +299,16 @@ pub(crate) fn check_float<T: DataType>(op: &'static str) -> Result<()> {
 
 /// The tensor shapes cuDNN documents for activation and softmax: "all tensor formats are
 /// supported for 4 and 5 dimensions ... for more than 5 dimensions the tensors must have their
-/// spatial dimensions packed". Lower ranks are not documented at all, so they are refused here
-/// rather than left to cuDNN's kernels.
+/// spatial dimensions packed". A 3-D `[N, C, W]` tensor is handed to cuDNN as 4-D
+/// `[N, C, 1, W]` (see [`TensorDesc::new`]); lower ranks are not documented at all, so they are
+/// refused here rather than left to cuDNN's kernels.
 pub(crate) fn check_nd(what: &'static str, layout: &Layout) -> Result<()> {
     let (dims, strides) = (layout.dims(), layout.strides());
     let r = dims.len();
-    if r < 4 {
+    if r < 3 {
         return Err(Error::invalid(
             what,
-            "4 to 8 dimensions [N, C, spatial...] (give a [N, C] tensor as [N, C, 1, 1])",
+            "3 to 8 dimensions [N, C, spatial...] (give a [N, C] tensor as [N, C, 1])",
             format!("{r} dimensions {dims:?}"),
         ));
     }
@@ -418,7 +419,7 @@ fn fast_relu<T: DataType>(act: &ActivationDesc, layouts: &[&Layout]) -> Option<u
 impl Cudnn {
     /// `y = alpha·f(x) + beta·y`, element-wise, for the activation `f` of `act`.
     ///
-    /// `x` and `y` have the same dimensions (4 to 8 of them) and may differ in strides (e.g. NCHW
+    /// `x` and `y` have the same dimensions (3 to 8 of them) and may differ in strides (e.g. NCHW
     /// in, NHWC out). With `beta == 0` the old contents of `y` are not read. To overwrite the
     /// input, use [`activation_forward_in_place`](Self::activation_forward_in_place).
     ///
@@ -434,7 +435,7 @@ impl Cudnn {
     /// logged at debug level and remembered), runs `cudnnActivationForward`.
     ///
     /// Errors: [`ActivationMode::Identity`] (cuDNN runs it only in the fused convolution),
-    /// non-float types, ranks below 4, shape mismatches, short or foreign buffers, a
+    /// non-float types, ranks below 3, shape mismatches, short or foreign buffers, a
     /// self-overlapping `y`.
     #[doc(alias = "cudnnActivationForward")]
     #[allow(clippy::too_many_arguments)] // mirrors cuDNN's argument list
@@ -796,7 +797,10 @@ mod tests {
 
     #[test]
     fn ranks_and_packed_spatial_dims() {
-        assert!(check_nd("t", &Layout::nchw_nd(&[2, 3, 4]).unwrap()).is_err());
+        assert!(check_nd("t", &Layout::nchw_nd(&[2, 3]).unwrap()).is_err());
+        // [N, C, W]: cuDNN sees [N, C, 1, W].
+        assert!(check_nd("t", &Layout::nchw_nd(&[2, 3, 4]).unwrap()).is_ok());
+        assert!(check_nd("t", &Layout::nhwc_nd(&[2, 3, 4]).unwrap()).is_ok());
         assert!(check_nd("t", &Layout::nchw(2, 3, 4, 5).unwrap()).is_ok());
         assert!(check_nd("t", &Layout::nhwc(2, 3, 4, 5).unwrap()).is_ok());
         assert!(check_nd("t", &Layout::ndhwc(2, 3, 4, 5, 6).unwrap()).is_ok());

@@ -10,7 +10,8 @@
 //! wholly in the padding, whose max or exclusive average is undefined); the builder refuses
 //! both: `0 ≤ pad < window`, which guarantees every window overlaps the input.
 //!
-//! A 1-D pooling is a 2-D one over `[N, C, 1, W]` with a window height of 1.
+//! A 1-D pooling (a window of one dimension) takes `[N, C, W]` tensors; cuDNN runs it as a 2-D
+//! one over `[N, C, 1, W]` with a window height of 1 (see [`TensorDesc::new`]).
 //!
 //! ```no_run
 //! use cudnn_safe::pooling::{PoolingDesc, PoolingMode};
@@ -167,16 +168,16 @@ impl PoolingBuilder {
 
     /// Validates the parameters and creates the cuDNN descriptor.
     ///
-    /// Errors: a window of other than 2 or 3 dimensions; pads or strides of another length;
+    /// Errors: a window of other than 1, 2 or 3 dimensions; pads or strides of another length;
     /// a window or stride < 1; a pad < 0 or ≥ its window; values beyond cuDNN's `int`.
     #[doc(alias = "cudnnCreatePoolingDescriptor")]
     #[doc(alias = "cudnnSetPoolingNdDescriptor")]
     pub fn build(&self) -> Result<PoolingDesc> {
         let n = self.window.len();
-        if !(2..=3).contains(&n) {
+        if !(1..=3).contains(&n) {
             return Err(Error::invalid(
                 "pooling window",
-                "2 or 3 spatial dimensions (a 1-D pooling is a 2-D one with a window height of 1)",
+                "1, 2 or 3 spatial dimensions",
                 format!("{n} dimensions {:?}", self.window),
             ));
         }
@@ -224,17 +225,24 @@ impl PoolingBuilder {
         let lib = raw::lib()?;
         // Owned from here: dropping it destroys the descriptor if the set call fails.
         let desc = ffi::OwnedPooling::new(lib)?;
-        let to_c = |v: &[i64]| v.iter().map(|&x| x as c_int).collect::<Vec<c_int>>();
-        let (w, p, s) = (to_c(&window), to_c(&pads), to_c(&strides));
+        // A 1-D pooling runs as a 2-D one over the unit height of its tensors' cuDNN view.
+        let unit = |v: &[i64], h: c_int| {
+            let mut c: Vec<c_int> = v.iter().map(|&x| x as c_int).collect();
+            if n == 1 {
+                c.insert(0, h);
+            }
+            c
+        };
+        let (w, p, s) = (unit(&window, 1), unit(&pads, 0), unit(&strides, 1));
         // SAFETY: live descriptor; valid enum values; the three arrays hold `nb_dims` values
-        // each, validated to fit `int`.
+        // each (2 or 3), validated to fit `int`.
         unsafe {
             ffi::cudnnSetPoolingNdDescriptor(
                 lib,
                 desc.as_ptr(),
                 self.mode.raw(),
                 self.nan.raw(),
-                n as c_int,
+                w.len() as c_int,
                 w.as_ptr(),
                 p.as_ptr(),
                 s.as_ptr(),
@@ -277,7 +285,7 @@ impl fmt::Debug for PoolingDesc {
 }
 
 impl PoolingDesc {
-    /// A builder for `mode` over a window of 2 or 3 spatial dimensions (`[h, w]` or
+    /// A builder for `mode` over a window of 1, 2 or 3 spatial dimensions (`[w]`, `[h, w]` or
     /// `[d, h, w]`), with no padding, strides equal to the window, propagating NaN.
     #[must_use]
     pub fn builder(mode: PoolingMode, window: &[i64]) -> PoolingBuilder {
@@ -310,11 +318,11 @@ impl PoolingDesc {
     pub fn strides(&self) -> &[i64] {
         &self.strides
     }
-    /// Number of spatial dimensions (2 or 3).
+    /// Number of spatial dimensions (1, 2 or 3).
     pub fn spatial_rank(&self) -> usize {
         self.window.len()
     }
-    /// Rank of the tensors it takes: 4 (`N, C, H, W`) or 5 (`N, C, D, H, W`).
+    /// Rank of the tensors it takes: 3 (`N, C, W`), 4 (`N, C, H, W`) or 5 (`N, C, D, H, W`).
     pub fn tensor_rank(&self) -> usize {
         self.window.len() + 2
     }
@@ -406,7 +414,8 @@ impl PoolingDesc {
 impl Cudnn {
     /// `y = alpha·pool(x) + beta·y`.
     ///
-    /// `x` is `[N, C, H, W]` (or `[N, C, D, H, W]` for a 3-D pooling) in any layout, `y` has
+    /// `x` is `[N, C, H, W]` (`[N, C, W]` for a 1-D pooling, `[N, C, D, H, W]` for a 3-D one) in
+    /// any layout, `y` has
     /// [`PoolingDesc::output_dims`] of it. With `beta == 0` the old contents of `y` are not read.
     ///
     /// Errors: non-float types, a rank not matching the pooling, a `y` of the wrong shape, short

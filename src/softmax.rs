@@ -1,8 +1,9 @@
 //! Softmax and log-softmax (`cudnnSoftmaxForward` / `cudnnSoftmaxBackward`) over the channels of
 //! each position or over everything but the batch.
 //!
-//! Each launch checks, before anything is enqueued: float element type, 4 to 8 dimensions (a
-//! `[N, C]` matrix goes in as `[N, C, 1, 1]`), equal dimensions for every tensor, each buffer
+//! Each launch checks, before anything is enqueued: float element type, 3 to 8 dimensions (a
+//! `[N, C]` matrix goes in as `[N, C, 1]`; cuDNN sees a 3-D `[N, C, W]` as `[N, C, 1, W]`),
+//! equal dimensions for every tensor, each buffer
 //! holding its descriptor's span on the handle's context, and no self-overlapping output.
 //!
 //! One combination is refused although cuDNN accepts it: `f64` tensors with 5 or more
@@ -158,7 +159,8 @@ fn check_f64_channels_last<T: DataType>(
 impl Cudnn {
     /// `y = alpha·softmax(x) + beta·y` (or log-softmax for [`SoftmaxAlgorithm::Log`]).
     ///
-    /// `x` and `y` have the same dimensions, 4 to 8 of them (`[N, C, H, W]`, `[N, C, D, H, W]`,
+    /// `x` and `y` have the same dimensions, 3 to 8 of them (`[N, C, W]`, `[N, C, H, W]`,
+    /// `[N, C, D, H, W]`,
     /// ...; more than 5 only with packed spatial dimensions, cuDNN's rule), in any layouts. With
     /// `beta == 0` the old contents of `y` are not read.
     ///

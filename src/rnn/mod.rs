@@ -1286,8 +1286,8 @@ impl<T: DataType> Rnn<T> {
         let fresh = !matches!(&*self.state_descs.borrow(), Some(s) if s.batch == batch);
         if fresh {
             let dims = |d: [usize; 3]| d.map(|v| v as i64);
-            let h = TensorDesc::<T>::nchw_nd(&dims(self.hidden_state_dims(batch)))?;
-            let c = TensorDesc::<T>::nchw_nd(&dims(self.cell_state_dims(batch)))?;
+            let h = TensorDesc::<T>::nchw_nd_exact(&dims(self.hidden_state_dims(batch)))?;
+            let c = TensorDesc::<T>::nchw_nd_exact(&dims(self.cell_state_dims(batch)))?;
             *self.state_descs.borrow_mut() = Some(StateDescs { batch, h, c });
         }
         Ok(std::cell::Ref::map(self.state_descs.borrow(), |s| {
