@@ -33,7 +33,7 @@
 //! cudnn.pooling_forward(&pool, 1.0, &x_d, &x, 0.0, &y_d, &mut y)?;
 //! # Ok(()) }
 //! ```
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::fmt;
 
 use cudnn_safe_sys as sys;
@@ -41,6 +41,7 @@ use cudnn_safe_sys as sys;
 pub use crate::activation::NanPropagation;
 use crate::activation::{check_float, grad_strides_match, same_dims};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
+use crate::checks::{call_grad, call_xy, Grad};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -434,30 +435,14 @@ impl Cudnn {
     ) -> Result<()> {
         check_float::<T>("pooling")?;
         pool.check_output_dims(x_desc.dims(), y_desc.dims())?;
-        self.check_tensor("x", x_desc.layout(), x, false)?;
-        self.check_tensor("y", y_desc.layout(), y, true)?;
-        self.bind()?;
-        let stream: &cudarc::driver::CudaStream = self.stream();
-        let (xp, _gx) = x.device_ptr(stream);
-        let (yp, _gy) = y.device_ptr_mut(stream);
+        let args = self.xy_args(&alpha, ("x", x_desc, x), &beta, ("y", y_desc, y))?;
         // SAFETY: live handle and descriptors; `x` and `y` hold their descriptors' spans on the
-        // handle's context, `y` does not overlap itself and cannot alias `x` (`&mut` vs `&`);
-        // `y`'s dims are the pooling's output dims of `x`'s (checked above), so the kernel
-        // addresses nothing beyond either descriptor; alpha/beta are `T::Scalar`, the type
-        // cuDNN reads for `T`; the guards keep the buffers alive and ordered until enqueued.
-        unsafe {
-            ffi::cudnnPoolingForward(
-                self.lib(),
-                self.as_raw(),
-                pool.as_raw(),
-                (&alpha as *const T::Scalar).cast::<c_void>(),
-                x_desc.as_raw(),
-                xp as *const c_void,
-                (&beta as *const T::Scalar).cast::<c_void>(),
-                y_desc.as_raw(),
-                yp as *mut c_void,
-            )
-        }
+        // handle's context, `y` does not overlap itself and cannot alias `x` (`&mut` vs `&`)
+        // (checked by `xy_args`); `y`'s dims are the pooling's output dims of `x`'s (checked
+        // above), so the kernel addresses nothing beyond either descriptor; alpha/beta are
+        // `T::Scalar`, the type cuDNN reads for `T`; the guards in `args` keep the buffers
+        // alive and ordered until enqueued.
+        unsafe { call_xy!(ffi::cudnnPoolingForward, self, [pool.as_raw()], args) }
     }
 
     /// `dx = alpha·pool′(dy) + beta·dx`: the gradient of [`pooling_forward`](Self::pooling_forward)
@@ -510,37 +495,13 @@ impl Cudnn {
             "dy with the dims and strides of y (cuDNN's rule)",
             "dx with the dims and strides of x (cuDNN's rule)",
         )?;
-        self.check_tensor("y", y_desc.layout(), y, false)?;
-        self.check_tensor("dy", dy_desc.layout(), dy, false)?;
-        self.check_tensor("x", x_desc.layout(), x, false)?;
-        self.check_tensor("dx", dx_desc.layout(), dx, true)?;
-        self.bind()?;
-        let stream: &cudarc::driver::CudaStream = self.stream();
-        let (yp, _gy) = y.device_ptr(stream);
-        let (dyp, _gdy) = dy.device_ptr(stream);
-        let (xp, _gx) = x.device_ptr(stream);
-        let (dxp, _gdx) = dx.device_ptr_mut(stream);
+        let grad = Grad::Apart(("dy", dy_desc, dy), ("dx", dx_desc, dx));
+        let args = self.grad_args(&alpha, ("y", y_desc, y), ("x", x_desc, x), &beta, grad)?;
         // SAFETY: live handle and descriptors; every buffer holds its descriptor's span on the
         // handle's context; `dx` does not overlap itself and cannot alias the inputs (`&mut` vs
-        // `&`); `y`'s dims are the pooling output of `x`'s, `dy` has `y`'s layout and `dx` has
-        // `x`'s (checked above); alpha/beta are `T::Scalar`; the guards keep the buffers alive
-        // and ordered until enqueued.
-        unsafe {
-            ffi::cudnnPoolingBackward(
-                self.lib(),
-                self.as_raw(),
-                pool.as_raw(),
-                (&alpha as *const T::Scalar).cast::<c_void>(),
-                y_desc.as_raw(),
-                yp as *const c_void,
-                dy_desc.as_raw(),
-                dyp as *const c_void,
-                x_desc.as_raw(),
-                xp as *const c_void,
-                (&beta as *const T::Scalar).cast::<c_void>(),
-                dx_desc.as_raw(),
-                dxp as *mut c_void,
-            )
-        }
+        // `&`) (checked by `grad_args`); `y`'s dims are the pooling output of `x`'s, `dy` has
+        // `y`'s layout and `dx` has `x`'s (checked above); alpha/beta are `T::Scalar`; the
+        // guards in `args` keep the buffers alive and ordered until enqueued.
+        unsafe { call_grad!(ffi::cudnnPoolingBackward, self, [pool.as_raw()], args) }
     }
 }

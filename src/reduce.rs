@@ -33,68 +33,10 @@ use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
-use crate::ops::compute_type;
+use crate::ops::{compute_type, ffi};
 use crate::raw;
 use crate::tensor::{Layout, TensorDesc, TensorFormat};
 use crate::workspace::{Workspace, MAX_WORKSPACE_BYTES};
-
-/// The C calls of the reduction family, declared here as this module's own.
-mod ffi {
-    #![allow(non_snake_case)] // the C names, so a search for them finds these
-
-    use std::ffi::c_void;
-
-    use cudnn_safe_sys as sys;
-
-    crate::raw::raw_fns! {
-        fn cudnnCreateReduceTensorDescriptor(desc: *mut sys::cudnnReduceTensorDescriptor_t);
-        fn cudnnDestroyReduceTensorDescriptor(desc: sys::cudnnReduceTensorDescriptor_t);
-        fn cudnnSetReduceTensorDescriptor(
-            desc: sys::cudnnReduceTensorDescriptor_t,
-            op: sys::cudnnReduceTensorOp_t,
-            compute_type: sys::cudnnDataType_t,
-            nan: sys::cudnnNanPropagation_t,
-            indices: sys::cudnnReduceTensorIndices_t,
-            indices_type: sys::cudnnIndicesType_t,
-        );
-        fn cudnnGetReductionIndicesSize(
-            handle: sys::cudnnHandle_t,
-            desc: sys::cudnnReduceTensorDescriptor_t,
-            a_desc: sys::cudnnTensorDescriptor_t,
-            c_desc: sys::cudnnTensorDescriptor_t,
-            bytes: *mut usize,
-        );
-        fn cudnnGetReductionWorkspaceSize(
-            handle: sys::cudnnHandle_t,
-            desc: sys::cudnnReduceTensorDescriptor_t,
-            a_desc: sys::cudnnTensorDescriptor_t,
-            c_desc: sys::cudnnTensorDescriptor_t,
-            bytes: *mut usize,
-        );
-        fn cudnnReduceTensor(
-            handle: sys::cudnnHandle_t,
-            desc: sys::cudnnReduceTensorDescriptor_t,
-            indices: *mut c_void,
-            indices_bytes: usize,
-            workspace: *mut c_void,
-            workspace_bytes: usize,
-            alpha: *const c_void,
-            a_desc: sys::cudnnTensorDescriptor_t,
-            a: *const c_void,
-            beta: *const c_void,
-            c_desc: sys::cudnnTensorDescriptor_t,
-            c: *mut c_void,
-        );
-    }
-
-    crate::raw::owned_descriptor!(
-        /// An owned `cudnnReduceTensorDescriptor_t`.
-        OwnedReduceTensor,
-        sys::cudnnReduceTensorDescriptor_t,
-        cudnnCreateReduceTensorDescriptor,
-        cudnnDestroyReduceTensorDescriptor
-    );
-}
 
 /// The reduction of [`Cudnn::reduce_tensor`] (`cudnnReduceTensorOp_t`), over the elements of
 /// each reduced slice of `a`.
@@ -687,108 +629,103 @@ fn workspace_requirement<A: DataType, C: DataType>(
     .0)
 }
 
-/// The checked launch behind every public reduction.
-#[allow(clippy::too_many_arguments)] // mirrors cudnnReduceTensor
-fn launch_reduce<A: DataType, C: DataType<Scalar = A::Scalar>, I: DeviceBufferMut<u32>>(
-    cudnn: &Cudnn,
-    op: ReduceOp,
-    alpha: A::Scalar,
-    a_desc: &TensorDesc<A>,
-    a: &impl DeviceBuffer<A>,
-    beta: A::Scalar,
-    c_desc: &TensorDesc<C>,
-    c: &mut impl DeviceBufferMut<C>,
-    indices: Option<&mut I>,
-    workspace: &mut Workspace,
-) -> Result<()> {
-    let compute = validate(
-        cudnn,
-        op,
-        a_desc,
-        a,
-        c_desc,
-        c,
-        indices.as_deref(),
-        workspace,
-    )?;
-    if reduces_nothing(a_desc, c_desc) && is_copy_on_one_element(op) {
-        let count = c_desc.layout().element_count();
+impl Cudnn {
+    /// The checked launch behind every public reduction.
+    #[allow(clippy::too_many_arguments)] // mirrors cudnnReduceTensor
+    fn launch_reduce<A: DataType, C: DataType<Scalar = A::Scalar>, I: DeviceBufferMut<u32>>(
+        &self,
+        op: ReduceOp,
+        alpha: A::Scalar,
+        a_desc: &TensorDesc<A>,
+        a: &impl DeviceBuffer<A>,
+        beta: A::Scalar,
+        c_desc: &TensorDesc<C>,
+        c: &mut impl DeviceBufferMut<C>,
+        indices: Option<&mut I>,
+        workspace: &mut Workspace,
+    ) -> Result<()> {
+        let cudnn = self;
+        let idx = indices.as_deref();
+        let compute = validate(cudnn, op, a_desc, a, c_desc, c, idx, workspace)?;
+        if reduces_nothing(a_desc, c_desc) && is_copy_on_one_element(op) {
+            let count = c_desc.layout().element_count();
+            if let Some(idx) = indices.as_deref() {
+                cudnn.check_buffer("indices", idx, count)?;
+            }
+            cudnn.transform_tensor(alpha, a_desc, a, beta, c_desc, c)?;
+            if let Some(idx) = indices {
+                zero_indices(cudnn, idx, count)?;
+            }
+            return Ok(());
+        }
+        if needs_f32_detour::<A, C>() {
+            // Unreachable with indices (`validate` allows them for f32 / f64 data of one type
+            // only), but an indices buffer must never be left unwritten silently.
+            if indices.is_some() {
+                return Err(Error::UnsupportedDataType {
+                    op: "reduce tensor with indices",
+                    detail: format!(
+                        "{} into {} (indices are computed for f32 and f64 data)",
+                        A::DTYPE,
+                        C::DTYPE
+                    ),
+                });
+            }
+            return launch_f32_detour(cudnn, op, alpha, a_desc, a, beta, c_desc, c, workspace);
+        }
+        let desc = reduce_descriptor(op, compute, indices.is_some())?;
+        cudnn.bind()?;
+        let (ws_bytes, idx_bytes) = query_sizes(
+            cudnn,
+            &desc,
+            DescRef::of(a_desc),
+            DescRef::of(c_desc),
+            indices.is_some(),
+        )?;
         if let Some(idx) = indices.as_deref() {
-            cudnn.check_buffer("indices", idx, count)?;
+            cudnn.check_buffer("indices", idx, index_elements(idx_bytes))?;
         }
-        cudnn.transform_tensor(alpha, a_desc, a, beta, c_desc, c)?;
-        if let Some(idx) = indices {
-            zero_indices(cudnn, idx, count)?;
+        workspace.prepare(ws_bytes)?;
+        let stream: &cudarc::driver::CudaStream = cudnn.stream();
+        let (ap, _ga) = a.device_ptr(stream);
+        let (cp, _gc) = c.device_ptr_mut(stream);
+        let (ip, _gi) = match indices {
+            Some(idx) => {
+                let (p, g) = idx.device_ptr_mut(stream);
+                (p as *mut c_void, Some(g))
+            }
+            None => (std::ptr::null_mut(), None),
+        };
+        let (wsp, _gws) = workspace.device_ptr_mut(cudnn.stream())?;
+        // SAFETY: live handle and descriptors; `a` and `c` hold their spans on the handle's context
+        // and `c` does not overlap itself (checked) nor alias `a` (`&` vs `&mut`); the shapes follow
+        // cuDNN's reduction rule and the dtypes a supported pair with the matching compute type
+        // (checked); the indices buffer (when asked for) holds at least the `idx_bytes` cuDNN
+        // reported, on this context, else the pointer is null with size 0 and the descriptor asks
+        // for no indices; the workspace holds at least the `ws_bytes` cuDNN reported (`prepare`);
+        // alpha/beta are `A::Scalar` (= `C::Scalar`), the compute type's scalar; the guards keep
+        // every buffer alive and ordered until the call is enqueued.
+        unsafe {
+            ffi::cudnnReduceTensor(
+                cudnn.lib(),
+                cudnn.as_raw(),
+                desc.as_ptr(),
+                ip,
+                idx_bytes,
+                wsp,
+                ws_bytes,
+                (&alpha as *const A::Scalar).cast::<c_void>(),
+                a_desc.as_raw(),
+                ap as *const c_void,
+                (&beta as *const A::Scalar).cast::<c_void>(),
+                c_desc.as_raw(),
+                cp as *mut c_void,
+            )
         }
-        return Ok(());
-    }
-    if needs_f32_detour::<A, C>() {
-        // Unreachable with indices (`validate` allows them for f32 / f64 data of one type
-        // only), but an indices buffer must never be left unwritten silently.
-        if indices.is_some() {
-            return Err(Error::UnsupportedDataType {
-                op: "reduce tensor with indices",
-                detail: format!(
-                    "{} into {} (indices are computed for f32 and f64 data)",
-                    A::DTYPE,
-                    C::DTYPE
-                ),
-            });
-        }
-        return launch_f32_detour(cudnn, op, alpha, a_desc, a, beta, c_desc, c, workspace);
-    }
-    let desc = reduce_descriptor(op, compute, indices.is_some())?;
-    cudnn.bind()?;
-    let (ws_bytes, idx_bytes) = query_sizes(
-        cudnn,
-        &desc,
-        DescRef::of(a_desc),
-        DescRef::of(c_desc),
-        indices.is_some(),
-    )?;
-    if let Some(idx) = indices.as_deref() {
-        cudnn.check_buffer("indices", idx, index_elements(idx_bytes))?;
-    }
-    workspace.prepare(ws_bytes)?;
-    let stream: &cudarc::driver::CudaStream = cudnn.stream();
-    let (ap, _ga) = a.device_ptr(stream);
-    let (cp, _gc) = c.device_ptr_mut(stream);
-    let (ip, _gi) = match indices {
-        Some(idx) => {
-            let (p, g) = idx.device_ptr_mut(stream);
-            (p as *mut c_void, Some(g))
-        }
-        None => (std::ptr::null_mut(), None),
-    };
-    let (wsp, _gws) = workspace.device_ptr_mut(cudnn.stream())?;
-    // SAFETY: live handle and descriptors; `a` and `c` hold their spans on the handle's context
-    // and `c` does not overlap itself (checked) nor alias `a` (`&` vs `&mut`); the shapes follow
-    // cuDNN's reduction rule and the dtypes a supported pair with the matching compute type
-    // (checked); the indices buffer (when asked for) holds at least the `idx_bytes` cuDNN
-    // reported, on this context, else the pointer is null with size 0 and the descriptor asks
-    // for no indices; the workspace holds at least the `ws_bytes` cuDNN reported (`prepare`);
-    // alpha/beta are `A::Scalar` (= `C::Scalar`), the compute type's scalar; the guards keep
-    // every buffer alive and ordered until the call is enqueued.
-    unsafe {
-        ffi::cudnnReduceTensor(
-            cudnn.lib(),
-            cudnn.as_raw(),
-            desc.as_ptr(),
-            ip,
-            idx_bytes,
-            wsp,
-            ws_bytes,
-            (&alpha as *const A::Scalar).cast::<c_void>(),
-            a_desc.as_raw(),
-            ap as *const c_void,
-            (&beta as *const A::Scalar).cast::<c_void>(),
-            c_desc.as_raw(),
-            cp as *mut c_void,
-        )
     }
 }
 
-/// The "no indices" type argument of [`launch_reduce`].
+/// The "no indices" type argument of [`Cudnn::launch_reduce`].
 type NoIndices = cudarc::driver::CudaSlice<u32>;
 
 impl Cudnn {
@@ -829,30 +766,11 @@ impl Cudnn {
         workspace: &mut Workspace,
     ) -> Result<()> {
         if reduces_nothing(a_desc, c_desc) && is_abs_on_one_element(op) {
-            validate(
-                self,
-                op,
-                a_desc,
-                a,
-                c_desc,
-                c,
-                None::<&NoIndices>,
-                workspace,
-            )?;
+            let none = None::<&NoIndices>;
+            validate(self, op, a_desc, a, c_desc, c, none, workspace)?;
             return abs_copy(self, alpha, a_desc, a, beta, c_desc, c);
         }
-        launch_reduce(
-            self,
-            op,
-            alpha,
-            a_desc,
-            a,
-            beta,
-            c_desc,
-            c,
-            None::<&mut NoIndices>,
-            workspace,
-        )
+        self.reduce_tensor_into(op, alpha, a_desc, a, beta, c_desc, c, workspace)
     }
 
     /// [`Cudnn::reduce_tensor`] from one element type into another, e.g. an f16 or bf16
@@ -879,18 +797,8 @@ impl Cudnn {
         c: &mut impl DeviceBufferMut<C>,
         workspace: &mut Workspace,
     ) -> Result<()> {
-        launch_reduce(
-            self,
-            op,
-            alpha,
-            a_desc,
-            a,
-            beta,
-            c_desc,
-            c,
-            None::<&mut NoIndices>,
-            workspace,
-        )
+        let none = None::<&mut NoIndices>;
+        self.launch_reduce(op, alpha, a_desc, a, beta, c_desc, c, none, workspace)
     }
 
     /// [`Cudnn::reduce_tensor`] for [`ReduceOp::Min`], [`ReduceOp::Max`] or
@@ -933,18 +841,8 @@ impl Cudnn {
             abs_copy(self, alpha, a_desc, a, beta, c_desc, c)?;
             return zero_indices(self, indices, count);
         }
-        launch_reduce(
-            self,
-            op,
-            alpha,
-            a_desc,
-            a,
-            beta,
-            c_desc,
-            c,
-            Some(indices),
-            workspace,
-        )
+        let idx = Some(indices);
+        self.launch_reduce(op, alpha, a_desc, a, beta, c_desc, c, idx, workspace)
     }
 
     /// Workspace bytes [`Cudnn::reduce_tensor`] uses for this reduction: what

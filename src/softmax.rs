@@ -32,6 +32,7 @@ use cudnn_safe_sys as sys;
 
 use crate::activation::{check_float, check_nd, same_dims};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
+use crate::checks::{call_xy, scalar_ptr};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -185,29 +186,18 @@ impl Cudnn {
         check_nd("softmax tensor", y_desc.layout())?;
         same_dims("x", x_desc.layout(), "y", y_desc.layout(), SAME_DIMS)?;
         check_f64_channels_last::<T>("softmax", &[("x", x_desc.layout()), ("y", y_desc.layout())])?;
-        self.check_tensor("x", x_desc.layout(), x, false)?;
-        self.check_tensor("y", y_desc.layout(), y, true)?;
-        self.bind()?;
-        let stream: &cudarc::driver::CudaStream = self.stream();
-        let (xp, _gx) = x.device_ptr(stream);
-        let (yp, _gy) = y.device_ptr_mut(stream);
+        let args = self.xy_args(&alpha, ("x", x_desc, x), &beta, ("y", y_desc, y))?;
         // SAFETY: live handle and descriptors; valid enum values; `x` and `y` hold their
         // descriptors' spans on the handle's context, `y` does not overlap itself and cannot
-        // alias `x` (`&mut` vs `&`); the dims agree (checked above); alpha/beta are
-        // `T::Scalar`, the type cuDNN reads for `T`; the guards keep the buffers alive and
-        // ordered until enqueued.
+        // alias `x` (`&mut` vs `&`) (checked by `xy_args`); the dims agree (checked above);
+        // alpha/beta are `T::Scalar`, the type cuDNN reads for `T`; the guards in `args` keep
+        // the buffers alive and ordered until enqueued.
         unsafe {
-            ffi::cudnnSoftmaxForward(
-                self.lib(),
-                self.as_raw(),
-                algo.raw(),
-                mode.raw(),
-                (&alpha as *const T::Scalar).cast::<c_void>(),
-                x_desc.as_raw(),
-                xp as *const c_void,
-                (&beta as *const T::Scalar).cast::<c_void>(),
-                y_desc.as_raw(),
-                yp as *mut c_void,
+            call_xy!(
+                ffi::cudnnSoftmaxForward,
+                self,
+                [algo.raw(), mode.raw()],
+                args
             )
         }
     }
@@ -267,12 +257,12 @@ impl Cudnn {
                 self.as_raw(),
                 algo.raw(),
                 mode.raw(),
-                (&alpha as *const T::Scalar).cast::<c_void>(),
+                scalar_ptr(&alpha),
                 y_desc.as_raw(),
                 yp as *const c_void,
                 dy_desc.as_raw(),
                 dyp as *const c_void,
-                (&beta as *const T::Scalar).cast::<c_void>(),
+                scalar_ptr(&beta),
                 dx_desc.as_raw(),
                 dxp as *mut c_void,
             )

@@ -600,6 +600,47 @@ fn descriptor_dtype(dtype: DType, format: TensorFormat) -> Result<sys::cudnnData
     }
 }
 
+/// The accessors tensor and filter descriptors share: the layout, its dims and span, cuDNN's
+/// byte size (through `$size_fn`), the raw handle and the descriptor id.
+macro_rules! descriptor_accessors {
+    ($alias:literal, $size_fn:ident, $raw:ty) => {
+        /// The layout it was built from (a filter's is packed in its format).
+        pub fn layout(&self) -> &Layout {
+            &self.layout
+        }
+        /// Logical dimensions: `[N, C, spatial...]`, or `[K, C/groups, spatial...]` for a
+        /// filter.
+        pub fn dims(&self) -> &[i64] {
+            &self.layout.dims
+        }
+        /// Elements a buffer must hold (the layout's span).
+        pub fn span(&self) -> usize {
+            self.layout.span()
+        }
+
+        /// cuDNN's own idea of the buffer size in bytes, for cross-checks.
+        #[doc(alias = $alias)]
+        pub fn size_in_bytes(&self) -> Result<usize> {
+            let mut n = 0usize;
+            // SAFETY: live descriptor and a valid out-pointer.
+            unsafe { raw::$size_fn(self.raw.lib(), self.raw.as_ptr(), &mut n) }?;
+            Ok(n)
+        }
+
+        /// The raw descriptor, for calling cuDNN functions this crate does not wrap (a 3-D
+        /// layout's is 4-D, see [`Layout::legacy_view`]). It stays owned by `self` and must not
+        /// be destroyed or modified.
+        pub fn as_raw(&self) -> $raw {
+            self.raw.as_ptr()
+        }
+
+        /// Process-unique id of this descriptor.
+        pub(crate) fn id(&self) -> u64 {
+            self.raw.id()
+        }
+    };
+}
+
 /// An owned cuDNN tensor descriptor (`cudnnTensorDescriptor_t`) for elements of type `T`.
 ///
 /// `Send` (it is plain host memory that cuDNN only reads), not `Sync`.
@@ -694,38 +735,11 @@ impl<T: DataType> TensorDesc<T> {
         Self::new(Layout::strided(dims, strides)?)
     }
 
-    /// The layout it was built from.
-    pub fn layout(&self) -> &Layout {
-        &self.layout
-    }
-    /// Logical dimensions.
-    pub fn dims(&self) -> &[i64] {
-        &self.layout.dims
-    }
-    /// Elements a buffer must hold.
-    pub fn span(&self) -> usize {
-        self.layout.span()
-    }
-
-    /// `cudnnGetTensorSizeInBytes`: cuDNN's own idea of the buffer size, for cross-checks.
-    #[doc(alias = "cudnnGetTensorSizeInBytes")]
-    pub fn size_in_bytes(&self) -> Result<usize> {
-        let mut n = 0usize;
-        // SAFETY: live descriptor and a valid out-pointer.
-        unsafe { raw::cudnnGetTensorSizeInBytes(self.raw.lib(), self.raw.as_ptr(), &mut n) }?;
-        Ok(n)
-    }
-
-    /// The raw descriptor, for calling cuDNN functions this crate does not wrap. It stays owned
-    /// by `self` and must not be destroyed or modified.
-    pub fn as_raw(&self) -> sys::cudnnTensorDescriptor_t {
-        self.raw.as_ptr()
-    }
-
-    /// Process-unique id of this descriptor.
-    pub(crate) fn id(&self) -> u64 {
-        self.raw.id()
-    }
+    descriptor_accessors!(
+        "cudnnGetTensorSizeInBytes",
+        cudnnGetTensorSizeInBytes,
+        sys::cudnnTensorDescriptor_t
+    );
 }
 
 /// An owned cuDNN filter descriptor (`cudnnFilterDescriptor_t`): convolution weights
@@ -805,35 +819,11 @@ impl<T: DataType> FilterDesc<T> {
         Ok(desc)
     }
 
-    /// The filter's layout (packed in its format).
-    pub fn layout(&self) -> &Layout {
-        &self.layout
-    }
-    /// `[K, C, spatial...]`.
-    pub fn dims(&self) -> &[i64] {
-        &self.layout.dims
-    }
-    /// Elements a weight buffer must hold.
-    pub fn span(&self) -> usize {
-        self.layout.span()
-    }
-    /// `cudnnGetFilterSizeInBytes`.
-    #[doc(alias = "cudnnGetFilterSizeInBytes")]
-    pub fn size_in_bytes(&self) -> Result<usize> {
-        let mut n = 0usize;
-        // SAFETY: live descriptor and a valid out-pointer.
-        unsafe { raw::cudnnGetFilterSizeInBytes(self.raw.lib(), self.raw.as_ptr(), &mut n) }?;
-        Ok(n)
-    }
-    /// The raw descriptor (still owned by `self`).
-    pub fn as_raw(&self) -> sys::cudnnFilterDescriptor_t {
-        self.raw.as_ptr()
-    }
-
-    /// Process-unique id of this descriptor.
-    pub(crate) fn id(&self) -> u64 {
-        self.raw.id()
-    }
+    descriptor_accessors!(
+        "cudnnGetFilterSizeInBytes",
+        cudnnGetFilterSizeInBytes,
+        sys::cudnnFilterDescriptor_t
+    );
 
     /// The memory format the filter was declared with.
     pub fn format(&self) -> TensorFormat {

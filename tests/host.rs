@@ -105,7 +105,16 @@ fn held_tensor(l: &sys::Library, d: sys::cudnnTensorDescriptor_t) -> (Vec<i64>, 
     let (mut dt, mut nb) = (cudnnDataType_t(99), 0 as c_int);
     let (mut dims, mut strides) = ([0 as c_int; 8], [0 as c_int; 8]);
     // SAFETY: live descriptor; both out-arrays hold the 8 entries requested.
-    let st = unsafe { get(d, 8, &mut dt, &mut nb, dims.as_mut_ptr(), strides.as_mut_ptr()) };
+    let st = unsafe {
+        get(
+            d,
+            8,
+            &mut dt,
+            &mut nb,
+            dims.as_mut_ptr(),
+            strides.as_mut_ptr(),
+        )
+    };
     assert_eq!(st.0, 0);
     let widen = |v: &[c_int]| v[..nb as usize].iter().map(|&x| i64::from(x)).collect();
     (widen(&dims), widen(&strides))

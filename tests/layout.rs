@@ -338,7 +338,10 @@ fn pack_and_unpack_refuse_wrong_lengths() {
     let overlapping = Layout::strided(&[2, 3], &[1, 1]).unwrap();
     let r = overlapping.pack(&[1, 2, 3, 4, 5, 6]);
     assert!(matches!(r, Err(Error::OverlappingOutput { .. })), "{r:?}");
-    assert_eq!(overlapping.unpack(&[1, 2, 3, 4]).unwrap(), [1, 2, 3, 2, 3, 4]);
+    assert_eq!(
+        overlapping.unpack(&[1, 2, 3, 4]).unwrap(),
+        [1, 2, 3, 2, 3, 4]
+    );
 }
 
 /// The 4-D view cuDNN's legacy calls get for a 3-D layout addresses the same elements.

@@ -1550,7 +1550,8 @@ const CONV1D_CASES: [Conv1d; 3] = [
 impl Conv1d {
     /// `[N, K, out]`, computed here: `(W + 2·pad − dilation·(S − 1) − 1) / stride + 1`.
     fn y_dims(&self) -> [i64; 3] {
-        let out = (self.x[2] + 2 * self.pad - self.dilation * (self.w[2] - 1) - 1) / self.stride + 1;
+        let out =
+            (self.x[2] + 2 * self.pad - self.dilation * (self.w[2] - 1) - 1) / self.stride + 1;
         [self.x[0], self.w[0], out]
     }
 
@@ -1604,7 +1605,10 @@ fn conv1d_all<T: DataType>(s: &Arc<CudaStream>, cudnn: &Cudnn, seed: u64) {
         let y_dims = case.y_dims();
         assert_eq!(conv.output_dims(&case.x, &case.w).unwrap(), y_dims);
         for fmt in FMTS {
-            let (xt, yt) = (Tensor::<T>::new(&case.x, fmt), Tensor::<T>::new(&y_dims, fmt));
+            let (xt, yt) = (
+                Tensor::<T>::new(&case.x, fmt),
+                Tensor::<T>::new(&y_dims, fmt),
+            );
             let w_fmt = if fmt == Fmt::Last {
                 TensorFormat::Nhwc
             } else {
