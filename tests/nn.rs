@@ -1,7 +1,8 @@
 //! Pooling, activation and softmax: forward and backward against `f64` host references, for
 //! every mode, every float type (f32, f64, f16, bf16) and channels-first, channels-last and
-//! padded-strided layouts (2-D and 3-D), plus the argument checks that must reject a call before
-//! launch, and host-only checks of the descriptors against the real cuDNN library.
+//! padded-strided layouts (1-D on `[N, C, W]` tensors, 2-D and 3-D), the 1-D convolution forward
+//! on `[N, C, W]` tensors, plus the argument checks that must reject a call before launch, and
+//! host-only checks of the descriptors against the real cuDNN library.
 //!
 //! References are computed from the values as stored (inputs rounded to the tensor type first),
 //! on random inputs from a seeded PRNG. Max-pooling inputs are distinct within each `(n, c)`
@@ -1893,9 +1894,10 @@ fn activation_rejects_bad_calls() {
     let r = cudnn.activation_forward(&relu, 1.0, &t.desc, &x, 0.0, &other.desc, &mut y);
     rejected("x and y dims differ", r, "ShapeMismatch", &s, &y, &y_before);
 
-    let rank3 = TensorDesc::<f32>::nchw_nd(&[2, 3, 20]).unwrap();
-    let r = cudnn.activation_forward(&relu, 1.0, &rank3, &x, 0.0, &rank3, &mut y);
-    rejected("rank 3", r, "InvalidArgument", &s, &y, &y_before);
+    // Rank 3 ([N, C, W]) runs; rank 2 is refused.
+    let rank2 = TensorDesc::<f32>::nchw_nd(&[6, 20]).unwrap();
+    let r = cudnn.activation_forward(&relu, 1.0, &rank2, &x, 0.0, &rank2, &mut y);
+    rejected("rank 2", r, "InvalidArgument", &s, &y, &y_before);
 
     let (mut short, short_before) = sentinel_buffer::<f32>(&s, t.span() - 1);
     let r = cudnn.activation_forward(&relu, 1.0, &t.desc, &x, 0.0, &t.desc, &mut short);
