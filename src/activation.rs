@@ -36,7 +36,7 @@ use cudarc::driver::sys::CUdeviceptr;
 use cudnn_safe_sys as sys;
 
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
-use crate::checks::{call_grad, call_xy, Grad, NoBuffer, XyArgs};
+use crate::checks::{call_grad, call_xy, require_shapes, Grad, NoBuffer, XyArgs};
 use crate::dtype::{DType, DataType, Scalar as _};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -341,16 +341,8 @@ pub(crate) fn same_dims(
     b_layout: &Layout,
     rule: &'static str,
 ) -> Result<()> {
-    if a_layout.dims() == b_layout.dims() {
-        return Ok(());
-    }
-    Err(Error::ShapeMismatch {
-        a,
-        a_dims: a_layout.dims().to_vec(),
-        b,
-        b_dims: b_layout.dims().to_vec(),
-        rule,
-    })
+    let (ad, bd) = (a_layout.dims(), b_layout.dims());
+    require_shapes(ad == bd, (a, ad), (b, bd), rule)
 }
 
 /// Errors unless `b` has `a`'s strides (dims are checked separately).

@@ -254,6 +254,31 @@ impl Cudnn {
     }
 }
 
+/// Errors with [`Error::ShapeMismatch`] between `a` and `b`, stating `rule`, unless `ok`.
+pub(crate) fn require_shapes(
+    ok: bool,
+    (a, a_dims): (&'static str, &[i64]),
+    (b, b_dims): (&'static str, &[i64]),
+    rule: &'static str,
+) -> Result<()> {
+    if ok {
+        return Ok(());
+    }
+    Err(Error::ShapeMismatch {
+        a,
+        a_dims: a_dims.to_vec(),
+        b,
+        b_dims: b_dims.to_vec(),
+        rule,
+    })
+}
+
+/// Whether `small` has `big`'s rank and each of its dimensions is `big`'s or 1: cuDNN's
+/// broadcast rule (and, read the other way, its reduction rule).
+pub(crate) fn broadcasts_to(small: &[i64], big: &[i64]) -> bool {
+    small.len() == big.len() && small.iter().zip(big).all(|(&s, &b)| s == b || s == 1)
+}
+
 /// The device address of an optional input (null when absent) and its stream-ordering guard.
 pub(crate) fn opt_ptr<'a, T, B: DevicePtr<T>>(
     buf: Option<&'a B>,

@@ -9,7 +9,7 @@ use std::ffi::c_void;
 use cudnn_safe_sys as sys;
 
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
-use crate::checks::{call_xy, scalar_ptr, Arg, ArgMut, NoBuffer};
+use crate::checks::{broadcasts_to, call_xy, require_shapes, scalar_ptr, Arg, ArgMut, NoBuffer};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -218,26 +218,11 @@ pub(crate) fn check_op_tensor_shapes<T: DataType>(
             ));
         }
     }
-    if a_desc.dims() != cd {
-        return Err(Error::ShapeMismatch {
-            a: "a",
-            a_dims: a_desc.dims().to_vec(),
-            b: "c",
-            b_dims: cd.to_vec(),
-            rule: "a has c's dimensions (only b broadcasts)",
-        });
-    }
-    let bd = b_desc.dims();
-    if bd.len() != cd.len() || bd.iter().zip(cd).any(|(&x, &y)| x != y && x != 1) {
-        return Err(Error::ShapeMismatch {
-            a: "b",
-            a_dims: bd.to_vec(),
-            b: "c",
-            b_dims: cd.to_vec(),
-            rule: "same rank, each dimension of b equal to c's or 1",
-        });
-    }
-    Ok(())
+    let (ad, bd) = (a_desc.dims(), b_desc.dims());
+    let rule = "a has c's dimensions (only b broadcasts)";
+    require_shapes(ad == cd, ("a", ad), ("c", cd), rule)?;
+    let rule = "same rank, each dimension of b equal to c's or 1";
+    require_shapes(broadcasts_to(bd, cd), ("b", bd), ("c", cd), rule)
 }
 
 impl Cudnn {
@@ -270,15 +255,8 @@ impl Cudnn {
         c: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         let (ad, cd) = (a_desc.dims(), c_desc.dims());
-        if ad.len() != cd.len() || ad.iter().zip(cd).any(|(&x, &y)| x != y && x != 1) {
-            return Err(Error::ShapeMismatch {
-                a: "a",
-                a_dims: ad.to_vec(),
-                b: "c",
-                b_dims: cd.to_vec(),
-                rule: "same rank, each dimension of a equal to c's or 1",
-            });
-        }
+        let rule = "same rank, each dimension of a equal to c's or 1";
+        require_shapes(broadcasts_to(ad, cd), ("a", ad), ("c", cd), rule)?;
         let args = self.xy_args(&alpha, ("a", a_desc, a), &beta, ("c", c_desc, c))?;
         // SAFETY: live handle and descriptors; `a` and `c` hold at least their descriptors' spans
         // on the handle's context, `c` does not overlap itself (checked by `xy_args`); each
@@ -357,15 +335,9 @@ impl Cudnn {
         y_desc: &TensorDesc<Y>,
         y: &mut impl DeviceBufferMut<Y>,
     ) -> Result<()> {
-        if x_desc.dims() != y_desc.dims() {
-            return Err(Error::ShapeMismatch {
-                a: "x",
-                a_dims: x_desc.dims().to_vec(),
-                b: "y",
-                b_dims: y_desc.dims().to_vec(),
-                rule: "transform keeps the dimensions; only layout and type change",
-            });
-        }
+        let (xd, yd) = (x_desc.dims(), y_desc.dims());
+        let rule = "transform keeps the dimensions; only layout and type change";
+        require_shapes(xd == yd, ("x", xd), ("y", yd), rule)?;
         let args = self.xy_args(&alpha, ("x", x_desc, x), &beta, ("y", y_desc, y))?;
         // SAFETY: live handle and descriptors; both buffers hold their spans on this context;
         // `y` does not overlap itself (checked by `xy_args`) and cannot alias `x` (`&` vs

@@ -30,6 +30,7 @@ use std::marker::PhantomData;
 use cudnn_safe_sys as sys;
 
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
+use crate::checks::{broadcasts_to, require_shapes};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -164,15 +165,8 @@ pub(crate) fn check_reduce_shapes<A: DataType, C: DataType>(
     c_desc: &TensorDesc<C>,
 ) -> Result<()> {
     let (ad, cd) = (a_desc.dims(), c_desc.dims());
-    if ad.len() != cd.len() || ad.iter().zip(cd).any(|(&x, &y)| y != x && y != 1) {
-        return Err(Error::ShapeMismatch {
-            a: "a",
-            a_dims: ad.to_vec(),
-            b: "c",
-            b_dims: cd.to_vec(),
-            rule: "same rank, each dimension of c equal to a's or 1 (1 = reduced)",
-        });
-    }
+    let rule = "same rank, each dimension of c equal to a's or 1 (1 = reduced)";
+    require_shapes(broadcasts_to(cd, ad), ("a", ad), ("c", cd), rule)?;
     for (name, l) in [("a", a_desc.layout()), ("c", c_desc.layout())] {
         if let TensorFormat::NchwVectC { .. } = l.format() {
             return Err(Error::invalid(
