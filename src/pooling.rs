@@ -416,8 +416,8 @@ impl Cudnn {
     /// `y = alpha·pool(x) + beta·y`.
     ///
     /// `x` is `[N, C, H, W]` (`[N, C, W]` for a 1-D pooling, `[N, C, D, H, W]` for a 3-D one) in
-    /// any layout, `y` has
-    /// [`PoolingDesc::output_dims`] of it. With `beta == 0` the old contents of `y` are not read.
+    /// any layout, `y` has [`PoolingDesc::output_dims`] of it. With `beta == 0` the old contents
+    /// of `y` are not read.
     ///
     /// Errors: non-float types, a rank not matching the pooling, a `y` of the wrong shape, short
     /// or foreign buffers, a self-overlapping `y`.

@@ -3,8 +3,8 @@
 //!
 //! Each launch checks, before anything is enqueued: float element type, 3 to 8 dimensions (a
 //! `[N, C]` matrix goes in as `[N, C, 1]`; cuDNN sees a 3-D `[N, C, W]` as `[N, C, 1, W]`),
-//! equal dimensions for every tensor, each buffer
-//! holding its descriptor's span on the handle's context, and no self-overlapping output.
+//! equal dimensions for every tensor, each buffer holding its descriptor's span on the handle's
+//! context, and no self-overlapping output.
 //!
 //! One combination is refused although cuDNN accepts it: `f64` tensors with 5 or more
 //! dimensions in a channels-last order (NDHWC). cuDNN 9.14's
@@ -161,9 +161,8 @@ impl Cudnn {
     /// `y = alpha·softmax(x) + beta·y` (or log-softmax for [`SoftmaxAlgorithm::Log`]).
     ///
     /// `x` and `y` have the same dimensions, 3 to 8 of them (`[N, C, W]`, `[N, C, H, W]`,
-    /// `[N, C, D, H, W]`,
-    /// ...; more than 5 only with packed spatial dimensions, cuDNN's rule), in any layouts. With
-    /// `beta == 0` the old contents of `y` are not read.
+    /// `[N, C, D, H, W]`, ...; more than 5 only with packed spatial dimensions, cuDNN's rule),
+    /// in any layouts. With `beta == 0` the old contents of `y` are not read.
     ///
     /// Errors: besides shape, buffer and type errors, [`Error::UnsupportedDataType`] for `f64`
     /// tensors of 5 or more dimensions in a channels-last layout, which cuDNN 9.14 was seen to
