@@ -323,3 +323,38 @@ pub(crate) fn lib_or_skip() -> Option<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_rule() {
+        assert!(broadcasts_to(&[1, 3, 1, 1], &[2, 3, 4, 5]));
+        assert!(broadcasts_to(&[2, 3, 4, 5], &[2, 3, 4, 5]));
+        assert!(broadcasts_to(&[1, 1, 1], &[7, 8, 9]));
+        assert!(
+            !broadcasts_to(&[1, 2, 1, 1], &[2, 3, 4, 5]),
+            "2 is neither 3 nor 1"
+        );
+        assert!(!broadcasts_to(&[1, 3, 1], &[2, 3, 4, 5]), "another rank");
+        assert!(
+            !broadcasts_to(&[2, 3, 4, 6], &[2, 3, 4, 5]),
+            "larger than the target"
+        );
+    }
+
+    #[test]
+    fn shape_errors_name_both_tensors_and_the_rule() {
+        assert!(require_shapes(true, ("a", &[1]), ("c", &[2]), "rule").is_ok());
+        let e = require_shapes(false, ("b", &[1, 2]), ("c", &[3, 4]), "the rule").unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::ShapeMismatch { a: "b", a_dims, b: "c", b_dims, rule: "the rule" }
+                    if a_dims == &[1, 2] && b_dims == &[3, 4]
+            ),
+            "{e:?}"
+        );
+    }
+}
