@@ -30,12 +30,13 @@
 //! cudnn.activation_backward_in_place(&relu, 1.0, &d, &y, &d, &x, 0.0, &d, &mut grad)?;
 //! # Ok(()) }
 //! ```
-use std::ffi::c_void;
 use std::fmt;
 
+use cudarc::driver::sys::CUdeviceptr;
 use cudnn_safe_sys as sys;
 
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
+use crate::checks::{call_grad, call_xy, require_shapes, Grad, NoBuffer, XyArgs};
 use crate::dtype::{DType, DataType, Scalar as _};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -299,15 +300,16 @@ pub(crate) fn check_float<T: DataType>(op: &'static str) -> Result<()> {
 
 /// The tensor shapes cuDNN documents for activation and softmax: "all tensor formats are
 /// supported for 4 and 5 dimensions ... for more than 5 dimensions the tensors must have their
-/// spatial dimensions packed". Lower ranks are not documented at all, so they are refused here
-/// rather than left to cuDNN's kernels.
+/// spatial dimensions packed". A 3-D `[N, C, W]` tensor is handed to cuDNN as 4-D
+/// `[N, C, 1, W]` (see [`TensorDesc::new`]); lower ranks are not documented at all, so they are
+/// refused here rather than left to cuDNN's kernels.
 pub(crate) fn check_nd(what: &'static str, layout: &Layout) -> Result<()> {
     let (dims, strides) = (layout.dims(), layout.strides());
     let r = dims.len();
-    if r < 4 {
+    if r < 3 {
         return Err(Error::invalid(
             what,
-            "4 to 8 dimensions [N, C, spatial...] (give a [N, C] tensor as [N, C, 1, 1])",
+            "3 to 8 dimensions [N, C, spatial...] (give a [N, C] tensor as [N, C, 1])",
             format!("{r} dimensions {dims:?}"),
         ));
     }
@@ -339,16 +341,8 @@ pub(crate) fn same_dims(
     b_layout: &Layout,
     rule: &'static str,
 ) -> Result<()> {
-    if a_layout.dims() == b_layout.dims() {
-        return Ok(());
-    }
-    Err(Error::ShapeMismatch {
-        a,
-        a_dims: a_layout.dims().to_vec(),
-        b,
-        b_dims: b_layout.dims().to_vec(),
-        rule,
-    })
+    let (ad, bd) = (a_layout.dims(), b_layout.dims());
+    require_shapes(ad == bd, (a, ad), (b, bd), rule)
 }
 
 /// Errors unless `b` has `a`'s strides (dims are checked separately).
@@ -418,7 +412,7 @@ fn fast_relu<T: DataType>(act: &ActivationDesc, layouts: &[&Layout]) -> Option<u
 impl Cudnn {
     /// `y = alpha·f(x) + beta·y`, element-wise, for the activation `f` of `act`.
     ///
-    /// `x` and `y` have the same dimensions (4 to 8 of them) and may differ in strides (e.g. NCHW
+    /// `x` and `y` have the same dimensions (3 to 8 of them) and may differ in strides (e.g. NCHW
     /// in, NHWC out). With `beta == 0` the old contents of `y` are not read. To overwrite the
     /// input, use [`activation_forward_in_place`](Self::activation_forward_in_place).
     ///
@@ -434,7 +428,7 @@ impl Cudnn {
     /// logged at debug level and remembered), runs `cudnnActivationForward`.
     ///
     /// Errors: [`ActivationMode::Identity`] (cuDNN runs it only in the fused convolution),
-    /// non-float types, ranks below 4, shape mismatches, short or foreign buffers, a
+    /// non-float types, ranks below 3, shape mismatches, short or foreign buffers, a
     /// self-overlapping `y`.
     #[doc(alias = "cudnnActivationForward")]
     #[allow(clippy::too_many_arguments)] // mirrors cuDNN's argument list
@@ -453,53 +447,13 @@ impl Cudnn {
         check_nd("activation tensor", x_desc.layout())?;
         check_nd("activation tensor", y_desc.layout())?;
         same_dims("x", x_desc.layout(), "y", y_desc.layout(), SAME_DIMS)?;
-        self.check_tensor("x", x_desc.layout(), x, false)?;
-        self.check_tensor("y", y_desc.layout(), y, true)?;
         let fast = fast_relu::<T>(act, &[x_desc.layout(), y_desc.layout()]);
-        self.bind()?;
-        let stream: &cudarc::driver::CudaStream = self.stream();
-        let (xp, _gx) = x.device_ptr(stream);
-        let (yp, _gy) = y.device_ptr_mut(stream);
-        if let Some(n) = fast {
-            // SAFETY: `fast_relu` holds only for f32 tensors whose layouts are identical,
-            // packed and non-overlapping, so their elements sit at offsets exactly `0..n`, the
-            // same offset for the same logical element in both, and `n` equals each
-            // descriptor's span, which `x` and `y` were checked above to hold, on the handle's
-            // context. `x` is borrowed shared and `y` exclusively, so the two buffers are
-            // distinct and nothing else writes `x` meanwhile; the guards keep both alive and
-            // ordered on the handle's stream until the launch is enqueued. For `T = f32`,
-            // `T::Scalar` is `f32`, so the conversions are exact.
-            let launched = unsafe {
-                self.relu_f32_fast(
-                    xp,
-                    yp,
-                    n,
-                    alpha.to_f64() as f32,
-                    beta.to_f64() as f32,
-                    act.nan,
-                )
-            }?;
-            if launched {
-                return Ok(());
-            }
-        }
-        // SAFETY: live handle and descriptors; `x` and `y` hold their descriptors' spans on the
-        // handle's context and `y` does not overlap itself (checked above); `x` and `y` cannot
-        // alias (`&` and `&mut`); the dimensions agree. alpha/beta are `T::Scalar`, the type
-        // cuDNN reads for `T`; the guards keep both buffers alive and ordered until enqueued.
-        unsafe {
-            ffi::cudnnActivationForward(
-                self.lib(),
-                self.as_raw(),
-                act.as_raw(),
-                (&alpha as *const T::Scalar).cast::<c_void>(),
-                x_desc.as_raw(),
-                xp as *const c_void,
-                (&beta as *const T::Scalar).cast::<c_void>(),
-                y_desc.as_raw(),
-                yp as *mut c_void,
-            )
-        }
+        let args = self.xy_args(&alpha, ("x", x_desc, x), &beta, ("y", y_desc, y))?;
+        // SAFETY: `args` holds `x` and `y` as `xy_args` checked them (spans on the handle's
+        // context, `y` not overlapping itself); `x` is borrowed shared and `y` exclusively, so
+        // they are distinct buffers; the dims agree (checked above); `fast` is `fast_relu` of
+        // their layouts; alpha/beta are `T::Scalar`.
+        unsafe { self.activation_launch::<T>(act, &args, fast, alpha, beta) }
     }
 
     /// `xy = alpha·f(xy) + beta·xy`, in place: the activation overwrites its input.
@@ -521,22 +475,45 @@ impl Cudnn {
         act.check_runnable()?;
         check_float::<T>("activation")?;
         check_nd("activation tensor", xy_desc.layout())?;
-        self.check_tensor("xy", xy_desc.layout(), xy, true)?;
         let fast = fast_relu::<T>(act, &[xy_desc.layout()]);
-        self.bind()?;
-        let stream: &cudarc::driver::CudaStream = self.stream();
-        let (p, _g) = xy.device_ptr_mut(stream);
+        let args = self.xy_args_in_place(&alpha, &beta, ("xy", xy_desc, xy))?;
+        // SAFETY: `args` holds `xy` as input and output, checked by `xy_args_in_place` (its
+        // span on the handle's context, not overlapping itself) and borrowed exclusively; one
+        // descriptor for both, the in-place form cuDNN documents; `fast` is `fast_relu` of its
+        // layout; alpha/beta are `T::Scalar`.
+        unsafe { self.activation_launch::<T>(act, &args, fast, alpha, beta) }
+    }
+
+    /// The launch behind both forward calls, after every check: the crate's ReLU kernel where
+    /// `fast` allows it (and the kernel loads), else `cudnnActivationForward`.
+    ///
+    /// # Safety
+    ///
+    /// `args` comes from [`Cudnn::xy_args`] or [`Cudnn::xy_args_in_place`] on this handle for
+    /// `T` tensors of equal dims (so `x` and `y` are distinct buffers, or the same pointer with
+    /// the same descriptor), and `fast` is [`fast_relu`] of their layouts.
+    unsafe fn activation_launch<T: DataType>(
+        &self,
+        act: &ActivationDesc,
+        args: &XyArgs<'_>,
+        fast: Option<usize>,
+        alpha: T::Scalar,
+        beta: T::Scalar,
+    ) -> Result<()> {
         if let Some(n) = fast {
-            // SAFETY: `fast_relu` holds only for an f32 tensor with a packed, non-overlapping
-            // layout, whose elements are exactly the offsets `0..n`, `n` = the span `xy` was
-            // checked above to hold on the handle's context. Input and output are the same
-            // pointer (`x == y`, the in-place kernel), borrowed exclusively, so nothing else
-            // writes it meanwhile; the guard keeps it alive and ordered until enqueued.
-            // `T::Scalar` is `f32` for `T = f32`: the conversions are exact.
+            // SAFETY: `fast_relu` holds only for f32 tensors whose layouts are identical,
+            // packed and non-overlapping, so their elements sit at offsets exactly `0..n`, the
+            // same offset for the same logical element in both, and `n` equals each
+            // descriptor's span, which `x` and `y` were checked to hold, on the handle's
+            // context (the caller's contract). They are distinct buffers, nothing else writing
+            // `x` meanwhile, or one pointer (in place: each element is read and then written by
+            // one thread); the guards in `args` keep them alive and ordered on the handle's
+            // stream until the launch is enqueued. For `T = f32`, `T::Scalar` is `f32`, so the
+            // conversions are exact.
             let launched = unsafe {
                 self.relu_f32_fast(
-                    p,
-                    p,
+                    args.x as CUdeviceptr,
+                    args.y as CUdeviceptr,
                     n,
                     alpha.to_f64() as f32,
                     beta.to_f64() as f32,
@@ -547,23 +524,12 @@ impl Cudnn {
                 return Ok(());
             }
         }
-        // SAFETY: live handle and descriptor; `xy` holds its span on the handle's context and
-        // does not overlap itself (checked); input and output are the same pointer with the
-        // same descriptor, the in-place form cuDNN documents for this call. alpha/beta are
-        // `T::Scalar`; the guard keeps the buffer alive and ordered until enqueued.
-        unsafe {
-            ffi::cudnnActivationForward(
-                self.lib(),
-                self.as_raw(),
-                act.as_raw(),
-                (&alpha as *const T::Scalar).cast::<c_void>(),
-                xy_desc.as_raw(),
-                p as *const c_void,
-                (&beta as *const T::Scalar).cast::<c_void>(),
-                xy_desc.as_raw(),
-                p as *mut c_void,
-            )
-        }
+        // SAFETY: live handle and descriptors; `x` and `y` hold their descriptors' spans on the
+        // handle's context and `y` does not overlap itself; they are distinct, or the same
+        // pointer with the same descriptor (the in-place form cuDNN documents); the dimensions
+        // agree (the caller's contract). alpha/beta point at `T::Scalar`, the type cuDNN reads
+        // for `T`; the guards keep both buffers alive and ordered until enqueued.
+        unsafe { call_xy!(ffi::cudnnActivationForward, self, [act.as_raw()], args) }
     }
 
     fn check_activation_backward<T: DataType>(
@@ -616,37 +582,14 @@ impl Cudnn {
         dx: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         self.check_activation_backward(act, y_desc, dy_desc, x_desc, dx_desc)?;
-        self.check_tensor("y", y_desc.layout(), y, false)?;
-        self.check_tensor("dy", dy_desc.layout(), dy, false)?;
-        self.check_tensor("x", x_desc.layout(), x, false)?;
-        self.check_tensor("dx", dx_desc.layout(), dx, true)?;
-        self.bind()?;
-        let stream: &cudarc::driver::CudaStream = self.stream();
-        let (yp, _gy) = y.device_ptr(stream);
-        let (dyp, _gdy) = dy.device_ptr(stream);
-        let (xp, _gx) = x.device_ptr(stream);
-        let (dxp, _gdx) = dx.device_ptr_mut(stream);
+        let grad = Grad::Apart(("dy", dy_desc, dy), ("dx", dx_desc, dx));
+        let args = self.grad_args(&alpha, ("y", y_desc, y), ("x", x_desc, x), &beta, grad)?;
         // SAFETY: live handle and descriptors; every buffer holds its descriptor's span on the
         // handle's context, `dx` does not overlap itself and cannot alias the inputs (`&mut` vs
-        // `&`); dims agree and the stride pairs cuDNN requires are equal (checked). alpha/beta
-        // are `T::Scalar`; the guards keep the buffers alive and ordered until enqueued.
-        unsafe {
-            ffi::cudnnActivationBackward(
-                self.lib(),
-                self.as_raw(),
-                act.as_raw(),
-                (&alpha as *const T::Scalar).cast::<c_void>(),
-                y_desc.as_raw(),
-                yp as *const c_void,
-                dy_desc.as_raw(),
-                dyp as *const c_void,
-                x_desc.as_raw(),
-                xp as *const c_void,
-                (&beta as *const T::Scalar).cast::<c_void>(),
-                dx_desc.as_raw(),
-                dxp as *mut c_void,
-            )
-        }
+        // `&`) (checked by `grad_args`); dims agree and the stride pairs cuDNN requires are
+        // equal (checked above). alpha/beta are `T::Scalar`; the guards in `args` keep the
+        // buffers alive and ordered until enqueued.
+        unsafe { call_grad!(ffi::cudnnActivationBackward, self, [act.as_raw()], args) }
     }
 
     /// [`activation_backward`](Self::activation_backward) with the gradient written over the
@@ -670,34 +613,11 @@ impl Cudnn {
         grad: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         self.check_activation_backward(act, y_desc, grad_desc, x_desc, grad_desc)?;
-        self.check_tensor("y", y_desc.layout(), y, false)?;
-        self.check_tensor("x", x_desc.layout(), x, false)?;
-        self.check_tensor("grad", grad_desc.layout(), grad, true)?;
-        self.bind()?;
-        let stream: &cudarc::driver::CudaStream = self.stream();
-        let (yp, _gy) = y.device_ptr(stream);
-        let (xp, _gx) = x.device_ptr(stream);
-        let (gp, _gg) = grad.device_ptr_mut(stream);
-        // SAFETY: as in `activation_backward`; `dy` and `dx` are
-        // the same pointer with the same descriptor, the in-place form cuDNN documents, and
-        // `grad` cannot alias `x` or `y`.
-        unsafe {
-            ffi::cudnnActivationBackward(
-                self.lib(),
-                self.as_raw(),
-                act.as_raw(),
-                (&alpha as *const T::Scalar).cast::<c_void>(),
-                y_desc.as_raw(),
-                yp as *const c_void,
-                grad_desc.as_raw(),
-                gp as *const c_void,
-                x_desc.as_raw(),
-                xp as *const c_void,
-                (&beta as *const T::Scalar).cast::<c_void>(),
-                grad_desc.as_raw(),
-                gp as *mut c_void,
-            )
-        }
+        let grad = Grad::<T, NoBuffer<T>, _>::InPlace(("grad", grad_desc, grad));
+        let args = self.grad_args(&alpha, ("y", y_desc, y), ("x", x_desc, x), &beta, grad)?;
+        // SAFETY: as in `activation_backward`; `dy` and `dx` are the same pointer with the same
+        // descriptor, the in-place form cuDNN documents, and `grad` cannot alias `x` or `y`.
+        unsafe { call_grad!(ffi::cudnnActivationBackward, self, [act.as_raw()], args) }
     }
 }
 
@@ -796,7 +716,10 @@ mod tests {
 
     #[test]
     fn ranks_and_packed_spatial_dims() {
-        assert!(check_nd("t", &Layout::nchw_nd(&[2, 3, 4]).unwrap()).is_err());
+        assert!(check_nd("t", &Layout::nchw_nd(&[2, 3]).unwrap()).is_err());
+        // [N, C, W]: cuDNN sees [N, C, 1, W].
+        assert!(check_nd("t", &Layout::nchw_nd(&[2, 3, 4]).unwrap()).is_ok());
+        assert!(check_nd("t", &Layout::nhwc_nd(&[2, 3, 4]).unwrap()).is_ok());
         assert!(check_nd("t", &Layout::nchw(2, 3, 4, 5).unwrap()).is_ok());
         assert!(check_nd("t", &Layout::nhwc(2, 3, 4, 5).unwrap()).is_ok());
         assert!(check_nd("t", &Layout::ndhwc(2, 3, 4, 5, 6).unwrap()).is_ok());

@@ -9,14 +9,16 @@ use std::ffi::c_void;
 use cudnn_safe_sys as sys;
 
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
+use crate::checks::{broadcasts_to, call_xy, require_shapes, scalar_ptr, Arg, ArgMut, NoBuffer};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
 use crate::raw;
 use crate::tensor::{TensorDesc, TensorFormat};
 
-/// The C calls of the op-tensor family, declared here as this module's own.
-mod ffi {
+/// The C calls of the op-tensor and reduction families (`reduce.rs` uses the latter), declared
+/// here as their own.
+pub(crate) mod ffi {
     #![allow(non_snake_case)] // the C names, so a search for them finds these
 
     use std::ffi::c_void;
@@ -45,6 +47,44 @@ mod ffi {
             c_desc: sys::cudnnTensorDescriptor_t,
             c: *mut c_void,
         );
+        fn cudnnCreateReduceTensorDescriptor(desc: *mut sys::cudnnReduceTensorDescriptor_t);
+        fn cudnnDestroyReduceTensorDescriptor(desc: sys::cudnnReduceTensorDescriptor_t);
+        fn cudnnSetReduceTensorDescriptor(
+            desc: sys::cudnnReduceTensorDescriptor_t,
+            op: sys::cudnnReduceTensorOp_t,
+            compute_type: sys::cudnnDataType_t,
+            nan: sys::cudnnNanPropagation_t,
+            indices: sys::cudnnReduceTensorIndices_t,
+            indices_type: sys::cudnnIndicesType_t,
+        );
+        fn cudnnGetReductionIndicesSize(
+            handle: sys::cudnnHandle_t,
+            desc: sys::cudnnReduceTensorDescriptor_t,
+            a_desc: sys::cudnnTensorDescriptor_t,
+            c_desc: sys::cudnnTensorDescriptor_t,
+            bytes: *mut usize,
+        );
+        fn cudnnGetReductionWorkspaceSize(
+            handle: sys::cudnnHandle_t,
+            desc: sys::cudnnReduceTensorDescriptor_t,
+            a_desc: sys::cudnnTensorDescriptor_t,
+            c_desc: sys::cudnnTensorDescriptor_t,
+            bytes: *mut usize,
+        );
+        fn cudnnReduceTensor(
+            handle: sys::cudnnHandle_t,
+            desc: sys::cudnnReduceTensorDescriptor_t,
+            indices: *mut c_void,
+            indices_bytes: usize,
+            workspace: *mut c_void,
+            workspace_bytes: usize,
+            alpha: *const c_void,
+            a_desc: sys::cudnnTensorDescriptor_t,
+            a: *const c_void,
+            beta: *const c_void,
+            c_desc: sys::cudnnTensorDescriptor_t,
+            c: *mut c_void,
+        );
     }
 
     crate::raw::owned_descriptor!(
@@ -53,6 +93,14 @@ mod ffi {
         sys::cudnnOpTensorDescriptor_t,
         cudnnCreateOpTensorDescriptor,
         cudnnDestroyOpTensorDescriptor
+    );
+
+    crate::raw::owned_descriptor!(
+        /// An owned `cudnnReduceTensorDescriptor_t`.
+        OwnedReduceTensor,
+        sys::cudnnReduceTensorDescriptor_t,
+        cudnnCreateReduceTensorDescriptor,
+        cudnnDestroyReduceTensorDescriptor
     );
 }
 
@@ -170,26 +218,11 @@ pub(crate) fn check_op_tensor_shapes<T: DataType>(
             ));
         }
     }
-    if a_desc.dims() != cd {
-        return Err(Error::ShapeMismatch {
-            a: "a",
-            a_dims: a_desc.dims().to_vec(),
-            b: "c",
-            b_dims: cd.to_vec(),
-            rule: "a has c's dimensions (only b broadcasts)",
-        });
-    }
-    let bd = b_desc.dims();
-    if bd.len() != cd.len() || bd.iter().zip(cd).any(|(&x, &y)| x != y && x != 1) {
-        return Err(Error::ShapeMismatch {
-            a: "b",
-            a_dims: bd.to_vec(),
-            b: "c",
-            b_dims: cd.to_vec(),
-            rule: "same rank, each dimension of b equal to c's or 1",
-        });
-    }
-    Ok(())
+    let (ad, bd) = (a_desc.dims(), b_desc.dims());
+    let rule = "a has c's dimensions (only b broadcasts)";
+    require_shapes(ad == cd, ("a", ad), ("c", cd), rule)?;
+    let rule = "same rank, each dimension of b equal to c's or 1";
+    require_shapes(broadcasts_to(bd, cd), ("b", bd), ("c", cd), rule)
 }
 
 impl Cudnn {
@@ -222,36 +255,15 @@ impl Cudnn {
         c: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         let (ad, cd) = (a_desc.dims(), c_desc.dims());
-        if ad.len() != cd.len() || ad.iter().zip(cd).any(|(&x, &y)| x != y && x != 1) {
-            return Err(Error::ShapeMismatch {
-                a: "a",
-                a_dims: ad.to_vec(),
-                b: "c",
-                b_dims: cd.to_vec(),
-                rule: "same rank, each dimension of a equal to c's or 1",
-            });
-        }
-        self.check_tensor("a", a_desc.layout(), a, false)?;
-        self.check_tensor("c", c_desc.layout(), c, true)?;
-        self.bind()?;
-        let stream: &cudarc::driver::CudaStream = self.stream();
-        let (ap, _ga) = a.device_ptr(stream);
-        let (cp, _gc) = c.device_ptr_mut(stream);
+        let rule = "same rank, each dimension of a equal to c's or 1";
+        require_shapes(broadcasts_to(ad, cd), ("a", ad), ("c", cd), rule)?;
+        let args = self.xy_args(&alpha, ("a", a_desc, a), &beta, ("c", c_desc, c))?;
         // SAFETY: live handle and descriptors; `a` and `c` hold at least their descriptors' spans
-        // on the handle's context (checked above); alpha/beta are `T::Scalar`, the type cuDNN
-        // reads for `T`; the guards keep the buffers alive and ordered until enqueued.
-        unsafe {
-            raw::cudnnAddTensor(
-                self.lib(),
-                self.as_raw(),
-                (&alpha as *const T::Scalar).cast::<c_void>(),
-                a_desc.as_raw(),
-                ap as *const c_void,
-                (&beta as *const T::Scalar).cast::<c_void>(),
-                c_desc.as_raw(),
-                cp as *mut c_void,
-            )
-        }
+        // on the handle's context, `c` does not overlap itself (checked by `xy_args`); each
+        // dimension of `a` is `c`'s or 1 (checked above); alpha/beta are `T::Scalar`, the type
+        // cuDNN reads for `T`; the guards in `args` keep the buffers alive and ordered until
+        // enqueued.
+        unsafe { call_xy!(raw::cudnnAddTensor, self, [], args) }
     }
 
     /// `y = alpha·y`, in place.
@@ -262,19 +274,17 @@ impl Cudnn {
         y: &mut impl DeviceBufferMut<T>,
         alpha: T::Scalar,
     ) -> Result<()> {
-        self.check_tensor("y", y_desc.layout(), y, true)?;
-        self.bind()?;
-        let stream: &cudarc::driver::CudaStream = self.stream();
-        let (yp, _gy) = y.device_ptr_mut(stream);
+        let (yp, _gy) = self.y_arg(("y", y_desc, y))?;
         // SAFETY: live handle and descriptor; `y` holds its span on this context and is not
-        // self-overlapping (checked); alpha is `T::Scalar`.
+        // self-overlapping (checked by `y_arg`); alpha is `T::Scalar`; the guard keeps `y` alive
+        // and ordered until enqueued.
         unsafe {
             raw::cudnnScaleTensor(
                 self.lib(),
                 self.as_raw(),
                 y_desc.as_raw(),
-                yp as *mut c_void,
-                (&alpha as *const T::Scalar).cast::<c_void>(),
+                yp,
+                scalar_ptr(&alpha),
             )
         }
     }
@@ -293,21 +303,19 @@ impl Cudnn {
         y: &mut impl DeviceBufferMut<T>,
         value: T,
     ) -> Result<()> {
-        self.check_tensor("y", y_desc.layout(), y, true)?;
         let value = set_value_repr(value);
-        self.bind()?;
-        let stream: &cudarc::driver::CudaStream = self.stream();
-        let (yp, _gy) = y.device_ptr_mut(stream);
+        let (yp, _gy) = self.y_arg(("y", y_desc, y))?;
         // SAFETY: live handle and descriptor; `y` holds its span on this context and does not
-        // overlap itself (checked); the value is an 8-byte, 8-aligned host word holding the
-        // representation cuDNN reads for `T` (at most 8 bytes are ever read).
+        // overlap itself (checked by `y_arg`); the value is an 8-byte, 8-aligned host word
+        // holding the representation cuDNN reads for `T` (at most 8 bytes are ever read); the
+        // guard keeps `y` alive and ordered until enqueued.
         unsafe {
             raw::cudnnSetTensor(
                 self.lib(),
                 self.as_raw(),
                 y_desc.as_raw(),
-                yp as *mut c_void,
-                (&value as *const u64).cast::<c_void>(),
+                yp,
+                scalar_ptr(&value),
             )
         }
     }
@@ -327,36 +335,15 @@ impl Cudnn {
         y_desc: &TensorDesc<Y>,
         y: &mut impl DeviceBufferMut<Y>,
     ) -> Result<()> {
-        if x_desc.dims() != y_desc.dims() {
-            return Err(Error::ShapeMismatch {
-                a: "x",
-                a_dims: x_desc.dims().to_vec(),
-                b: "y",
-                b_dims: y_desc.dims().to_vec(),
-                rule: "transform keeps the dimensions; only layout and type change",
-            });
-        }
-        self.check_tensor("x", x_desc.layout(), x, false)?;
-        self.check_tensor("y", y_desc.layout(), y, true)?;
-        self.bind()?;
-        let stream: &cudarc::driver::CudaStream = self.stream();
-        let (xp, _gx) = x.device_ptr(stream);
-        let (yp, _gy) = y.device_ptr_mut(stream);
+        let (xd, yd) = (x_desc.dims(), y_desc.dims());
+        let rule = "transform keeps the dimensions; only layout and type change";
+        require_shapes(xd == yd, ("x", xd), ("y", yd), rule)?;
+        let args = self.xy_args(&alpha, ("x", x_desc, x), &beta, ("y", y_desc, y))?;
         // SAFETY: live handle and descriptors; both buffers hold their spans on this context;
-        // `y` does not overlap itself and cannot alias `x` (`&` vs `&mut`); alpha/beta are the
-        // scalar type both dtypes share.
-        unsafe {
-            raw::cudnnTransformTensor(
-                self.lib(),
-                self.as_raw(),
-                (&alpha as *const X::Scalar).cast::<c_void>(),
-                x_desc.as_raw(),
-                xp as *const c_void,
-                (&beta as *const X::Scalar).cast::<c_void>(),
-                y_desc.as_raw(),
-                yp as *mut c_void,
-            )
-        }
+        // `y` does not overlap itself (checked by `xy_args`) and cannot alias `x` (`&` vs
+        // `&mut`); the dims agree (checked above); alpha/beta are the scalar type both dtypes
+        // share.
+        unsafe { call_xy!(raw::cudnnTransformTensor, self, [], args) }
     }
 }
 
@@ -407,38 +394,16 @@ impl Cudnn {
         c_desc: &TensorDesc<T>,
         c: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
-        check_op_tensor_dtype::<T>()?;
-        check_op_tensor_shapes(a_desc, b_desc, c_desc)?;
-        self.check_tensor("a", a_desc.layout(), a, false)?;
-        self.check_tensor("b", b_desc.layout(), b, false)?;
-        self.check_tensor("c", c_desc.layout(), c, true)?;
-        let desc = op_tensor_descriptor::<T>(op)?;
-        self.bind()?;
-        let stream: &cudarc::driver::CudaStream = self.stream();
-        let (ap, _ga) = a.device_ptr(stream);
-        let (bp, _gb) = b.device_ptr(stream);
-        let (cp, _gc) = c.device_ptr_mut(stream);
-        // SAFETY: live handle and descriptors; `a`, `b`, `c` hold their descriptors' spans on
-        // the handle's context (checked); `c` does not overlap itself and cannot alias `a` or
-        // `b` (`&` vs `&mut`); shapes follow cuDNN's broadcast rule (checked); the scalars are
-        // `T::Scalar`, the type the compute type implies; the guards keep the buffers alive and
-        // ordered until the call is enqueued.
-        unsafe {
-            ffi::cudnnOpTensor(
-                self.lib(),
-                self.as_raw(),
-                desc.as_ptr(),
-                (&alpha1 as *const T::Scalar).cast::<c_void>(),
-                a_desc.as_raw(),
-                ap as *const c_void,
-                (&alpha2 as *const T::Scalar).cast::<c_void>(),
-                b_desc.as_raw(),
-                bp as *const c_void,
-                (&beta as *const T::Scalar).cast::<c_void>(),
-                c_desc.as_raw(),
-                cp as *mut c_void,
-            )
-        }
+        let a = FirstOperand::Tensor(("a", a_desc, a));
+        self.op_tensor_launch(
+            op,
+            alpha1,
+            a,
+            alpha2,
+            ("b", b_desc, b),
+            beta,
+            ("c", c_desc, c),
+        )
     }
 
     /// `c = op(alpha1·c, alpha2·b) + beta·c`, in place: `c` is both the first operand and the
@@ -460,30 +425,75 @@ impl Cudnn {
         c_desc: &TensorDesc<T>,
         c: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
+        let a = FirstOperand::<T, NoBuffer<T>>::Output;
+        self.op_tensor_launch(
+            op,
+            alpha1,
+            a,
+            alpha2,
+            ("b", b_desc, b),
+            beta,
+            ("c", c_desc, c),
+        )
+    }
+
+    /// The checked launch behind [`op_tensor`](Self::op_tensor) and
+    /// [`op_tensor_inplace`](Self::op_tensor_inplace).
+    #[allow(clippy::too_many_arguments)] // mirrors cudnnOpTensor
+    fn op_tensor_launch<T: DataType, A: DeviceBuffer<T>>(
+        &self,
+        op: OpTensorOp,
+        alpha1: T::Scalar,
+        a: FirstOperand<'_, T, A>,
+        alpha2: T::Scalar,
+        (b_name, b_desc, b): Arg<'_, T, impl DeviceBuffer<T>>,
+        beta: T::Scalar,
+        (c_name, c_desc, c): ArgMut<'_, T, impl DeviceBufferMut<T>>,
+    ) -> Result<()> {
         check_op_tensor_dtype::<T>()?;
-        check_op_tensor_shapes(c_desc, b_desc, c_desc)?;
-        self.check_tensor("b", b_desc.layout(), b, false)?;
-        self.check_tensor("c", c_desc.layout(), c, true)?;
+        let a_desc = match &a {
+            FirstOperand::Tensor((_, a_desc, _)) => *a_desc,
+            FirstOperand::Output => c_desc,
+        };
+        check_op_tensor_shapes(a_desc, b_desc, c_desc)?;
+        if let FirstOperand::Tensor((name, a_desc, a)) = &a {
+            self.check_tensor(name, a_desc.layout(), *a, false)?;
+        }
+        self.check_tensor(b_name, b_desc.layout(), b, false)?;
+        self.check_tensor(c_name, c_desc.layout(), c, true)?;
         let desc = op_tensor_descriptor::<T>(op)?;
         self.bind()?;
         let stream: &cudarc::driver::CudaStream = self.stream();
+        let (ap, _ga) = match &a {
+            FirstOperand::Tensor((_, _, a)) => {
+                let (p, g) = a.device_ptr(stream);
+                (Some(p as *const c_void), Some(g))
+            }
+            FirstOperand::Output => (None, None),
+        };
         let (bp, _gb) = b.device_ptr(stream);
         let (cp, _gc) = c.device_ptr_mut(stream);
-        // SAFETY: as in `op_tensor`, with `A` and `C` the same buffer and descriptor, which
-        // cuDNN supports (each element of C is computed from the same element of A); `b` cannot
-        // alias `c` (`&` vs `&mut`).
+        // In place, `A` is `C`: the same buffer and descriptor.
+        let ap = ap.unwrap_or(cp as *const c_void);
+        // SAFETY: live handle and descriptors; `a` (when apart), `b` and `c` hold their
+        // descriptors' spans on the handle's context (checked); `c` does not overlap itself and
+        // cannot alias `a` or `b` (`&` vs `&mut`), or `A` is `C` with the same descriptor, which
+        // cuDNN supports (each element of C is computed from the same element of A); shapes
+        // follow cuDNN's broadcast rule (checked); the scalars are `T::Scalar`, the type the
+        // compute type implies; the guards keep the buffers alive and ordered until the call is
+        // enqueued.
         unsafe {
             ffi::cudnnOpTensor(
                 self.lib(),
                 self.as_raw(),
                 desc.as_ptr(),
-                (&alpha1 as *const T::Scalar).cast::<c_void>(),
-                c_desc.as_raw(),
-                cp as *const c_void,
-                (&alpha2 as *const T::Scalar).cast::<c_void>(),
+                scalar_ptr(&alpha1),
+                a_desc.as_raw(),
+                ap,
+                scalar_ptr(&alpha2),
                 b_desc.as_raw(),
                 bp as *const c_void,
-                (&beta as *const T::Scalar).cast::<c_void>(),
+                scalar_ptr(&beta),
                 c_desc.as_raw(),
                 cp as *mut c_void,
             )
@@ -516,6 +526,14 @@ impl Cudnn {
         }
         self.op_tensor(op, alpha, a_desc, a, alpha, a_desc, a, beta, c_desc, c)
     }
+}
+
+/// The first operand `A` of an op-tensor launch: a tensor of its own, or the output `C`.
+enum FirstOperand<'a, T: DataType, A> {
+    /// A separate input.
+    Tensor(Arg<'a, T, A>),
+    /// `C` itself (in place).
+    Output,
 }
 
 /// The host word `cudnnSetTensor` reads for a `T` value: `f64` for f64, `i32` for i32, `f32` for

@@ -10,7 +10,8 @@
 //! wholly in the padding, whose max or exclusive average is undefined); the builder refuses
 //! both: `0 ≤ pad < window`, which guarantees every window overlaps the input.
 //!
-//! A 1-D pooling is a 2-D one over `[N, C, 1, W]` with a window height of 1.
+//! A 1-D pooling (a window of one dimension) takes `[N, C, W]` tensors; cuDNN runs it as a 2-D
+//! one over `[N, C, 1, W]` with a window height of 1 (see [`TensorDesc::new`]).
 //!
 //! ```no_run
 //! use cudnn_safe::pooling::{PoolingDesc, PoolingMode};
@@ -32,7 +33,7 @@
 //! cudnn.pooling_forward(&pool, 1.0, &x_d, &x, 0.0, &y_d, &mut y)?;
 //! # Ok(()) }
 //! ```
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::fmt;
 
 use cudnn_safe_sys as sys;
@@ -40,6 +41,7 @@ use cudnn_safe_sys as sys;
 pub use crate::activation::NanPropagation;
 use crate::activation::{check_float, grad_strides_match, same_dims};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
+use crate::checks::{call_grad, call_xy, Grad};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -167,16 +169,16 @@ impl PoolingBuilder {
 
     /// Validates the parameters and creates the cuDNN descriptor.
     ///
-    /// Errors: a window of other than 2 or 3 dimensions; pads or strides of another length;
+    /// Errors: a window of other than 1, 2 or 3 dimensions; pads or strides of another length;
     /// a window or stride < 1; a pad < 0 or ≥ its window; values beyond cuDNN's `int`.
     #[doc(alias = "cudnnCreatePoolingDescriptor")]
     #[doc(alias = "cudnnSetPoolingNdDescriptor")]
     pub fn build(&self) -> Result<PoolingDesc> {
         let n = self.window.len();
-        if !(2..=3).contains(&n) {
+        if !(1..=3).contains(&n) {
             return Err(Error::invalid(
                 "pooling window",
-                "2 or 3 spatial dimensions (a 1-D pooling is a 2-D one with a window height of 1)",
+                "1, 2 or 3 spatial dimensions",
                 format!("{n} dimensions {:?}", self.window),
             ));
         }
@@ -224,17 +226,24 @@ impl PoolingBuilder {
         let lib = raw::lib()?;
         // Owned from here: dropping it destroys the descriptor if the set call fails.
         let desc = ffi::OwnedPooling::new(lib)?;
-        let to_c = |v: &[i64]| v.iter().map(|&x| x as c_int).collect::<Vec<c_int>>();
-        let (w, p, s) = (to_c(&window), to_c(&pads), to_c(&strides));
+        // A 1-D pooling runs as a 2-D one over the unit height of its tensors' cuDNN view.
+        let unit = |v: &[i64], h: c_int| {
+            let mut c: Vec<c_int> = v.iter().map(|&x| x as c_int).collect();
+            if n == 1 {
+                c.insert(0, h);
+            }
+            c
+        };
+        let (w, p, s) = (unit(&window, 1), unit(&pads, 0), unit(&strides, 1));
         // SAFETY: live descriptor; valid enum values; the three arrays hold `nb_dims` values
-        // each, validated to fit `int`.
+        // each (2 or 3), validated to fit `int`.
         unsafe {
             ffi::cudnnSetPoolingNdDescriptor(
                 lib,
                 desc.as_ptr(),
                 self.mode.raw(),
                 self.nan.raw(),
-                n as c_int,
+                w.len() as c_int,
                 w.as_ptr(),
                 p.as_ptr(),
                 s.as_ptr(),
@@ -277,7 +286,7 @@ impl fmt::Debug for PoolingDesc {
 }
 
 impl PoolingDesc {
-    /// A builder for `mode` over a window of 2 or 3 spatial dimensions (`[h, w]` or
+    /// A builder for `mode` over a window of 1, 2 or 3 spatial dimensions (`[w]`, `[h, w]` or
     /// `[d, h, w]`), with no padding, strides equal to the window, propagating NaN.
     #[must_use]
     pub fn builder(mode: PoolingMode, window: &[i64]) -> PoolingBuilder {
@@ -310,11 +319,11 @@ impl PoolingDesc {
     pub fn strides(&self) -> &[i64] {
         &self.strides
     }
-    /// Number of spatial dimensions (2 or 3).
+    /// Number of spatial dimensions (1, 2 or 3).
     pub fn spatial_rank(&self) -> usize {
         self.window.len()
     }
-    /// Rank of the tensors it takes: 4 (`N, C, H, W`) or 5 (`N, C, D, H, W`).
+    /// Rank of the tensors it takes: 3 (`N, C, W`), 4 (`N, C, H, W`) or 5 (`N, C, D, H, W`).
     pub fn tensor_rank(&self) -> usize {
         self.window.len() + 2
     }
@@ -406,8 +415,9 @@ impl PoolingDesc {
 impl Cudnn {
     /// `y = alpha·pool(x) + beta·y`.
     ///
-    /// `x` is `[N, C, H, W]` (or `[N, C, D, H, W]` for a 3-D pooling) in any layout, `y` has
-    /// [`PoolingDesc::output_dims`] of it. With `beta == 0` the old contents of `y` are not read.
+    /// `x` is `[N, C, H, W]` (`[N, C, W]` for a 1-D pooling, `[N, C, D, H, W]` for a 3-D one) in
+    /// any layout, `y` has [`PoolingDesc::output_dims`] of it. With `beta == 0` the old contents
+    /// of `y` are not read.
     ///
     /// Errors: non-float types, a rank not matching the pooling, a `y` of the wrong shape, short
     /// or foreign buffers, a self-overlapping `y`.
@@ -425,30 +435,14 @@ impl Cudnn {
     ) -> Result<()> {
         check_float::<T>("pooling")?;
         pool.check_output_dims(x_desc.dims(), y_desc.dims())?;
-        self.check_tensor("x", x_desc.layout(), x, false)?;
-        self.check_tensor("y", y_desc.layout(), y, true)?;
-        self.bind()?;
-        let stream: &cudarc::driver::CudaStream = self.stream();
-        let (xp, _gx) = x.device_ptr(stream);
-        let (yp, _gy) = y.device_ptr_mut(stream);
+        let args = self.xy_args(&alpha, ("x", x_desc, x), &beta, ("y", y_desc, y))?;
         // SAFETY: live handle and descriptors; `x` and `y` hold their descriptors' spans on the
-        // handle's context, `y` does not overlap itself and cannot alias `x` (`&mut` vs `&`);
-        // `y`'s dims are the pooling's output dims of `x`'s (checked above), so the kernel
-        // addresses nothing beyond either descriptor; alpha/beta are `T::Scalar`, the type
-        // cuDNN reads for `T`; the guards keep the buffers alive and ordered until enqueued.
-        unsafe {
-            ffi::cudnnPoolingForward(
-                self.lib(),
-                self.as_raw(),
-                pool.as_raw(),
-                (&alpha as *const T::Scalar).cast::<c_void>(),
-                x_desc.as_raw(),
-                xp as *const c_void,
-                (&beta as *const T::Scalar).cast::<c_void>(),
-                y_desc.as_raw(),
-                yp as *mut c_void,
-            )
-        }
+        // handle's context, `y` does not overlap itself and cannot alias `x` (`&mut` vs `&`)
+        // (checked by `xy_args`); `y`'s dims are the pooling's output dims of `x`'s (checked
+        // above), so the kernel addresses nothing beyond either descriptor; alpha/beta are
+        // `T::Scalar`, the type cuDNN reads for `T`; the guards in `args` keep the buffers
+        // alive and ordered until enqueued.
+        unsafe { call_xy!(ffi::cudnnPoolingForward, self, [pool.as_raw()], args) }
     }
 
     /// `dx = alpha·pool′(dy) + beta·dx`: the gradient of [`pooling_forward`](Self::pooling_forward)
@@ -501,37 +495,13 @@ impl Cudnn {
             "dy with the dims and strides of y (cuDNN's rule)",
             "dx with the dims and strides of x (cuDNN's rule)",
         )?;
-        self.check_tensor("y", y_desc.layout(), y, false)?;
-        self.check_tensor("dy", dy_desc.layout(), dy, false)?;
-        self.check_tensor("x", x_desc.layout(), x, false)?;
-        self.check_tensor("dx", dx_desc.layout(), dx, true)?;
-        self.bind()?;
-        let stream: &cudarc::driver::CudaStream = self.stream();
-        let (yp, _gy) = y.device_ptr(stream);
-        let (dyp, _gdy) = dy.device_ptr(stream);
-        let (xp, _gx) = x.device_ptr(stream);
-        let (dxp, _gdx) = dx.device_ptr_mut(stream);
+        let grad = Grad::Apart(("dy", dy_desc, dy), ("dx", dx_desc, dx));
+        let args = self.grad_args(&alpha, ("y", y_desc, y), ("x", x_desc, x), &beta, grad)?;
         // SAFETY: live handle and descriptors; every buffer holds its descriptor's span on the
         // handle's context; `dx` does not overlap itself and cannot alias the inputs (`&mut` vs
-        // `&`); `y`'s dims are the pooling output of `x`'s, `dy` has `y`'s layout and `dx` has
-        // `x`'s (checked above); alpha/beta are `T::Scalar`; the guards keep the buffers alive
-        // and ordered until enqueued.
-        unsafe {
-            ffi::cudnnPoolingBackward(
-                self.lib(),
-                self.as_raw(),
-                pool.as_raw(),
-                (&alpha as *const T::Scalar).cast::<c_void>(),
-                y_desc.as_raw(),
-                yp as *const c_void,
-                dy_desc.as_raw(),
-                dyp as *const c_void,
-                x_desc.as_raw(),
-                xp as *const c_void,
-                (&beta as *const T::Scalar).cast::<c_void>(),
-                dx_desc.as_raw(),
-                dxp as *mut c_void,
-            )
-        }
+        // `&`) (checked by `grad_args`); `y`'s dims are the pooling output of `x`'s, `dy` has
+        // `y`'s layout and `dx` has `x`'s (checked above); alpha/beta are `T::Scalar`; the
+        // guards in `args` keep the buffers alive and ordered until enqueued.
+        unsafe { call_grad!(ffi::cudnnPoolingBackward, self, [pool.as_raw()], args) }
     }
 }

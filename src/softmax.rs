@@ -1,9 +1,10 @@
 //! Softmax and log-softmax (`cudnnSoftmaxForward` / `cudnnSoftmaxBackward`) over the channels of
 //! each position or over everything but the batch.
 //!
-//! Each launch checks, before anything is enqueued: float element type, 4 to 8 dimensions (a
-//! `[N, C]` matrix goes in as `[N, C, 1, 1]`), equal dimensions for every tensor, each buffer
-//! holding its descriptor's span on the handle's context, and no self-overlapping output.
+//! Each launch checks, before anything is enqueued: float element type, 3 to 8 dimensions (a
+//! `[N, C]` matrix goes in as `[N, C, 1]`; cuDNN sees a 3-D `[N, C, W]` as `[N, C, 1, W]`),
+//! equal dimensions for every tensor, each buffer holding its descriptor's span on the handle's
+//! context, and no self-overlapping output.
 //!
 //! One combination is refused although cuDNN accepts it: `f64` tensors with 5 or more
 //! dimensions in a channels-last order (NDHWC). cuDNN 9.14's
@@ -31,6 +32,7 @@ use cudnn_safe_sys as sys;
 
 use crate::activation::{check_float, check_nd, same_dims};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
+use crate::checks::{call_xy, scalar_ptr};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -158,9 +160,9 @@ fn check_f64_channels_last<T: DataType>(
 impl Cudnn {
     /// `y = alpha·softmax(x) + beta·y` (or log-softmax for [`SoftmaxAlgorithm::Log`]).
     ///
-    /// `x` and `y` have the same dimensions, 4 to 8 of them (`[N, C, H, W]`, `[N, C, D, H, W]`,
-    /// ...; more than 5 only with packed spatial dimensions, cuDNN's rule), in any layouts. With
-    /// `beta == 0` the old contents of `y` are not read.
+    /// `x` and `y` have the same dimensions, 3 to 8 of them (`[N, C, W]`, `[N, C, H, W]`,
+    /// `[N, C, D, H, W]`, ...; more than 5 only with packed spatial dimensions, cuDNN's rule),
+    /// in any layouts. With `beta == 0` the old contents of `y` are not read.
     ///
     /// Errors: besides shape, buffer and type errors, [`Error::UnsupportedDataType`] for `f64`
     /// tensors of 5 or more dimensions in a channels-last layout, which cuDNN 9.14 was seen to
@@ -183,29 +185,18 @@ impl Cudnn {
         check_nd("softmax tensor", y_desc.layout())?;
         same_dims("x", x_desc.layout(), "y", y_desc.layout(), SAME_DIMS)?;
         check_f64_channels_last::<T>("softmax", &[("x", x_desc.layout()), ("y", y_desc.layout())])?;
-        self.check_tensor("x", x_desc.layout(), x, false)?;
-        self.check_tensor("y", y_desc.layout(), y, true)?;
-        self.bind()?;
-        let stream: &cudarc::driver::CudaStream = self.stream();
-        let (xp, _gx) = x.device_ptr(stream);
-        let (yp, _gy) = y.device_ptr_mut(stream);
+        let args = self.xy_args(&alpha, ("x", x_desc, x), &beta, ("y", y_desc, y))?;
         // SAFETY: live handle and descriptors; valid enum values; `x` and `y` hold their
         // descriptors' spans on the handle's context, `y` does not overlap itself and cannot
-        // alias `x` (`&mut` vs `&`); the dims agree (checked above); alpha/beta are
-        // `T::Scalar`, the type cuDNN reads for `T`; the guards keep the buffers alive and
-        // ordered until enqueued.
+        // alias `x` (`&mut` vs `&`) (checked by `xy_args`); the dims agree (checked above);
+        // alpha/beta are `T::Scalar`, the type cuDNN reads for `T`; the guards in `args` keep
+        // the buffers alive and ordered until enqueued.
         unsafe {
-            ffi::cudnnSoftmaxForward(
-                self.lib(),
-                self.as_raw(),
-                algo.raw(),
-                mode.raw(),
-                (&alpha as *const T::Scalar).cast::<c_void>(),
-                x_desc.as_raw(),
-                xp as *const c_void,
-                (&beta as *const T::Scalar).cast::<c_void>(),
-                y_desc.as_raw(),
-                yp as *mut c_void,
+            call_xy!(
+                ffi::cudnnSoftmaxForward,
+                self,
+                [algo.raw(), mode.raw()],
+                args
             )
         }
     }
@@ -265,12 +256,12 @@ impl Cudnn {
                 self.as_raw(),
                 algo.raw(),
                 mode.raw(),
-                (&alpha as *const T::Scalar).cast::<c_void>(),
+                scalar_ptr(&alpha),
                 y_desc.as_raw(),
                 yp as *const c_void,
                 dy_desc.as_raw(),
                 dyp as *const c_void,
-                (&beta as *const T::Scalar).cast::<c_void>(),
+                scalar_ptr(&beta),
                 dx_desc.as_raw(),
                 dxp as *mut c_void,
             )

@@ -7,6 +7,14 @@
 //!
 //! A [`TensorDesc<T>`] / [`FilterDesc<T>`] owns the cuDNN descriptor built from a layout, with the
 //! element type `T` in its type, so the buffer passed beside it at launch has the same dtype.
+//!
+//! A 3-D tensor `[N, C, W]` (and a 3-D filter `[K, C/groups, S]`) is what a user of a 1-D
+//! convolution, pooling, softmax or activation has; cuDNN's legacy calls take 4 dimensions or
+//! more, so its cuDNN descriptor is created as `[N, C, 1, W]` (`[K, C/groups, 1, S]`), while the
+//! Rust value keeps the dims it was given ([`Layout::legacy_view`] is that 4-D view).
+//!
+//! [`Layout::pack`] and [`Layout::unpack`] move host data between logical row-major order
+//! (`NCHW`, `NCDHW`, `NCW`) and any layout, for filling and reading device buffers.
 use std::ffi::c_int;
 use std::fmt;
 use std::marker::PhantomData;
@@ -22,7 +30,8 @@ pub const MAX_DIMS: usize = sys::CUDNN_DIM_MAX as usize;
 
 /// cuDNN's Nd tensor descriptors take at least this many dimensions; shorter layouts are padded
 /// with trailing dimensions of size 1 when the descriptor is built (which changes neither the
-/// span nor the addressing).
+/// span nor the addressing). A 3-D layout is handed to cuDNN as its 4-D
+/// [`legacy_view`](Layout::legacy_view).
 pub const MIN_DESCRIPTOR_DIMS: usize = 3;
 
 /// How the dimensions of a tensor are ordered in memory.
@@ -307,17 +316,26 @@ impl Layout {
         self.non_overlapping
     }
 
-    /// Offsets (in elements) of every logical element, in row-major logical order. For tests and
-    /// small layouts; allocates `element_count()` entries.
+    /// Offsets (in elements) of every logical element, in row-major logical order (the last
+    /// dimension fastest, whatever the memory order): entry `i` is where the `i`-th element of
+    /// logical `NCHW` (`NCDHW`, `NCW`, ...) data is stored. Allocates `element_count()`
+    /// entries; [`pack`](Self::pack) and [`unpack`](Self::unpack) move data by this map.
     pub fn offsets(&self) -> Vec<i64> {
         let mut out = Vec::with_capacity(self.element_count());
+        self.for_each_offset(|o| out.push(o as i64));
+        out
+    }
+
+    /// Calls `f` with the offset of every logical element, in row-major logical order.
+    fn for_each_offset(&self, mut f: impl FnMut(usize)) {
         let mut idx = vec![0i64; self.dims.len()];
         loop {
-            out.push(self.offset_in_range(&idx));
+            // In range, so non-negative and below the span (a `usize`).
+            f(self.offset_in_range(&idx) as usize);
             let mut axis = self.dims.len();
             loop {
                 if axis == 0 {
-                    return out;
+                    return;
                 }
                 axis -= 1;
                 idx[axis] += 1;
@@ -327,6 +345,74 @@ impl Layout {
                 idx[axis] = 0;
             }
         }
+    }
+
+    /// Stores logical row-major data (`NCHW`, `NCDHW`, `NCW`: the last dimension fastest) in
+    /// this layout: a buffer of [`span`](Self::span) elements with `logical[i]` at
+    /// `offsets()[i]` and every gap `T::default()` (zero for numbers), ready to copy to the
+    /// device.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when `logical` does not hold exactly
+    /// [`element_count`](Self::element_count) elements; [`Error::OverlappingOutput`] for a
+    /// layout that addresses some element twice (two values would share one place).
+    ///
+    /// ```
+    /// use cudnn_safe::Layout;
+    /// # fn main() -> cudnn_safe::Result<()> {
+    /// // [N, C, H, W] = [1, 2, 1, 3] in NCHW order: channel 0 is 0 1 2, channel 1 is 10 11 12.
+    /// let logical = [0, 1, 2, 10, 11, 12];
+    /// let nhwc = Layout::nhwc(1, 2, 1, 3)?;
+    /// let stored = nhwc.pack(&logical)?;
+    /// assert_eq!(stored, [0, 10, 1, 11, 2, 12]);
+    /// assert_eq!(nhwc.unpack(&stored)?, logical);
+    ///
+    /// // [N, C, W] = [1, 2, 2] with a gap after each channel: gaps are zero.
+    /// let padded = Layout::strided(&[1, 2, 2], &[6, 3, 1])?;
+    /// assert_eq!(padded.pack(&[1, 2, 3, 4])?, [1, 2, 0, 3, 4]);
+    /// assert!(padded.pack(&[1, 2, 3]).is_err()); // three values for four elements
+    /// # Ok(()) }
+    /// ```
+    pub fn pack<T: Copy + Default>(&self, logical: &[T]) -> Result<Vec<T>> {
+        if logical.len() != self.element_count() {
+            return Err(Error::invalid(
+                "length of `logical` (Layout::pack)",
+                format!(
+                    "{} elements, the element count of dims {:?}",
+                    self.element_count(),
+                    self.dims
+                ),
+                format!("{} elements", logical.len()),
+            ));
+        }
+        self.check_output("Layout::pack destination")?;
+        let mut stored = vec![T::default(); self.span()];
+        let mut values = logical.iter();
+        self.for_each_offset(|o| {
+            if let Some(&v) = values.next() {
+                stored[o] = v;
+            }
+        });
+        Ok(stored)
+    }
+
+    /// Reads data stored in this layout back into logical row-major order (`NCHW`, `NCDHW`,
+    /// `NCW`): `element_count()` values, the `i`-th read from `stored[offsets()[i]]`. The
+    /// inverse of [`pack`](Self::pack); gaps are not read, and a layout that addresses an
+    /// element twice reads it twice.
+    ///
+    /// Errors: [`Error::BufferTooSmall`] (naming `stored`) when `stored` holds fewer than
+    /// [`span`](Self::span) elements. A longer buffer is fine (its tail is not read).
+    pub fn unpack<T: Copy>(&self, stored: &[T]) -> Result<Vec<T>> {
+        if stored.len() < self.span() {
+            return Err(Error::BufferTooSmall {
+                name: "stored",
+                len: stored.len(),
+                required: self.span(),
+            });
+        }
+        let mut logical = Vec::with_capacity(self.element_count());
+        self.for_each_offset(|o| logical.push(stored[o]));
+        Ok(logical)
     }
 
     /// Offset of the element at logical index `idx` (one entry per dimension, each in
@@ -368,10 +454,37 @@ impl Layout {
         }
     }
 
-    /// The dims and strides handed to cuDNN: padded with trailing 1s to [`MIN_DESCRIPTOR_DIMS`].
-    fn descriptor_dims(&self) -> Result<(Vec<c_int>, Vec<c_int>)> {
-        let mut d = self.dims.clone();
-        let mut s = self.strides.clone();
+    /// The layout cuDNN's legacy calls see: a 3-D `[N, C, W]` layout as `[N, C, 1, W]`, every
+    /// other layout as it is. The inserted dimension has size 1, so it addresses nothing new:
+    /// span, element count and every element's offset are unchanged. Its stride is `W`'s
+    /// extent (`W·stride(W)`, capped at `i32::MAX`), what a packed NCHW or NHWC layout would
+    /// give it, so cuDNN recognises those formats.
+    pub fn legacy_view(&self) -> Layout {
+        if self.dims.len() != 3 {
+            return self.clone();
+        }
+        let (mut dims, mut strides) = (self.dims.clone(), self.strides.clone());
+        // Both factors are validated to fit `int`, so the product fits `i64`.
+        let h_stride = (strides[2] * dims[2]).min(i64::from(c_int::MAX));
+        dims.insert(2, 1);
+        strides.insert(2, h_stride);
+        Layout {
+            dims,
+            strides,
+            ..self.clone()
+        }
+    }
+
+    /// The dims and strides handed to cuDNN: those of the [`legacy_view`](Self::legacy_view)
+    /// (or of the layout itself with `exact`), padded with trailing 1s to
+    /// [`MIN_DESCRIPTOR_DIMS`].
+    fn descriptor_dims(&self, exact: bool) -> Result<(Vec<c_int>, Vec<c_int>)> {
+        let view = if exact {
+            self.clone()
+        } else {
+            self.legacy_view()
+        };
+        let (mut d, mut s) = (view.dims, view.strides);
         while d.len() < MIN_DESCRIPTOR_DIMS {
             d.push(1);
             s.push(1);
@@ -487,6 +600,47 @@ fn descriptor_dtype(dtype: DType, format: TensorFormat) -> Result<sys::cudnnData
     }
 }
 
+/// The accessors tensor and filter descriptors share: the layout, its dims and span, cuDNN's
+/// byte size (through `$size_fn`), the raw handle and the descriptor id.
+macro_rules! descriptor_accessors {
+    ($alias:literal, $size_fn:ident, $raw:ty) => {
+        /// The layout it was built from (a filter's is packed in its format).
+        pub fn layout(&self) -> &Layout {
+            &self.layout
+        }
+        /// Logical dimensions: `[N, C, spatial...]`, or `[K, C/groups, spatial...]` for a
+        /// filter.
+        pub fn dims(&self) -> &[i64] {
+            &self.layout.dims
+        }
+        /// Elements a buffer must hold (the layout's span).
+        pub fn span(&self) -> usize {
+            self.layout.span()
+        }
+
+        /// cuDNN's own idea of the buffer size in bytes, for cross-checks.
+        #[doc(alias = $alias)]
+        pub fn size_in_bytes(&self) -> Result<usize> {
+            let mut n = 0usize;
+            // SAFETY: live descriptor and a valid out-pointer.
+            unsafe { raw::$size_fn(self.raw.lib(), self.raw.as_ptr(), &mut n) }?;
+            Ok(n)
+        }
+
+        /// The raw descriptor, for calling cuDNN functions this crate does not wrap (a 3-D
+        /// layout's is 4-D, see [`Layout::legacy_view`]). It stays owned by `self` and must not
+        /// be destroyed or modified.
+        pub fn as_raw(&self) -> $raw {
+            self.raw.as_ptr()
+        }
+
+        /// Process-unique id of this descriptor.
+        pub(crate) fn id(&self) -> u64 {
+            self.raw.id()
+        }
+    };
+}
+
 /// An owned cuDNN tensor descriptor (`cudnnTensorDescriptor_t`) for elements of type `T`.
 ///
 /// `Send` (it is plain host memory that cuDNN only reads), not `Sync`.
@@ -503,11 +657,24 @@ impl<T: DataType> fmt::Debug for TensorDesc<T> {
 }
 
 impl<T: DataType> TensorDesc<T> {
-    /// Creates the descriptor for a validated layout.
+    /// Creates the descriptor for a validated layout. A 3-D layout `[N, C, W]` is created in
+    /// cuDNN as its 4-D [`legacy_view`](Layout::legacy_view) `[N, C, 1, W]`, which every legacy
+    /// call (convolution, pooling, softmax, activation, element-wise, reduction) takes; the
+    /// value keeps the layout given ([`dims`](Self::dims), [`span`](Self::span)).
     #[doc(alias = "cudnnCreateTensorDescriptor")]
     #[doc(alias = "cudnnSetTensorNdDescriptor")]
     #[doc(alias = "cudnnSetTensorNdDescriptorEx")]
     pub fn new(layout: Layout) -> Result<Self> {
+        Self::create(layout, false)
+    }
+
+    /// A packed channels-first descriptor created in cuDNN with exactly these dims (a 3-D one
+    /// stays 3-D), for the calls that require it: the RNN's hidden and cell states.
+    pub(crate) fn nchw_nd_exact(dims: &[i64]) -> Result<Self> {
+        Self::create(Layout::nchw_nd(dims)?, true)
+    }
+
+    fn create(layout: Layout, exact: bool) -> Result<Self> {
         let lib = raw::lib()?;
         let dtype = descriptor_dtype(T::DTYPE, layout.format)?;
         // Owned from here: dropping it destroys the descriptor if a set call fails.
@@ -531,7 +698,7 @@ impl<T: DataType> TensorDesc<T> {
                 )
             }?;
         } else {
-            let (dims, strides) = l.descriptor_dims()?;
+            let (dims, strides) = l.descriptor_dims(exact)?;
             // SAFETY: live descriptor; `dims` and `strides` have `nb_dims` (≤ 8) entries each.
             unsafe {
                 raw::cudnnSetTensorNdDescriptor(
@@ -568,38 +735,11 @@ impl<T: DataType> TensorDesc<T> {
         Self::new(Layout::strided(dims, strides)?)
     }
 
-    /// The layout it was built from.
-    pub fn layout(&self) -> &Layout {
-        &self.layout
-    }
-    /// Logical dimensions.
-    pub fn dims(&self) -> &[i64] {
-        &self.layout.dims
-    }
-    /// Elements a buffer must hold.
-    pub fn span(&self) -> usize {
-        self.layout.span()
-    }
-
-    /// `cudnnGetTensorSizeInBytes`: cuDNN's own idea of the buffer size, for cross-checks.
-    #[doc(alias = "cudnnGetTensorSizeInBytes")]
-    pub fn size_in_bytes(&self) -> Result<usize> {
-        let mut n = 0usize;
-        // SAFETY: live descriptor and a valid out-pointer.
-        unsafe { raw::cudnnGetTensorSizeInBytes(self.raw.lib(), self.raw.as_ptr(), &mut n) }?;
-        Ok(n)
-    }
-
-    /// The raw descriptor, for calling cuDNN functions this crate does not wrap. It stays owned
-    /// by `self` and must not be destroyed or modified.
-    pub fn as_raw(&self) -> sys::cudnnTensorDescriptor_t {
-        self.raw.as_ptr()
-    }
-
-    /// Process-unique id of this descriptor.
-    pub(crate) fn id(&self) -> u64 {
-        self.raw.id()
-    }
+    descriptor_accessors!(
+        "cudnnGetTensorSizeInBytes",
+        cudnnGetTensorSizeInBytes,
+        sys::cudnnTensorDescriptor_t
+    );
 }
 
 /// An owned cuDNN filter descriptor (`cudnnFilterDescriptor_t`): convolution weights
@@ -620,6 +760,9 @@ impl<T: DataType> fmt::Debug for FilterDesc<T> {
 impl<T: DataType> FilterDesc<T> {
     /// Creates a filter descriptor for `dims = [K, C, spatial...]` (3 to 8 dimensions) in
     /// `format` ([`TensorFormat::Nchw`], [`TensorFormat::Nhwc`] or `NchwVectC`).
+    ///
+    /// A 3-D filter `[K, C/groups, S]` (a 1-D convolution's) is created in cuDNN as
+    /// `[K, C/groups, 1, S]`; the value keeps the dims given.
     #[doc(alias = "cudnnCreateFilterDescriptor")]
     #[doc(alias = "cudnnSetFilterNdDescriptor")]
     pub fn new(dims: &[i64], format: TensorFormat) -> Result<Self> {
@@ -658,7 +801,10 @@ impl<T: DataType> FilterDesc<T> {
             layout,
             _t: PhantomData,
         };
-        let cdims: Vec<c_int> = dims.iter().map(|&d| d as c_int).collect();
+        let mut cdims: Vec<c_int> = dims.iter().map(|&d| d as c_int).collect();
+        if cdims.len() == 3 {
+            cdims.insert(2, 1);
+        }
         // SAFETY: live descriptor; `cdims` has `nb_dims` entries validated to fit `int`.
         unsafe {
             raw::cudnnSetFilterNdDescriptor(
@@ -673,35 +819,11 @@ impl<T: DataType> FilterDesc<T> {
         Ok(desc)
     }
 
-    /// The filter's layout (packed in its format).
-    pub fn layout(&self) -> &Layout {
-        &self.layout
-    }
-    /// `[K, C, spatial...]`.
-    pub fn dims(&self) -> &[i64] {
-        &self.layout.dims
-    }
-    /// Elements a weight buffer must hold.
-    pub fn span(&self) -> usize {
-        self.layout.span()
-    }
-    /// `cudnnGetFilterSizeInBytes`.
-    #[doc(alias = "cudnnGetFilterSizeInBytes")]
-    pub fn size_in_bytes(&self) -> Result<usize> {
-        let mut n = 0usize;
-        // SAFETY: live descriptor and a valid out-pointer.
-        unsafe { raw::cudnnGetFilterSizeInBytes(self.raw.lib(), self.raw.as_ptr(), &mut n) }?;
-        Ok(n)
-    }
-    /// The raw descriptor (still owned by `self`).
-    pub fn as_raw(&self) -> sys::cudnnFilterDescriptor_t {
-        self.raw.as_ptr()
-    }
-
-    /// Process-unique id of this descriptor.
-    pub(crate) fn id(&self) -> u64 {
-        self.raw.id()
-    }
+    descriptor_accessors!(
+        "cudnnGetFilterSizeInBytes",
+        cudnnGetFilterSizeInBytes,
+        sys::cudnnFilterDescriptor_t
+    );
 
     /// The memory format the filter was declared with.
     pub fn format(&self) -> TensorFormat {

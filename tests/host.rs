@@ -99,6 +99,87 @@ fn descriptors_report_the_span_cudnn_computes() {
     assert_eq!(w.size_in_bytes().unwrap(), 16 * 8 * 27 * 4);
 }
 
+/// What cuDNN holds for a tensor descriptor: (dims, strides).
+fn held_tensor(l: &sys::Library, d: sys::cudnnTensorDescriptor_t) -> (Vec<i64>, Vec<i64>) {
+    let get = sys::sym!(l, cudnnGetTensorNdDescriptor).unwrap();
+    let (mut dt, mut nb) = (cudnnDataType_t(99), 0 as c_int);
+    let (mut dims, mut strides) = ([0 as c_int; 8], [0 as c_int; 8]);
+    // SAFETY: live descriptor; both out-arrays hold the 8 entries requested.
+    let st = unsafe {
+        get(
+            d,
+            8,
+            &mut dt,
+            &mut nb,
+            dims.as_mut_ptr(),
+            strides.as_mut_ptr(),
+        )
+    };
+    assert_eq!(st.0, 0);
+    let widen = |v: &[c_int]| v[..nb as usize].iter().map(|&x| i64::from(x)).collect();
+    (widen(&dims), widen(&strides))
+}
+
+/// A 3-D tensor `[N, C, W]` keeps its dims in Rust and is held by cuDNN as `[N, C, 1, W]`, in
+/// every layout; a 3-D filter `[K, C, S]` likewise as `[K, C, 1, S]`.
+#[test]
+fn three_d_descriptors_are_held_with_a_unit_height() {
+    let Some(l) = lib() else { return };
+    for (layout, strides4) in [
+        (Layout::nchw_nd(&[2, 3, 5]).unwrap(), [15, 5, 5, 1]),
+        (Layout::nhwc_nd(&[2, 3, 5]).unwrap(), [15, 1, 15, 3]),
+        (
+            Layout::strided(&[2, 3, 5], &[24, 8, 1]).unwrap(),
+            [24, 8, 5, 1],
+        ),
+    ] {
+        let d = TensorDesc::<f32>::new(layout.clone()).unwrap();
+        assert_eq!(d.dims(), &[2, 3, 5]);
+        assert_eq!(d.layout(), &layout);
+        assert_eq!(d.span(), layout.span());
+        assert_eq!(d.size_in_bytes().unwrap(), layout.span() * 4);
+        let (dims, strides) = held_tensor(l, d.as_raw());
+        assert_eq!(dims, [2, 3, 1, 5], "{layout}");
+        assert_eq!(strides, strides4, "{layout}");
+        let view = layout.legacy_view();
+        assert_eq!((view.dims(), view.strides()), (&dims[..], &strides[..]));
+    }
+    // Other ranks are held as given (shorter ones padded with trailing 1s to 3).
+    let d = TensorDesc::<f32>::nchw(2, 3, 4, 5).unwrap();
+    assert_eq!(held_tensor(l, d.as_raw()).0, [2, 3, 4, 5]);
+    let d = TensorDesc::<f32>::nchw_nd(&[7, 3]).unwrap();
+    assert_eq!(held_tensor(l, d.as_raw()).0, [7, 3, 1]);
+
+    let get = sys::sym!(l, cudnnGetFilterNdDescriptor).unwrap();
+    for (format, raw_format) in [(TensorFormat::Nchw, 0), (TensorFormat::Nhwc, 1)] {
+        let w = FilterDesc::<f32>::new(&[6, 4, 3], format).unwrap();
+        assert_eq!(w.dims(), &[6, 4, 3]);
+        assert_eq!(w.span(), 72);
+        assert_eq!(w.size_in_bytes().unwrap(), 72 * 4);
+        let (mut dt, mut f, mut nb) = (
+            cudnnDataType_t(99),
+            sys::cudnnTensorFormat_t(99),
+            0 as c_int,
+        );
+        let mut dims = [0 as c_int; 8];
+        // SAFETY: live descriptor; the out-array holds the 8 entries requested.
+        let st = unsafe { get(w.as_raw(), 8, &mut dt, &mut f, &mut nb, dims.as_mut_ptr()) };
+        assert_eq!(st.0, 0);
+        assert_eq!(f.0, raw_format);
+        assert_eq!(&dims[..nb as usize], &[6, 4, 1, 3]);
+    }
+    // A 1-D pooling descriptor is built (cuDNN holds it as 2-D over a unit height).
+    use cudnn_safe::pooling::{PoolingDesc, PoolingMode};
+    let pool = PoolingDesc::builder(PoolingMode::Max, &[3])
+        .pads(&[1])
+        .strides(&[2])
+        .build()
+        .unwrap();
+    assert_eq!((pool.spatial_rank(), pool.tensor_rank()), (1, 3));
+    assert_eq!(pool.output_dims(&[2, 3, 11]).unwrap(), [2, 3, 6]);
+    assert!(pool.output_dims(&[2, 3, 1, 11]).is_err());
+}
+
 /// Raw `cudnnSetTensorNdDescriptor` on a fresh descriptor; returns the status.
 fn raw_set(l: &sys::Library, dims: &[c_int], strides: &[c_int]) -> Status {
     let create = sys::sym!(l, cudnnCreateTensorDescriptor).unwrap();
@@ -449,13 +530,22 @@ mod conv_descriptors {
         assert!(is_invalid(&r), "1-D with H = 2: {r:?}");
         let r = c1.output_dims(&[1, 3, 1, 8], &[2, 3, 2, 3]);
         assert!(is_invalid(&r), "1-D filter with R = 2 rows: {r:?}");
-        let r = c1.output_dims(&[1, 3, 8], &[2, 3, 3]);
-        assert!(is_invalid(&r), "1-D with 3-D tensors: {r:?}");
+        // 3-D tensors and filters ([N, C, W], [K, C, S]) give 3-D output dims.
+        assert_eq!(c1.output_dims(&[1, 3, 8], &[2, 3, 3]).unwrap(), [1, 2, 4]);
+        let r = c1.output_dims(&[1, 3, 8], &[2, 3, 1, 3]);
+        assert!(is_invalid(&r), "1-D with a 3-D x and a 4-D w: {r:?}");
+        let r = c1.output_dims(&[1, 3, 1, 8], &[2, 3, 3]);
+        assert!(is_invalid(&r), "1-D with a 4-D x and a 3-D w: {r:?}");
+        let r = plain.output_dims(&[1, 3, 8], &[2, 3, 3]);
+        assert!(is_invalid(&r), "3-D tensors for a 2-D conv: {r:?}");
         let dims = c1.output_dims(&[1, 3, 1, 8], &[2, 3, 1, 3]).unwrap();
         assert_eq!(dims, [1, 2, 1, 4]);
         let x = TensorDesc::<f32>::nchw(1, 3, 1, 8).unwrap();
         let w = FilterDesc::<f32>::new(&[2, 3, 1, 3], TensorFormat::Nchw).unwrap();
         assert_eq!(c1.cudnn_output_dims(&x, &w).unwrap(), dims);
+        let x3 = TensorDesc::<f32>::nchw_nd(&[1, 3, 8]).unwrap();
+        let w3 = FilterDesc::<f32>::new(&[2, 3, 3], TensorFormat::Nchw).unwrap();
+        assert_eq!(c1.cudnn_output_dims(&x3, &w3).unwrap(), [1, 2, 4]);
     }
 
     /// The output size rule written out independently of the crate.
@@ -644,6 +734,11 @@ mod conv_descriptors {
         assert_eq!(y1, [2, 3, 1, 21]);
         assert_eq!(c1.transpose_output_dims(&x1, &w1, &[0, 1]).unwrap(), y1);
         assert_eq!(c1.output_dims(&y1, &w1).unwrap(), x1);
+        // ... and 3-D [N, K, W] with [K, C, S] give 3-D.
+        let (x13, w13) = ([2i64, 6, 10], [6i64, 3, 4]);
+        let y13 = c1.transpose_output_dims(&x13, &w13, &[1]).unwrap();
+        assert_eq!(y13, [2, 3, 21]);
+        assert_eq!(c1.output_dims(&y13, &w13).unwrap(), x13);
 
         // 3-D with dilation 2 and stride 3: output padding up to 2.
         let c3 = ConvDesc::builder(3)

@@ -220,3 +220,153 @@ fn builder_combinations() {
         .layout()
         .is_err());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Host data in any layout: pack / unpack
+// ---------------------------------------------------------------------------------------------
+
+proptest! {
+    /// Logical data packed into a permuted, padded layout lands at the brute-force offsets, the
+    /// gaps stay zero, and unpacking gives the data back.
+    #[test]
+    fn pack_unpack_round_trip((dims, strides) in permuted_padded()) {
+        let l = Layout::strided(&dims, &strides).unwrap();
+        let logical: Vec<i32> = (1..=l.element_count() as i32).collect();
+        let stored = l.pack(&logical).unwrap();
+        prop_assert_eq!(stored.len(), l.span());
+        let offs = brute_offsets(&dims, &strides);
+        let mut addressed = vec![false; stored.len()];
+        for (v, &o) in logical.iter().zip(&offs) {
+            prop_assert_eq!(stored[o as usize], *v);
+            addressed[o as usize] = true;
+        }
+        for (p, &v) in stored.iter().enumerate() {
+            if !addressed[p] {
+                prop_assert_eq!(v, 0, "gap {} of {}", p, l);
+            }
+        }
+        prop_assert_eq!(l.unpack(&stored).unwrap(), logical);
+    }
+}
+
+/// Row-major `[N, C, spatial...]` values `0, 1, 2, ...`, as f32.
+fn iota(l: &Layout) -> Vec<f32> {
+    (0..l.element_count()).map(|i| i as f32).collect()
+}
+
+#[test]
+fn pack_into_channels_last_3d_4d_5d() {
+    // NCW → NWC: [N, C, W] = [1, 2, 3].
+    let nwc = Layout::nhwc_nd(&[1, 2, 3]).unwrap();
+    let stored = nwc.pack(&[0.0f32, 1.0, 2.0, 10.0, 11.0, 12.0]).unwrap();
+    assert_eq!(stored, [0.0, 10.0, 1.0, 11.0, 2.0, 12.0]);
+    // NCHW → NHWC: element (n, c, h, w) lands at ((n·H + h)·W + w)·C + c.
+    let (n, c, h, w) = (2i64, 3, 4, 5);
+    let nhwc = Layout::nhwc(n, c, h, w).unwrap();
+    let nchw = Layout::nchw(n, c, h, w).unwrap();
+    let logical = iota(&nhwc);
+    let stored = nhwc.pack(&logical).unwrap();
+    for ni in 0..n {
+        for ci in 0..c {
+            for hi in 0..h {
+                for wi in 0..w {
+                    let i = (((ni * c + ci) * h + hi) * w + wi) as usize;
+                    let o = (((ni * h + hi) * w + wi) * c + ci) as usize;
+                    assert_eq!(stored[o], logical[i]);
+                }
+            }
+        }
+    }
+    assert_eq!(nhwc.unpack(&stored).unwrap(), logical);
+    // Packed channels-first storage is the logical order itself.
+    assert_eq!(nchw.pack(&logical).unwrap(), logical);
+    // NCDHW ↔ NDHWC through the host: unpack one, pack the other.
+    let ndhwc = Layout::ndhwc(2, 3, 2, 3, 4).unwrap();
+    let ncdhw = Layout::ncdhw(2, 3, 2, 3, 4).unwrap();
+    let logical = iota(&ndhwc);
+    let cl = ndhwc.pack(&logical).unwrap();
+    assert_ne!(cl, logical);
+    let back = ncdhw.pack(&ndhwc.unpack(&cl).unwrap()).unwrap();
+    assert_eq!(back, logical);
+}
+
+#[test]
+fn pack_leaves_gaps_default_and_handles_vect_c() {
+    // [N, C, W] = [2, 2, 3] with one gap element after each row and each image.
+    let l = Layout::strided(&[2, 2, 3], &[9, 4, 1]).unwrap();
+    assert_eq!(l.span(), 16);
+    let stored = l.pack(&iota(&l)).unwrap();
+    assert_eq!(
+        stored,
+        [0.0, 1.0, 2.0, 0.0, 3.0, 4.0, 5.0, 0.0, 0.0, 6.0, 7.0, 8.0, 0.0, 9.0, 10.0, 11.0]
+    );
+    assert_eq!(l.unpack(&stored).unwrap(), iota(&l));
+    // NCHW_VECT_C: channel c of pixel (h, w) at ((n·C/v + c/v)·H·W + h·W + w)·v + c % v.
+    let v = Layout::nchw_vect_c(1, 8, 2, 2, 4).unwrap();
+    let logical: Vec<i8> = (0..32).collect();
+    let stored = v.pack(&logical).unwrap();
+    assert_eq!(&stored[..8], &[0, 4, 8, 12, 1, 5, 9, 13]);
+    assert_eq!(v.unpack(&stored).unwrap(), logical);
+}
+
+#[test]
+fn pack_and_unpack_refuse_wrong_lengths() {
+    let l = Layout::strided(&[2, 3, 4], &[16, 5, 1]).unwrap();
+    let (count, span) = (l.element_count(), l.span());
+    assert_eq!((count, span), (24, 30));
+    for len in [count - 1, count + 1, 0] {
+        let r = l.pack(&vec![1.0f32; len]);
+        assert!(
+            matches!(&r, Err(Error::InvalidArgument { what, got, .. })
+                if what.contains("`logical`") && got == &format!("{len} elements")),
+            "{len}: {r:?}"
+        );
+    }
+    let r = l.unpack(&vec![1.0f32; span - 1]);
+    assert!(
+        matches!(
+            r,
+            Err(Error::BufferTooSmall { name: "stored", len, required }) if len == span - 1 && required == span
+        ),
+        "{r:?}"
+    );
+    // A longer stored buffer (a device buffer with a tail) is read up to the span.
+    let mut long = l.pack(&vec![2.0f32; count]).unwrap();
+    long.extend([7.0; 5]);
+    assert_eq!(l.unpack(&long).unwrap(), vec![2.0f32; count]);
+    // Two logical elements in one place: nothing to pack into.
+    let overlapping = Layout::strided(&[2, 3], &[1, 1]).unwrap();
+    let r = overlapping.pack(&[1, 2, 3, 4, 5, 6]);
+    assert!(matches!(r, Err(Error::OverlappingOutput { .. })), "{r:?}");
+    assert_eq!(
+        overlapping.unpack(&[1, 2, 3, 4]).unwrap(),
+        [1, 2, 3, 2, 3, 4]
+    );
+}
+
+/// The 4-D view cuDNN's legacy calls get for a 3-D layout addresses the same elements.
+#[test]
+fn legacy_view_inserts_a_unit_height() {
+    for l in [
+        Layout::nchw_nd(&[2, 3, 5]).unwrap(),
+        Layout::nhwc_nd(&[2, 3, 5]).unwrap(),
+        Layout::strided(&[2, 3, 5], &[40, 12, 2]).unwrap(),
+    ] {
+        let v = l.legacy_view();
+        let d = l.dims();
+        assert_eq!(v.dims(), &[d[0], d[1], 1, d[2]]);
+        let s = l.strides();
+        assert_eq!(v.strides(), &[s[0], s[1], s[2] * d[2], s[2]]);
+        assert_eq!((v.span(), v.element_count()), (l.span(), l.element_count()));
+        assert_eq!(v.offsets(), l.offsets());
+        assert_eq!(v.format(), l.format());
+        assert_eq!(v.is_non_overlapping(), l.is_non_overlapping());
+    }
+    for l in [
+        Layout::nchw(2, 3, 4, 5).unwrap(),
+        Layout::nchw_nd(&[7, 3]).unwrap(),
+        Layout::ndhwc(1, 2, 3, 4, 5).unwrap(),
+    ] {
+        assert_eq!(l.legacy_view(), l);
+    }
+}

@@ -1,7 +1,8 @@
 //! Pooling, activation and softmax: forward and backward against `f64` host references, for
 //! every mode, every float type (f32, f64, f16, bf16) and channels-first, channels-last and
-//! padded-strided layouts (2-D and 3-D), plus the argument checks that must reject a call before
-//! launch, and host-only checks of the descriptors against the real cuDNN library.
+//! padded-strided layouts (1-D on `[N, C, W]` tensors, 2-D and 3-D), the 1-D convolution forward
+//! on `[N, C, W]` tensors, plus the argument checks that must reject a call before launch, and
+//! host-only checks of the descriptors against the real cuDNN library.
 //!
 //! References are computed from the values as stored (inputs rounded to the tensor type first),
 //! on random inputs from a seeded PRNG. Max-pooling inputs are distinct within each `(n, c)`
@@ -233,9 +234,10 @@ struct PoolCase {
     x: &'static [i64],
 }
 
-/// 2-D and 3-D cases: non-overlapping, overlapping with padding, asymmetric. Every `(n, c)`
-/// plane holds at most 257 elements, so its values can be distinct multiples of 1/64.
-const POOL_CASES: [PoolCase; 5] = [
+/// 2-D, 3-D and 1-D (`[N, C, W]` tensors) cases: non-overlapping, overlapping with padding,
+/// asymmetric. Every `(n, c)` plane holds at most 257 elements, so its values can be distinct
+/// multiples of 1/64.
+const POOL_CASES: [PoolCase; 8] = [
     PoolCase {
         window: &[2, 2],
         pads: &[0, 0],
@@ -265,6 +267,24 @@ const POOL_CASES: [PoolCase; 5] = [
         pads: &[1, 1, 1],
         strides: &[2, 1, 2],
         x: &[1, 3, 5, 6, 7],
+    },
+    PoolCase {
+        window: &[2],
+        pads: &[0],
+        strides: &[2],
+        x: &[2, 3, 9],
+    },
+    PoolCase {
+        window: &[3],
+        pads: &[1],
+        strides: &[2],
+        x: &[2, 3, 11],
+    },
+    PoolCase {
+        window: &[4],
+        pads: &[1],
+        strides: &[1],
+        x: &[1, 4, 10],
     },
 ];
 
@@ -734,11 +754,13 @@ fn activation_case_scaled<T: DataType>(
 /// share one packed layout (`First`, `Last`: alpha 1 / beta 0 and alpha 0.5 / beta 0 here,
 /// blending in `activation_packed_layouts_blend`); padded layouts, other modes and types go to
 /// cuDNN. Both paths are checked; the kernel's edge cases have their own tests below.
-const ACT_DIMS: [&[i64]; 4] = [
+const ACT_DIMS: [&[i64]; 6] = [
     &[2, 3, 4, 5],
     &[2, 3, 2, 3, 4],
     &[4, 8, 8, 8],
     &[2, 4, 4, 8, 8],
+    &[2, 3, 7],
+    &[3, 5, 16],
 ];
 
 fn activation_all<T: DataType>(s: &Arc<CudaStream>, cudnn: &Cudnn, seed: u64) {
@@ -1428,7 +1450,14 @@ fn softmax_all<T: DataType>(s: &Arc<CudaStream>, cudnn: &Cudnn, seed: u64) {
     let mut checks = 0usize;
     for algo in SOFTMAX_ALGOS {
         for mode in SOFTMAX_MODES {
-            for dims in [&[2i64, 5, 3, 4][..], &[2, 3, 2, 3, 2], &[4, 10, 1, 1]] {
+            // [N, C, W] and [N, C] (as [N, C, 1]) too: cuDNN sees them with a unit height.
+            for dims in [
+                &[2i64, 5, 3, 4][..],
+                &[2, 3, 2, 3, 2],
+                &[4, 10, 1, 1],
+                &[2, 5, 7],
+                &[4, 10, 1],
+            ] {
                 for fmt in FMTS {
                     softmax_case::<T>(s, cudnn, &mut rng, algo, mode, dims, fmt, &mut failures);
                     checks += 2;
@@ -1475,6 +1504,247 @@ fn softmax_matches_reference_f16() {
 fn softmax_matches_reference_bf16() {
     let Some((s, cudnn)) = gpu() else { return };
     softmax_all::<bf16>(&s, &cudnn, 24);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1-D convolution on [N, C, W] tensors and [K, C/groups, S] filters
+// ---------------------------------------------------------------------------------------------
+
+/// A 1-D convolution problem: `x = [N, C, W]`, `w = [K, C/groups, S]`.
+struct Conv1d {
+    x: [i64; 3],
+    w: [i64; 3],
+    pad: i64,
+    stride: i64,
+    dilation: i64,
+    groups: i64,
+}
+
+const CONV1D_CASES: [Conv1d; 3] = [
+    Conv1d {
+        x: [2, 4, 17],
+        w: [6, 4, 3],
+        pad: 1,
+        stride: 1,
+        dilation: 1,
+        groups: 1,
+    },
+    Conv1d {
+        x: [2, 6, 20],
+        w: [6, 3, 5],
+        pad: 2,
+        stride: 2,
+        dilation: 2,
+        groups: 2,
+    },
+    // Depthwise.
+    Conv1d {
+        x: [1, 4, 9],
+        w: [4, 1, 3],
+        pad: 0,
+        stride: 1,
+        dilation: 1,
+        groups: 4,
+    },
+];
+
+impl Conv1d {
+    /// `[N, K, out]`, computed here: `(W + 2·pad − dilation·(S − 1) − 1) / stride + 1`.
+    fn y_dims(&self) -> [i64; 3] {
+        let out =
+            (self.x[2] + 2 * self.pad - self.dilation * (self.w[2] - 1) - 1) / self.stride + 1;
+        [self.x[0], self.w[0], out]
+    }
+
+    /// Cross-correlation in f64 over logical (row-major) `x` and `w`: the values and, per
+    /// output, the sum of the absolute values of its terms (what rounding errors scale with).
+    fn forward_ref(&self, x: &[f64], w: &[f64]) -> (Vec<f64>, Vec<f64>) {
+        let [n, c, width] = self.x;
+        let [k, cg, taps] = self.w;
+        let out = self.y_dims()[2];
+        let per_group = k / self.groups;
+        let (mut y, mut y_abs) = (Vec::new(), Vec::new());
+        for ni in 0..n {
+            for ki in 0..k {
+                let g = ki / per_group;
+                for o in 0..out {
+                    let (mut acc, mut abs) = (0.0, 0.0);
+                    for ci in 0..cg {
+                        let xc = g * cg + ci;
+                        for si in 0..taps {
+                            let p = o * self.stride - self.pad + si * self.dilation;
+                            if (0..width).contains(&p) {
+                                let t = x[((ni * c + xc) * width + p) as usize]
+                                    * w[((ki * cg + ci) * taps + si) as usize];
+                                acc += t;
+                                abs += t.abs();
+                            }
+                        }
+                    }
+                    y.push(acc);
+                    y_abs.push(abs);
+                }
+            }
+        }
+        (y, y_abs)
+    }
+}
+
+/// Every forward algorithm cuDNN accepts for each 1-D case and layout, against the f64
+/// reference; the output is NaN-poisoned where beta is 0, the gaps of padded layouts must
+/// survive; some algorithm must run for every layout, implicit GEMM for packed NCW.
+fn conv1d_all<T: DataType>(s: &Arc<CudaStream>, cudnn: &Cudnn, seed: u64) {
+    use cudnn_safe::conv::{ConvAlgorithm, ConvDesc, ConvFwdAlgo, MathType};
+    use cudnn_safe::{FilterDesc, TensorFormat, Workspace};
+    let mut rng = Rng::new(seed);
+    let mut ws = Workspace::new(s.clone());
+    for case in &CONV1D_CASES {
+        let conv = ConvDesc::builder(1)
+            .pads(&[case.pad])
+            .strides(&[case.stride])
+            .dilations(&[case.dilation])
+            .groups(case.groups)
+            .math(MathType::Fma)
+            .build::<T>()
+            .unwrap();
+        let y_dims = case.y_dims();
+        assert_eq!(conv.output_dims(&case.x, &case.w).unwrap(), y_dims);
+        for fmt in FMTS {
+            let (xt, yt) = (
+                Tensor::<T>::new(&case.x, fmt),
+                Tensor::<T>::new(&y_dims, fmt),
+            );
+            let w_fmt = if fmt == Fmt::Last {
+                TensorFormat::Nhwc
+            } else {
+                TensorFormat::Nchw
+            };
+            let w_d = FilterDesc::<T>::new(&case.w, w_fmt).unwrap();
+            assert_eq!(w_d.dims(), &case.w[..]);
+            assert_eq!(conv.cudnn_output_dims(&xt.desc, &w_d).unwrap(), y_dims);
+            let (alpha, beta) = scales(fmt);
+            let ((a, af), (b, bf)) = (scalar::<T>(alpha), scalar::<T>(beta));
+            let xv: Vec<T> = rng.values(xt.len());
+            let wv: Vec<T> = rng.values(w_d.layout().element_count());
+            let (x, _) = xt.upload(s, &xv);
+            let w = s.clone_htod(&w_d.layout().pack(&wv).unwrap()).unwrap();
+            let (y_ref, y_abs) = case.forward_ref(&to_f64(&xv), &to_f64(&wv));
+            let mut ran = Vec::new();
+            for &algo in ConvFwdAlgo::ALL {
+                let what = format!(
+                    "conv1d {} {fmt:?} x {:?} w {:?} {algo}",
+                    T::DTYPE,
+                    case.x,
+                    case.w
+                );
+                if cudnn
+                    .conv_forward_workspace_size(&xt.desc, &w_d, &conv, &yt.desc, algo)
+                    .is_err()
+                {
+                    continue; // not supported for this case
+                }
+                let (mut y, y_before, y_prior) = yt.output(s, &mut rng, bf);
+                cudnn
+                    .conv_forward(
+                        a, &xt.desc, &x, &w_d, &w, &conv, algo, &mut ws, b, &yt.desc, &mut y,
+                    )
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                // Rounding scales with Σ|terms|; FFT and Winograd transform the whole row first.
+                let name = algo.name();
+                let transform = name.contains("FFT") || name.contains("WINOGRAD");
+                let eps = match (T::DTYPE, transform) {
+                    (DType::F64, _) => 1e-12,
+                    (_, false) => 1e-5,
+                    (_, true) => 1e-4,
+                };
+                let widest = y_abs.iter().fold(0.0f64, |m, &a| m.max(a));
+                let want = blend(af, &y_ref, bf, &y_prior);
+                let bound: Vec<f64> = y_abs
+                    .iter()
+                    .zip(&want)
+                    .map(|(&a, &v)| {
+                        let terms = if transform { widest } else { a };
+                        eps * (1.0 + v.abs() + af.abs() * terms)
+                    })
+                    .collect();
+                let got = download(s, &y);
+                for (i, (&o, (&w, &b))) in yt.offs.iter().zip(want.iter().zip(&bound)).enumerate() {
+                    let g = got[o].to_f64();
+                    assert!(
+                        g.is_finite() && (g - w).abs() <= b,
+                        "{what}: element {i}: got {g}, want {w} ± {b}"
+                    );
+                }
+                // Nothing but the addressed elements is written (the gaps keep the sentinel).
+                check_strided(&what, &got, &y_before, &yt.offs, &want, 1.0 + widest);
+                ran.push(algo);
+            }
+            assert!(
+                !ran.is_empty() && (fmt != Fmt::First || ran.contains(&ConvFwdAlgo::ImplicitGemm)),
+                "conv1d {} {fmt:?} x {:?}: implicit GEMM did not run (ran {ran:?})",
+                T::DTYPE,
+                case.x
+            );
+        }
+    }
+}
+
+#[test]
+fn conv1d_forward_on_3d_tensors_matches_reference_f32() {
+    let Some((s, cudnn)) = gpu() else { return };
+    conv1d_all::<f32>(&s, &cudnn, 31);
+}
+
+#[test]
+fn conv1d_forward_on_3d_tensors_matches_reference_f64() {
+    let Some((s, cudnn)) = gpu() else { return };
+    conv1d_all::<f64>(&s, &cudnn, 32);
+}
+
+/// The transposed convolution takes 1-D problems in their 4-D form only: 3-D tensors are
+/// refused with a typed error before anything is enqueued, never run with a misread height.
+#[test]
+fn conv_transpose_refuses_3d_tensors_cleanly() {
+    use cudnn_safe::conv::{ConvBwdDataAlgo, ConvDesc};
+    use cudnn_safe::{FilterDesc, TensorFormat, Workspace};
+    let Some((s, cudnn)) = gpu() else { return };
+    let mut rng = Rng::new(33);
+    let conv = ConvDesc::builder(1)
+        .pads(&[1])
+        .strides(&[2])
+        .build::<f32>()
+        .unwrap();
+    let (xd, wd) = ([2i64, 6, 10], [6i64, 3, 4]);
+    let yd = conv.transpose_output_dims(&xd, &wd, &[1]).unwrap();
+    assert_eq!(yd, [2, 3, 21]);
+    let x_d = TensorDesc::<f32>::nchw_nd(&xd).unwrap();
+    let w_d = FilterDesc::<f32>::new(&wd, TensorFormat::Nchw).unwrap();
+    let y_d = TensorDesc::<f32>::nchw_nd(&yd).unwrap();
+    let x = s.clone_htod(&rng.values::<f32>(x_d.span())).unwrap();
+    let w = s.clone_htod(&rng.values::<f32>(w_d.span())).unwrap();
+    let (mut y, y_before) = sentinel_buffer::<f32>(&s, y_d.span());
+    let mut ws = Workspace::new(s.clone());
+    let r = cudnn.conv_transpose(
+        1.0,
+        &x_d,
+        &x,
+        &w_d,
+        &w,
+        &conv,
+        ConvBwdDataAlgo::Algo0,
+        &mut ws,
+        0.0,
+        &y_d,
+        &mut y,
+    );
+    rejected(
+        "3-D transposed convolution",
+        r,
+        "InvalidArgument",
+        &s,
+        &y,
+        &y_before,
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1693,9 +1963,10 @@ fn activation_rejects_bad_calls() {
     let r = cudnn.activation_forward(&relu, 1.0, &t.desc, &x, 0.0, &other.desc, &mut y);
     rejected("x and y dims differ", r, "ShapeMismatch", &s, &y, &y_before);
 
-    let rank3 = TensorDesc::<f32>::nchw_nd(&[2, 3, 20]).unwrap();
-    let r = cudnn.activation_forward(&relu, 1.0, &rank3, &x, 0.0, &rank3, &mut y);
-    rejected("rank 3", r, "InvalidArgument", &s, &y, &y_before);
+    // Rank 3 ([N, C, W]) runs; rank 2 is refused.
+    let rank2 = TensorDesc::<f32>::nchw_nd(&[6, 20]).unwrap();
+    let r = cudnn.activation_forward(&relu, 1.0, &rank2, &x, 0.0, &rank2, &mut y);
+    rejected("rank 2", r, "InvalidArgument", &s, &y, &y_before);
 
     let (mut short, short_before) = sentinel_buffer::<f32>(&s, t.span() - 1);
     let r = cudnn.activation_forward(&relu, 1.0, &t.desc, &x, 0.0, &t.desc, &mut short);
@@ -2023,8 +2294,7 @@ fn pooling_builder_rejects_bad_parameters() {
         PoolingDesc::builder(mode, w).pads(p).strides(s).build()
     };
     let m = PoolingMode::Max;
-    let cases: [BadPool; 12] = [
-        (&[2], &[], &[], "1-D window"),
+    let cases: [BadPool; 11] = [
         (&[2, 2, 2, 2], &[], &[], "4-D window"),
         (&[], &[], &[], "empty window"),
         (&[0, 2], &[], &[], "zero window"),
@@ -2126,12 +2396,20 @@ fn pooling_descriptors_hold_what_was_asked() {
                     )
                 };
                 assert_eq!(st.0, 0);
-                let k = case.window.len();
+                // cuDNN holds a 1-D pooling as a 2-D one over a unit height.
+                let k = case.window.len().max(2);
+                let unit = |v: &[i64], h: i64| -> Vec<i64> {
+                    if v.len() == 1 {
+                        vec![h, v[0]]
+                    } else {
+                        v.to_vec()
+                    }
+                };
                 assert_eq!((m.0, n.0, nb as usize), (raw_mode, raw_nan, k));
                 let widen = |v: &[c_int]| v[..k].iter().map(|&x| x as i64).collect::<Vec<_>>();
-                assert_eq!(widen(&w), case.window);
-                assert_eq!(widen(&p), case.pads);
-                assert_eq!(widen(&s), case.strides);
+                assert_eq!(widen(&w), unit(case.window, 1));
+                assert_eq!(widen(&p), unit(case.pads, 0));
+                assert_eq!(widen(&s), unit(case.strides, 1));
             }
         }
     }

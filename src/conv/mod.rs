@@ -305,8 +305,9 @@ impl ConvDesc {
     /// A builder for a convolution over `spatial` (1, 2 or 3) dimensions, with no padding, unit
     /// strides and dilations, one group, cross-correlation and default math.
     ///
-    /// A 1-D convolution takes `[N, C, 1, W]` tensors and `[K, C, 1, R]` filters: cuDNN runs it
-    /// as a 2-D convolution over a height of 1.
+    /// A 1-D convolution takes `[N, C, W]` tensors with `[K, C/groups, S]` filters (or the same
+    /// with a unit height, `[N, C, 1, W]` and `[K, C/groups, 1, S]`): cuDNN runs it as a 2-D
+    /// convolution over a height of 1, with padding 0, stride 1 and dilation 1 in that height.
     pub fn builder(spatial: usize) -> ConvBuilder {
         ConvBuilder {
             spatial,
@@ -324,7 +325,9 @@ impl ConvDesc {
     pub fn spatial_rank(&self) -> usize {
         self.spatial
     }
-    /// Tensor rank the convolution takes: 4 for 1-D and 2-D, 5 for 3-D.
+    /// Tensor rank of the convolution in cuDNN: 4 for 1-D and 2-D, 5 for 3-D. A 1-D convolution
+    /// also takes 3-D tensors and filters (`[N, C, W]`, `[K, C/groups, S]`), which cuDNN sees
+    /// with a unit height.
     pub fn tensor_rank(&self) -> usize {
         self.pads.len() + 2
     }
@@ -366,11 +369,15 @@ impl ConvDesc {
 
     /// Output dimensions `[N, K, out...]` of a forward convolution of input `x_dims`
     /// (`[N, C, in...]`) with filter `w_dims` (`[K, C/groups, k...]`), with
-    /// `out = (in + 2·pad − dilation·(k − 1) − 1) / stride + 1`.
+    /// `out = (in + 2·pad − dilation·(k − 1) − 1) / stride + 1`. A 1-D convolution of 3-D
+    /// `[N, C, W]` and `[K, C/groups, S]` gives 3-D `[N, K, out]`.
     ///
     /// Errors: ranks not matching the convolution, channels not matching the groups, or a
     /// (dilated) kernel larger than the padded input.
     pub fn output_dims(&self, x_dims: &[i64], w_dims: &[i64]) -> Result<Vec<i64>> {
+        if let Some((x4, w4)) = self.unit_height_view(x_dims, w_dims) {
+            return self.output_dims(&x4, &w4).map(drop_unit_height);
+        }
         self.check_ranks(x_dims, w_dims)?;
         let (c, k, wc) = (x_dims[1], w_dims[0], w_dims[1]);
         if wc.checked_mul(self.groups) != Some(c) {
@@ -422,8 +429,9 @@ impl ConvDesc {
     /// `output_padding` (one per declared spatial dimension; empty for none) picks among the
     /// sizes a strided forward convolution maps to the same `in`; each value must satisfy
     /// `0 ≤ output_padding < max(stride, dilation)`, PyTorch's rule. A 1-D convolution takes one
-    /// value (its unit height has none). [`Cudnn::conv_transpose`] accepts exactly the output
-    /// dimensions this returns.
+    /// value (its unit height has none), and 3-D `[N, K, W]` and `[K, C/groups, S]` give a 3-D
+    /// result. [`Cudnn::conv_transpose`] accepts exactly the output dimensions this returns
+    /// (for a 1-D convolution, in their 4-D form `[N, C, 1, W]`).
     ///
     /// Errors: ranks not matching the convolution, `x`'s channels not equal to the filter count
     /// `K` or `K` not divisible by the groups, an output padding out of range, or an output
@@ -444,6 +452,11 @@ impl ConvDesc {
         w_dims: &[i64],
         output_padding: &[i64],
     ) -> Result<Vec<i64>> {
+        if let Some((x4, w4)) = self.unit_height_view(x_dims, w_dims) {
+            return self
+                .transpose_output_dims(&x4, &w4, output_padding)
+                .map(drop_unit_height);
+        }
         let mut out = self.transpose_base(x_dims, w_dims)?;
         let n = self.pads.len();
         let op: Vec<i64> = if self.spatial == 1 && output_padding.len() == 1 {
@@ -531,12 +544,23 @@ impl ConvDesc {
     /// of a transposed convolution of `x_dims` with `w_dims`: the inverse of
     /// [`transpose_output_dims`](Self::transpose_output_dims), accepting exactly what it returns.
     /// A `y` it cannot produce is a [`Error::ShapeMismatch`] naming `y`.
+    ///
+    /// The result has one entry per spatial dimension of the 4-D or 5-D tensors, so the 3-D
+    /// tensors of a 1-D convolution are refused here (a typed error, never a misread padding).
     pub(crate) fn transpose_output_padding(
         &self,
         x_dims: &[i64],
         w_dims: &[i64],
         y_dims: &[i64],
     ) -> Result<Vec<i64>> {
+        if self.unit_height_view(x_dims, w_dims).is_some() {
+            return Err(Error::invalid(
+                "transposed 1-D convolution shapes",
+                "[N, K, 1, W] tensors and [K, C/groups, 1, S] filters (the transposed \
+                 convolution takes 1-D problems in their 4-D form)",
+                format!("x {x_dims:?}, w {w_dims:?}"),
+            ));
+        }
         let base = self.transpose_base(x_dims, w_dims)?;
         let mismatch = || Error::ShapeMismatch {
             a: "y",
@@ -580,10 +604,20 @@ impl ConvDesc {
             .build::<f32>()
     }
 
+    /// For a 1-D convolution given 3-D `x` and `w` (`[N, C, W]`, `[K, C/groups, S]`): both with
+    /// the unit height cuDNN sees (`[N, C, 1, W]`, `[K, C/groups, 1, S]`); `None` otherwise.
+    fn unit_height_view(&self, x_dims: &[i64], w_dims: &[i64]) -> Option<([i64; 4], [i64; 4])> {
+        match (self.spatial, x_dims, w_dims) {
+            (1, &[n, c, w], &[k, wc, s]) => Some(([n, c, 1, w], [k, wc, 1, s])),
+            _ => None,
+        }
+    }
+
     fn check_ranks(&self, x_dims: &[i64], w_dims: &[i64]) -> Result<()> {
         let rank = self.tensor_rank();
         let hint = if self.spatial == 1 {
-            " (a 1-D convolution takes [N, C, 1, W] tensors and [K, C, 1, R] filters)"
+            " (a 1-D convolution takes [N, C, W] tensors with [K, C, S] filters, or [N, C, 1, W] \
+             with [K, C, 1, S])"
         } else {
             ""
         };
@@ -627,14 +661,20 @@ impl ConvDesc {
     }
 
     /// cuDNN's own output-dimension query (`cudnnGetConvolutionNdForwardOutputDim`), for
-    /// cross-checking [`output_dims`](Self::output_dims).
+    /// cross-checking [`output_dims`](Self::output_dims); 3-D for the 3-D tensors of a 1-D
+    /// convolution, as there.
     #[doc(alias = "cudnnGetConvolutionNdForwardOutputDim")]
     pub fn cudnn_output_dims<T: DataType>(
         &self,
         x: &crate::TensorDesc<T>,
         w: &crate::FilterDesc<T>,
     ) -> Result<Vec<i64>> {
-        self.check_ranks(x.dims(), w.dims())?;
+        let three_d = self.unit_height_view(x.dims(), w.dims());
+        match three_d {
+            // cuDNN holds both descriptors with the unit height (see `TensorDesc::new`).
+            Some((x4, w4)) => self.check_ranks(&x4, &w4)?,
+            None => self.check_ranks(x.dims(), w.dims())?,
+        }
         let mut out = vec![0 as c_int; self.tensor_rank()];
         // SAFETY: live descriptors; `out` holds `nb_dims` ints.
         unsafe {
@@ -647,7 +687,12 @@ impl ConvDesc {
                 out.as_mut_ptr(),
             )
         }?;
-        Ok(out.into_iter().map(i64::from).collect())
+        let out: Vec<i64> = out.into_iter().map(i64::from).collect();
+        Ok(if three_d.is_some() {
+            drop_unit_height(out)
+        } else {
+            out
+        })
     }
 
     /// Checks the (input, output, compute) data types of a forward convolution against the
@@ -691,6 +736,13 @@ impl ConvDesc {
             ),
         })
     }
+}
+
+/// `[N, C, 1, W]` → `[N, C, W]`: the dims of a 1-D problem's unit-height view as the caller
+/// gave them.
+fn drop_unit_height(mut dims: Vec<i64>) -> Vec<i64> {
+    dims.remove(2);
+    dims
 }
 
 /// Which pass of a convolution.

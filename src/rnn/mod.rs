@@ -291,8 +291,8 @@ impl<T: DataType> Rnn<T> {
             Some(s) if s.batch == batch => s,
             _ => StateDescs {
                 batch,
-                h: TensorDesc::<T>::nchw_nd(&self.hidden_state_dims(batch))?,
-                c: TensorDesc::<T>::nchw_nd(&self.cell_state_dims(batch))?,
+                h: TensorDesc::<T>::nchw_nd_exact(&self.hidden_state_dims(batch))?,
+                c: TensorDesc::<T>::nchw_nd_exact(&self.cell_state_dims(batch))?,
             },
         };
         Ok(RefMut::map(slot, |s| s.insert(descs)))

@@ -30,71 +30,17 @@ use std::marker::PhantomData;
 use cudnn_safe_sys as sys;
 
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
+use crate::checks::{broadcasts_to, require_shapes};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
-use crate::ops::compute_type;
+use crate::ops::{compute_type, ffi};
 use crate::raw;
-use crate::tensor::{Layout, TensorDesc, TensorFormat};
+use crate::tensor::{TensorDesc, TensorFormat};
 use crate::workspace::{Workspace, MAX_WORKSPACE_BYTES};
 
-/// The C calls of the reduction family, declared here as this module's own.
-mod ffi {
-    #![allow(non_snake_case)] // the C names, so a search for them finds these
-
-    use std::ffi::c_void;
-
-    use cudnn_safe_sys as sys;
-
-    crate::raw::raw_fns! {
-        fn cudnnCreateReduceTensorDescriptor(desc: *mut sys::cudnnReduceTensorDescriptor_t);
-        fn cudnnDestroyReduceTensorDescriptor(desc: sys::cudnnReduceTensorDescriptor_t);
-        fn cudnnSetReduceTensorDescriptor(
-            desc: sys::cudnnReduceTensorDescriptor_t,
-            op: sys::cudnnReduceTensorOp_t,
-            compute_type: sys::cudnnDataType_t,
-            nan: sys::cudnnNanPropagation_t,
-            indices: sys::cudnnReduceTensorIndices_t,
-            indices_type: sys::cudnnIndicesType_t,
-        );
-        fn cudnnGetReductionIndicesSize(
-            handle: sys::cudnnHandle_t,
-            desc: sys::cudnnReduceTensorDescriptor_t,
-            a_desc: sys::cudnnTensorDescriptor_t,
-            c_desc: sys::cudnnTensorDescriptor_t,
-            bytes: *mut usize,
-        );
-        fn cudnnGetReductionWorkspaceSize(
-            handle: sys::cudnnHandle_t,
-            desc: sys::cudnnReduceTensorDescriptor_t,
-            a_desc: sys::cudnnTensorDescriptor_t,
-            c_desc: sys::cudnnTensorDescriptor_t,
-            bytes: *mut usize,
-        );
-        fn cudnnReduceTensor(
-            handle: sys::cudnnHandle_t,
-            desc: sys::cudnnReduceTensorDescriptor_t,
-            indices: *mut c_void,
-            indices_bytes: usize,
-            workspace: *mut c_void,
-            workspace_bytes: usize,
-            alpha: *const c_void,
-            a_desc: sys::cudnnTensorDescriptor_t,
-            a: *const c_void,
-            beta: *const c_void,
-            c_desc: sys::cudnnTensorDescriptor_t,
-            c: *mut c_void,
-        );
-    }
-
-    crate::raw::owned_descriptor!(
-        /// An owned `cudnnReduceTensorDescriptor_t`.
-        OwnedReduceTensor,
-        sys::cudnnReduceTensorDescriptor_t,
-        cudnnCreateReduceTensorDescriptor,
-        cudnnDestroyReduceTensorDescriptor
-    );
-}
+mod detour;
+use detour::{detour_bytes, launch_f32_detour};
 
 /// The reduction of [`Cudnn::reduce_tensor`] (`cudnnReduceTensorOp_t`), over the elements of
 /// each reduced slice of `a`.
@@ -219,15 +165,8 @@ pub(crate) fn check_reduce_shapes<A: DataType, C: DataType>(
     c_desc: &TensorDesc<C>,
 ) -> Result<()> {
     let (ad, cd) = (a_desc.dims(), c_desc.dims());
-    if ad.len() != cd.len() || ad.iter().zip(cd).any(|(&x, &y)| y != x && y != 1) {
-        return Err(Error::ShapeMismatch {
-            a: "a",
-            a_dims: ad.to_vec(),
-            b: "c",
-            b_dims: cd.to_vec(),
-            rule: "same rank, each dimension of c equal to a's or 1 (1 = reduced)",
-        });
-    }
+    let rule = "same rank, each dimension of c equal to a's or 1 (1 = reduced)";
+    require_shapes(broadcasts_to(cd, ad), ("a", ad), ("c", cd), rule)?;
     for (name, l) in [("a", a_desc.layout()), ("c", c_desc.layout())] {
         if let TensorFormat::NchwVectC { .. } = l.format() {
             return Err(Error::invalid(
@@ -414,247 +353,6 @@ fn abs_copy<T: DataType>(
     cudnn.op_tensor(op, alpha, a_desc, a, neg, a_desc, a, beta, c_desc, c)
 }
 
-/// Alignment of each part of a workspace shared by the f32 scratch tensors and cuDNN's own
-/// reduction workspace: what `cudaMalloc` guarantees for the base, enough for any vectorised
-/// access a kernel makes.
-const SCRATCH_ALIGN: usize = 256;
-
-/// Where the parts of the f32 detour lie in the workspace (byte offsets) and its total size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct DetourLayout {
-    /// The f32 copy of `a` (`a32_bytes` long; none when 0).
-    a32: usize,
-    /// The f32 result before it is converted into `c` (`c32_bytes` long; none when 0).
-    c32: usize,
-    /// cuDNN's reduction workspace.
-    ws: usize,
-    /// Bytes the workspace must hold.
-    total: usize,
-}
-
-/// The parts laid end to end, each starting on a [`SCRATCH_ALIGN`] boundary; the total is
-/// refused above [`MAX_WORKSPACE_BYTES`].
-fn detour_layout(a32_bytes: usize, c32_bytes: usize, ws_bytes: usize) -> Result<DetourLayout> {
-    let overflow = || Error::Overflow {
-        what: "reduction workspace with f32 scratch",
-        detail: format!(
-            "{a32_bytes} + {c32_bytes} scratch bytes and {ws_bytes} bytes of cuDNN workspace"
-        ),
-    };
-    let end = |start: usize, len: usize| {
-        start
-            .checked_add(len)
-            .and_then(|e| e.checked_next_multiple_of(SCRATCH_ALIGN))
-            .ok_or_else(overflow)
-    };
-    let a32 = 0;
-    let c32 = end(a32, a32_bytes)?;
-    let ws = end(c32, c32_bytes)?;
-    let total = ws.checked_add(ws_bytes).ok_or_else(overflow)?;
-    if total > MAX_WORKSPACE_BYTES {
-        return Err(overflow());
-    }
-    Ok(DetourLayout {
-        a32,
-        c32,
-        ws,
-        total,
-    })
-}
-
-/// The f32 scratch twin of a tensor: the same strides when `layout` is packed (so the
-/// conversion is a straight element-wise pass), else packed channels-first.
-fn scratch_desc(layout: &Layout) -> Result<TensorDesc<f32>> {
-    let l = if layout.is_packed()
-        && layout.is_non_overlapping()
-        && !matches!(layout.format(), TensorFormat::NchwVectC { .. })
-    {
-        Layout::strided(layout.dims(), layout.strides())?
-    } else {
-        Layout::nchw_nd(layout.dims())?
-    };
-    TensorDesc::new(l)
-}
-
-/// Bytes of an f32 scratch tensor (0 when there is none).
-fn scratch_bytes(desc: Option<&TensorDesc<f32>>) -> Result<usize> {
-    desc.map_or(Ok(0), |d| {
-        d.span()
-            .checked_mul(std::mem::size_of::<f32>())
-            .ok_or_else(|| Error::Overflow {
-                what: "f32 scratch size",
-                detail: format!("{} elements", d.span()),
-            })
-    })
-}
-
-/// Everything the f32 detour needs, decided before anything is enqueued.
-struct F32Detour {
-    /// The f32 reduction (compute type f32, no indices).
-    desc: ffi::OwnedReduceTensor,
-    /// `a` converted to f32, when `a` is bf16 (f32 and f16 data are reduced directly).
-    a32: Option<TensorDesc<f32>>,
-    /// The f32 result, when `c` is not f32 (it is then converted into `c`).
-    c32: Option<TensorDesc<f32>>,
-    /// cuDNN's workspace for reducing (`a32` or `a`) into (`c32` or `c`).
-    ws_bytes: usize,
-    layout: DetourLayout,
-}
-
-/// Plans the f32 detour of a reduction of `a` into `c` (types, shapes and buffers already
-/// checked): the scratch descriptors, cuDNN's workspace size for the f32 reduction, and where
-/// everything lies in the caller's workspace.
-fn plan_f32_detour<A: DataType, C: DataType>(
-    cudnn: &Cudnn,
-    op: ReduceOp,
-    a_desc: &TensorDesc<A>,
-    c_desc: &TensorDesc<C>,
-) -> Result<F32Detour> {
-    let desc = reduce_descriptor(op, compute_type(DType::F32), false)?;
-    let a32 = match A::DTYPE {
-        DType::BF16 => Some(scratch_desc(a_desc.layout())?),
-        _ => None,
-    };
-    let c32 = match C::DTYPE {
-        DType::F32 => None,
-        _ => Some(scratch_desc(c_desc.layout())?),
-    };
-    cudnn.bind()?;
-    let src = a32.as_ref().map_or(DescRef::of(a_desc), DescRef::of);
-    let dst = c32.as_ref().map_or(DescRef::of(c_desc), DescRef::of);
-    let (ws_bytes, _) = query_sizes(cudnn, &desc, src, dst, false)?;
-    let layout = detour_layout(
-        scratch_bytes(a32.as_ref())?,
-        scratch_bytes(c32.as_ref())?,
-        ws_bytes,
-    )?;
-    Ok(F32Detour {
-        desc,
-        a32,
-        c32,
-        ws_bytes,
-        layout,
-    })
-}
-
-/// A reduction with bf16 on either side (see [`needs_f32_detour`]), after every check of
-/// [`validate`]:
-///
-/// 1. bf16 `a` → f32 scratch `a32` (`cudnnTransformTensor`, alpha 1, beta 0: exact);
-/// 2. `cudnnReduceTensor` of `a32` (or an f32 / f16 `a` itself) in f32: into `c` with the
-///    caller's alpha and beta when `c` is f32, else into f32 scratch `c32` with alpha, beta 0;
-/// 3. when `c` is not f32: `c = 1·c32 + beta·c` (`cudnnTransformTensor`), so the blend with the
-///    old `c` happens exactly once, in f32, and the result is rounded to `c`'s type once.
-///
-/// The scratch tensors and cuDNN's workspace share the caller's [`Workspace`], grown (within its
-/// limit) to the total before anything is enqueued; `c` is written only by the last call.
-#[allow(clippy::too_many_arguments)] // mirrors cudnnReduceTensor
-fn launch_f32_detour<A: DataType, C: DataType<Scalar = A::Scalar>>(
-    cudnn: &Cudnn,
-    op: ReduceOp,
-    alpha: A::Scalar,
-    a_desc: &TensorDesc<A>,
-    a: &impl DeviceBuffer<A>,
-    beta: A::Scalar,
-    c_desc: &TensorDesc<C>,
-    c: &mut impl DeviceBufferMut<C>,
-    workspace: &mut Workspace,
-) -> Result<()> {
-    use crate::dtype::Scalar;
-    let plan = plan_f32_detour(cudnn, op, a_desc, c_desc)?;
-    workspace.prepare(plan.layout.total)?;
-    let one = <A::Scalar as Scalar>::from_f64(1.0);
-    let zero = <A::Scalar as Scalar>::from_f64(0.0);
-    let scalar = |s: &A::Scalar| (s as *const A::Scalar).cast::<c_void>();
-    let (lib, handle) = (cudnn.lib(), cudnn.as_raw());
-    let stream: &cudarc::driver::CudaStream = cudnn.stream();
-    let (ap, _ga) = a.device_ptr(stream);
-    let (cp, _gc) = c.device_ptr_mut(stream);
-    let (base, _gws) = workspace.device_ptr_mut(cudnn.stream())?;
-    // Device addresses inside the workspace; integer arithmetic, never dereferenced on the host.
-    let at = |offset: usize| (base as usize + offset) as *mut c_void;
-
-    let (src_desc, src) = match &plan.a32 {
-        Some(a32) => {
-            // SAFETY: live handle and descriptors; `a` holds its span on the handle's context
-            // (checked by `validate`); the destination is the workspace region at
-            // `layout.a32`, `scratch_bytes(a32)` = 4·span(a32) bytes long, inside the
-            // `layout.total` bytes `prepare` guaranteed, 256-byte aligned and disjoint from
-            // the other regions and from `a` (a separate allocation); alpha/beta are f32, the
-            // scalar type of bf16 and f32 tensors; the guards keep every buffer alive and
-            // ordered until the call is enqueued.
-            unsafe {
-                raw::cudnnTransformTensor(
-                    lib,
-                    handle,
-                    scalar(&one),
-                    a_desc.as_raw(),
-                    ap as *const c_void,
-                    scalar(&zero),
-                    a32.as_raw(),
-                    at(plan.layout.a32),
-                )
-            }?;
-            (a32.as_raw(), at(plan.layout.a32) as *const c_void)
-        }
-        None => (a_desc.as_raw(), ap as *const c_void),
-    };
-    let (dst_desc, dst, reduce_beta) = match &plan.c32 {
-        Some(c32) => (c32.as_raw(), at(plan.layout.c32), zero),
-        None => (c_desc.as_raw(), cp as *mut c_void, beta),
-    };
-    let ws = if plan.ws_bytes == 0 {
-        std::ptr::null_mut()
-    } else {
-        at(plan.layout.ws)
-    };
-    // SAFETY: live handle and descriptors; the source is `a` (f32 or f16, its span on this
-    // context, checked) or the `a32` scratch written above, the destination `c` (f32: its span
-    // on this context and not self-overlapping, checked) or the `c32` scratch region (4·span
-    // bytes inside the prepared workspace); each type pair is one cuDNN reduces (f32 or f16
-    // into f32, compute type f32, no indices: null pointer, size 0); cuDNN's workspace is the
-    // region at `layout.ws` holding the `ws_bytes` it asked for these descriptors, disjoint
-    // from both scratch regions; alpha/beta are f32, the compute type's scalar; the guards
-    // keep every buffer alive and ordered until the call is enqueued.
-    unsafe {
-        ffi::cudnnReduceTensor(
-            lib,
-            handle,
-            plan.desc.as_ptr(),
-            std::ptr::null_mut(),
-            0,
-            ws,
-            plan.ws_bytes,
-            scalar(&alpha),
-            src_desc,
-            src,
-            scalar(&reduce_beta),
-            dst_desc,
-            dst,
-        )
-    }?;
-    if let Some(c32) = &plan.c32 {
-        // SAFETY: live handle and descriptors; the source is the `c32` scratch the reduction
-        // just wrote (4·span(c32) bytes inside the prepared workspace), the destination `c`
-        // holds its span on this context and does not overlap itself (checked) nor the
-        // workspace (a separate allocation); alpha/beta are f32, the scalar type of every
-        // non-f64 tensor; the guards keep every buffer alive and ordered until enqueued.
-        unsafe {
-            raw::cudnnTransformTensor(
-                lib,
-                handle,
-                scalar(&one),
-                c32.as_raw(),
-                at(plan.layout.c32) as *const c_void,
-                scalar(&beta),
-                c_desc.as_raw(),
-                cp as *mut c_void,
-            )
-        }?;
-    }
-    Ok(())
-}
-
 /// Workspace bytes a reduction of `a` into `c` uses: 0 where nothing is reduced and the result
 /// is computed without `cudnnReduceTensor` (`abs_handled`: also for absolute max and the norms),
 /// the f32 detour's total with bf16, else what `cudnnGetReductionWorkspaceSize` asks for.
@@ -673,7 +371,7 @@ fn workspace_requirement<A: DataType, C: DataType>(
         return Ok(0);
     }
     if needs_f32_detour::<A, C>() {
-        return Ok(plan_f32_detour(cudnn, op, a_desc, c_desc)?.layout.total);
+        return detour_bytes(cudnn, op, a_desc, c_desc);
     }
     let desc = reduce_descriptor(op, compute, false)?;
     cudnn.bind()?;
@@ -687,108 +385,103 @@ fn workspace_requirement<A: DataType, C: DataType>(
     .0)
 }
 
-/// The checked launch behind every public reduction.
-#[allow(clippy::too_many_arguments)] // mirrors cudnnReduceTensor
-fn launch_reduce<A: DataType, C: DataType<Scalar = A::Scalar>, I: DeviceBufferMut<u32>>(
-    cudnn: &Cudnn,
-    op: ReduceOp,
-    alpha: A::Scalar,
-    a_desc: &TensorDesc<A>,
-    a: &impl DeviceBuffer<A>,
-    beta: A::Scalar,
-    c_desc: &TensorDesc<C>,
-    c: &mut impl DeviceBufferMut<C>,
-    indices: Option<&mut I>,
-    workspace: &mut Workspace,
-) -> Result<()> {
-    let compute = validate(
-        cudnn,
-        op,
-        a_desc,
-        a,
-        c_desc,
-        c,
-        indices.as_deref(),
-        workspace,
-    )?;
-    if reduces_nothing(a_desc, c_desc) && is_copy_on_one_element(op) {
-        let count = c_desc.layout().element_count();
+impl Cudnn {
+    /// The checked launch behind every public reduction.
+    #[allow(clippy::too_many_arguments)] // mirrors cudnnReduceTensor
+    fn launch_reduce<A: DataType, C: DataType<Scalar = A::Scalar>, I: DeviceBufferMut<u32>>(
+        &self,
+        op: ReduceOp,
+        alpha: A::Scalar,
+        a_desc: &TensorDesc<A>,
+        a: &impl DeviceBuffer<A>,
+        beta: A::Scalar,
+        c_desc: &TensorDesc<C>,
+        c: &mut impl DeviceBufferMut<C>,
+        indices: Option<&mut I>,
+        workspace: &mut Workspace,
+    ) -> Result<()> {
+        let cudnn = self;
+        let idx = indices.as_deref();
+        let compute = validate(cudnn, op, a_desc, a, c_desc, c, idx, workspace)?;
+        if reduces_nothing(a_desc, c_desc) && is_copy_on_one_element(op) {
+            let count = c_desc.layout().element_count();
+            if let Some(idx) = indices.as_deref() {
+                cudnn.check_buffer("indices", idx, count)?;
+            }
+            cudnn.transform_tensor(alpha, a_desc, a, beta, c_desc, c)?;
+            if let Some(idx) = indices {
+                zero_indices(cudnn, idx, count)?;
+            }
+            return Ok(());
+        }
+        if needs_f32_detour::<A, C>() {
+            // Unreachable with indices (`validate` allows them for f32 / f64 data of one type
+            // only), but an indices buffer must never be left unwritten silently.
+            if indices.is_some() {
+                return Err(Error::UnsupportedDataType {
+                    op: "reduce tensor with indices",
+                    detail: format!(
+                        "{} into {} (indices are computed for f32 and f64 data)",
+                        A::DTYPE,
+                        C::DTYPE
+                    ),
+                });
+            }
+            return launch_f32_detour(cudnn, op, alpha, a_desc, a, beta, c_desc, c, workspace);
+        }
+        let desc = reduce_descriptor(op, compute, indices.is_some())?;
+        cudnn.bind()?;
+        let (ws_bytes, idx_bytes) = query_sizes(
+            cudnn,
+            &desc,
+            DescRef::of(a_desc),
+            DescRef::of(c_desc),
+            indices.is_some(),
+        )?;
         if let Some(idx) = indices.as_deref() {
-            cudnn.check_buffer("indices", idx, count)?;
+            cudnn.check_buffer("indices", idx, index_elements(idx_bytes))?;
         }
-        cudnn.transform_tensor(alpha, a_desc, a, beta, c_desc, c)?;
-        if let Some(idx) = indices {
-            zero_indices(cudnn, idx, count)?;
+        workspace.prepare(ws_bytes)?;
+        let stream: &cudarc::driver::CudaStream = cudnn.stream();
+        let (ap, _ga) = a.device_ptr(stream);
+        let (cp, _gc) = c.device_ptr_mut(stream);
+        let (ip, _gi) = match indices {
+            Some(idx) => {
+                let (p, g) = idx.device_ptr_mut(stream);
+                (p as *mut c_void, Some(g))
+            }
+            None => (std::ptr::null_mut(), None),
+        };
+        let (wsp, _gws) = workspace.device_ptr_mut(cudnn.stream())?;
+        // SAFETY: live handle and descriptors; `a` and `c` hold their spans on the handle's context
+        // and `c` does not overlap itself (checked) nor alias `a` (`&` vs `&mut`); the shapes follow
+        // cuDNN's reduction rule and the dtypes a supported pair with the matching compute type
+        // (checked); the indices buffer (when asked for) holds at least the `idx_bytes` cuDNN
+        // reported, on this context, else the pointer is null with size 0 and the descriptor asks
+        // for no indices; the workspace holds at least the `ws_bytes` cuDNN reported (`prepare`);
+        // alpha/beta are `A::Scalar` (= `C::Scalar`), the compute type's scalar; the guards keep
+        // every buffer alive and ordered until the call is enqueued.
+        unsafe {
+            ffi::cudnnReduceTensor(
+                cudnn.lib(),
+                cudnn.as_raw(),
+                desc.as_ptr(),
+                ip,
+                idx_bytes,
+                wsp,
+                ws_bytes,
+                (&alpha as *const A::Scalar).cast::<c_void>(),
+                a_desc.as_raw(),
+                ap as *const c_void,
+                (&beta as *const A::Scalar).cast::<c_void>(),
+                c_desc.as_raw(),
+                cp as *mut c_void,
+            )
         }
-        return Ok(());
-    }
-    if needs_f32_detour::<A, C>() {
-        // Unreachable with indices (`validate` allows them for f32 / f64 data of one type
-        // only), but an indices buffer must never be left unwritten silently.
-        if indices.is_some() {
-            return Err(Error::UnsupportedDataType {
-                op: "reduce tensor with indices",
-                detail: format!(
-                    "{} into {} (indices are computed for f32 and f64 data)",
-                    A::DTYPE,
-                    C::DTYPE
-                ),
-            });
-        }
-        return launch_f32_detour(cudnn, op, alpha, a_desc, a, beta, c_desc, c, workspace);
-    }
-    let desc = reduce_descriptor(op, compute, indices.is_some())?;
-    cudnn.bind()?;
-    let (ws_bytes, idx_bytes) = query_sizes(
-        cudnn,
-        &desc,
-        DescRef::of(a_desc),
-        DescRef::of(c_desc),
-        indices.is_some(),
-    )?;
-    if let Some(idx) = indices.as_deref() {
-        cudnn.check_buffer("indices", idx, index_elements(idx_bytes))?;
-    }
-    workspace.prepare(ws_bytes)?;
-    let stream: &cudarc::driver::CudaStream = cudnn.stream();
-    let (ap, _ga) = a.device_ptr(stream);
-    let (cp, _gc) = c.device_ptr_mut(stream);
-    let (ip, _gi) = match indices {
-        Some(idx) => {
-            let (p, g) = idx.device_ptr_mut(stream);
-            (p as *mut c_void, Some(g))
-        }
-        None => (std::ptr::null_mut(), None),
-    };
-    let (wsp, _gws) = workspace.device_ptr_mut(cudnn.stream())?;
-    // SAFETY: live handle and descriptors; `a` and `c` hold their spans on the handle's context
-    // and `c` does not overlap itself (checked) nor alias `a` (`&` vs `&mut`); the shapes follow
-    // cuDNN's reduction rule and the dtypes a supported pair with the matching compute type
-    // (checked); the indices buffer (when asked for) holds at least the `idx_bytes` cuDNN
-    // reported, on this context, else the pointer is null with size 0 and the descriptor asks
-    // for no indices; the workspace holds at least the `ws_bytes` cuDNN reported (`prepare`);
-    // alpha/beta are `A::Scalar` (= `C::Scalar`), the compute type's scalar; the guards keep
-    // every buffer alive and ordered until the call is enqueued.
-    unsafe {
-        ffi::cudnnReduceTensor(
-            cudnn.lib(),
-            cudnn.as_raw(),
-            desc.as_ptr(),
-            ip,
-            idx_bytes,
-            wsp,
-            ws_bytes,
-            (&alpha as *const A::Scalar).cast::<c_void>(),
-            a_desc.as_raw(),
-            ap as *const c_void,
-            (&beta as *const A::Scalar).cast::<c_void>(),
-            c_desc.as_raw(),
-            cp as *mut c_void,
-        )
     }
 }
 
-/// The "no indices" type argument of [`launch_reduce`].
+/// The "no indices" type argument of [`Cudnn::launch_reduce`].
 type NoIndices = cudarc::driver::CudaSlice<u32>;
 
 impl Cudnn {
@@ -829,30 +522,11 @@ impl Cudnn {
         workspace: &mut Workspace,
     ) -> Result<()> {
         if reduces_nothing(a_desc, c_desc) && is_abs_on_one_element(op) {
-            validate(
-                self,
-                op,
-                a_desc,
-                a,
-                c_desc,
-                c,
-                None::<&NoIndices>,
-                workspace,
-            )?;
+            let none = None::<&NoIndices>;
+            validate(self, op, a_desc, a, c_desc, c, none, workspace)?;
             return abs_copy(self, alpha, a_desc, a, beta, c_desc, c);
         }
-        launch_reduce(
-            self,
-            op,
-            alpha,
-            a_desc,
-            a,
-            beta,
-            c_desc,
-            c,
-            None::<&mut NoIndices>,
-            workspace,
-        )
+        self.reduce_tensor_into(op, alpha, a_desc, a, beta, c_desc, c, workspace)
     }
 
     /// [`Cudnn::reduce_tensor`] from one element type into another, e.g. an f16 or bf16
@@ -879,18 +553,8 @@ impl Cudnn {
         c: &mut impl DeviceBufferMut<C>,
         workspace: &mut Workspace,
     ) -> Result<()> {
-        launch_reduce(
-            self,
-            op,
-            alpha,
-            a_desc,
-            a,
-            beta,
-            c_desc,
-            c,
-            None::<&mut NoIndices>,
-            workspace,
-        )
+        let none = None::<&mut NoIndices>;
+        self.launch_reduce(op, alpha, a_desc, a, beta, c_desc, c, none, workspace)
     }
 
     /// [`Cudnn::reduce_tensor`] for [`ReduceOp::Min`], [`ReduceOp::Max`] or
@@ -933,18 +597,8 @@ impl Cudnn {
             abs_copy(self, alpha, a_desc, a, beta, c_desc, c)?;
             return zero_indices(self, indices, count);
         }
-        launch_reduce(
-            self,
-            op,
-            alpha,
-            a_desc,
-            a,
-            beta,
-            c_desc,
-            c,
-            Some(indices),
-            workspace,
-        )
+        let idx = Some(indices);
+        self.launch_reduce(op, alpha, a_desc, a, beta, c_desc, c, idx, workspace)
     }
 
     /// Workspace bytes [`Cudnn::reduce_tensor`] uses for this reduction: what
@@ -1044,53 +698,6 @@ mod tests {
         assert!(!needs_f32_detour::<f16, f32>());
         assert!(!needs_f32_detour::<f16, f16>());
         assert!(!needs_f32_detour::<f64, f64>());
-    }
-
-    #[test]
-    fn detour_parts_are_aligned_and_disjoint() {
-        let l = detour_layout(480, 12, 1000).unwrap();
-        assert_eq!(
-            l,
-            DetourLayout {
-                a32: 0,
-                c32: 512,
-                ws: 768,
-                total: 1768
-            }
-        );
-        // No f32 copy of `a` (f32 / f16 data) or of the result (f32 `c`).
-        let l = detour_layout(0, 12, 0).unwrap();
-        assert_eq!((l.c32, l.ws, l.total), (0, 256, 256));
-        let l = detour_layout(480, 0, 0).unwrap();
-        assert_eq!((l.c32, l.ws, l.total), (512, 512, 512));
-        // Exact multiples are not padded further.
-        let l = detour_layout(256, 256, 7).unwrap();
-        assert_eq!((l.c32, l.ws, l.total), (256, 512, 519));
-        for (a, c, w) in [
-            (usize::MAX, 4, 0),
-            (4, 4, usize::MAX),
-            (MAX_WORKSPACE_BYTES, 4, 4),
-        ] {
-            let e = detour_layout(a, c, w).unwrap_err();
-            assert!(matches!(e, Error::Overflow { .. }), "{e}");
-        }
-    }
-
-    #[test]
-    fn scratch_keeps_packed_strides() {
-        let Some(()) = lib_or_skip() else { return };
-        let nhwc = Layout::nhwc(2, 3, 4, 5).unwrap();
-        let s = scratch_desc(&nhwc).unwrap();
-        assert_eq!(s.layout().strides(), nhwc.strides());
-        assert_eq!(s.span(), 120);
-        assert_eq!(scratch_bytes(Some(&s)).unwrap(), 480);
-        assert_eq!(scratch_bytes(None).unwrap(), 0);
-        // A padded layout gets a packed channels-first scratch of the same dimensions.
-        let padded = Layout::strided(&[2, 3, 4, 5], &[105, 35, 7, 1]).unwrap();
-        let s = scratch_desc(&padded).unwrap();
-        assert_eq!(s.dims(), padded.dims());
-        assert_eq!(s.layout().strides(), &[60, 20, 5, 1]);
-        assert_eq!(s.size_in_bytes().unwrap(), 480);
     }
 
     #[test]
