@@ -72,6 +72,8 @@ mod pointwise;
 mod preload;
 mod record;
 mod reduction;
+mod rng;
+mod select;
 pub(crate) mod union;
 
 pub use attention::{alibi_slopes, DiagonalAlignment, SdpaGrads, SdpaOptions, SdpaOutputs};

@@ -1,5 +1,5 @@
 //! The operations a [`Graph`](super::Graph) holds, by tensor index.
-use super::{attention, norm, ConvParams, PointwiseMode};
+use super::{norm, rng, ConvParams, PointwiseMode};
 use crate::reduce::ReduceOp;
 
 /// Tensors (indices into `Graph::tensors`) whose values give a matmul's actual M, N or K per
@@ -81,7 +81,7 @@ pub(crate) enum Op {
         y: usize,
     },
     /// Bernoulli random mask (`CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR`, `attention.rs`).
-    Rng(attention::RngOp),
+    Rng(rng::RngOp),
     /// Layer, RMS, instance or batch norm forward (`norm.rs`).
     NormFwd(norm::NormFwdOp),
     /// Layer, RMS, instance or batch norm backward (`norm.rs`).
