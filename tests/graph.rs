@@ -1348,9 +1348,9 @@ fn gpu_matmul_broadcast_batch_f16_and_f32() {
 }
 
 /// Whether a graph's failure to get a plan is a typed error (not a panic): cuDNN's status or
-/// [`Error::NoAlgorithm`].
+/// [`Error::NoEngine`].
 fn is_no_engine(e: &Error) -> bool {
-    matches!(e, Error::Cudnn { .. } | Error::NoAlgorithm { .. })
+    matches!(e, Error::Cudnn { .. } | Error::NoEngine { .. })
 }
 
 /// Pointwise modes that must get an engine as a matmul epilogue: matmul + bias + gelu ran on the
@@ -1917,7 +1917,7 @@ fn gpu_filters_and_workspace_limit() {
                     || all.plans.iter().all(|p| p.workspace_size() == 0)
             );
         }
-        Err(e) => assert!(matches!(e, Error::NoAlgorithm { .. }), "{e}"),
+        Err(e) => assert!(matches!(e, Error::NoEngine { .. }), "{e}"),
     }
 
     // A plan that needs workspace, run with a workspace capped below it: refused, output untouched.
@@ -2484,7 +2484,7 @@ fn gpu_unsupported_graph_is_a_typed_error() {
             eprintln!("rejected with {status}");
             assert_ne!(status, Status::SUCCESS);
         }
-        Err(Error::NoAlgorithm { .. }) => {}
+        Err(Error::NoEngine { .. }) => {}
         other => panic!("expected a typed rejection, got {other:?}"),
     }
 }

@@ -12,7 +12,8 @@
 //! * [`Graph::build`] creates and finalizes every backend descriptor on a handle:
 //!   [`OperationGraph`]. [`OperationGraph::plans`] runs the heuristics (modes A, B, fallback,
 //!   instant) or enumerates every engine, filters by numerical notes and a workspace limit, and
-//!   builds the plans that finalize ([`PlanFilter`]).
+//!   builds the plans that finalize ([`PlanFilter`]); [`OperationGraph::plan`] builds only the
+//!   first. No plan is [`Error::NoEngine`](crate::Error::NoEngine) naming the graph.
 //! * [`Cudnn::execute`](crate::Cudnn::execute) runs a [`Plan`] on buffers bound in [`Args`]:
 //!   every tensor of the graph must be bound to a buffer on the handle's context, of the
 //!   tensor's data type, holding at least the tensor's span, 16-byte aligned; outputs must not
@@ -44,8 +45,8 @@
 //! g.mark_output(y)?;
 //!
 //! let og = g.build(&cudnn)?;
-//! let plans = og.plans(&cudnn, &PlanFilter::default())?;
-//! let plan = &plans.plans[0];
+//! // The heuristics' first plan; `og.plans(..)` lists every one that builds.
+//! let plan = og.plan(&cudnn, &PlanFilter::default())?;
 //!
 //! let xb = stream.alloc_zeros::<half::f16>(og.span(x)?).unwrap();
 //! let wb = stream.alloc_zeros::<half::f16>(og.span(w)?).unwrap();
@@ -54,7 +55,7 @@
 //! let mut ws = Workspace::new(stream.clone());
 //! let mut args = Args::new(&cudnn);
 //! args.input(x, &xb)?.input(w, &wb)?.input(b, &bb)?.output(y, &mut yb)?;
-//! cudnn.execute(plan, &args, &mut ws)?;
+//! cudnn.execute(&plan, &args, &mut ws)?;
 //! # Ok(()) }
 //! ```
 mod attention;
@@ -68,6 +69,7 @@ mod matmul;
 mod model;
 mod norm;
 mod op;
+mod plan;
 mod pointwise;
 mod preload;
 mod record;
@@ -80,14 +82,15 @@ pub use attention::{alibi_slopes, DiagonalAlignment, SdpaGrads, SdpaOptions, Sdp
 pub use build::OperationGraph;
 pub use cuda_graph::{PlanGraph, CUDA_GRAPH_NOT_SUPPORTED};
 pub use engine::{
-    BehaviorNote, EngineConfig, HeurMode, KnobRange, NumericalNote, Plan, PlanFilter, PlanList,
-    Skipped, MAX_KNOB_VALUES,
+    BehaviorNote, EngineConfig, HeurMode, KnobRange, NumericalNote, PlanFilter, PlanList, Skipped,
+    MAX_KNOB_VALUES,
 };
 pub use exec::{autotune, Args, AutotuneOptions, PlanCache, PlanWarmUp, Timing, Tuned};
 pub use norm::{
     BatchNormOutputs, BatchNormRunning, GroupNormMethod, GroupNormOutputs, LayerNormGrads,
     LayerNormOutputs, RmsNormGrads, RmsNormOutputs,
 };
+pub use plan::Plan;
 pub use preload::{preload, Preloaded};
 pub use union::{ConvApi, GraphSearch};
 

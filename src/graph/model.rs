@@ -415,6 +415,13 @@ impl Graph {
         Ok(())
     }
 
+    /// The graph's operations by name, in order (`convolution forward, pointwise`), as
+    /// [`Error::NoEngine`] names the graph.
+    pub(crate) fn op_names(&self) -> String {
+        let names: Vec<&str> = self.ops.iter().map(Op::name).collect();
+        names.join(", ")
+    }
+
     /// A string identifying the graph for caches: data types, every tensor (uid, dims, strides,
     /// type, virtual, scalar value) and every operation with its parameters. Two graphs with the
     /// same signature can run the same plans.

@@ -74,7 +74,7 @@ impl Graph {
     /// let out = g.sdpa(q, k, v, &SdpaOptions::new().causal(true).training(true))?;
     /// let stats = out.stats.expect("training");
     /// let og = g.build(&cudnn)?;
-    /// let plan = og.plans(&cudnn, &PlanFilter::default())?.plans.remove(0);
+    /// let plan = og.plan(&cudnn, &PlanFilter::default())?;
     ///
     /// let qb = stream.alloc_zeros::<half::bf16>(og.span(q)?).unwrap();
     /// let kb = stream.alloc_zeros::<half::bf16>(og.span(k)?).unwrap();

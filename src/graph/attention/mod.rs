@@ -237,7 +237,7 @@ impl SdpaOptions {
     /// let out = g.sdpa(q, k, v, &opts)?;
     /// let stats = out.stats.expect("training");
     /// let og = g.build(&cudnn)?;
-    /// let plan = og.plans(&cudnn, &PlanFilter::default())?.plans.remove(0);
+    /// let plan = og.plan(&cudnn, &PlanFilter::default())?;
     ///
     /// let qb = stream.alloc_zeros::<half::f16>(og.span(q)?).unwrap();
     /// let kb = stream.alloc_zeros::<half::f16>(og.span(k)?).unwrap();
