@@ -5,6 +5,11 @@ use crate::error::{Error, Result};
 use crate::graph::{stride_order, strides_in_order, Graph, TensorId};
 use crate::tensor::Layout;
 
+/// [`Error::InvalidArgument`] for a setting of `op` that breaks a rule.
+fn refusal(op: &'static str, what: &'static str, want: String, got: String) -> Error {
+    Error::invalid(what, format!("{op}: {want}"), got)
+}
+
 impl Graph {
     /// Checks the score modifiers of `opts` against the problem, before the graph is changed:
     /// the causal alignment, the sliding window and the bias (see their [`SdpaOptions`]
@@ -20,10 +25,14 @@ impl Graph {
         backward: bool,
         transposed: &[usize],
     ) -> Result<Option<TensorId>> {
+        self.sdpa_masks(op, opts, sz)?;
+        self.sdpa_bias(op, opts, sz, dtype, backward, transposed)
+    }
+
+    /// Checks the causal alignment, the sliding window and ALiBi of `opts` against the problem.
+    fn sdpa_masks(&self, op: &'static str, opts: &SdpaOptions, sz: &SdpaSizes) -> Result<()> {
         let padded = opts.padding.is_some();
-        let refuse = |what: &'static str, want: String, got: String| {
-            Err(Error::invalid(what, format!("{op}: {want}"), got))
-        };
+        let refuse = |what, want, got| Err(refusal(op, what, want, got));
         if let Some(w) = opts.window {
             if w < 1 {
                 return refuse(
@@ -82,6 +91,20 @@ impl Graph {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// Checks the bias of `opts` (and with `backward` its gradient); returns the bias tensor.
+    fn sdpa_bias(
+        &self,
+        op: &'static str,
+        opts: &SdpaOptions,
+        sz: &SdpaSizes,
+        dtype: DType,
+        backward: bool,
+        transposed: &[usize],
+    ) -> Result<Option<TensorId>> {
+        let refuse = |what, want, got| Err(refusal(op, what, want, got));
         let Some(bias) = opts.bias else {
             if backward && opts.bias_grad {
                 return refuse(

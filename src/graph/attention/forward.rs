@@ -1,5 +1,6 @@
 //! Scaled dot-product attention forward ([`Graph::sdpa`]).
-use super::{sdpa_scale, SdpaOptions, SdpaOutputs, SdpaSizes};
+use super::parts::ScoreNames;
+use super::{sdpa_scale, Dropout, SdpaOptions, SdpaOutputs, SdpaSizes};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, PointwiseMode, TensorId};
@@ -99,8 +100,51 @@ impl Graph {
         v: TensorId,
         opts: &SdpaOptions,
     ) -> Result<SdpaOutputs> {
-        const OP: &str = "scaled dot-product attention";
         let (qi, ki, vi) = (self.index(q)?, self.index(k)?, self.index(v)?);
+        let c = self.sdpa_forward_checks([qi, ki, vi], opts)?;
+        let SdpaSizes {
+            b, h, s_q, s_kv, ..
+        } = c.sz;
+        let (pq, pkv) = self.sdpa_bind_padding(c.padding, s_q, s_kv);
+        self.sdpa_transpose_input(ki);
+        let names = ScoreNames {
+            scores: "sdpa.scores",
+            scale: "sdpa.attn_scale",
+            scaled: Some("sdpa.scaled_scores"),
+            biased: "sdpa.biased_scores",
+        };
+        let (s, _) = self.sdpa_scores(q, k, c.scale, c.bias, opts, c.padding, &names)?;
+        let s = self.diagonal_masks(s, opts, c.padding, &c.sz)?;
+        let (e, l, stats) = self.sdpa_softmax(s, [b, h, s_q, 1], opts.training)?;
+        let mut p = self.pointwise(PointwiseMode::Div, e, Some(l))?;
+        self.set_name(p, "sdpa.probabilities")?;
+        let mut dropout_mask = None;
+        if let Some(dr) = c.dropout {
+            let mask;
+            (p, mask) = self.sdpa_forward_dropout(p, &dr, [b, h, s_q, s_kv])?;
+            if opts.dump_mask {
+                self.mark_output_as(mask, DType::F32)?;
+                dropout_mask = Some(mask);
+            }
+        }
+        // cudnn-frontend: "Requirement by cudnn backend to take in bmm2 aType as i/o type."
+        self.tensors[p.index].dtype = c.dtype;
+        let o = self.sdpa_matmul(p, v, [pq, None, pkv])?;
+        self.set_name(o, "sdpa.o")?;
+        self.mark_output_strided(o, c.dtype, &c.o_strides)?;
+        Ok(SdpaOutputs {
+            o,
+            stats,
+            dropout_mask,
+        })
+    }
+
+    /// The checks [`Graph::sdpa`] makes before it changes the graph.
+    fn sdpa_forward_checks(
+        &self,
+        [qi, ki, vi]: [usize; 3],
+        opts: &SdpaOptions,
+    ) -> Result<ForwardChecked> {
         let (dtype, sz) = self.sdpa_qkv(OP, [qi, ki, vi], &[])?;
         let SdpaSizes {
             b,
@@ -141,30 +185,25 @@ impl Graph {
             }
             _ => {}
         }
+        Ok(ForwardChecked {
+            dtype,
+            sz,
+            scale,
+            padding,
+            o_strides,
+            dropout,
+            bias,
+        })
+    }
 
-        if let Some((sq, skv)) = padding {
-            self.set_bound(sq, s_q);
-            self.set_bound(skv, s_kv);
-        }
-        let (pq, pkv) = (padding.map(|p| p.0), padding.map(|p| p.1));
-        self.sdpa_transpose_input(ki);
-        let s = self.sdpa_matmul(q, k, [pq, pkv, None])?;
-        self.set_name(s, "sdpa.scores")?;
-        let sc = self.scalar("sdpa.attn_scale", scale, DType::F32)?;
-        let mut s = self.pointwise(PointwiseMode::Mul, s, Some(sc))?;
-        self.set_name(s, "sdpa.scaled_scores")?;
-        if let Some(bias) = bias {
-            s = self.pointwise(PointwiseMode::Add, s, Some(bias))?;
-            self.set_name(s, "sdpa.biased_scores")?;
-        }
-        if let Some(slopes) = opts.alibi {
-            s = self.alibi(s, slopes)?;
-        }
-        if let Some((sq, skv)) = padding {
-            s = self.padding_mask(s, sq, skv)?;
-        }
-        s = self.diagonal_masks(s, opts, padding, &sz)?;
-        let row = [b, h, s_q, 1];
+    /// The softmax of scores `s` over rows `row` (`[b, h, s_q, 1]`): `E = exp(S − max)`, the
+    /// row sums `l`, and the statistics `max + ln l`, marked as an f32 output in `training`.
+    fn sdpa_softmax(
+        &mut self,
+        s: TensorId,
+        row: [i64; 4],
+        training: bool,
+    ) -> Result<(TensorId, TensorId, Option<TensorId>)> {
         let m = self.reduction(ReduceOp::Max, s, &row)?;
         self.set_name(m, "sdpa.row_max")?;
         let sub = self.pointwise(PointwiseMode::Sub, s, Some(m))?;
@@ -178,7 +217,7 @@ impl Graph {
         let ln = self.pointwise(PointwiseMode::Log, l, None)?;
         let st = self.pointwise(PointwiseMode::Add, m, Some(ln))?;
         self.set_name(st, "sdpa.stats")?;
-        let stats = if opts.training {
+        let stats = if training {
             self.mark_output_as(st, DType::F32)?;
             Some(st)
         } else {
@@ -186,36 +225,42 @@ impl Graph {
             self.tensors[st.index].consumed = true;
             None
         };
-        let mut p = self.pointwise(PointwiseMode::Div, e, Some(l))?;
-        self.set_name(p, "sdpa.probabilities")?;
-        let mut dropout_mask = None;
-        if let Some(dr) = dropout {
-            // cudnn-frontend: rng (Bernoulli 1 − p), "dropout_mask_mul", then "dropout_scale"
-            // (a by-value f32 1/(1 − p)).
-            let mask = self.sdpa_rng(OP, &dr, [b, h, s_q, s_kv])?;
-            let kept = self.pointwise(PointwiseMode::Mul, p, Some(mask))?;
-            self.set_name(kept, "sdpa.dropped_probabilities")?;
-            let ds = self.scalar(
-                "sdpa.dropout_scale",
-                1.0 / (1.0 - dr.probability),
-                DType::F32,
-            )?;
-            p = self.pointwise(PointwiseMode::Mul, kept, Some(ds))?;
-            self.set_name(p, "sdpa.dropout_probabilities")?;
-            if opts.dump_mask {
-                self.mark_output_as(mask, DType::F32)?;
-                dropout_mask = Some(mask);
-            }
-        }
-        // cudnn-frontend: "Requirement by cudnn backend to take in bmm2 aType as i/o type."
-        self.tensors[p.index].dtype = dtype;
-        let o = self.sdpa_matmul(p, v, [pq, None, pkv])?;
-        self.set_name(o, "sdpa.o")?;
-        self.mark_output_strided(o, dtype, &o_strides)?;
-        Ok(SdpaOutputs {
-            o,
-            stats,
-            dropout_mask,
-        })
+        Ok((e, l, stats))
     }
+
+    /// Dropout on the probabilities `p` (cudnn-frontend: rng (Bernoulli 1 − p),
+    /// "dropout_mask_mul", then "dropout_scale", a by-value f32 1/(1 − p)): the dropped
+    /// probabilities and the mask.
+    fn sdpa_forward_dropout(
+        &mut self,
+        p: TensorId,
+        dr: &Dropout,
+        dims: [i64; 4],
+    ) -> Result<(TensorId, TensorId)> {
+        let mask = self.sdpa_rng(OP, dr, dims)?;
+        let kept = self.pointwise(PointwiseMode::Mul, p, Some(mask))?;
+        self.set_name(kept, "sdpa.dropped_probabilities")?;
+        let ds = self.scalar(
+            "sdpa.dropout_scale",
+            1.0 / (1.0 - dr.probability),
+            DType::F32,
+        )?;
+        let p = self.pointwise(PointwiseMode::Mul, kept, Some(ds))?;
+        self.set_name(p, "sdpa.dropout_probabilities")?;
+        Ok((p, mask))
+    }
+}
+
+/// The operation name in [`Graph::sdpa`]'s errors.
+const OP: &str = "scaled dot-product attention";
+
+/// What [`Graph::sdpa`]'s checks found, before the graph changes.
+struct ForwardChecked {
+    dtype: DType,
+    sz: SdpaSizes,
+    scale: f64,
+    padding: Option<(TensorId, TensorId)>,
+    o_strides: Vec<i64>,
+    dropout: Option<Dropout>,
+    bias: Option<TensorId>,
 }

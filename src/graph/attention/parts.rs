@@ -257,4 +257,62 @@ impl Graph {
         }
         Ok(self.int_input(name, batch, DType::I32))
     }
+
+    /// Records the bounds of the padding lengths (`s_q`, `s_kv`); returns them as the M, N or K
+    /// overrides of the matmuls (`None` without padding).
+    pub(super) fn sdpa_bind_padding(
+        &mut self,
+        padding: Option<(TensorId, TensorId)>,
+        s_q: i64,
+        s_kv: i64,
+    ) -> (Option<TensorId>, Option<TensorId>) {
+        if let Some((sq, skv)) = padding {
+            self.set_bound(sq, s_q);
+            self.set_bound(skv, s_kv);
+        }
+        (padding.map(|p| p.0), padding.map(|p| p.1))
+    }
+
+    /// The scores both passes start from: `S = matmul(Q, Kᵀ) · scale`, plus the bias, ALiBi and
+    /// the padding mask when set (k already re-described as Kᵀ). Returns S and the scale scalar.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn sdpa_scores(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        scale: f64,
+        bias: Option<TensorId>,
+        opts: &SdpaOptions,
+        padding: Option<(TensorId, TensorId)>,
+        names: &ScoreNames,
+    ) -> Result<(TensorId, TensorId)> {
+        let (pq, pkv) = (padding.map(|p| p.0), padding.map(|p| p.1));
+        let s = self.sdpa_matmul(q, k, [pq, pkv, None])?;
+        self.set_name(s, names.scores)?;
+        let sc = self.scalar(names.scale, scale, DType::F32)?;
+        let mut s = self.pointwise(PointwiseMode::Mul, s, Some(sc))?;
+        if let Some(name) = names.scaled {
+            self.set_name(s, name)?;
+        }
+        if let Some(bias) = bias {
+            s = self.pointwise(PointwiseMode::Add, s, Some(bias))?;
+            self.set_name(s, names.biased)?;
+        }
+        if let Some(slopes) = opts.alibi {
+            s = self.alibi(s, slopes)?;
+        }
+        if let Some((sq, skv)) = padding {
+            s = self.padding_mask(s, sq, skv)?;
+        }
+        Ok((s, sc))
+    }
+}
+
+/// The names one pass gives the tensors of [`Graph::sdpa_scores`] (they appear in errors and
+/// graph records).
+pub(super) struct ScoreNames {
+    pub(super) scores: &'static str,
+    pub(super) scale: &'static str,
+    pub(super) scaled: Option<&'static str>,
+    pub(super) biased: &'static str,
 }
