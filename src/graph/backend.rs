@@ -55,13 +55,18 @@ pub(crate) mod ffi {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Attr(pub sys::cudnnBackendAttributeName_t, pub &'static str);
 
+/// `named!(Attr, cudnnBackendAttributeName_t, NAME)`: a C enum value wrapped with its spelling.
+macro_rules! named {
+    ($wrap:ident, $enum:ident, $name:ident) => {
+        crate::graph::backend::$wrap(cudnn_safe_sys::$enum::$name, stringify!($name))
+    };
+}
+pub(crate) use named;
+
 /// `attr!(CUDNN_ATTR_TENSOR_UNIQUE_ID)`: the attribute and its name.
 macro_rules! attr {
     ($name:ident) => {
-        crate::graph::backend::Attr(
-            cudnn_safe_sys::cudnnBackendAttributeName_t::$name,
-            stringify!($name),
-        )
+        crate::graph::backend::named!(Attr, cudnnBackendAttributeName_t, $name)
     };
 }
 pub(crate) use attr;
@@ -73,10 +78,7 @@ pub(crate) struct Kind(pub sys::cudnnBackendDescriptorType_t, pub &'static str);
 /// `kind!(CUDNN_BACKEND_TENSOR_DESCRIPTOR)`.
 macro_rules! kind {
     ($name:ident) => {
-        crate::graph::backend::Kind(
-            cudnn_safe_sys::cudnnBackendDescriptorType_t::$name,
-            stringify!($name),
-        )
+        crate::graph::backend::named!(Kind, cudnnBackendDescriptorType_t, $name)
     };
 }
 pub(crate) use kind;
@@ -192,8 +194,9 @@ impl std::fmt::Debug for Desc {
     }
 }
 
-/// Adds the attribute's name to a cuDNN error from a set or get call.
-fn with_attr(e: Error, attr: Attr, kind: Kind) -> Error {
+/// Rewrites the message of a cuDNN error (`f` gets the old one) to say what was being built;
+/// other errors pass unchanged.
+pub(crate) fn with_cudnn_message(e: Error, f: impl FnOnce(String) -> String) -> Error {
     match e {
         Error::Cudnn {
             status,
@@ -202,14 +205,21 @@ fn with_attr(e: Error, attr: Attr, kind: Kind) -> Error {
         } => Error::Cudnn {
             status,
             function,
-            message: if message.is_empty() {
-                format!("{} of {}", attr.1, kind.1)
-            } else {
-                format!("{} of {}: {message}", attr.1, kind.1)
-            },
+            message: f(message),
         },
         other => other,
     }
+}
+
+/// Adds the attribute's name to a cuDNN error from a set or get call.
+fn with_attr(e: Error, attr: Attr, kind: Kind) -> Error {
+    with_cudnn_message(e, |message| {
+        if message.is_empty() {
+            format!("{} of {}", attr.1, kind.1)
+        } else {
+            format!("{} of {}: {message}", attr.1, kind.1)
+        }
+    })
 }
 
 impl Desc {

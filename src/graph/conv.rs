@@ -1,5 +1,9 @@
 //! Convolution operations of a graph: [`ConvParams`] and forward, backward data and backward
 //! filter.
+use cudnn_safe_sys as sys;
+use cudnn_safe_sys::Library;
+
+use super::backend::{attr, kind, Desc};
 use super::{stride_order, Graph, Op, TensorId, TensorInfo};
 use crate::conv::ConvMode;
 use crate::error::{Error, Result};
@@ -194,6 +198,49 @@ impl Graph {
         Ok(out)
     }
 
+    /// Checks that `dy` (tensor index) has the forward output shape of a convolution whose
+    /// input (`probe.is_x`) or filter has the probe's dimensions, the other operand being
+    /// `other`: on a probe tensor holding those dimensions, removed again.
+    fn conv_grad_check(
+        &mut self,
+        op: &'static str,
+        dy: usize,
+        other: usize,
+        probe: &Probe<'_>,
+        conv: &ConvParams,
+    ) -> Result<()> {
+        let layout = Layout::nchw_nd(probe.dims)?;
+        let p = self.tensors.len();
+        self.tensors.push(TensorInfo {
+            name: probe.name,
+            dims: probe.dims.to_vec(),
+            strides: layout.strides().to_vec(),
+            dtype: self.intermediate,
+            is_virtual: true,
+            scalar: None,
+            bound: None,
+            producer: None,
+            consumed: false,
+        });
+        let (x, w) = if probe.is_x { (p, other) } else { (other, p) };
+        let fwd = self
+            .conv_rank_check(op, x, w, conv)
+            .and_then(|_| self.conv_out_dims(x, w, conv));
+        self.tensors.pop();
+        let fwd = fwd?;
+        let dyt = &self.tensors[dy];
+        if fwd != dyt.dims {
+            return Err(Error::ShapeMismatch {
+                a: dyt.name,
+                a_dims: dyt.dims.clone(),
+                b: probe.name,
+                b_dims: probe.dims.to_vec(),
+                rule: probe.rule,
+            });
+        }
+        Ok(())
+    }
+
     /// Convolution forward (`CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR`):
     /// `y = conv(x, w)` with x `[N, C, spatial...]` and w `[K, C/groups, filter...]` (grouped when
     /// `C` is a multiple of w's channels). Returns the virtual output `[N, K, out...]`, laid out in
@@ -231,36 +278,14 @@ impl Graph {
         const OP: &str = "convolution backward data";
         let (dyi, wi) = (self.index(dy)?, self.index(w)?);
         self.conv_rank_check(OP, dyi, wi, conv)?;
-        let dx_layout = Layout::nchw_nd(dx_dims)?;
-        // Check the forward shape relation on a probe tensor holding dx's dims.
-        let probe = self.tensors.len();
-        self.tensors.push(TensorInfo {
+        let probe = Probe {
             name: "dx",
-            dims: dx_dims.to_vec(),
-            strides: dx_layout.strides().to_vec(),
-            dtype: self.intermediate,
-            is_virtual: true,
-            scalar: None,
-            bound: None,
-            producer: None,
-            consumed: false,
-        });
-        let fwd = self
-            .conv_rank_check(OP, probe, wi, conv)
-            .and_then(|_| self.conv_out_dims(probe, wi, conv));
-        self.tensors.pop();
-        let fwd = fwd?;
-        let dyt = &self.tensors[dyi];
-        if fwd != dyt.dims {
-            return Err(Error::ShapeMismatch {
-                a: dyt.name,
-                a_dims: dyt.dims.clone(),
-                b: "dx",
-                b_dims: dx_dims.to_vec(),
-                rule: "dy has the forward output shape of dx and w",
-            });
-        }
-        let order = stride_order(&dyt.strides);
+            dims: dx_dims,
+            is_x: true,
+            rule: "dy has the forward output shape of dx and w",
+        };
+        self.conv_grad_check(OP, dyi, wi, &probe, conv)?;
+        let order = stride_order(&self.tensors[dyi].strides);
         let dyi = self.operand(dy, None, OP)?;
         let wi = self.operand(w, None, OP)?;
         let dx = self.output("conv_dgrad.dx", dx_dims.to_vec(), &order, self.ops.len())?;
@@ -287,34 +312,13 @@ impl Graph {
         const OP: &str = "convolution backward filter";
         let (xi, dyi) = (self.index(x)?, self.index(dy)?);
         self.conv_rank_check(OP, xi, dyi, conv)?;
-        let dw_layout = Layout::nchw_nd(dw_dims)?;
-        let probe = self.tensors.len();
-        self.tensors.push(TensorInfo {
+        let probe = Probe {
             name: "dw",
-            dims: dw_dims.to_vec(),
-            strides: dw_layout.strides().to_vec(),
-            dtype: self.intermediate,
-            is_virtual: true,
-            scalar: None,
-            bound: None,
-            producer: None,
-            consumed: false,
-        });
-        let fwd = self
-            .conv_rank_check(OP, xi, probe, conv)
-            .and_then(|_| self.conv_out_dims(xi, probe, conv));
-        self.tensors.pop();
-        let fwd = fwd?;
-        let dyt = &self.tensors[dyi];
-        if fwd != dyt.dims {
-            return Err(Error::ShapeMismatch {
-                a: dyt.name,
-                a_dims: dyt.dims.clone(),
-                b: "dw",
-                b_dims: dw_dims.to_vec(),
-                rule: "dy has the forward output shape of x and dw",
-            });
-        }
+            dims: dw_dims,
+            is_x: false,
+            rule: "dy has the forward output shape of x and dw",
+        };
+        self.conv_grad_check(OP, dyi, xi, &probe, conv)?;
         let order = stride_order(&self.tensors[xi].strides);
         let xi = self.operand(x, None, OP)?;
         let dyi = self.operand(dy, None, OP)?;
@@ -327,4 +331,99 @@ impl Graph {
         });
         Ok(dw)
     }
+}
+
+fn conv_mode(m: ConvMode) -> sys::cudnnConvolutionMode_t {
+    match m {
+        ConvMode::Convolution => sys::cudnnConvolutionMode_t::CUDNN_CONVOLUTION,
+        _ => sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+    }
+}
+
+/// A convolution operation descriptor (forward, backward data or backward filter) and the
+/// convolution descriptor it refers to.
+pub(super) fn conv_desc(
+    lib: &'static Library,
+    op: &Op,
+    comp: sys::cudnnDataType_t,
+    t: &[Desc],
+) -> Result<(Desc, Option<Desc>)> {
+    let Some(([x, w, y], conv)) = op.conv_operands() else {
+        return Err(Error::invalid(
+            "graph operation",
+            "a convolution",
+            op.name(),
+        ));
+    };
+    let mut c = Desc::new(lib, kind!(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR))?;
+    c.set1(
+        attr!(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS),
+        conv.spatial_dims() as i64,
+    )?;
+    c.set1(attr!(CUDNN_ATTR_CONVOLUTION_COMP_TYPE), comp)?;
+    c.set1(
+        attr!(CUDNN_ATTR_CONVOLUTION_CONV_MODE),
+        conv_mode(conv.mode),
+    )?;
+    c.set(
+        attr!(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS),
+        &conv.pre_padding,
+    )?;
+    c.set(
+        attr!(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS),
+        &conv.post_padding,
+    )?;
+    c.set(attr!(CUDNN_ATTR_CONVOLUTION_DILATIONS), &conv.dilation)?;
+    c.set(attr!(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES), &conv.stride)?;
+    c.finalize()?;
+    // (x, w, y) here are (x, w, y), (dx, w, dy) and (x, dw, dy) respectively.
+    let (kind, ax, aw, ay, aconv, aalpha, abeta) = match op {
+        Op::ConvFprop { .. } => (
+            kind!(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA),
+        ),
+        Op::ConvDgrad { .. } => (
+            kind!(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA),
+        ),
+        _ => (
+            kind!(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA),
+            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA),
+        ),
+    };
+    let mut o = Desc::new(lib, kind)?;
+    o.set_descs(ax, &[&t[x]])?;
+    o.set_descs(aw, &[&t[w]])?;
+    o.set_descs(ay, &[&t[y]])?;
+    o.set_descs(aconv, &[&c])?;
+    // alpha = 1, beta = 0 as floats, as cudnn-frontend sets them for every data type.
+    o.set1(aalpha, 1.0f32)?;
+    o.set1(abeta, 0.0f32)?;
+    o.finalize()?;
+    Ok((o, Some(c)))
+}
+
+/// The gradient a backward convolution computes, checked through [`Graph::conv_grad_check`]:
+/// its name, dimensions, whether it stands for the input (else the filter) and the rule an
+/// error names.
+struct Probe<'a> {
+    name: &'static str,
+    dims: &'a [i64],
+    is_x: bool,
+    rule: &'static str,
 }

@@ -1,4 +1,8 @@
 //! Batched matrix products of a graph.
+use cudnn_safe_sys as sys;
+use cudnn_safe_sys::Library;
+
+use super::backend::{attr, kind, Desc};
 use super::{Graph, MatmulOverrides, Op, TensorId};
 use crate::error::{Error, Result};
 
@@ -101,4 +105,43 @@ impl Graph {
         });
         Ok(c)
     }
+}
+
+/// The operation descriptor of a matmul `c = a · b` (`abc`) with its M, N, K overrides, and the
+/// matmul descriptor it refers to.
+pub(super) fn matmul_desc(
+    lib: &'static Library,
+    [a, b, c]: [usize; 3],
+    over: &MatmulOverrides,
+    comp: sys::cudnnDataType_t,
+    t: &[Desc],
+) -> Result<(Desc, Option<Desc>)> {
+    let mut m = Desc::new(lib, kind!(CUDNN_BACKEND_MATMUL_DESCRIPTOR))?;
+    m.set1(attr!(CUDNN_ATTR_MATMUL_COMP_TYPE), comp)?;
+    m.finalize()?;
+    let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR))?;
+    o.set_descs(attr!(CUDNN_ATTR_OPERATION_MATMUL_ADESC), &[&t[a]])?;
+    o.set_descs(attr!(CUDNN_ATTR_OPERATION_MATMUL_BDESC), &[&t[b]])?;
+    o.set_descs(attr!(CUDNN_ATTR_OPERATION_MATMUL_CDESC), &[&t[c]])?;
+    o.set_descs(attr!(CUDNN_ATTR_OPERATION_MATMUL_DESC), &[&m])?;
+    for (a, i) in [
+        (
+            attr!(CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC),
+            over.m,
+        ),
+        (
+            attr!(CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC),
+            over.n,
+        ),
+        (
+            attr!(CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC),
+            over.k,
+        ),
+    ] {
+        if let Some(i) = i {
+            o.set_descs(a, &[&t[i]])?;
+        }
+    }
+    o.finalize()?;
+    Ok((o, Some(m)))
 }

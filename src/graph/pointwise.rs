@@ -1,5 +1,8 @@
 //! Pointwise operations of a graph: [`PointwiseMode`], forward and backward.
-use super::backend;
+use cudnn_safe_sys as sys;
+use cudnn_safe_sys::Library;
+
+use super::backend::{self, attr, kind, Desc};
 use super::{stride_order, Graph, Op, TensorId};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -440,5 +443,65 @@ impl Graph {
             dx: dx.index,
         });
         Ok(dx)
+    }
+}
+
+impl Graph {
+    /// The operation descriptor of a pointwise operation (forward or backward) and the
+    /// pointwise descriptor it refers to.
+    pub(super) fn pointwise_desc(
+        &self,
+        lib: &'static Library,
+        op: &Op,
+        mode: PointwiseMode,
+        comp: sys::cudnnDataType_t,
+        t: &[Desc],
+    ) -> Result<(Desc, Option<Desc>)> {
+        let mut p = Desc::new(lib, kind!(CUDNN_BACKEND_POINTWISE_DESCRIPTOR))?;
+        p.set1(attr!(CUDNN_ATTR_POINTWISE_MODE), mode.raw())?;
+        // Comparisons compute in BOOLEAN, as cudnn-frontend's attention masks set them.
+        let int_result = match op {
+            Op::Pointwise { mode, y, .. } => {
+                !matches!(mode, PointwiseMode::GenIndex { .. })
+                    && self.tensors[*y].dtype == DType::I32
+            }
+            _ => false,
+        };
+        let prec = if mode.gives_boolean() {
+            sys::cudnnDataType_t::CUDNN_DATA_BOOLEAN
+        } else if int_result {
+            // Index arithmetic (an attention mask's diagonal shifted by lengths)
+            // computes in INT32, as cudnn-frontend sets it.
+            sys::cudnnDataType_t::CUDNN_DATA_INT32
+        } else {
+            comp
+        };
+        p.set1(attr!(CUDNN_ATTR_POINTWISE_MATH_PREC), prec)?;
+        if let Some((a, v)) = mode.param() {
+            p.set1(a, v)?;
+        }
+        if let PointwiseMode::GenIndex { axis } = mode {
+            p.set1(attr!(CUDNN_ATTR_POINTWISE_AXIS), axis)?;
+        }
+        p.finalize()?;
+        let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR))?;
+        o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR), &[&p])?;
+        match op {
+            Op::Pointwise { x, b, y, .. } => {
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_XDESC), &[&t[*x]])?;
+                if let Some(b) = b {
+                    o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_BDESC), &[&t[*b]])?;
+                }
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_YDESC), &[&t[*y]])?;
+            }
+            Op::PointwiseBwd { dy, x, dx, .. } => {
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_XDESC), &[&t[*x]])?;
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_DYDESC), &[&t[*dy]])?;
+                o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_DXDESC), &[&t[*dx]])?;
+            }
+            _ => unreachable!("matched pointwise above"),
+        }
+        o.finalize()?;
+        Ok((o, Some(p)))
     }
 }

@@ -1,4 +1,8 @@
 //! Reductions of a graph.
+use cudnn_safe_sys as sys;
+use cudnn_safe_sys::Library;
+
+use super::backend::{attr, kind, Desc};
 use super::{stride_order, Graph, Op, TensorId};
 use crate::error::{Error, Result};
 use crate::reduce::ReduceOp;
@@ -60,4 +64,41 @@ impl Graph {
         });
         Ok(y)
     }
+}
+
+pub(super) fn reduce_op(op: ReduceOp) -> sys::cudnnReduceTensorOp_t {
+    use sys::cudnnReduceTensorOp_t as R;
+    match op {
+        ReduceOp::Add => R::CUDNN_REDUCE_TENSOR_ADD,
+        ReduceOp::Mul => R::CUDNN_REDUCE_TENSOR_MUL,
+        ReduceOp::Min => R::CUDNN_REDUCE_TENSOR_MIN,
+        ReduceOp::Max => R::CUDNN_REDUCE_TENSOR_MAX,
+        ReduceOp::AMax => R::CUDNN_REDUCE_TENSOR_AMAX,
+        ReduceOp::Avg => R::CUDNN_REDUCE_TENSOR_AVG,
+        ReduceOp::Norm1 => R::CUDNN_REDUCE_TENSOR_NORM1,
+        ReduceOp::Norm2 => R::CUDNN_REDUCE_TENSOR_NORM2,
+        _ => R::CUDNN_REDUCE_TENSOR_MUL_NO_ZEROS,
+    }
+}
+
+/// The operation descriptor of a reduction of `x` into `y` and the reduction descriptor it
+/// refers to.
+pub(super) fn reduction_desc(
+    lib: &'static Library,
+    op: ReduceOp,
+    x: usize,
+    y: usize,
+    comp: sys::cudnnDataType_t,
+    t: &[Desc],
+) -> Result<(Desc, Option<Desc>)> {
+    let mut r = Desc::new(lib, kind!(CUDNN_BACKEND_REDUCTION_DESCRIPTOR))?;
+    r.set1(attr!(CUDNN_ATTR_REDUCTION_COMP_TYPE), comp)?;
+    r.set1(attr!(CUDNN_ATTR_REDUCTION_OPERATOR), reduce_op(op))?;
+    r.finalize()?;
+    let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR))?;
+    o.set_descs(attr!(CUDNN_ATTR_OPERATION_REDUCTION_XDESC), &[&t[x]])?;
+    o.set_descs(attr!(CUDNN_ATTR_OPERATION_REDUCTION_YDESC), &[&t[y]])?;
+    o.set_descs(attr!(CUDNN_ATTR_OPERATION_REDUCTION_DESC), &[&r])?;
+    o.finalize()?;
+    Ok((o, Some(r)))
 }

@@ -1,5 +1,9 @@
 //! General graph operations: binary select and a transposed view (attention's masks and
 //! backward pass are built from them), and which tensors hold booleans or indices.
+use cudnn_safe_sys as sys;
+use cudnn_safe_sys::Library;
+
+use super::backend::{attr, kind, Desc};
 use super::{stride_order, Graph, Op, TensorId, TensorInfo};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -130,4 +134,43 @@ impl Graph {
         self.ops.push(Op::Transpose { x: xi, y: y.index });
         Ok(y)
     }
+}
+
+/// The operation descriptor of a binary select `y = cond ? x : b` (`[x, b, cond, y]`) and the
+/// pointwise descriptor it refers to.
+pub(super) fn select_desc(
+    lib: &'static Library,
+    [x, b, cond, y]: [usize; 4],
+    comp: sys::cudnnDataType_t,
+    t: &[Desc],
+) -> Result<(Desc, Option<Desc>)> {
+    let mut p = Desc::new(lib, kind!(CUDNN_BACKEND_POINTWISE_DESCRIPTOR))?;
+    p.set1(
+        attr!(CUDNN_ATTR_POINTWISE_MODE),
+        sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_BINARY_SELECT,
+    )?;
+    p.set1(attr!(CUDNN_ATTR_POINTWISE_MATH_PREC), comp)?;
+    p.finalize()?;
+    let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR))?;
+    o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR), &[&p])?;
+    o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_XDESC), &[&t[x]])?;
+    o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_BDESC), &[&t[b]])?;
+    o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_TDESC), &[&t[cond]])?;
+    o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_YDESC), &[&t[y]])?;
+    o.finalize()?;
+    Ok((o, Some(p)))
+}
+
+/// The operation descriptor of a transposed view `y` of `x` (a reshape).
+pub(super) fn transpose_desc(
+    lib: &'static Library,
+    x: usize,
+    y: usize,
+    t: &[Desc],
+) -> Result<(Desc, Option<Desc>)> {
+    let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR))?;
+    o.set_descs(attr!(CUDNN_ATTR_OPERATION_RESHAPE_XDESC), &[&t[x]])?;
+    o.set_descs(attr!(CUDNN_ATTR_OPERATION_RESHAPE_YDESC), &[&t[y]])?;
+    o.finalize()?;
+    Ok((o, None))
 }
