@@ -527,7 +527,7 @@ fn host_sdpa_padding_graphs_and_rejections() {
         let seq_q = g.seq_len_input("seq_len_q", 2).unwrap();
         let seq_kv = g.seq_len_input("seq_len_kv", 2).unwrap();
         let opts = SdpaOptions::new().causal(true).padding(seq_q, seq_kv);
-        assert_eq!(opts.padding_inputs(), Some((seq_q, seq_kv)));
+        assert_eq!(opts.padding, Some((seq_q, seq_kv)));
         g.sdpa(q, k, v, &opts.training(true)).unwrap();
         assert_eq!(g.dims(seq_q).unwrap(), &[2, 1, 1, 1]);
         assert_eq!(g.dtype(seq_q).unwrap(), DType::I32);
@@ -1637,10 +1637,10 @@ fn host_sdpa_score_modifier_graphs_and_records() {
         .causal(true)
         .causal_bottom_right(true)
         .sliding_window(8);
-    assert_eq!(o.causal_alignment(), Some(DiagonalAlignment::BottomRight));
-    assert_eq!(o.window(), Some(8));
-    assert!(o.is_causal() && !o.causal(false).is_causal());
-    assert!(SdpaOptions::new().deterministic(true).is_deterministic());
+    assert_eq!(o.causal, Some(DiagonalAlignment::BottomRight));
+    assert_eq!(o.sliding_window, Some(8));
+    assert!(o.causal.is_some() && o.causal(false).causal.is_none());
+    assert!(SdpaOptions::new().deterministic(true).deterministic);
     // ALiBi slopes: cudnn-frontend's get_alibi_slope (powers of two; odd steps past 2^k heads).
     assert_eq!(alibi_slopes(3).unwrap(), [1.0 / 16.0, 1.0 / 256.0, 0.25]);
     let eight: Vec<f32> = (1..=8).map(|i| 2f32.powi(-i)).collect();
@@ -2078,13 +2078,13 @@ fn host_sdpa_dropout_options() {
     assert_eq!(g.dtype(seed).unwrap(), DType::I64);
     assert!(!g.is_virtual(seed).unwrap());
     let opts = SdpaOptions::new();
-    assert_eq!(opts.dropout_probability(), None);
-    assert_eq!(opts.dropout_inputs(), None);
-    assert!(!opts.dumps_dropout_mask());
+    assert_eq!(opts.dropout, None);
+    assert!(!opts.dump_dropout_mask);
     let opts = opts.dropout(0.25, seed, offset).dump_dropout_mask(true);
-    assert_eq!(opts.dropout_probability(), Some(0.25));
-    assert_eq!(opts.dropout_inputs(), Some((seed, offset)));
-    assert!(opts.dumps_dropout_mask());
+    let d = opts.dropout.expect("dropout set");
+    assert_eq!(d.probability, 0.25);
+    assert_eq!((d.seed, d.offset), (seed, offset));
+    assert!(opts.dump_dropout_mask);
     // INT64 tensors are made by rng_input only.
     let r = g.tensor("x", &[1, 1, 1, 1], &[1, 1, 1, 1], DType::I64);
     assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");

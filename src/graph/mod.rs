@@ -78,7 +78,10 @@ mod rng;
 mod select;
 pub(crate) mod union;
 
-pub use attention::{alibi_slopes, DiagonalAlignment, SdpaGrads, SdpaOptions, SdpaOutputs};
+pub use attention::{
+    alibi_slopes, DiagonalAlignment, Sdpa, SdpaBackward, SdpaDropout, SdpaForward, SdpaGrads,
+    SdpaInputs, SdpaLayout, SdpaOptions, SdpaOutputs,
+};
 pub use build::OperationGraph;
 pub use cuda_graph::{PlanGraph, CUDA_GRAPH_NOT_SUPPORTED};
 pub use engine::{

@@ -1,6 +1,6 @@
 //! Scaled dot-product attention backward ([`Graph::sdpa_backward`]).
 use super::parts::ScoreNames;
-use super::{sdpa_scale, Dropout, SdpaGrads, SdpaOptions, SdpaSizes};
+use super::{sdpa_scale, SdpaDropout, SdpaGrads, SdpaOptions, SdpaSizes};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{strides_in_order, Graph, PointwiseMode, TensorId};
@@ -217,7 +217,7 @@ impl Graph {
         d_o: TensorId,
         o: TensorId,
         row: [i64; 4],
-        dropout: Option<Dropout>,
+        dropout: Option<SdpaDropout>,
     ) -> Result<TensorId> {
         let dot = self.pointwise(PointwiseMode::Mul, d_o, Some(o))?;
         let rs = self.reduction(ReduceOp::Add, dot, &row)?;
@@ -291,7 +291,7 @@ struct BackwardChecked {
     dtype: DType,
     sz: SdpaSizes,
     scale: f64,
-    dropout: Option<Dropout>,
+    dropout: Option<SdpaDropout>,
     padding: Option<(TensorId, TensorId)>,
     bias: Option<TensorId>,
     dq_strides: Vec<i64>,

@@ -1,5 +1,5 @@
 //! The checks [`Graph::sdpa`] and [`Graph::sdpa_backward`] make before they change the graph.
-use super::{DiagonalAlignment, Dropout, SdpaOptions, SdpaSizes, MAX_HEAD_DIM};
+use super::{DiagonalAlignment, SdpaDropout, SdpaOptions, SdpaSizes, MAX_HEAD_DIM};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{stride_order, strides_in_order, Graph, TensorId};
@@ -33,7 +33,7 @@ impl Graph {
     fn sdpa_masks(&self, op: &'static str, opts: &SdpaOptions, sz: &SdpaSizes) -> Result<()> {
         let padded = opts.padding.is_some();
         let refuse = |what, want, got| Err(refusal(op, what, want, got));
-        if let Some(w) = opts.window {
+        if let Some(w) = opts.sliding_window {
             if w < 1 {
                 return refuse(
                     "attention sliding window",
@@ -50,7 +50,7 @@ impl Graph {
             }
         }
         let bottom_right = opts.causal == Some(DiagonalAlignment::BottomRight);
-        if (bottom_right || opts.window.is_some()) && !padded && sz.s_q > sz.s_kv {
+        if (bottom_right || opts.sliding_window.is_some()) && !padded && sz.s_q > sz.s_kv {
             return refuse(
                 "attention diagonal mask",
                 "s_q ≤ s_kv for a bottom-right causal mask or a sliding window (or a padding \
@@ -335,7 +335,7 @@ impl Graph {
         op: &'static str,
         opts: &SdpaOptions,
         mask_dims: &[i64; 4],
-    ) -> Result<Option<Dropout>> {
+    ) -> Result<Option<SdpaDropout>> {
         let Some(d) = opts.dropout else {
             return Ok(None);
         };
@@ -353,7 +353,7 @@ impl Graph {
         // A dumped mask is a real tensor: it must fit cuDNN's 32-bit addressing. Undumped it
         // stays virtual (never in memory), like the scores, and may pass 2^31 elements.
         let packed = strides_in_order(mask_dims, &[0, 1, 2, 3])?;
-        if opts.dump_mask {
+        if opts.dump_dropout_mask {
             Layout::strided(mask_dims, &packed)?;
         }
         Ok(Some(d))

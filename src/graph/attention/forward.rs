@@ -1,6 +1,6 @@
 //! Scaled dot-product attention forward ([`Graph::sdpa`]).
 use super::parts::ScoreNames;
-use super::{sdpa_scale, Dropout, SdpaOptions, SdpaOutputs, SdpaSizes};
+use super::{sdpa_scale, SdpaDropout, SdpaOptions, SdpaOutputs, SdpaSizes};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, PointwiseMode, TensorId};
@@ -122,7 +122,7 @@ impl Graph {
         if let Some(dr) = c.dropout {
             let mask;
             (p, mask) = self.sdpa_forward_dropout(p, &dr, [b, h, s_q, s_kv])?;
-            if opts.dump_mask {
+            if opts.dump_dropout_mask {
                 self.mark_output_as(mask, DType::F32)?;
                 dropout_mask = Some(mask);
             }
@@ -166,7 +166,7 @@ impl Graph {
         let dropout = self.sdpa_dropout(OP, opts, &[b, h, s_q, s_kv])?;
         let bias = self.sdpa_modifiers(OP, opts, &sz, dtype, false, &[ki])?;
         match &dropout {
-            None if opts.dump_mask => {
+            None if opts.dump_dropout_mask => {
                 return Err(Error::invalid(
                     "attention dropout mask output",
                     format!("{OP}: dump_dropout_mask together with dropout"),
@@ -176,7 +176,7 @@ impl Graph {
             // At keep-probability 1 the fused kernels skip the draw and leave the dump
             // unwritten (seen on an H200 with cuDNN 9.14 as NaN poison): refused rather than a
             // silent hole (the mask is all ones by definition).
-            Some(d) if opts.dump_mask && d.probability == 0.0 => {
+            Some(d) if opts.dump_dropout_mask && d.probability == 0.0 => {
                 return Err(Error::invalid(
                     "attention dropout mask output",
                     format!("{OP}: dump_dropout_mask with a dropout probability above 0"),
@@ -234,7 +234,7 @@ impl Graph {
     fn sdpa_forward_dropout(
         &mut self,
         p: TensorId,
-        dr: &Dropout,
+        dr: &SdpaDropout,
         dims: [i64; 4],
     ) -> Result<(TensorId, TensorId)> {
         let mask = self.sdpa_rng(OP, dr, dims)?;
@@ -261,6 +261,6 @@ struct ForwardChecked {
     scale: f64,
     padding: Option<(TensorId, TensorId)>,
     o_strides: Vec<i64>,
-    dropout: Option<Dropout>,
+    dropout: Option<SdpaDropout>,
     bias: Option<TensorId>,
 }

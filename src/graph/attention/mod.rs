@@ -5,35 +5,56 @@
 //!
 //! * `forward.rs`: [`Graph::sdpa`]; `backward.rs`: [`Graph::sdpa_backward`];
 //! * `parts.rs`: the pieces both build (masks, ALiBi, dropout mask, grouped-head matmuls);
-//! * `checks.rs`: the checks both open with, before the graph changes.
+//! * `checks.rs`: the checks both open with, before the graph changes;
+//! * `builder.rs`: [`Sdpa`], which declares q, k, v (and o, dO, stats) from the sizes and a
+//!   buffer layout ([`SdpaLayout`]) and builds either pass.
 #[cfg(doc)]
 use super::Graph;
 use super::TensorId;
 use crate::error::{Error, Result};
 
 mod backward;
+mod builder;
 mod checks;
 mod forward;
 mod parts;
 
+pub use builder::{Sdpa, SdpaBackward, SdpaForward, SdpaInputs, SdpaLayout};
+
 /// Options of [`Graph::sdpa`] and [`Graph::sdpa_backward`].
 ///
+/// Plain data: each field is a setting, and the method of the same name sets it (by value,
+/// for chaining); [`Graph::sdpa`] and [`Graph::sdpa_backward`] check the combination.
 /// Defaults: scale `1/√d`, no causal mask, no sliding window, no bias, no ALiBi, inference (no
 /// statistics output), no dropout, no padding mask; backward graphs accumulate dQ in f32 (not
 /// [`SdpaOptions::deterministic`]).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
 pub struct SdpaOptions {
-    scale: Option<f64>,
-    causal: Option<DiagonalAlignment>,
-    window: Option<i64>,
-    training: bool,
-    dropout: Option<Dropout>,
-    dump_mask: bool,
-    padding: Option<(TensorId, TensorId)>,
-    bias: Option<TensorId>,
-    alibi: Option<TensorId>,
-    bias_grad: bool,
-    deterministic: bool,
+    /// The factor applied to `Q·Kᵀ` ([`SdpaOptions::scale`]); `None`: `1/√d`.
+    pub scale: Option<f64>,
+    /// The causal mask and its alignment ([`SdpaOptions::causal`],
+    /// [`SdpaOptions::causal_bottom_right`]); `None`: no causal mask.
+    pub causal: Option<DiagonalAlignment>,
+    /// The sliding window ([`SdpaOptions::sliding_window`]).
+    pub sliding_window: Option<i64>,
+    /// Whether the forward pass outputs the statistics ([`SdpaOptions::training`]).
+    pub training: bool,
+    /// Dropout ([`SdpaOptions::dropout`]).
+    pub dropout: Option<SdpaDropout>,
+    /// Whether the forward pass outputs the dropout mask ([`SdpaOptions::dump_dropout_mask`]).
+    pub dump_dropout_mask: bool,
+    /// The sequence-length tensors `(seq_len_q, seq_len_kv)` ([`SdpaOptions::padding`]).
+    pub padding: Option<(TensorId, TensorId)>,
+    /// The additive bias tensor ([`SdpaOptions::bias`]).
+    pub bias: Option<TensorId>,
+    /// The ALiBi slopes tensor ([`SdpaOptions::alibi`]).
+    pub alibi: Option<TensorId>,
+    /// Whether the backward pass outputs dBias ([`SdpaOptions::bias_grad`]).
+    pub bias_grad: bool,
+    /// Whether the backward pass takes the deterministic form
+    /// ([`SdpaOptions::deterministic`]).
+    pub deterministic: bool,
 }
 
 /// Where the diagonal of a causal mask ([`SdpaOptions::causal`],
@@ -50,12 +71,17 @@ pub enum DiagonalAlignment {
     BottomRight,
 }
 
-/// Dropout as set on [`SdpaOptions`] (checked by [`Graph::sdpa`] / [`Graph::sdpa_backward`]).
+/// Dropout as set on [`SdpaOptions`] with [`SdpaOptions::dropout`] (checked by
+/// [`Graph::sdpa`] / [`Graph::sdpa_backward`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Dropout {
-    probability: f64,
-    seed: TensorId,
-    offset: TensorId,
+#[non_exhaustive]
+pub struct SdpaDropout {
+    /// The probability of dropping an attention probability.
+    pub probability: f64,
+    /// The seed tensor ([`Graph::rng_input`]).
+    pub seed: TensorId,
+    /// The offset tensor ([`Graph::rng_input`]).
+    pub offset: TensorId,
 }
 
 impl SdpaOptions {
@@ -114,7 +140,7 @@ impl SdpaOptions {
     /// by [`Graph::sdpa`] and [`Graph::sdpa_backward`]).
     #[must_use]
     pub fn sliding_window(mut self, window: i64) -> Self {
-        self.window = Some(window);
+        self.sliding_window = Some(window);
         self
     }
     /// An additive attention bias (cudnn-frontend's `set_bias`, PyTorch's float `attn_mask`):
@@ -259,7 +285,7 @@ impl SdpaOptions {
     /// ```
     #[must_use]
     pub fn dropout(mut self, probability: f64, seed: TensorId, offset: TensorId) -> Self {
-        self.dropout = Some(Dropout {
+        self.dropout = Some(SdpaDropout {
             probability,
             seed,
             offset,
@@ -271,7 +297,7 @@ impl SdpaOptions {
     /// kept and 0 where it is dropped, for checking results. [`Graph::sdpa_backward`] ignores it.
     #[must_use]
     pub fn dump_dropout_mask(mut self, dump: bool) -> Self {
-        self.dump_mask = dump;
+        self.dump_dropout_mask = dump;
         self
     }
     /// A padding mask for batches of sequences of different lengths (cudnn-frontend's
@@ -293,61 +319,9 @@ impl SdpaOptions {
         self.padding = Some((seq_len_q, seq_len_kv));
         self
     }
-    /// The sequence-length tensors set with [`SdpaOptions::padding`], if any.
-    pub fn padding_inputs(&self) -> Option<(TensorId, TensorId)> {
-        self.padding
-    }
-    /// The dropout probability set with [`SdpaOptions::dropout`], if any.
-    pub fn dropout_probability(&self) -> Option<f64> {
-        self.dropout.map(|d| d.probability)
-    }
-    /// The seed and offset tensors set with [`SdpaOptions::dropout`], if any.
-    pub fn dropout_inputs(&self) -> Option<(TensorId, TensorId)> {
-        self.dropout.map(|d| (d.seed, d.offset))
-    }
-    /// Whether [`Graph::sdpa`] outputs the dropout mask.
-    pub fn dumps_dropout_mask(&self) -> bool {
-        self.dump_mask
-    }
-    /// The scale set with [`SdpaOptions::scale`], if any.
-    pub fn scale_value(&self) -> Option<f64> {
-        self.scale
-    }
-    /// Whether a causal mask (of either alignment) is applied.
-    pub fn is_causal(&self) -> bool {
-        self.causal.is_some()
-    }
-    /// The alignment of the causal mask, if any.
-    pub fn causal_alignment(&self) -> Option<DiagonalAlignment> {
-        self.causal
-    }
-    /// The sliding window set with [`SdpaOptions::sliding_window`], if any.
-    pub fn window(&self) -> Option<i64> {
-        self.window
-    }
-    /// The bias tensor set with [`SdpaOptions::bias`], if any.
-    pub fn bias_input(&self) -> Option<TensorId> {
-        self.bias
-    }
-    /// The ALiBi slopes tensor set with [`SdpaOptions::alibi`], if any.
-    pub fn alibi_input(&self) -> Option<TensorId> {
-        self.alibi
-    }
-    /// Whether [`Graph::sdpa_backward`] outputs the bias gradient.
-    pub fn has_bias_grad(&self) -> bool {
-        self.bias_grad
-    }
-    /// Whether [`Graph::sdpa_backward`] builds the deterministic form.
-    pub fn is_deterministic(&self) -> bool {
-        self.deterministic
-    }
     /// Whether the backward graph writes dQ directly (no f32 accumulation scratch).
     fn direct_dq(&self) -> bool {
         self.deterministic || (self.bias_grad && self.bias.is_some())
-    }
-    /// Whether [`Graph::sdpa`] outputs the statistics.
-    pub fn is_training(&self) -> bool {
-        self.training
     }
 }
 

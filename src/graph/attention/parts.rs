@@ -1,6 +1,6 @@
 //! The pieces of the attention patterns: score masks, ALiBi, the dropout mask, grouped-head
 //! matmuls and reductions, and attention's graph inputs.
-use super::{DiagonalAlignment, Dropout, SdpaOptions, SdpaSizes};
+use super::{DiagonalAlignment, SdpaDropout, SdpaOptions, SdpaSizes};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::rng::RngOp;
@@ -58,7 +58,7 @@ impl Graph {
             s = self.select(s, ninf, keep)?;
             self.set_name(s, "sdpa.masked_scores")?;
         }
-        if let Some(w) = opts.window {
+        if let Some(w) = opts.sliding_window {
             let row = self.pointwise(PointwiseMode::GenIndex { axis: 2 }, s, None)?;
             self.set_name(row, "sdpa.window_row_index")?;
             let mut col = self.pointwise(PointwiseMode::GenIndex { axis: 3 }, s, None)?;
@@ -185,7 +185,7 @@ impl Graph {
     pub(super) fn sdpa_rng(
         &mut self,
         op: &'static str,
-        d: &Dropout,
+        d: &SdpaDropout,
         dims: [i64; 4],
     ) -> Result<TensorId> {
         let seed = self.operand(d.seed, None, op)?;
