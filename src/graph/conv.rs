@@ -212,15 +212,13 @@ impl Graph {
         let layout = Layout::nchw_nd(probe.dims)?;
         let p = self.tensors.len();
         self.tensors.push(TensorInfo {
-            name: probe.name,
-            dims: probe.dims.to_vec(),
-            strides: layout.strides().to_vec(),
-            dtype: self.intermediate,
             is_virtual: true,
-            scalar: None,
-            bound: None,
-            producer: None,
-            consumed: false,
+            ..TensorInfo::input(
+                probe.name,
+                probe.dims.to_vec(),
+                layout.strides().to_vec(),
+                self.intermediate,
+            )
         });
         let (x, w) = if probe.is_x { (p, other) } else { (other, p) };
         let fwd = self

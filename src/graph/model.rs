@@ -52,6 +52,49 @@ pub(crate) struct TensorInfo {
 }
 
 impl TensorInfo {
+    /// A graph input: read by operations, written by none.
+    pub(crate) fn input(
+        name: record::Name,
+        dims: Vec<i64>,
+        strides: Vec<i64>,
+        dtype: DType,
+    ) -> TensorInfo {
+        TensorInfo {
+            name,
+            dims,
+            strides,
+            dtype,
+            is_virtual: false,
+            scalar: None,
+            bound: None,
+            producer: None,
+            consumed: false,
+        }
+    }
+
+    /// A by-value scalar input; its dimensions are set by the first operation reading it.
+    pub(crate) fn scalar(name: record::Name, value: f64, dtype: DType) -> TensorInfo {
+        TensorInfo {
+            scalar: Some(value),
+            ..TensorInfo::input(name, Vec::new(), Vec::new(), dtype)
+        }
+    }
+
+    /// A virtual tensor written by operation `op` (an index into `Graph::ops`).
+    pub(crate) fn written(
+        name: record::Name,
+        dims: Vec<i64>,
+        strides: Vec<i64>,
+        dtype: DType,
+        op: usize,
+    ) -> TensorInfo {
+        TensorInfo {
+            is_virtual: true,
+            producer: Some(op),
+            ..TensorInfo::input(name, dims, strides, dtype)
+        }
+    }
+
     /// [`Error::ShapeMismatch`] between this tensor and `other` (names and dimensions), for
     /// the rule they break.
     pub(crate) fn shape_mismatch(&self, other: &TensorInfo, rule: &'static str) -> Error {
@@ -167,17 +210,12 @@ impl Graph {
     ) -> Result<TensorId> {
         Self::check_float("graph tensor", dtype)?;
         Layout::strided(dims, strides)?;
-        Ok(self.push(TensorInfo {
+        Ok(self.push(TensorInfo::input(
             name,
-            dims: dims.to_vec(),
-            strides: strides.to_vec(),
+            dims.to_vec(),
+            strides.to_vec(),
             dtype,
-            is_virtual: false,
-            scalar: None,
-            bound: None,
-            producer: None,
-            consumed: false,
-        }))
+        )))
     }
 
     /// A packed row-major input tensor (`N, C, spatial...` for images; any rank).
@@ -208,17 +246,7 @@ impl Graph {
     /// no buffer. Its dimensions are all 1, with the rank of the operation that reads it.
     pub fn scalar(&mut self, name: &'static str, value: f64, dtype: DType) -> Result<TensorId> {
         Self::check_float("graph scalar", dtype)?;
-        Ok(self.push(TensorInfo {
-            name,
-            dims: Vec::new(),
-            strides: Vec::new(),
-            dtype,
-            is_virtual: false,
-            scalar: Some(value),
-            bound: None,
-            producer: None,
-            consumed: false,
-        }))
+        Ok(self.push(TensorInfo::scalar(name, value, dtype)))
     }
 
     pub(crate) fn index(&self, t: TensorId) -> Result<usize> {
@@ -303,17 +331,13 @@ impl Graph {
         // Packed strides computed with overflow checks; no 32-bit span rule: a virtual tensor
         // is never addressed in memory (attention's [b, h, s, s] scores pass 2^31 elements).
         let strides = strides_in_order(&dims, order)?;
-        Ok(self.push(TensorInfo {
+        Ok(self.push(TensorInfo::written(
             name,
             dims,
             strides,
-            dtype: self.intermediate,
-            is_virtual: true,
-            scalar: None,
-            bound: None,
-            producer: Some(op),
-            consumed: false,
-        }))
+            self.intermediate,
+            op,
+        )))
     }
 
     /// Makes an operation's output a real output of the graph, of the graph's io data type: a

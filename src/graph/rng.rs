@@ -25,17 +25,12 @@ impl Graph {
 
     /// A graph input of `dtype` with dimensions `[batch, 1, 1, 1]`, packed.
     pub(crate) fn int_input(&mut self, name: &'static str, batch: i64, dtype: DType) -> TensorId {
-        self.push(TensorInfo {
+        self.push(TensorInfo::input(
             name,
-            dims: vec![batch, 1, 1, 1],
-            strides: vec![1; 4],
+            vec![batch, 1, 1, 1],
+            vec![1; 4],
             dtype,
-            is_virtual: false,
-            scalar: None,
-            bound: None,
-            producer: None,
-            consumed: false,
-        })
+        ))
     }
 }
 

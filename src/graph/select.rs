@@ -120,17 +120,7 @@ impl Graph {
         let dtype = xt.dtype;
         let xi = self.operand(x, None, OP)?;
         let op = self.ops.len();
-        let y = self.push(TensorInfo {
-            name: "transpose.y",
-            dims,
-            strides,
-            dtype,
-            is_virtual: true,
-            scalar: None,
-            bound: None,
-            producer: Some(op),
-            consumed: false,
-        });
+        let y = self.push(TensorInfo::written("transpose.y", dims, strides, dtype, op));
         self.ops.push(Op::Transpose { x: xi, y: y.index });
         Ok(y)
     }

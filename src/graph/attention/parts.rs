@@ -117,32 +117,17 @@ impl Graph {
                 format!("`{name}` with {heads} heads"),
             ));
         }
-        Ok(self.push(TensorInfo {
+        Ok(self.push(TensorInfo::input(
             name,
-            dims: vec![1, heads, 1, 1],
-            strides: vec![heads, 1, 1, 1],
-            dtype: DType::F32,
-            is_virtual: false,
-            scalar: None,
-            bound: None,
-            producer: None,
-            consumed: false,
-        }))
+            vec![1, heads, 1, 1],
+            vec![heads, 1, 1, 1],
+            DType::F32,
+        )))
     }
 
     /// A by-value INT32 scalar (a sequence extent or a window in index arithmetic).
     pub(super) fn int_scalar(&mut self, name: &'static str, value: i64) -> TensorId {
-        self.push(TensorInfo {
-            name,
-            dims: Vec::new(),
-            strides: Vec::new(),
-            dtype: DType::I32,
-            is_virtual: false,
-            scalar: Some(value as f64),
-            bound: None,
-            producer: None,
-            consumed: false,
-        })
+        self.push(TensorInfo::scalar(name, value as f64, DType::I32))
     }
 
     /// A matmul of attention: grouped ([`Graph::matmul_with`]) when b (k or v, or a view of
@@ -191,17 +176,13 @@ impl Graph {
         let seed = self.operand(d.seed, None, op)?;
         let offset = self.operand(d.offset, None, op)?;
         let strides = strides_in_order(&dims, &[0, 1, 2, 3])?;
-        let y = self.push(TensorInfo {
-            name: "sdpa.dropout_mask",
-            dims: dims.to_vec(),
+        let y = self.push(TensorInfo::written(
+            "sdpa.dropout_mask",
+            dims.to_vec(),
             strides,
-            dtype: self.intermediate,
-            is_virtual: true,
-            scalar: None,
-            bound: None,
-            producer: Some(self.ops.len()),
-            consumed: false,
-        });
+            self.intermediate,
+            self.ops.len(),
+        ));
         self.ops.push(Op::Rng(RngOp {
             seed,
             offset,
