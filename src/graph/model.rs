@@ -4,6 +4,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::record;
+#[cfg(doc)]
+use super::OperationGraph;
 use super::{MatmulOverrides, Op};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -112,7 +114,7 @@ impl TensorInfo {
 ///
 /// Tensors get unique ids in creation order. Operation outputs are virtual (kept inside the fused
 /// kernels, in the graph's intermediate data type) until [`Graph::mark_output`] makes them real.
-/// See the [module documentation](self) for an example.
+/// See the [module documentation](crate::graph) for an example.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Graph {
     /// Not recorded: a graph read back ([`Graph::from_json`]) is a new graph.

@@ -3,6 +3,8 @@ use cudnn_safe_sys as sys;
 use cudnn_safe_sys::Library;
 
 use super::backend::{self, attr, kind, Desc};
+#[cfg(doc)]
+use super::OperationGraph;
 use super::{stride_order, Graph, Op, TensorId};
 use crate::dtype::DType;
 use crate::error::{Error, Result};

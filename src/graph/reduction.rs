@@ -3,6 +3,8 @@ use cudnn_safe_sys as sys;
 use cudnn_safe_sys::Library;
 
 use super::backend::{attr, kind, Desc};
+#[cfg(doc)]
+use super::OperationGraph;
 use super::{stride_order, Graph, Op, TensorId};
 use crate::error::{Error, Result};
 use crate::reduce::ReduceOp;

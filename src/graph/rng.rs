@@ -4,6 +4,8 @@ use cudnn_safe_sys as sys;
 use cudnn_safe_sys::Library;
 
 use super::backend::{attr, kind, AttrElem, Desc};
+#[cfg(doc)]
+use super::SdpaOptions;
 use super::{Graph, TensorId, TensorInfo};
 use crate::dtype::DType;
 use crate::error::Result;

@@ -4,6 +4,8 @@ use cudnn_safe_sys as sys;
 use cudnn_safe_sys::Library;
 
 use super::backend::{attr, kind, Desc};
+#[cfg(doc)]
+use super::PointwiseMode;
 use super::{stride_order, Graph, Op, TensorId, TensorInfo};
 use crate::dtype::DType;
 use crate::error::{Error, Result};

@@ -4,6 +4,8 @@ use super::{DiagonalAlignment, SdpaDropout, SdpaOptions, SdpaSizes};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::rng::RngOp;
+#[cfg(doc)]
+use crate::graph::{alibi_slopes, Args};
 use crate::graph::{strides_in_order, Graph, Op, PointwiseMode, TensorId, TensorInfo};
 use crate::reduce::ReduceOp;
 
@@ -107,7 +109,7 @@ impl Graph {
 
     /// A graph input for the per-head slopes of [`SdpaOptions::alibi`]: f32 `[1, heads, 1, 1]`,
     /// packed; bind a device buffer of `heads` slopes (e.g. [`alibi_slopes`]) with
-    /// [`Args::input`](super::Args::input). `heads` is q's number of heads, at least 1.
+    /// [`Args::input`]. `heads` is q's number of heads, at least 1.
     #[doc(alias = "alibi_mask")]
     pub fn alibi_slopes_input(&mut self, name: &'static str, heads: i64) -> Result<TensorId> {
         if heads < 1 {
@@ -225,7 +227,7 @@ impl Graph {
     /// A graph input holding one 32-bit sequence length per batch entry (`CUDNN_DATA_INT32`,
     /// dimensions `[batch, 1, 1, 1]`, packed): `seq_len_q` or `seq_len_kv` of an attention
     /// padding mask ([`SdpaOptions::padding`]), bound with
-    /// [`Args::lengths`](super::Args::lengths). `batch` is at least 1.
+    /// [`Args::lengths`]. `batch` is at least 1.
     #[doc(alias = "seq_len_q")]
     #[doc(alias = "seq_len_kv")]
     pub fn seq_len_input(&mut self, name: &'static str, batch: i64) -> Result<TensorId> {
