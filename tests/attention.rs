@@ -2637,7 +2637,11 @@ fn host_sdpa_builder_graphs_match_hand_built_ones() {
             let (hand, _, _) = bwd_graph(DType::BF16, sh, &opts).unwrap();
             let mut g = b.graph();
             b.backward(&mut g).unwrap();
-            assert_eq!(g.signature(), hand.signature(), "bwd {sh:?} causal={causal}");
+            assert_eq!(
+                g.signature(),
+                hand.signature(),
+                "bwd {sh:?} causal={causal}"
+            );
         }
     }
 }
@@ -2749,20 +2753,32 @@ fn host_sdpa_builder_rejections() {
     let before = g.signature();
     for (what, b) in invalid {
         let r = b.forward(&mut g);
-        assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{what}: {r:?}");
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { .. })),
+            "{what}: {r:?}"
+        );
         let r = b.backward(&mut g);
-        assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{what} bwd: {r:?}");
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { .. })),
+            "{what} bwd: {r:?}"
+        );
         assert_eq!(g.signature(), before, "{what}: the graph changed");
     }
     for dtype in [DType::F32, DType::F64] {
         let r = ok.clone().dtype(dtype).forward(&mut g);
-        assert!(matches!(r, Err(Error::UnsupportedDataType { .. })), "{dtype}: {r:?}");
+        assert!(
+            matches!(r, Err(Error::UnsupportedDataType { .. })),
+            "{dtype}: {r:?}"
+        );
     }
     // Attention needs f32 intermediate and compute types: a graph of other types is refused.
     let mut h = Graph::new(DType::BF16, DType::BF16, DType::F32);
     let r = ok.forward(&mut h);
     assert!(matches!(r, Err(Error::UnsupportedDataType { .. })), "{r:?}");
-    assert_eq!(h.signature(), Graph::new(DType::BF16, DType::BF16, DType::F32).signature());
+    assert_eq!(
+        h.signature(),
+        Graph::new(DType::BF16, DType::BF16, DType::F32).signature()
+    );
     // The graph keeps working after a refusal.
     ok.forward(&mut g).unwrap();
 }
@@ -2816,7 +2832,10 @@ fn builder_bwd_case<T: DataType>(sh: Shape, layout: SdpaLayout, causal: bool, se
     let inputs = Qkv::<T>::random_in(&s, sh, &mut rng, layout);
     let dov: Vec<T> = rng.values(sh.q_len());
     let ids = [bw.q, bw.k, bw.v, bw.o, bw.d_o, bw.stats];
-    let what = format!("Sdpa backward {layout:?} {} {sh:?} causal={causal}", T::DTYPE);
+    let what = format!(
+        "Sdpa backward {layout:?} {} {sh:?} causal={causal}",
+        T::DTYPE
+    );
     check_bwd(
         &s, &cudnn, &og, sh, causal, ids, &bw.grads, &inputs, &dov, None, &what,
     );

@@ -1863,6 +1863,33 @@ impl ConvCase {
     }
 }
 
+/// `OperationGraph::plan` builds the first plan `plans` lists; when nothing is proposed both
+/// return `Error::NoEngine` naming the graph's operations.
+#[test]
+fn gpu_plan_is_the_first_of_plans() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let c = conv_case(&s, &cudnn, 21);
+    let f = PlanFilter::new();
+    let first = c.og.plan(&cudnn, &f).unwrap();
+    let list = c.og.plans(&cudnn, &f).unwrap();
+    assert_eq!(first.config(), list.plans[0].config());
+    // No heuristic mode and no enumeration: no configuration at all.
+    let none = PlanFilter::new().heuristics(&[]);
+    let results = [
+        c.og.plan(&cudnn, &none).map(|_| ()),
+        c.og.plans(&cudnn, &none).map(|_| ()),
+    ];
+    for r in results {
+        match r {
+            Err(Error::NoEngine { graph, detail }) => {
+                assert_eq!(graph, "convolution forward");
+                assert!(detail.contains("no engine configuration"), "{detail}");
+            }
+            other => panic!("expected NoEngine, got {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn gpu_filters_and_workspace_limit() {
     let Some((s, cudnn)) = gpu() else { return };
