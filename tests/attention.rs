@@ -2779,6 +2779,21 @@ fn host_sdpa_builder_rejections() {
         h.signature(),
         Graph::new(DType::BF16, DType::BF16, DType::F32).signature()
     );
+    // Sizes whose buffers pass cuDNN's 32-bit addressing (or i64) are refused, not wrapped.
+    for huge in [
+        Sdpa::new(1, 1 << 20, 1 << 20, 1 << 20, 64),
+        Sdpa::new(i64::MAX, 8, 8, 8, 64),
+    ] {
+        let r = huge.forward(&mut g);
+        assert!(
+            matches!(
+                r,
+                Err(Error::InvalidArgument { .. } | Error::Overflow { .. })
+            ),
+            "{r:?}"
+        );
+        assert_eq!(g.signature(), before);
+    }
     // The graph keeps working after a refusal.
     ok.forward(&mut g).unwrap();
 }

@@ -20,6 +20,8 @@ pub enum SdpaLayout {
 
 impl SdpaLayout {
     /// The strides (in elements) of a logical `[b, h, s, d]` tensor stored in this layout.
+    /// Products saturate at `i64::MAX` (no panic on absurd sizes): such strides describe a
+    /// span that [`Graph::tensor`] refuses.
     ///
     /// ```
     /// use cudnn_safe::graph::SdpaLayout;
@@ -27,9 +29,10 @@ impl SdpaLayout {
     /// assert_eq!(SdpaLayout::Bhsd.strides([2, 8, 128, 64]), [65536, 8192, 64, 1]);
     /// ```
     pub fn strides(self, [_, h, s, d]: [i64; 4]) -> [i64; 4] {
+        let m = i64::saturating_mul;
         match self {
-            SdpaLayout::Bshd => [s * h * d, d, h * d, 1],
-            SdpaLayout::Bhsd => [h * s * d, s * d, d, 1],
+            SdpaLayout::Bshd => [m(m(s, h), d), d, m(h, d), 1],
+            SdpaLayout::Bhsd => [m(m(h, s), d), m(s, d), d, 1],
         }
     }
 }
