@@ -195,7 +195,8 @@ impl Graph {
         let scale = sdpa_scale(opts, d)?;
         let dropout = self.sdpa_dropout(OP, opts, &[b, h, s_q, s_kv])?;
         let padding = self.sdpa_padding(OP, opts, b)?;
-        let bias = self.sdpa_modifiers(OP, opts, &sz, dtype, true, &[ki, vi])?;
+        self.sdpa_masks(OP, opts, &sz)?;
+        let bias = self.sdpa_bias(OP, opts, &sz, dtype, true, &[ki, vi])?;
         let like = |i: usize, dims: &[i64]| self.sdpa_strides_like(dims, &self.tensors[i].strides);
         Ok(BackwardChecked {
             dtype,

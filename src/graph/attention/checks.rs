@@ -11,26 +11,9 @@ fn refusal(op: &'static str, what: &'static str, want: String, got: String) -> E
 }
 
 impl Graph {
-    /// Checks the score modifiers of `opts` against the problem, before the graph is changed:
-    /// the causal alignment, the sliding window and the bias (see their [`SdpaOptions`]
-    /// methods); with `backward`, also the bias gradient. `transposed` are the operands the
-    /// graph re-describes transposed (k, and v for the backward pass), which the bias may not
-    /// be. Returns the bias tensor.
-    pub(super) fn sdpa_modifiers(
-        &self,
-        op: &'static str,
-        opts: &SdpaOptions,
-        sz: &SdpaSizes,
-        dtype: DType,
-        backward: bool,
-        transposed: &[usize],
-    ) -> Result<Option<TensorId>> {
-        self.sdpa_masks(op, opts, sz)?;
-        self.sdpa_bias(op, opts, sz, dtype, backward, transposed)
-    }
-
-    /// Checks the causal alignment, the sliding window and ALiBi of `opts` against the problem.
-    fn sdpa_masks(&self, op: &'static str, opts: &SdpaOptions, sz: &SdpaSizes) -> Result<()> {
+    /// Checks the causal alignment, the sliding window and ALiBi of `opts` against the problem
+    /// (see their [`SdpaOptions`] methods), before the graph is changed.
+    pub(super) fn sdpa_masks(&self, op: &'static str, opts: &SdpaOptions, sz: &SdpaSizes) -> Result<()> {
         let padded = opts.padding.is_some();
         let refuse = |what, want, got| Err(refusal(op, what, want, got));
         if let Some(w) = opts.sliding_window {
@@ -94,8 +77,10 @@ impl Graph {
         Ok(())
     }
 
-    /// Checks the bias of `opts` (and with `backward` its gradient); returns the bias tensor.
-    fn sdpa_bias(
+    /// Checks the bias of `opts` (and with `backward` its gradient), before the graph is
+    /// changed; returns the bias tensor. `transposed` are the operands the graph re-describes
+    /// transposed (k, and v for the backward pass), which the bias may not be.
+    pub(super) fn sdpa_bias(
         &self,
         op: &'static str,
         opts: &SdpaOptions,

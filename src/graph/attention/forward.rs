@@ -164,7 +164,8 @@ impl Graph {
         let o_strides = self.sdpa_strides_like(&[b, h, s_q, d_v], &self.tensors[qi].strides)?;
         Layout::strided(&[b, h, s_q, d_v], &o_strides)?;
         let dropout = self.sdpa_dropout(OP, opts, &[b, h, s_q, s_kv])?;
-        let bias = self.sdpa_modifiers(OP, opts, &sz, dtype, false, &[ki])?;
+        self.sdpa_masks(OP, opts, &sz)?;
+        let bias = self.sdpa_bias(OP, opts, &sz, dtype, false, &[ki])?;
         match &dropout {
             None if opts.dump_dropout_mask => {
                 return Err(Error::invalid(
