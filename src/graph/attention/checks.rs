@@ -13,7 +13,12 @@ fn refusal(op: &'static str, what: &'static str, want: String, got: String) -> E
 impl Graph {
     /// Checks the causal alignment, the sliding window and ALiBi of `opts` against the problem
     /// (see their [`SdpaOptions`] methods), before the graph is changed.
-    pub(super) fn sdpa_masks(&self, op: &'static str, opts: &SdpaOptions, sz: &SdpaSizes) -> Result<()> {
+    pub(super) fn sdpa_masks(
+        &self,
+        op: &'static str,
+        opts: &SdpaOptions,
+        sz: &SdpaSizes,
+    ) -> Result<()> {
         let padded = opts.padding.is_some();
         let refuse = |what, want, got| Err(refusal(op, what, want, got));
         if let Some(w) = opts.sliding_window {
