@@ -288,6 +288,16 @@ pub enum Error {
         /// What was tried and why each was refused.
         detail: String,
     },
+    /// No engine runs a graph: [`OperationGraph::plans`](crate::graph::OperationGraph::plans)
+    /// kept no plan (the heuristics proposed none, or the filter, the workspace limit or plan
+    /// building refused every one).
+    #[error("no engine runs the graph ({graph}): {detail}")]
+    NoEngine {
+        /// The graph's operations, in order (e.g. `convolution forward, pointwise`).
+        graph: String,
+        /// What was tried and why each was refused.
+        detail: String,
+    },
     /// A cuBLAS or cuBLASLt call failed.
     #[error("{library} {function} failed with {status}")]
     Blas {
@@ -464,6 +474,11 @@ impl Error {
             Error::NoAlgorithm { op, detail } => f
                 .debug_struct("NoAlgorithm")
                 .field("op", op)
+                .field("detail", detail)
+                .finish(),
+            Error::NoEngine { graph, detail } => f
+                .debug_struct("NoEngine")
+                .field("graph", graph)
                 .field("detail", detail)
                 .finish(),
             Error::Blas {

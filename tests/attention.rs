@@ -14,7 +14,7 @@ use common::*;
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::graph::{
     alibi_slopes, Args, DiagonalAlignment, Graph, OperationGraph, Plan, PlanFilter, PointwiseMode,
-    SdpaOptions, TensorId,
+    Sdpa, SdpaLayout, SdpaOptions, TensorId,
 };
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::{Cudnn, DType, DataType, Error, Workspace};
@@ -527,7 +527,7 @@ fn host_sdpa_padding_graphs_and_rejections() {
         let seq_q = g.seq_len_input("seq_len_q", 2).unwrap();
         let seq_kv = g.seq_len_input("seq_len_kv", 2).unwrap();
         let opts = SdpaOptions::new().causal(true).padding(seq_q, seq_kv);
-        assert_eq!(opts.padding_inputs(), Some((seq_q, seq_kv)));
+        assert_eq!(opts.padding, Some((seq_q, seq_kv)));
         g.sdpa(q, k, v, &opts.training(true)).unwrap();
         assert_eq!(g.dims(seq_q).unwrap(), &[2, 1, 1, 1]);
         assert_eq!(g.dtype(seq_q).unwrap(), DType::I32);
@@ -798,21 +798,28 @@ const STATS_TOL: f64 = 1e-3;
 struct Qkv<T: DataType> {
     host: [Vec<T>; 3],
     dev: [CudaSlice<T>; 3],
+    /// The layout of q, k, v (and of o, dO and the gradients of the test).
+    layout: SdpaLayout,
 }
 
 impl<T: DataType> Qkv<T> {
     fn random(s: &Arc<CudaStream>, sh: Shape, rng: &mut Rng) -> Qkv<T> {
+        Qkv::random_in(s, sh, rng, SdpaLayout::Bshd)
+    }
+
+    /// [`Qkv::random`] with q, k, v stored in `layout`.
+    fn random_in(s: &Arc<CudaStream>, sh: Shape, rng: &mut Rng, layout: SdpaLayout) -> Qkv<T> {
         let host: [Vec<T>; 3] = [
             rng.values(sh.q_len()),
             rng.values(sh.kv_len()),
             rng.values(sh.kv_len()),
         ];
         let dev = [
-            upload(s, &sh.q(), &bshd(sh.q()), &host[0]),
-            upload(s, &sh.kv(), &bshd(sh.kv()), &host[1]),
-            upload(s, &sh.kv(), &bshd(sh.kv()), &host[2]),
+            upload(s, &sh.q(), &layout.strides(sh.q()), &host[0]),
+            upload(s, &sh.kv(), &layout.strides(sh.kv()), &host[1]),
+            upload(s, &sh.kv(), &layout.strides(sh.kv()), &host[2]),
         ];
-        Qkv { host, dev }
+        Qkv { host, dev, layout }
     }
 
     /// The values as stored, in f64.
@@ -1637,10 +1644,10 @@ fn host_sdpa_score_modifier_graphs_and_records() {
         .causal(true)
         .causal_bottom_right(true)
         .sliding_window(8);
-    assert_eq!(o.causal_alignment(), Some(DiagonalAlignment::BottomRight));
-    assert_eq!(o.window(), Some(8));
-    assert!(o.is_causal() && !o.causal(false).is_causal());
-    assert!(SdpaOptions::new().deterministic(true).is_deterministic());
+    assert_eq!(o.causal, Some(DiagonalAlignment::BottomRight));
+    assert_eq!(o.sliding_window, Some(8));
+    assert!(o.causal.is_some() && o.causal(false).causal.is_none());
+    assert!(SdpaOptions::new().deterministic(true).deterministic);
     // ALiBi slopes: cudnn-frontend's get_alibi_slope (powers of two; odd steps past 2^k heads).
     assert_eq!(alibi_slopes(3).unwrap(), [1.0 / 16.0, 1.0 / 256.0, 0.25]);
     let eight: Vec<f32> = (1..=8).map(|i| 2f32.powi(-i)).collect();
@@ -1873,8 +1880,9 @@ fn check_bwd<T: DataType>(
         mask_c,
         scale,
     );
-    let ob = upload(s, &sh.q(), &bshd(sh.q()), &ov);
-    let dob = upload(s, &sh.q(), &bshd(sh.q()), dov);
+    let layout = inputs.layout;
+    let ob = upload(s, &sh.q(), &layout.strides(sh.q()), &ov);
+    let dob = upload(s, &sh.q(), &layout.strides(sh.q()), dov);
     let sb = s.clone_htod(&sv).unwrap();
     let mut ws = Workspace::new(s.clone());
     for plan in plans(cudnn, og, 2) {
@@ -1911,7 +1919,7 @@ fn check_bwd<T: DataType>(
             ("dK", sh.kv(), &bufs.dk, &dk),
             ("dV", sh.kv(), &bufs.dv, &dv),
         ] {
-            let got = fetch(s, &dims, &bshd(dims), buf);
+            let got = fetch(s, &dims, &layout.strides(dims), buf);
             assert_close(&format!("{what}: {name}"), &got, want, t);
         }
     }
@@ -2078,13 +2086,13 @@ fn host_sdpa_dropout_options() {
     assert_eq!(g.dtype(seed).unwrap(), DType::I64);
     assert!(!g.is_virtual(seed).unwrap());
     let opts = SdpaOptions::new();
-    assert_eq!(opts.dropout_probability(), None);
-    assert_eq!(opts.dropout_inputs(), None);
-    assert!(!opts.dumps_dropout_mask());
+    assert_eq!(opts.dropout, None);
+    assert!(!opts.dump_dropout_mask);
     let opts = opts.dropout(0.25, seed, offset).dump_dropout_mask(true);
-    assert_eq!(opts.dropout_probability(), Some(0.25));
-    assert_eq!(opts.dropout_inputs(), Some((seed, offset)));
-    assert!(opts.dumps_dropout_mask());
+    let d = opts.dropout.expect("dropout set");
+    assert_eq!(d.probability, 0.25);
+    assert_eq!((d.seed, d.offset), (seed, offset));
+    assert!(opts.dump_dropout_mask);
     // INT64 tensors are made by rng_input only.
     let r = g.tensor("x", &[1, 1, 1, 1], &[1, 1, 1, 1], DType::I64);
     assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
@@ -2597,5 +2605,285 @@ fn gpu_sdpa_dropout_seed_bindings_checked() {
         assert_untouched(&format!("{case:?}: O"), &s, &o_buf, &o_before);
         assert_untouched(&format!("{case:?}: stats"), &s, &st_buf, &st_before);
         assert_untouched(&format!("{case:?}: mask"), &s, &m_buf, &m_before);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Sdpa builder: q, k, v declared from sizes and a layout
+// ---------------------------------------------------------------------------------------------
+
+/// The builder for a test shape.
+fn builder(sh: Shape, layout: SdpaLayout, dtype: DType) -> Sdpa {
+    let [b, h, s_q, d] = sh.q();
+    Sdpa::new(b, h, s_q, sh.s_kv as i64, d)
+        .kv_heads(sh.h_kv as i64)
+        .layout(layout)
+        .dtype(dtype)
+}
+
+/// With BSHD buffers the builder builds the graphs the tests build by hand (same signature).
+#[test]
+fn host_sdpa_builder_graphs_match_hand_built_ones() {
+    for sh in [SMALL, CROSS, GQA, MQA] {
+        for causal in [false, true] {
+            let opts = SdpaOptions::new().causal(causal).training(true);
+            let b = builder(sh, SdpaLayout::Bshd, DType::BF16)
+                .causal(causal)
+                .training(true);
+            let (hand, _, _) = fwd_graph(DType::BF16, sh, &opts).unwrap();
+            let mut g = b.graph();
+            b.forward(&mut g).unwrap();
+            assert_eq!(g.signature(), hand.signature(), "{sh:?} causal={causal}");
+            let (hand, _, _) = bwd_graph(DType::BF16, sh, &opts).unwrap();
+            let mut g = b.graph();
+            b.backward(&mut g).unwrap();
+            assert_eq!(
+                g.signature(),
+                hand.signature(),
+                "bwd {sh:?} causal={causal}"
+            );
+        }
+    }
+}
+
+/// q, v, o, dO and the gradients have the logical `[b, h, s, d]` dimensions and the strides of
+/// the layout; both passes finalize.
+#[test]
+fn host_sdpa_builder_layouts() {
+    for layout in [SdpaLayout::Bshd, SdpaLayout::Bhsd] {
+        for sh in [CROSS, GQA] {
+            let b = builder(sh, layout, DType::F16).causal(true).training(true);
+            let mut g = b.graph();
+            let f = b.forward(&mut g).unwrap();
+            for (t, dims) in [(f.q, sh.q()), (f.v, sh.kv()), (f.out.o, sh.q())] {
+                assert_eq!(g.dims(t).unwrap(), &dims);
+                assert_eq!(g.strides(t).unwrap(), &layout.strides(dims));
+            }
+            let st = f.out.stats.expect("training");
+            assert_eq!(g.dims(st).unwrap(), &sh.stats());
+            if have_cudnn() {
+                common::check_with_record(&g).unwrap_or_else(|e| panic!("{layout:?}: {e}"));
+            }
+            let mut g = b.graph();
+            let bw = b.backward(&mut g).unwrap();
+            let gr = bw.grads;
+            for (t, dims) in [
+                (bw.o, sh.q()),
+                (bw.d_o, sh.q()),
+                (gr.dq, sh.q()),
+                (gr.dk, sh.kv()),
+                (gr.dv, sh.kv()),
+            ] {
+                assert_eq!(g.dims(t).unwrap(), &dims);
+                assert_eq!(g.strides(t).unwrap(), &layout.strides(dims));
+            }
+            assert_eq!(g.dims(bw.stats).unwrap(), &sh.stats());
+            if have_cudnn() {
+                common::check_with_record(&g).unwrap_or_else(|e| panic!("{layout:?} bwd: {e}"));
+            }
+        }
+    }
+}
+
+/// The builder creates the inputs its options need, with the shapes their makers give.
+#[test]
+fn host_sdpa_builder_creates_option_inputs() {
+    let sh = SMALL;
+    let b = builder(sh, SdpaLayout::Bhsd, DType::BF16)
+        .causal(true)
+        .alibi(true)
+        .dropout(0.1)
+        .padding(true)
+        .training(true);
+    let mut g = b.graph();
+    let f = b.forward(&mut g).unwrap();
+    let i = f.inputs;
+    let (h, bsz) = (sh.h as i64, sh.b as i64);
+    assert_eq!(g.dims(i.alibi_slopes.unwrap()).unwrap(), &[1, h, 1, 1]);
+    for t in [i.dropout_seed.unwrap(), i.dropout_offset.unwrap()] {
+        assert_eq!(g.dtype(t).unwrap(), DType::I64);
+    }
+    for t in [i.seq_len_q.unwrap(), i.seq_len_kv.unwrap()] {
+        assert_eq!(g.dims(t).unwrap(), &[bsz, 1, 1, 1]);
+        assert_eq!(g.dtype(t).unwrap(), DType::I32);
+    }
+    assert_eq!(i.bias, None);
+    if have_cudnn() {
+        common::check_with_record(&g).unwrap();
+    }
+
+    let b = builder(sh, SdpaLayout::Bshd, DType::BF16)
+        .causal(true)
+        .bias(1, h)
+        .bias_grad(true);
+    let mut g = b.graph();
+    let bw = b.backward(&mut g).unwrap();
+    let bias = bw.inputs.bias.expect("bias");
+    assert_eq!(g.dims(bias).unwrap(), &[1, h, 64, 64]);
+    let dbias = bw.grads.dbias.expect("bias gradient");
+    assert_eq!(g.dims(dbias).unwrap(), &[1, h, 64, 64]);
+    assert_eq!(bw.grads.dq_accum, None);
+    assert_eq!(bw.inputs.alibi_slopes, None);
+    if have_cudnn() {
+        common::check_with_record(&g).unwrap();
+    }
+}
+
+/// Sizes, heads, data types and options the builder or the graph refuse: a typed error from
+/// both passes, and the graph left as it was.
+#[test]
+fn host_sdpa_builder_rejections() {
+    let ok = builder(SMALL, SdpaLayout::Bshd, DType::BF16);
+    let mut zero_seq = ok.clone();
+    zero_seq.seq_kv = 0;
+    let invalid = [
+        ("zero batch", Sdpa::new(0, 4, 64, 64, 64)),
+        ("zero kv sequence", zero_seq),
+        ("kv heads not dividing", ok.clone().kv_heads(2)),
+        ("zero kv heads", ok.clone().kv_heads(0)),
+        ("bias extent", ok.clone().bias(3, 1)),
+        ("head dim not a multiple of 8", Sdpa::new(2, 3, 64, 64, 100)),
+        ("head dim above 128", Sdpa::new(2, 3, 64, 64, 256)),
+        ("window without causal", ok.clone().sliding_window(4)),
+        ("dropout probability", ok.clone().dropout(1.5)),
+        ("alibi without causal", ok.clone().alibi(true)),
+        ("non-finite scale", ok.clone().scale(f64::NAN)),
+    ];
+    let mut g = ok.graph();
+    let before = g.signature();
+    for (what, b) in invalid {
+        let r = b.forward(&mut g);
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { .. })),
+            "{what}: {r:?}"
+        );
+        let r = b.backward(&mut g);
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { .. })),
+            "{what} bwd: {r:?}"
+        );
+        assert_eq!(g.signature(), before, "{what}: the graph changed");
+    }
+    for dtype in [DType::F32, DType::F64] {
+        let r = ok.clone().dtype(dtype).forward(&mut g);
+        assert!(
+            matches!(r, Err(Error::UnsupportedDataType { .. })),
+            "{dtype}: {r:?}"
+        );
+    }
+    // Attention needs f32 intermediate and compute types: a graph of other types is refused.
+    let mut h = Graph::new(DType::BF16, DType::BF16, DType::F32);
+    let r = ok.forward(&mut h);
+    assert!(matches!(r, Err(Error::UnsupportedDataType { .. })), "{r:?}");
+    assert_eq!(
+        h.signature(),
+        Graph::new(DType::BF16, DType::BF16, DType::F32).signature()
+    );
+    // Sizes whose buffers pass cuDNN's 32-bit addressing (or i64) are refused, not wrapped.
+    for huge in [
+        Sdpa::new(1, 1 << 20, 1 << 20, 1 << 20, 64),
+        Sdpa::new(i64::MAX, 8, 8, 8, 64),
+    ] {
+        let r = huge.forward(&mut g);
+        assert!(
+            matches!(
+                r,
+                Err(Error::InvalidArgument { .. } | Error::Overflow { .. })
+            ),
+            "{r:?}"
+        );
+        assert_eq!(g.signature(), before);
+    }
+    // The graph keeps working after a refusal.
+    ok.forward(&mut g).unwrap();
+}
+
+/// A forward pass built by the builder on `layout` buffers against the f64 reference (O and
+/// the statistics; the first 2 plans, outputs poisoned).
+fn builder_fwd_case<T: DataType>(sh: Shape, layout: SdpaLayout, causal: bool, seed: u64) {
+    let Some((s, cudnn)) = gpu() else { return };
+    let b = builder(sh, layout, T::DTYPE).causal(causal).training(true);
+    let mut g = b.graph();
+    let f = b.forward(&mut g).unwrap();
+    let st = f.out.stats.expect("training");
+    let og = g.build(&cudnn).unwrap();
+    let mut rng = Rng::new(seed);
+    let inputs = Qkv::<T>::random_in(&s, sh, &mut rng, layout);
+    let [qf, kf, vf] = inputs.f64();
+    let want = reference_forward(sh, &qf, &kf, &vf, sh.scale(), causal);
+    let mut ws = Workspace::new(s.clone());
+    for plan in plans(&cudnn, &og, 2) {
+        let mut ob = poisoned_buffer::<T>(&s, og.span(f.out.o).unwrap());
+        let mut sb = poisoned_buffer::<f32>(&s, og.span(st).unwrap());
+        {
+            let mut args = Args::new(&cudnn);
+            bind_qkv(&mut args, [f.q, f.k, f.v], inputs.bufs());
+            args.output(f.out.o, &mut ob)
+                .unwrap()
+                .output(st, &mut sb)
+                .unwrap();
+            cudnn.execute(&plan, &args, &mut ws).unwrap();
+        }
+        let what = format!(
+            "Sdpa {layout:?} {} {sh:?} causal={causal} plan {}",
+            T::DTYPE,
+            plan.name()
+        );
+        let got = fetch(&s, &sh.q(), &layout.strides(sh.q()), &ob);
+        assert_close(&format!("{what}: O"), &got, &want.o, tol::<T>());
+        let got = download(&s, &sb);
+        assert_close(&format!("{what}: stats"), &got, &want.stats, STATS_TOL);
+    }
+}
+
+/// A backward pass built by the builder on `layout` buffers against the f64 reference.
+fn builder_bwd_case<T: DataType>(sh: Shape, layout: SdpaLayout, causal: bool, seed: u64) {
+    let Some((s, cudnn)) = gpu() else { return };
+    let b = builder(sh, layout, T::DTYPE).causal(causal);
+    let mut g = b.graph();
+    let bw = b.backward(&mut g).unwrap();
+    let og = g.build(&cudnn).unwrap();
+    let mut rng = Rng::new(seed);
+    let inputs = Qkv::<T>::random_in(&s, sh, &mut rng, layout);
+    let dov: Vec<T> = rng.values(sh.q_len());
+    let ids = [bw.q, bw.k, bw.v, bw.o, bw.d_o, bw.stats];
+    let what = format!(
+        "Sdpa backward {layout:?} {} {sh:?} causal={causal}",
+        T::DTYPE
+    );
+    check_bwd(
+        &s, &cudnn, &og, sh, causal, ids, &bw.grads, &inputs, &dov, None, &what,
+    );
+}
+
+#[test]
+fn gpu_sdpa_builder_forward_bshd_and_bhsd() {
+    for layout in [SdpaLayout::Bshd, SdpaLayout::Bhsd] {
+        builder_fwd_case::<bf16>(SMALL, layout, false, 61);
+        builder_fwd_case::<f16>(CROSS, layout, true, 62);
+    }
+}
+
+#[test]
+fn gpu_sdpa_builder_forward_grouped_and_multi_query() {
+    for layout in [SdpaLayout::Bshd, SdpaLayout::Bhsd] {
+        builder_fwd_case::<bf16>(GQA, layout, true, 63);
+        builder_fwd_case::<f16>(MQA, layout, false, 64);
+    }
+}
+
+#[test]
+fn gpu_sdpa_builder_backward_bshd_and_bhsd() {
+    for layout in [SdpaLayout::Bshd, SdpaLayout::Bhsd] {
+        builder_bwd_case::<bf16>(SQUARE_128, layout, true, 65);
+        builder_bwd_case::<f16>(SMALL, layout, false, 66);
+    }
+}
+
+#[test]
+fn gpu_sdpa_builder_backward_grouped_and_multi_query() {
+    for layout in [SdpaLayout::Bshd, SdpaLayout::Bhsd] {
+        builder_bwd_case::<bf16>(GQA, layout, true, 67);
+        builder_bwd_case::<f16>(MQA, layout, true, 68);
     }
 }

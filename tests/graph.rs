@@ -1348,9 +1348,9 @@ fn gpu_matmul_broadcast_batch_f16_and_f32() {
 }
 
 /// Whether a graph's failure to get a plan is a typed error (not a panic): cuDNN's status or
-/// [`Error::NoAlgorithm`].
+/// [`Error::NoEngine`].
 fn is_no_engine(e: &Error) -> bool {
-    matches!(e, Error::Cudnn { .. } | Error::NoAlgorithm { .. })
+    matches!(e, Error::Cudnn { .. } | Error::NoEngine { .. })
 }
 
 /// Pointwise modes that must get an engine as a matmul epilogue: matmul + bias + gelu ran on the
@@ -1863,6 +1863,33 @@ impl ConvCase {
     }
 }
 
+/// `OperationGraph::plan` builds the first plan `plans` lists; when nothing is proposed both
+/// return `Error::NoEngine` naming the graph's operations.
+#[test]
+fn gpu_plan_is_the_first_of_plans() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let c = conv_case(&s, &cudnn, 21);
+    let f = PlanFilter::new();
+    let first = c.og.plan(&cudnn, &f).unwrap();
+    let list = c.og.plans(&cudnn, &f).unwrap();
+    assert_eq!(first.config(), list.plans[0].config());
+    // No heuristic mode and no enumeration: no configuration at all.
+    let none = PlanFilter::new().heuristics(&[]);
+    let results = [
+        c.og.plan(&cudnn, &none).map(|_| ()),
+        c.og.plans(&cudnn, &none).map(|_| ()),
+    ];
+    for r in results {
+        match r {
+            Err(Error::NoEngine { graph, detail }) => {
+                assert_eq!(graph, "convolution forward");
+                assert!(detail.contains("no engine configuration"), "{detail}");
+            }
+            other => panic!("expected NoEngine, got {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn gpu_filters_and_workspace_limit() {
     let Some((s, cudnn)) = gpu() else { return };
@@ -1917,7 +1944,7 @@ fn gpu_filters_and_workspace_limit() {
                     || all.plans.iter().all(|p| p.workspace_size() == 0)
             );
         }
-        Err(e) => assert!(matches!(e, Error::NoAlgorithm { .. }), "{e}"),
+        Err(e) => assert!(matches!(e, Error::NoEngine { .. }), "{e}"),
     }
 
     // A plan that needs workspace, run with a workspace capped below it: refused, output untouched.
@@ -2484,7 +2511,7 @@ fn gpu_unsupported_graph_is_a_typed_error() {
             eprintln!("rejected with {status}");
             assert_ne!(status, Status::SUCCESS);
         }
-        Err(Error::NoAlgorithm { .. }) => {}
+        Err(Error::NoEngine { .. }) => {}
         other => panic!("expected a typed rejection, got {other:?}"),
     }
 }

@@ -899,7 +899,10 @@ fn host_group_norm_view_and_rules() {
 // ---------------------------------------------------------------------------------------------
 
 fn is_no_engine(e: &Error) -> bool {
-    matches!(e, Error::Cudnn { .. } | Error::NoAlgorithm { .. })
+    matches!(
+        e,
+        Error::Cudnn { .. } | Error::NoAlgorithm { .. } | Error::NoEngine { .. }
+    )
 }
 
 /// What one GPU test function saw: every case prints one line (`OK <case> (required|tried):

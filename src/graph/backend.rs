@@ -55,13 +55,18 @@ pub(crate) mod ffi {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Attr(pub sys::cudnnBackendAttributeName_t, pub &'static str);
 
+/// `named!(Attr, cudnnBackendAttributeName_t, NAME)`: a C enum value wrapped with its spelling.
+macro_rules! named {
+    ($wrap:ident, $enum:ident, $name:ident) => {
+        crate::graph::backend::$wrap(cudnn_safe_sys::$enum::$name, stringify!($name))
+    };
+}
+pub(crate) use named;
+
 /// `attr!(CUDNN_ATTR_TENSOR_UNIQUE_ID)`: the attribute and its name.
 macro_rules! attr {
     ($name:ident) => {
-        crate::graph::backend::Attr(
-            cudnn_safe_sys::cudnnBackendAttributeName_t::$name,
-            stringify!($name),
-        )
+        crate::graph::backend::named!(Attr, cudnnBackendAttributeName_t, $name)
     };
 }
 pub(crate) use attr;
@@ -73,10 +78,7 @@ pub(crate) struct Kind(pub sys::cudnnBackendDescriptorType_t, pub &'static str);
 /// `kind!(CUDNN_BACKEND_TENSOR_DESCRIPTOR)`.
 macro_rules! kind {
     ($name:ident) => {
-        crate::graph::backend::Kind(
-            cudnn_safe_sys::cudnnBackendDescriptorType_t::$name,
-            stringify!($name),
-        )
+        crate::graph::backend::named!(Kind, cudnnBackendDescriptorType_t, $name)
     };
 }
 pub(crate) use kind;
@@ -192,8 +194,9 @@ impl std::fmt::Debug for Desc {
     }
 }
 
-/// Adds the attribute's name to a cuDNN error from a set or get call.
-fn with_attr(e: Error, attr: Attr, kind: Kind) -> Error {
+/// Rewrites the message of a cuDNN error (`f` gets the old one) to say what was being built;
+/// other errors pass unchanged.
+pub(crate) fn with_cudnn_message(e: Error, f: impl FnOnce(String) -> String) -> Error {
     match e {
         Error::Cudnn {
             status,
@@ -202,14 +205,21 @@ fn with_attr(e: Error, attr: Attr, kind: Kind) -> Error {
         } => Error::Cudnn {
             status,
             function,
-            message: if message.is_empty() {
-                format!("{} of {}", attr.1, kind.1)
-            } else {
-                format!("{} of {}: {message}", attr.1, kind.1)
-            },
+            message: f(message),
         },
         other => other,
     }
+}
+
+/// Adds the attribute's name to a cuDNN error from a set or get call.
+fn with_attr(e: Error, attr: Attr, kind: Kind) -> Error {
+    with_cudnn_message(e, |message| {
+        if message.is_empty() {
+            format!("{} of {}", attr.1, kind.1)
+        } else {
+            format!("{} of {}: {message}", attr.1, kind.1)
+        }
+    })
 }
 
 impl Desc {
@@ -235,22 +245,57 @@ impl Desc {
     pub(crate) fn finalize(&mut self) -> Result<()> {
         // SAFETY: live descriptor owned by `self`; every descriptor it refers to is kept alive by
         // the caller (see the type's documentation).
-        unsafe { ffi::cudnnBackendFinalize(self.lib, self.as_raw()) }.map_err(|e| match e {
-            Error::Cudnn {
-                status,
-                function,
-                message,
-            } => Error::Cudnn {
-                status,
-                function,
-                message: if message.is_empty() {
+        unsafe { ffi::cudnnBackendFinalize(self.lib, self.as_raw()) }.map_err(|e| {
+            with_cudnn_message(e, |message| {
+                if message.is_empty() {
                     self.kind.1.to_string()
                 } else {
                     format!("{}: {message}", self.kind.1)
-                },
-            },
-            other => other,
+                }
+            })
         })
+    }
+
+    /// `cudnnBackendSetAttribute` on this descriptor; errors name the attribute.
+    ///
+    /// # Safety
+    /// `values` points to `count` readable elements of the C type `ty` denotes, and any
+    /// descriptor among them outlives `self`.
+    unsafe fn set_raw(
+        &mut self,
+        attr: Attr,
+        ty: Ty,
+        count: i64,
+        values: *const c_void,
+    ) -> Result<()> {
+        // SAFETY: live descriptor owned by `self`; the caller vouches for `values`.
+        unsafe { ffi::cudnnBackendSetAttribute(self.lib, self.as_raw(), attr.0, ty, count, values) }
+            .map_err(|e| with_attr(e, attr, self.kind))
+    }
+
+    /// `cudnnBackendGetAttribute` on this descriptor: the number of elements the attribute
+    /// holds; errors name the attribute.
+    ///
+    /// # Safety
+    /// `out` is null with `requested` 0, or has room for `requested` elements of the C type `ty`
+    /// denotes (cuDNN writes at most that many).
+    unsafe fn get_raw(&self, attr: Attr, ty: Ty, requested: i64, out: *mut c_void) -> Result<i64> {
+        let mut count = 0i64;
+        // SAFETY: live descriptor owned by `self`; `count` is a valid `i64` to write; the
+        // caller vouches for `out`.
+        unsafe {
+            ffi::cudnnBackendGetAttribute(
+                self.lib,
+                self.as_raw(),
+                attr.0,
+                ty,
+                requested,
+                &mut count,
+                out,
+            )
+        }
+        .map_err(|e| with_attr(e, attr, self.kind))?;
+        Ok(count)
     }
 
     /// Sets an attribute to the elements of `values`, typed by [`AttrElem`].
@@ -262,17 +307,7 @@ impl Desc {
         // SAFETY: live descriptor; `values` holds `count` elements of the C type `T::TYPE`
         // denotes (the `AttrElem` contract), readable for the duration of the call (cuDNN copies
         // them).
-        unsafe {
-            ffi::cudnnBackendSetAttribute(
-                self.lib,
-                self.as_raw(),
-                attr.0,
-                T::TYPE,
-                count,
-                values.as_ptr().cast::<c_void>(),
-            )
-        }
-        .map_err(|e| with_attr(e, attr, self.kind))
+        unsafe { self.set_raw(attr, T::TYPE, count, values.as_ptr().cast::<c_void>()) }
     }
 
     /// Sets one element.
@@ -288,36 +323,22 @@ impl Desc {
         // SAFETY: live descriptors; `raw` holds `count` descriptor pointers, the C element type of
         // CUDNN_TYPE_BACKEND_DESCRIPTOR; the referenced descriptors outlive `self` (caller).
         unsafe {
-            ffi::cudnnBackendSetAttribute(
-                self.lib,
-                self.as_raw(),
-                attr.0,
+            self.set_raw(
+                attr,
                 Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
                 count,
                 raw.as_ptr().cast::<c_void>(),
             )
         }
-        .map_err(|e| with_attr(e, attr, self.kind))
     }
 
     /// Reads up to `max` elements of an attribute.
     pub(crate) fn get<T: AttrElem>(&self, attr: Attr, max: usize, init: T) -> Result<Vec<T>> {
         let mut out = vec![init; max];
-        let mut count = 0i64;
         // SAFETY: live, finalized descriptor; `out` has room for `max` elements of the C type
         // `T::TYPE` denotes (the `AttrElem` contract) and cuDNN writes at most `requested`.
-        unsafe {
-            ffi::cudnnBackendGetAttribute(
-                self.lib,
-                self.as_raw(),
-                attr.0,
-                T::TYPE,
-                max as i64,
-                &mut count,
-                out.as_mut_ptr().cast::<c_void>(),
-            )
-        }
-        .map_err(|e| with_attr(e, attr, self.kind))?;
+        let count =
+            unsafe { self.get_raw(attr, T::TYPE, max as i64, out.as_mut_ptr().cast::<c_void>()) }?;
         out.truncate(usize::try_from(count).unwrap_or(0).min(max));
         Ok(out)
     }
@@ -336,21 +357,9 @@ impl Desc {
 
     /// The number of elements an attribute holds (a query with no buffer).
     pub(crate) fn count(&self, attr: Attr, ty: Ty) -> Result<usize> {
-        let mut count = 0i64;
         // SAFETY: live descriptor; a request of 0 elements with a null buffer only writes the
         // count.
-        unsafe {
-            ffi::cudnnBackendGetAttribute(
-                self.lib,
-                self.as_raw(),
-                attr.0,
-                ty,
-                0,
-                &mut count,
-                std::ptr::null_mut(),
-            )
-        }
-        .map_err(|e| with_attr(e, attr, self.kind))?;
+        let count = unsafe { self.get_raw(attr, ty, 0, std::ptr::null_mut()) }?;
         Ok(usize::try_from(count).unwrap_or(0))
     }
 
@@ -358,22 +367,17 @@ impl Desc {
     /// referenced objects into them). Returns how many were written.
     pub(crate) fn get_descs(&self, attr: Attr, into: &mut [Desc]) -> Result<usize> {
         let mut raw: Vec<sys::cudnnBackendDescriptor_t> = into.iter().map(|d| d.as_raw()).collect();
-        let mut count = 0i64;
         // SAFETY: live descriptors; `raw` holds `into.len()` live descriptors of the kind the
         // attribute yields, which cuDNN fills (it does not replace the pointers); at most
         // `requested` are written.
-        unsafe {
-            ffi::cudnnBackendGetAttribute(
-                self.lib,
-                self.as_raw(),
-                attr.0,
+        let count = unsafe {
+            self.get_raw(
+                attr,
                 Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
                 raw.len() as i64,
-                &mut count,
                 raw.as_mut_ptr().cast::<c_void>(),
             )
-        }
-        .map_err(|e| with_attr(e, attr, self.kind))?;
+        }?;
         Ok(usize::try_from(count).unwrap_or(0).min(into.len()))
     }
 }

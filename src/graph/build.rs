@@ -6,14 +6,16 @@ use cudarc::driver::CudaContext;
 use cudnn_safe_sys as sys;
 use cudnn_safe_sys::Library;
 
-use super::backend::{attr, kind, Desc};
+use super::backend::{attr, kind, with_cudnn_message, Desc};
+use super::conv::conv_desc;
+use super::matmul::matmul_desc;
+use super::reduction::reduction_desc;
+use super::select::{select_desc, transpose_desc};
 use super::{Graph, Op, TensorId, TensorInfo};
-use crate::conv::ConvMode;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
 use crate::raw;
-use crate::reduce::ReduceOp;
 use crate::tensor::Layout;
 
 /// What execution needs to know about one tensor.
@@ -42,18 +44,7 @@ pub(crate) struct Parts {
 
 /// Adds "what" to the message of a cuDNN error (the tensor or operation being built).
 fn context(e: Error, what: impl FnOnce() -> String) -> Error {
-    match e {
-        Error::Cudnn {
-            status,
-            function,
-            message,
-        } => Error::Cudnn {
-            status,
-            function,
-            message: format!("{}: {message}", what()),
-        },
-        other => other,
-    }
+    with_cudnn_message(e, |message| format!("{}: {message}", what()))
 }
 
 /// An 8-byte host word holding `v` in `dtype`'s representation, in its first bytes (what cuDNN
@@ -107,106 +98,6 @@ fn tensor_desc(
     }
     d.finalize()?;
     Ok(d)
-}
-
-fn conv_mode(m: ConvMode) -> sys::cudnnConvolutionMode_t {
-    match m {
-        ConvMode::Convolution => sys::cudnnConvolutionMode_t::CUDNN_CONVOLUTION,
-        _ => sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
-    }
-}
-
-fn reduce_op(op: ReduceOp) -> sys::cudnnReduceTensorOp_t {
-    use sys::cudnnReduceTensorOp_t as R;
-    match op {
-        ReduceOp::Add => R::CUDNN_REDUCE_TENSOR_ADD,
-        ReduceOp::Mul => R::CUDNN_REDUCE_TENSOR_MUL,
-        ReduceOp::Min => R::CUDNN_REDUCE_TENSOR_MIN,
-        ReduceOp::Max => R::CUDNN_REDUCE_TENSOR_MAX,
-        ReduceOp::AMax => R::CUDNN_REDUCE_TENSOR_AMAX,
-        ReduceOp::Avg => R::CUDNN_REDUCE_TENSOR_AVG,
-        ReduceOp::Norm1 => R::CUDNN_REDUCE_TENSOR_NORM1,
-        ReduceOp::Norm2 => R::CUDNN_REDUCE_TENSOR_NORM2,
-        _ => R::CUDNN_REDUCE_TENSOR_MUL_NO_ZEROS,
-    }
-}
-
-/// A convolution operation descriptor (forward, backward data or backward filter) and the
-/// convolution descriptor it refers to.
-fn conv_desc(
-    lib: &'static Library,
-    op: &Op,
-    comp: sys::cudnnDataType_t,
-    t: &[Desc],
-) -> Result<(Desc, Option<Desc>)> {
-    let Some(([x, w, y], conv)) = op.conv_operands() else {
-        return Err(Error::invalid(
-            "graph operation",
-            "a convolution",
-            op.name(),
-        ));
-    };
-    let mut c = Desc::new(lib, kind!(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR))?;
-    c.set1(
-        attr!(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS),
-        conv.spatial_dims() as i64,
-    )?;
-    c.set1(attr!(CUDNN_ATTR_CONVOLUTION_COMP_TYPE), comp)?;
-    c.set1(
-        attr!(CUDNN_ATTR_CONVOLUTION_CONV_MODE),
-        conv_mode(conv.mode),
-    )?;
-    c.set(
-        attr!(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS),
-        &conv.pre_padding,
-    )?;
-    c.set(
-        attr!(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS),
-        &conv.post_padding,
-    )?;
-    c.set(attr!(CUDNN_ATTR_CONVOLUTION_DILATIONS), &conv.dilation)?;
-    c.set(attr!(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES), &conv.stride)?;
-    c.finalize()?;
-    // (x, w, y) here are (x, w, y), (dx, w, dy) and (x, dw, dy) respectively.
-    let (kind, ax, aw, ay, aconv, aalpha, abeta) = match op {
-        Op::ConvFprop { .. } => (
-            kind!(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA),
-        ),
-        Op::ConvDgrad { .. } => (
-            kind!(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA),
-        ),
-        _ => (
-            kind!(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA),
-            attr!(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA),
-        ),
-    };
-    let mut o = Desc::new(lib, kind)?;
-    o.set_descs(ax, &[&t[x]])?;
-    o.set_descs(aw, &[&t[w]])?;
-    o.set_descs(ay, &[&t[y]])?;
-    o.set_descs(aconv, &[&c])?;
-    // alpha = 1, beta = 0 as floats, as cudnn-frontend sets them for every data type.
-    o.set1(aalpha, 1.0f32)?;
-    o.set1(abeta, 0.0f32)?;
-    o.finalize()?;
-    Ok((o, Some(c)))
 }
 
 impl Graph {
@@ -314,120 +205,13 @@ impl Graph {
             Op::ConvFprop { .. } | Op::ConvDgrad { .. } | Op::ConvWgrad { .. } => {
                 conv_desc(lib, op, comp, t)
             }
-            Op::Matmul { a, b, c, over, .. } => {
-                let mut m = Desc::new(lib, kind!(CUDNN_BACKEND_MATMUL_DESCRIPTOR))?;
-                m.set1(attr!(CUDNN_ATTR_MATMUL_COMP_TYPE), comp)?;
-                m.finalize()?;
-                let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR))?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_MATMUL_ADESC), &[&t[*a]])?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_MATMUL_BDESC), &[&t[*b]])?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_MATMUL_CDESC), &[&t[*c]])?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_MATMUL_DESC), &[&m])?;
-                for (a, i) in [
-                    (
-                        attr!(CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC),
-                        over.m,
-                    ),
-                    (
-                        attr!(CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC),
-                        over.n,
-                    ),
-                    (
-                        attr!(CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC),
-                        over.k,
-                    ),
-                ] {
-                    if let Some(i) = i {
-                        o.set_descs(a, &[&t[i]])?;
-                    }
-                }
-                o.finalize()?;
-                Ok((o, Some(m)))
-            }
+            Op::Matmul { a, b, c, over, .. } => matmul_desc(lib, [*a, *b, *c], over, comp, t),
             Op::Pointwise { mode, .. } | Op::PointwiseBwd { mode, .. } => {
-                let mut p = Desc::new(lib, kind!(CUDNN_BACKEND_POINTWISE_DESCRIPTOR))?;
-                p.set1(attr!(CUDNN_ATTR_POINTWISE_MODE), mode.raw())?;
-                // Comparisons compute in BOOLEAN, as cudnn-frontend's attention masks set them.
-                let int_result = match op {
-                    Op::Pointwise { mode, y, .. } => {
-                        !matches!(mode, super::PointwiseMode::GenIndex { .. })
-                            && self.tensors[*y].dtype == DType::I32
-                    }
-                    _ => false,
-                };
-                let prec = if mode.gives_boolean() {
-                    sys::cudnnDataType_t::CUDNN_DATA_BOOLEAN
-                } else if int_result {
-                    // Index arithmetic (an attention mask's diagonal shifted by lengths)
-                    // computes in INT32, as cudnn-frontend sets it.
-                    sys::cudnnDataType_t::CUDNN_DATA_INT32
-                } else {
-                    comp
-                };
-                p.set1(attr!(CUDNN_ATTR_POINTWISE_MATH_PREC), prec)?;
-                if let Some((a, v)) = mode.param() {
-                    p.set1(a, v)?;
-                }
-                if let super::PointwiseMode::GenIndex { axis } = mode {
-                    p.set1(attr!(CUDNN_ATTR_POINTWISE_AXIS), *axis)?;
-                }
-                p.finalize()?;
-                let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR))?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR), &[&p])?;
-                match op {
-                    Op::Pointwise { x, b, y, .. } => {
-                        o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_XDESC), &[&t[*x]])?;
-                        if let Some(b) = b {
-                            o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_BDESC), &[&t[*b]])?;
-                        }
-                        o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_YDESC), &[&t[*y]])?;
-                    }
-                    Op::PointwiseBwd { dy, x, dx, .. } => {
-                        o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_XDESC), &[&t[*x]])?;
-                        o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_DYDESC), &[&t[*dy]])?;
-                        o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_DXDESC), &[&t[*dx]])?;
-                    }
-                    _ => unreachable!("matched pointwise above"),
-                }
-                o.finalize()?;
-                Ok((o, Some(p)))
+                self.pointwise_desc(lib, op, *mode, comp, t)
             }
-            Op::Select { x, b, cond, y } => {
-                let mut p = Desc::new(lib, kind!(CUDNN_BACKEND_POINTWISE_DESCRIPTOR))?;
-                p.set1(
-                    attr!(CUDNN_ATTR_POINTWISE_MODE),
-                    sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_BINARY_SELECT,
-                )?;
-                p.set1(attr!(CUDNN_ATTR_POINTWISE_MATH_PREC), comp)?;
-                p.finalize()?;
-                let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR))?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR), &[&p])?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_XDESC), &[&t[*x]])?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_BDESC), &[&t[*b]])?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_TDESC), &[&t[*cond]])?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_POINTWISE_YDESC), &[&t[*y]])?;
-                o.finalize()?;
-                Ok((o, Some(p)))
-            }
-            Op::Transpose { x, y } => {
-                let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR))?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_RESHAPE_XDESC), &[&t[*x]])?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_RESHAPE_YDESC), &[&t[*y]])?;
-                o.finalize()?;
-                Ok((o, None))
-            }
-            Op::Reduction { op, x, y } => {
-                let mut r = Desc::new(lib, kind!(CUDNN_BACKEND_REDUCTION_DESCRIPTOR))?;
-                r.set1(attr!(CUDNN_ATTR_REDUCTION_COMP_TYPE), comp)?;
-                r.set1(attr!(CUDNN_ATTR_REDUCTION_OPERATOR), reduce_op(*op))?;
-                r.finalize()?;
-                let mut o = Desc::new(lib, kind!(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR))?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_REDUCTION_XDESC), &[&t[*x]])?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_REDUCTION_YDESC), &[&t[*y]])?;
-                o.set_descs(attr!(CUDNN_ATTR_OPERATION_REDUCTION_DESC), &[&r])?;
-                o.finalize()?;
-                Ok((o, Some(r)))
-            }
+            Op::Select { x, b, cond, y } => select_desc(lib, [*x, *b, *cond, *y], comp, t),
+            Op::Transpose { x, y } => transpose_desc(lib, *x, *y, t),
+            Op::Reduction { op, x, y } => reduction_desc(lib, *op, *x, *y, comp, t),
             Op::Rng(r) => r.descs(lib, t),
             Op::NormFwd(n) => Ok((n.desc(self, lib, t)?, None)),
             Op::NormBwd(n) => Ok((n.desc(self, lib, t)?, None)),

@@ -260,7 +260,7 @@ struct UpdateInfo {
 /// g.mark_output(y)?;
 /// let og = g.build(&cudnn)?;
 /// // Only engines that support cuDNN's native CUDA-graph API.
-/// let plans = og.plans(&cudnn, &PlanFilter::new().cuda_graph_native(true))?;
+/// let plan = og.plan(&cudnn, &PlanFilter::new().cuda_graph_native(true))?;
 ///
 /// let xb = stream.alloc_zeros::<half::f16>(og.span(x)?).unwrap();
 /// let wb = stream.alloc_zeros::<half::f16>(og.span(w)?).unwrap();
@@ -268,7 +268,7 @@ struct UpdateInfo {
 /// let mut ws = Workspace::new(stream.clone());
 /// let mut args = Args::new(&cudnn);
 /// args.input(x, &xb)?.input(w, &wb)?.output(y, &mut yb)?;
-/// let graph = cudnn.populate_cuda_graph(&plans.plans[0], &args, &mut ws)?;
+/// let graph = cudnn.populate_cuda_graph(&plan, &args, &mut ws)?;
 /// for _ in 0..100 {
 ///     graph.launch()?; // one cuGraphLaunch each
 /// }
