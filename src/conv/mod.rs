@@ -715,8 +715,25 @@ impl ConvDirection {
     }
 }
 
+mod direction;
+mod fused;
+
+pub use direction::{ConvBackwardData, ConvBackwardFilter, ConvForward, ConvOp};
+pub use fused::ConvBiasActivation;
+pub use transpose::ConvTranspose;
+
 mod sealed {
-    pub trait Sealed {}
+    /// Seals [`ConvAlgorithm`](super::ConvAlgorithm) and carries the C types of its direction.
+    pub trait Sealed: Sized {
+        /// The C algorithm enum.
+        type Sys: Copy;
+        /// The C perf record.
+        type Perf: Copy;
+        /// The C enum value.
+        fn sys(self) -> Self::Sys;
+        /// Converts a C perf record; `None` for an algorithm this crate does not know.
+        fn perf(p: &Self::Perf) -> Option<super::AlgoPerf<Self>>;
+    }
 }
 
 /// The algorithm enum of one convolution direction: [`ConvFwdAlgo`], [`ConvBwdDataAlgo`] or
@@ -744,12 +761,28 @@ pub trait ConvAlgorithm:
 }
 
 macro_rules! algo_enum {
-    ($(#[$m:meta])* $name:ident, $dir:expr, $sys:ident { $($(#[$vm:meta])* $v:ident = $raw:literal => $s:literal,)* }) => {
+    ($(#[$m:meta])* $name:ident, $dir:expr, $sys:ident, $perf:ident { $($(#[$vm:meta])* $v:ident = $raw:literal => $s:literal,)* }) => {
         $(#[$m])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum $name { $($(#[$vm])* $v,)* }
 
-        impl sealed::Sealed for $name {}
+        impl sealed::Sealed for $name {
+            type Sys = sys::$sys;
+            type Perf = sys::$perf;
+            fn sys(self) -> sys::$sys {
+                sys::$sys(self.raw_value())
+            }
+            fn perf(p: &sys::$perf) -> Option<AlgoPerf<Self>> {
+                Some(AlgoPerf {
+                    algo: Self::from_raw_value(p.algo.0)?,
+                    status: Status(p.status.0),
+                    time_ms: p.time,
+                    workspace: p.memory,
+                    deterministic: p.determinism.0 == 1,
+                    math: MathType::from_raw(p.mathType).unwrap_or_default(),
+                })
+            }
+        }
         impl ConvAlgorithm for $name {
             const DIRECTION: ConvDirection = $dir;
             const ALL: &'static [Self] = &[$($name::$v,)*];
@@ -763,11 +796,6 @@ macro_rules! algo_enum {
                 match self { $($name::$v => $s,)* }
             }
         }
-        impl $name {
-            pub(crate) fn raw(self) -> sys::$sys {
-                sys::$sys(self.raw_value())
-            }
-        }
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(self.name())
@@ -779,7 +807,7 @@ macro_rules! algo_enum {
 algo_enum!(
     /// Forward convolution algorithms (`cudnnConvolutionFwdAlgo_t`).
     #[doc(alias = "cudnnConvolutionFwdAlgo_t")]
-    ConvFwdAlgo, ConvDirection::Forward, cudnnConvolutionFwdAlgo_t {
+    ConvFwdAlgo, ConvDirection::Forward, cudnnConvolutionFwdAlgo_t, cudnnConvolutionFwdAlgoPerf_t {
         /// Implicit GEMM, no workspace.
         ImplicitGemm = 0 => "IMPLICIT_GEMM",
         /// Implicit GEMM with precomputed indices.
@@ -802,7 +830,8 @@ algo_enum!(
 algo_enum!(
     /// Backward-data algorithms (`cudnnConvolutionBwdDataAlgo_t`).
     #[doc(alias = "cudnnConvolutionBwdDataAlgo_t")]
-    ConvBwdDataAlgo, ConvDirection::BackwardData, cudnnConvolutionBwdDataAlgo_t {
+    ConvBwdDataAlgo, ConvDirection::BackwardData, cudnnConvolutionBwdDataAlgo_t,
+    cudnnConvolutionBwdDataAlgoPerf_t {
         /// Algorithm 0 (non-deterministic: atomics).
         Algo0 = 0 => "ALGO_0",
         /// Algorithm 1.
@@ -821,7 +850,8 @@ algo_enum!(
 algo_enum!(
     /// Backward-filter algorithms (`cudnnConvolutionBwdFilterAlgo_t`).
     #[doc(alias = "cudnnConvolutionBwdFilterAlgo_t")]
-    ConvBwdFilterAlgo, ConvDirection::BackwardFilter, cudnnConvolutionBwdFilterAlgo_t {
+    ConvBwdFilterAlgo, ConvDirection::BackwardFilter, cudnnConvolutionBwdFilterAlgo_t,
+    cudnnConvolutionBwdFilterAlgoPerf_t {
         /// Algorithm 0 (non-deterministic: atomics).
         Algo0 = 0 => "ALGO_0",
         /// Algorithm 1.
@@ -863,28 +893,6 @@ impl<A> AlgoPerf<A> {
         self.status == Status::SUCCESS
     }
 }
-
-macro_rules! perf_from_sys {
-    ($sys:ty, $algo:ty) => {
-        impl AlgoPerf<$algo> {
-            /// Converts a C record; `None` for an algorithm value this crate does not know
-            /// (a newer cuDNN).
-            pub(crate) fn from_sys(p: &$sys) -> Option<Self> {
-                Some(AlgoPerf {
-                    algo: <$algo>::from_raw_value(p.algo.0)?,
-                    status: Status(p.status.0),
-                    time_ms: p.time,
-                    workspace: p.memory,
-                    deterministic: p.determinism.0 == 1,
-                    math: MathType::from_raw(p.mathType).unwrap_or_default(),
-                })
-            }
-        }
-    };
-}
-perf_from_sys!(sys::cudnnConvolutionFwdAlgoPerf_t, ConvFwdAlgo);
-perf_from_sys!(sys::cudnnConvolutionBwdDataAlgoPerf_t, ConvBwdDataAlgo);
-perf_from_sys!(sys::cudnnConvolutionBwdFilterAlgoPerf_t, ConvBwdFilterAlgo);
 
 /// The activation of the fused [`Cudnn::conv_bias_activation_forward`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

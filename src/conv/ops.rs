@@ -1,103 +1,33 @@
-//! The checked convolution calls, as methods of [`Cudnn`].
-//!
-//! Every launch checks, before anything is enqueued: data types against cuDNN's supported
-//! configurations, shapes against the convolution's output-size rule, each buffer against its
-//! descriptor's span and the handle's context, outputs for self-overlap, and the workspace
-//! against the size cuDNN reports for the chosen algorithm (growing it within its limit).
-use std::ffi::{c_int, c_void};
-use std::mem::MaybeUninit;
+//! The checked convolution calls as methods of [`Cudnn`]: thin wrappers over the direction
+//! values ([`ConvForward`], [`ConvBackwardData`], [`ConvBackwardFilter`],
+//! [`ConvBiasActivation`]), which hold the checks and the C calls, plus the backward bias.
+use std::ffi::c_void;
 
-use cudarc::driver::{CudaStream, CudaView, DevicePtr};
+use cudarc::driver::{CudaStream, CudaView};
 
+use super::direction::shape_rule;
+use super::fused::check_algo;
 use super::{
-    AlgoPerf, ConvAlgorithm, ConvBwdDataAlgo, ConvBwdFilterAlgo, ConvDesc, ConvDirection,
-    ConvFwdAlgo, FusedActivation,
+    AlgoPerf, ConvBackwardData, ConvBackwardFilter, ConvBiasActivation, ConvBwdDataAlgo,
+    ConvBwdFilterAlgo, ConvDesc, ConvForward, ConvFwdAlgo, ConvOp, FusedActivation,
 };
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
-use crate::dtype::{DType, DataType, Scalar};
+use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
 use crate::raw;
 use crate::tensor::{FilterDesc, TensorDesc};
 use crate::workspace::Workspace;
 
-fn shape_rule(
-    a: &'static str,
-    a_dims: &[i64],
-    b: &'static str,
-    expected: Vec<i64>,
-    rule: &'static str,
-) -> Result<()> {
-    if a_dims == expected.as_slice() {
-        return Ok(());
-    }
-    Err(Error::ShapeMismatch {
-        a,
-        a_dims: a_dims.to_vec(),
-        b,
-        b_dims: expected,
-        rule,
-    })
-}
-
-/// Reads up to `count` perf records through `call` (which fills a zeroed array and reports how
-/// many it wrote) and converts the ones this crate knows.
-fn collect_perf<S: Copy, A>(
-    count: usize,
-    call: impl FnOnce(c_int, *mut c_int, *mut S) -> Result<()>,
-    convert: impl Fn(&S) -> Option<AlgoPerf<A>>,
-) -> Result<Vec<AlgoPerf<A>>> {
-    // SAFETY: the perf structs are plain C data (integers, a float, C-enum newtypes over
-    // integers); all-zero bytes are a valid value of each.
-    let mut buf: Vec<S> = vec![unsafe { MaybeUninit::<S>::zeroed().assume_init() }; count];
-    let mut returned: c_int = 0;
-    call(count as c_int, &mut returned, buf.as_mut_ptr())?;
-    let n = (returned.max(0) as usize).min(count);
-    Ok(buf[..n].iter().filter_map(convert).collect())
-}
-
 impl Cudnn {
-    fn max_count(&self, direction: ConvDirection, known: usize) -> usize {
-        let mut n: c_int = 0;
-        let f = match direction {
-            ConvDirection::Forward => raw::cudnnGetConvolutionForwardAlgorithmMaxCount,
-            ConvDirection::BackwardData => raw::cudnnGetConvolutionBackwardDataAlgorithmMaxCount,
-            ConvDirection::BackwardFilter => {
-                raw::cudnnGetConvolutionBackwardFilterAlgorithmMaxCount
-            }
-        };
-        // SAFETY: live handle and a valid out-pointer.
-        match unsafe { f(self.lib(), self.as_raw(), &mut n) } {
-            Ok(()) => (n.max(0) as usize).clamp(known, 64),
-            Err(_) => known,
-        }
-    }
-
     // ----- forward ----------------------------------------------------------------------------
 
-    fn check_forward<X: DataType, Y: DataType>(
-        &self,
-        x_desc: &TensorDesc<X>,
-        w_desc: &FilterDesc<X>,
-        conv: &ConvDesc,
-        y_desc: &TensorDesc<Y>,
-    ) -> Result<()> {
-        conv.check_forward_types(X::DTYPE, Y::DTYPE)?;
-        let expected = conv.output_dims(x_desc.dims(), w_desc.dims())?;
-        shape_rule(
-            "y",
-            y_desc.dims(),
-            "conv(x, w)",
-            expected,
-            "y must have the convolution's output dimensions",
-        )
-    }
-
     /// Workspace bytes `algo` needs for this forward convolution
-    /// (`cudnnGetConvolutionForwardWorkspaceSize`). An algorithm that does not support the case
-    /// returns cuDNN's `NOT_SUPPORTED` error with its reason.
+    /// (`cudnnGetConvolutionForwardWorkspaceSize`): [`ConvForward::new`] then
+    /// [`ConvOp::workspace_size`]. An algorithm that does not support the case returns cuDNN's
+    /// `NOT_SUPPORTED` error with its reason.
     #[doc(alias = "cudnnGetConvolutionForwardWorkspaceSize")]
-    pub fn conv_forward_workspace_size<X: DataType, Y: DataType>(
+    pub fn conv_forward_workspace_size<X: DataType, Y: DataType<Scalar = X::Scalar>>(
         &self,
         x_desc: &TensorDesc<X>,
         w_desc: &FilterDesc<X>,
@@ -105,83 +35,26 @@ impl Cudnn {
         y_desc: &TensorDesc<Y>,
         algo: ConvFwdAlgo,
     ) -> Result<usize> {
-        self.check_forward(x_desc, w_desc, conv, y_desc)?;
-        self.forward_workspace_bytes(x_desc, w_desc, conv, y_desc, algo)
-    }
-
-    /// The workspace query behind [`Self::conv_forward_workspace_size`], for callers that
-    /// already checked the arguments (memoised per descriptor ids).
-    fn forward_workspace_bytes<X: DataType, Y: DataType>(
-        &self,
-        x_desc: &TensorDesc<X>,
-        w_desc: &FilterDesc<X>,
-        conv: &ConvDesc,
-        y_desc: &TensorDesc<Y>,
-        algo: ConvFwdAlgo,
-    ) -> Result<usize> {
-        let key = [
-            algo.raw_value() as u64,
-            x_desc.id(),
-            w_desc.id(),
-            conv.id(),
-            y_desc.id(),
-        ];
-        self.memo_bytes(key, |bytes| {
-            self.bind()?;
-            // SAFETY: live handle and descriptors; a valid out-pointer.
-            unsafe {
-                raw::cudnnGetConvolutionForwardWorkspaceSize(
-                    self.lib(),
-                    self.as_raw(),
-                    x_desc.as_raw(),
-                    w_desc.as_raw(),
-                    conv.as_raw(),
-                    y_desc.as_raw(),
-                    algo.raw(),
-                    bytes,
-                )
-            }
-        })
+        ConvForward::new(conv, x_desc, w_desc, y_desc)?.workspace_size(self, algo)
     }
 
     /// cuDNN's heuristic ranking of every forward algorithm for this case
-    /// (`cudnnGetConvolutionForwardAlgorithm_v7`), best first. Nothing runs on the GPU; entries
-    /// whose [`status`](AlgoPerf::status) is not success are unsupported here.
+    /// (`cudnnGetConvolutionForwardAlgorithm_v7`), best first: [`ConvOp::heuristics`]. Nothing
+    /// runs on the GPU; entries whose [`status`](AlgoPerf::status) is not success are
+    /// unsupported here.
     #[doc(alias = "cudnnGetConvolutionForwardAlgorithm_v7")]
-    pub fn conv_forward_heuristics<X: DataType, Y: DataType>(
+    pub fn conv_forward_heuristics<X: DataType, Y: DataType<Scalar = X::Scalar>>(
         &self,
         x_desc: &TensorDesc<X>,
         w_desc: &FilterDesc<X>,
         conv: &ConvDesc,
         y_desc: &TensorDesc<Y>,
     ) -> Result<Vec<AlgoPerf<ConvFwdAlgo>>> {
-        self.check_forward(x_desc, w_desc, conv, y_desc)?;
-        self.bind()?;
-        let count = self.max_count(ConvDirection::Forward, ConvFwdAlgo::ALL.len());
-        collect_perf(
-            count,
-            |req, ret, perf| {
-                // SAFETY: live handle and descriptors; `perf` holds `req` records.
-                unsafe {
-                    raw::cudnnGetConvolutionForwardAlgorithm_v7(
-                        self.lib(),
-                        self.as_raw(),
-                        x_desc.as_raw(),
-                        w_desc.as_raw(),
-                        conv.as_raw(),
-                        y_desc.as_raw(),
-                        req,
-                        ret,
-                        perf,
-                    )
-                }
-            },
-            AlgoPerf::<ConvFwdAlgo>::from_sys,
-        )
+        ConvForward::new(conv, x_desc, w_desc, y_desc)?.heuristics(self)
     }
 
     /// Runs and times every forward algorithm on the given buffers
-    /// (`cudnnFindConvolutionForwardAlgorithmEx`), fastest first.
+    /// (`cudnnFindConvolutionForwardAlgorithmEx`), fastest first: [`ConvOp::find`].
     ///
     /// **`y` is overwritten** by the trial runs: never pass a buffer whose contents you still
     /// need ([`crate::Autotuner`] uses scratch memory when accumulating with `beta ≠ 0`). The
@@ -190,7 +63,7 @@ impl Cudnn {
     /// reported with an allocation-failure status.
     #[doc(alias = "cudnnFindConvolutionForwardAlgorithmEx")]
     #[allow(clippy::too_many_arguments)] // mirrors the C call
-    pub fn conv_forward_find<X: DataType, Y: DataType>(
+    pub fn conv_forward_find<X: DataType, Y: DataType<Scalar = X::Scalar>>(
         &self,
         x_desc: &TensorDesc<X>,
         x: &impl DeviceBuffer<X>,
@@ -201,54 +74,11 @@ impl Cudnn {
         y: &mut impl DeviceBufferMut<Y>,
         workspace: &mut Workspace,
     ) -> Result<Vec<AlgoPerf<ConvFwdAlgo>>> {
-        self.check_forward(x_desc, w_desc, conv, y_desc)?;
-        self.check_tensor("x", x_desc.layout(), x, false)?;
-        self.check_buffer("w", w, w_desc.span())?;
-        self.check_tensor("y", y_desc.layout(), y, true)?;
-        self.check_workspace_context(workspace)?;
-        let heur = self.conv_forward_heuristics(x_desc, w_desc, conv, y_desc)?;
-        grow_for_find(
-            workspace,
-            heur.iter().map(|p| (p.is_supported(), p.workspace)),
-        );
-        let count = self.max_count(ConvDirection::Forward, ConvFwdAlgo::ALL.len());
-        self.bind()?;
-        let stream: &CudaStream = self.stream();
-        let (xp, _gx) = x.device_ptr(stream);
-        let (wp, _gw) = w.device_ptr(stream);
-        let (yp, _gy) = y.device_ptr_mut(stream);
-        let ws_bytes = workspace.capacity();
-        let (wsp, _gws) = workspace.device_ptr_mut(self.stream())?;
-        collect_perf(
-            count,
-            |req, ret, perf| {
-                // SAFETY: live handle and descriptors; x, w, y hold their spans on this context
-                // (checked), y does not overlap itself; the workspace pointer addresses
-                // `ws_bytes` bytes (or is null with 0); `perf` holds `req` records.
-                unsafe {
-                    raw::cudnnFindConvolutionForwardAlgorithmEx(
-                        self.lib(),
-                        self.as_raw(),
-                        x_desc.as_raw(),
-                        xp as *const c_void,
-                        w_desc.as_raw(),
-                        wp as *const c_void,
-                        conv.as_raw(),
-                        y_desc.as_raw(),
-                        yp as *mut c_void,
-                        req,
-                        ret,
-                        perf,
-                        wsp,
-                        ws_bytes,
-                    )
-                }
-            },
-            AlgoPerf::<ConvFwdAlgo>::from_sys,
-        )
+        ConvForward::new(conv, x_desc, w_desc, y_desc)?.find(self, (x, w), y, workspace)
     }
 
-    /// `y = alpha·conv(x, w) + beta·y` with the given algorithm (`cudnnConvolutionForward`).
+    /// `y = alpha·conv(x, w) + beta·y` with the given algorithm (`cudnnConvolutionForward`):
+    /// [`ConvForward::new`] then [`ConvOp::launch`].
     ///
     /// Types: `X` for input and filter; `Y` for the output, equal to `X` except for i8 input,
     /// which may produce f32. The workspace grows (within its limit) to what the algorithm
@@ -270,45 +100,12 @@ impl Cudnn {
         y_desc: &TensorDesc<Y>,
         y: &mut impl DeviceBufferMut<Y>,
     ) -> Result<()> {
-        self.check_forward(x_desc, w_desc, conv, y_desc)?;
-        self.check_tensor("x", x_desc.layout(), x, false)?;
-        self.check_buffer("w", w, w_desc.span())?;
-        self.check_tensor("y", y_desc.layout(), y, true)?;
-        self.check_workspace_context(workspace)?;
-        let bytes = self.forward_workspace_bytes(x_desc, w_desc, conv, y_desc, algo)?;
-        workspace.prepare(bytes)?;
-        self.bind()?;
-        let stream: &CudaStream = self.stream();
-        let (xp, _gx) = x.device_ptr(stream);
-        let (wp, _gw) = w.device_ptr(stream);
-        let (yp, _gy) = y.device_ptr_mut(stream);
-        let (wsp, _gws) = workspace.device_ptr_mut(self.stream())?;
-        // SAFETY: live handle and descriptors; types, shapes and spans checked above, all on
-        // this context; y does not overlap itself and cannot alias x or w (`&mut`); the
-        // workspace holds at least `bytes`, the size cuDNN reported for this algorithm and
-        // these descriptors; alpha/beta are the scalar type cuDNN reads for `Y`.
-        unsafe {
-            raw::cudnnConvolutionForward(
-                self.lib(),
-                self.as_raw(),
-                (&alpha as *const X::Scalar).cast::<c_void>(),
-                x_desc.as_raw(),
-                xp as *const c_void,
-                w_desc.as_raw(),
-                wp as *const c_void,
-                conv.as_raw(),
-                algo.raw(),
-                wsp,
-                bytes,
-                (&beta as *const X::Scalar).cast::<c_void>(),
-                y_desc.as_raw(),
-                yp as *mut c_void,
-            )
-        }
+        let op = ConvForward::new(conv, x_desc, w_desc, y_desc)?;
+        op.launch(self, algo, (alpha, beta), (x, w), workspace, y)
     }
 
     /// The fused `y = act(alpha1·conv(x, w) + alpha2·z + bias)`
-    /// (`cudnnConvolutionBiasActivationForward`).
+    /// (`cudnnConvolutionBiasActivationForward`): [`ConvBiasActivation::launch`].
     ///
     /// `z` (optional, same layout as `y`) is the residual input; without it `alpha2` is ignored.
     /// `bias` is `[1, K, 1, 1]` (`[1, K, 1, 1, 1]` in 3-D), of `Y`'s type — f32 for i8 input.
@@ -338,111 +135,16 @@ impl Cudnn {
         y_desc: &TensorDesc<Y>,
         y: &mut impl DeviceBufferMut<Y>,
     ) -> Result<()> {
-        let want_bias = if X::DTYPE == DType::I8 {
-            DType::F32
-        } else {
-            Y::DTYPE
-        };
-        if B::DTYPE != want_bias {
-            return Err(Error::UnsupportedDataType {
-                op: "fused convolution bias",
-                detail: format!(
-                    "bias {} with output {} (expected {want_bias})",
-                    B::DTYPE,
-                    Y::DTYPE
-                ),
-            });
-        }
-        if activation == FusedActivation::Identity && algo != ConvFwdAlgo::ImplicitPrecompGemm {
-            return Err(Error::invalid(
-                "fused convolution algorithm",
-                "IMPLICIT_PRECOMP_GEMM (the only one cuDNN supports with the identity activation)",
-                algo.name(),
-            ));
-        }
-        self.check_forward(x_desc, w_desc, conv, y_desc)?;
-        let mut want = vec![1i64; y_desc.dims().len()];
-        want[1] = y_desc.dims()[1];
-        shape_rule(
-            "bias",
-            bias_desc.dims(),
-            "[1, K, 1, ...]",
-            want,
-            "the bias has one value per output channel",
-        )?;
-        self.check_tensor("x", x_desc.layout(), x, false)?;
-        self.check_buffer("w", w, w_desc.span())?;
-        self.check_tensor("bias", bias_desc.layout(), bias, false)?;
-        if let Some(z) = &z {
-            self.check_tensor("z", y_desc.layout(), z, false)?;
-        }
-        self.check_tensor("y", y_desc.layout(), y, true)?;
-        self.check_workspace_context(workspace)?;
-        let bytes = self.forward_workspace_bytes(x_desc, w_desc, conv, y_desc, algo)?;
-        let act = activation.descriptor()?;
-        workspace.prepare(bytes)?;
-        self.bind()?;
-        let stream: &CudaStream = self.stream();
-        let (xp, _gx) = x.device_ptr(stream);
-        let (wp, _gw) = w.device_ptr(stream);
-        let (bp, _gb) = bias.device_ptr(stream);
-        let (yp, _gy) = y.device_ptr_mut(stream);
-        let zg = z.as_ref().map(|z| z.device_ptr(stream));
-        // Without z, cuDNN is given y with alpha2 = 0 (z may alias y; it is not read then).
-        let (zp, alpha2) = match &zg {
-            Some((p, _)) => (*p as *const c_void, alpha2),
-            None => (yp as *const c_void, X::Scalar::from_f64(0.0)),
-        };
-        let (wsp, _gws) = workspace.device_ptr_mut(self.stream())?;
-        // SAFETY: as `conv_forward`, plus: bias holds [1, K, 1, 1] of the type cuDNN reads for
-        // this configuration and z (when given) holds y's span on this context; both are only
-        // read; the activation descriptor lives until the call returns.
-        unsafe {
-            raw::cudnnConvolutionBiasActivationForward(
-                self.lib(),
-                self.as_raw(),
-                (&alpha1 as *const X::Scalar).cast::<c_void>(),
-                x_desc.as_raw(),
-                xp as *const c_void,
-                w_desc.as_raw(),
-                wp as *const c_void,
-                conv.as_raw(),
-                algo.raw(),
-                wsp,
-                bytes,
-                (&alpha2 as *const X::Scalar).cast::<c_void>(),
-                y_desc.as_raw(),
-                zp,
-                bias_desc.as_raw(),
-                bp as *const c_void,
-                act.as_ptr(),
-                y_desc.as_raw(),
-                yp as *mut c_void,
-            )
-        }
+        check_algo(activation, algo)?;
+        let fwd = ConvForward::new(conv, x_desc, w_desc, y_desc)?;
+        let op = ConvBiasActivation::new(fwd, bias_desc, activation)?;
+        op.launch(self, algo, (alpha1, alpha2), (x, w), z, bias, workspace, y)
     }
 
     // ----- backward data ----------------------------------------------------------------------
 
-    fn check_backward_data<T: DataType>(
-        &self,
-        w_desc: &FilterDesc<T>,
-        dy_desc: &TensorDesc<T>,
-        conv: &ConvDesc,
-        dx_desc: &TensorDesc<T>,
-    ) -> Result<()> {
-        conv.check_backward_types("convolution backward data", T::DTYPE)?;
-        let expected = conv.output_dims(dx_desc.dims(), w_desc.dims())?;
-        shape_rule(
-            "dy",
-            dy_desc.dims(),
-            "conv(dx, w)",
-            expected,
-            "dy must have the forward output dimensions of dx",
-        )
-    }
-
-    /// Workspace bytes `algo` needs for this backward-data pass.
+    /// Workspace bytes `algo` needs for this backward-data pass: [`ConvBackwardData::new`] then
+    /// [`ConvOp::workspace_size`].
     #[doc(alias = "cudnnGetConvolutionBackwardDataWorkspaceSize")]
     pub fn conv_backward_data_workspace_size<T: DataType>(
         &self,
@@ -452,47 +154,11 @@ impl Cudnn {
         dx_desc: &TensorDesc<T>,
         algo: ConvBwdDataAlgo,
     ) -> Result<usize> {
-        self.check_backward_data(w_desc, dy_desc, conv, dx_desc)?;
-        self.backward_data_workspace_bytes(w_desc, dy_desc, conv, dx_desc, algo)
-    }
-
-    /// The workspace query behind [`Self::conv_backward_data_workspace_size`], for callers that
-    /// already checked the arguments (memoised per descriptor ids).
-    fn backward_data_workspace_bytes<T: DataType>(
-        &self,
-        w_desc: &FilterDesc<T>,
-        dy_desc: &TensorDesc<T>,
-        conv: &ConvDesc,
-        dx_desc: &TensorDesc<T>,
-        algo: ConvBwdDataAlgo,
-    ) -> Result<usize> {
-        let key = [
-            (1 << 32) | algo.raw_value() as u64,
-            w_desc.id(),
-            dy_desc.id(),
-            conv.id(),
-            dx_desc.id(),
-        ];
-        self.memo_bytes(key, |bytes| {
-            self.bind()?;
-            // SAFETY: live handle and descriptors; a valid out-pointer.
-            unsafe {
-                raw::cudnnGetConvolutionBackwardDataWorkspaceSize(
-                    self.lib(),
-                    self.as_raw(),
-                    w_desc.as_raw(),
-                    dy_desc.as_raw(),
-                    conv.as_raw(),
-                    dx_desc.as_raw(),
-                    algo.raw(),
-                    bytes,
-                )
-            }
-        })
+        ConvBackwardData::new(conv, w_desc, dy_desc, dx_desc)?.workspace_size(self, algo)
     }
 
     /// cuDNN's heuristic ranking of backward-data algorithms
-    /// (`cudnnGetConvolutionBackwardDataAlgorithm_v7`).
+    /// (`cudnnGetConvolutionBackwardDataAlgorithm_v7`): [`ConvOp::heuristics`].
     #[doc(alias = "cudnnGetConvolutionBackwardDataAlgorithm_v7")]
     pub fn conv_backward_data_heuristics<T: DataType>(
         &self,
@@ -501,33 +167,11 @@ impl Cudnn {
         conv: &ConvDesc,
         dx_desc: &TensorDesc<T>,
     ) -> Result<Vec<AlgoPerf<ConvBwdDataAlgo>>> {
-        self.check_backward_data(w_desc, dy_desc, conv, dx_desc)?;
-        self.bind()?;
-        let count = self.max_count(ConvDirection::BackwardData, ConvBwdDataAlgo::ALL.len());
-        collect_perf(
-            count,
-            |req, ret, perf| {
-                // SAFETY: live handle and descriptors; `perf` holds `req` records.
-                unsafe {
-                    raw::cudnnGetConvolutionBackwardDataAlgorithm_v7(
-                        self.lib(),
-                        self.as_raw(),
-                        w_desc.as_raw(),
-                        dy_desc.as_raw(),
-                        conv.as_raw(),
-                        dx_desc.as_raw(),
-                        req,
-                        ret,
-                        perf,
-                    )
-                }
-            },
-            AlgoPerf::<ConvBwdDataAlgo>::from_sys,
-        )
+        ConvBackwardData::new(conv, w_desc, dy_desc, dx_desc)?.heuristics(self)
     }
 
-    /// Runs and times every backward-data algorithm (`cudnnFindConvolutionBackwardDataAlgorithmEx`).
-    /// **`dx` is overwritten**; see [`conv_forward_find`](Self::conv_forward_find).
+    /// Runs and times every backward-data algorithm (`cudnnFindConvolutionBackwardDataAlgorithmEx`):
+    /// [`ConvOp::find`]. **`dx` is overwritten**; see [`conv_forward_find`](Self::conv_forward_find).
     #[doc(alias = "cudnnFindConvolutionBackwardDataAlgorithmEx")]
     #[allow(clippy::too_many_arguments)] // mirrors the C call
     pub fn conv_backward_data_find<T: DataType>(
@@ -541,54 +185,12 @@ impl Cudnn {
         dx: &mut impl DeviceBufferMut<T>,
         workspace: &mut Workspace,
     ) -> Result<Vec<AlgoPerf<ConvBwdDataAlgo>>> {
-        self.check_backward_data(w_desc, dy_desc, conv, dx_desc)?;
-        self.check_buffer("w", w, w_desc.span())?;
-        self.check_tensor("dy", dy_desc.layout(), dy, false)?;
-        self.check_tensor("dx", dx_desc.layout(), dx, true)?;
-        self.check_workspace_context(workspace)?;
-        let heur = self.conv_backward_data_heuristics(w_desc, dy_desc, conv, dx_desc)?;
-        grow_for_find(
-            workspace,
-            heur.iter().map(|p| (p.is_supported(), p.workspace)),
-        );
-        let count = self.max_count(ConvDirection::BackwardData, ConvBwdDataAlgo::ALL.len());
-        self.bind()?;
-        let stream: &CudaStream = self.stream();
-        let (wp, _gw) = w.device_ptr(stream);
-        let (dyp, _gdy) = dy.device_ptr(stream);
-        let (dxp, _gdx) = dx.device_ptr_mut(stream);
-        let ws_bytes = workspace.capacity();
-        let (wsp, _gws) = workspace.device_ptr_mut(self.stream())?;
-        collect_perf(
-            count,
-            |req, ret, perf| {
-                // SAFETY: live handle and descriptors; buffers hold their spans on this context
-                // (checked), dx does not overlap itself; the workspace holds `ws_bytes`.
-                unsafe {
-                    raw::cudnnFindConvolutionBackwardDataAlgorithmEx(
-                        self.lib(),
-                        self.as_raw(),
-                        w_desc.as_raw(),
-                        wp as *const c_void,
-                        dy_desc.as_raw(),
-                        dyp as *const c_void,
-                        conv.as_raw(),
-                        dx_desc.as_raw(),
-                        dxp as *mut c_void,
-                        req,
-                        ret,
-                        perf,
-                        wsp,
-                        ws_bytes,
-                    )
-                }
-            },
-            AlgoPerf::<ConvBwdDataAlgo>::from_sys,
-        )
+        ConvBackwardData::new(conv, w_desc, dy_desc, dx_desc)?.find(self, (w, dy), dx, workspace)
     }
 
     /// `dx = alpha·conv_transposeᵀ(dy, w) + beta·dx` (`cudnnConvolutionBackwardData`): the
-    /// gradient of a forward convolution with respect to its input.
+    /// gradient of a forward convolution with respect to its input. [`ConvBackwardData::new`]
+    /// then [`ConvOp::launch`].
     #[doc(alias = "cudnnConvolutionBackwardData")]
     #[allow(clippy::too_many_arguments)] // mirrors the C call
     pub fn conv_backward_data<T: DataType>(
@@ -605,63 +207,14 @@ impl Cudnn {
         dx_desc: &TensorDesc<T>,
         dx: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
-        self.check_backward_data(w_desc, dy_desc, conv, dx_desc)?;
-        self.check_buffer("w", w, w_desc.span())?;
-        self.check_tensor("dy", dy_desc.layout(), dy, false)?;
-        self.check_tensor("dx", dx_desc.layout(), dx, true)?;
-        self.check_workspace_context(workspace)?;
-        let bytes = self.backward_data_workspace_bytes(w_desc, dy_desc, conv, dx_desc, algo)?;
-        workspace.prepare(bytes)?;
-        self.bind()?;
-        let stream: &CudaStream = self.stream();
-        let (wp, _gw) = w.device_ptr(stream);
-        let (dyp, _gdy) = dy.device_ptr(stream);
-        let (dxp, _gdx) = dx.device_ptr_mut(stream);
-        let (wsp, _gws) = workspace.device_ptr_mut(self.stream())?;
-        // SAFETY: live handle and descriptors; types, shapes and spans checked, all on this
-        // context; dx does not overlap itself and cannot alias the inputs; the workspace holds
-        // the bytes cuDNN reported for this algorithm; alpha/beta are `T::Scalar`.
-        unsafe {
-            raw::cudnnConvolutionBackwardData(
-                self.lib(),
-                self.as_raw(),
-                (&alpha as *const T::Scalar).cast::<c_void>(),
-                w_desc.as_raw(),
-                wp as *const c_void,
-                dy_desc.as_raw(),
-                dyp as *const c_void,
-                conv.as_raw(),
-                algo.raw(),
-                wsp,
-                bytes,
-                (&beta as *const T::Scalar).cast::<c_void>(),
-                dx_desc.as_raw(),
-                dxp as *mut c_void,
-            )
-        }
+        let op = ConvBackwardData::new(conv, w_desc, dy_desc, dx_desc)?;
+        op.launch(self, algo, (alpha, beta), (w, dy), workspace, dx)
     }
 
     // ----- backward filter --------------------------------------------------------------------
 
-    fn check_backward_filter<T: DataType>(
-        &self,
-        x_desc: &TensorDesc<T>,
-        dy_desc: &TensorDesc<T>,
-        conv: &ConvDesc,
-        dw_desc: &FilterDesc<T>,
-    ) -> Result<()> {
-        conv.check_backward_types("convolution backward filter", T::DTYPE)?;
-        let expected = conv.output_dims(x_desc.dims(), dw_desc.dims())?;
-        shape_rule(
-            "dy",
-            dy_desc.dims(),
-            "conv(x, dw)",
-            expected,
-            "dy must have the forward output dimensions of x and dw",
-        )
-    }
-
-    /// Workspace bytes `algo` needs for this backward-filter pass.
+    /// Workspace bytes `algo` needs for this backward-filter pass: [`ConvBackwardFilter::new`]
+    /// then [`ConvOp::workspace_size`].
     #[doc(alias = "cudnnGetConvolutionBackwardFilterWorkspaceSize")]
     pub fn conv_backward_filter_workspace_size<T: DataType>(
         &self,
@@ -671,47 +224,11 @@ impl Cudnn {
         dw_desc: &FilterDesc<T>,
         algo: ConvBwdFilterAlgo,
     ) -> Result<usize> {
-        self.check_backward_filter(x_desc, dy_desc, conv, dw_desc)?;
-        self.backward_filter_workspace_bytes(x_desc, dy_desc, conv, dw_desc, algo)
-    }
-
-    /// The workspace query behind [`Self::conv_backward_filter_workspace_size`], for callers that
-    /// already checked the arguments (memoised per descriptor ids).
-    fn backward_filter_workspace_bytes<T: DataType>(
-        &self,
-        x_desc: &TensorDesc<T>,
-        dy_desc: &TensorDesc<T>,
-        conv: &ConvDesc,
-        dw_desc: &FilterDesc<T>,
-        algo: ConvBwdFilterAlgo,
-    ) -> Result<usize> {
-        let key = [
-            (2 << 32) | algo.raw_value() as u64,
-            x_desc.id(),
-            dy_desc.id(),
-            conv.id(),
-            dw_desc.id(),
-        ];
-        self.memo_bytes(key, |bytes| {
-            self.bind()?;
-            // SAFETY: live handle and descriptors; a valid out-pointer.
-            unsafe {
-                raw::cudnnGetConvolutionBackwardFilterWorkspaceSize(
-                    self.lib(),
-                    self.as_raw(),
-                    x_desc.as_raw(),
-                    dy_desc.as_raw(),
-                    conv.as_raw(),
-                    dw_desc.as_raw(),
-                    algo.raw(),
-                    bytes,
-                )
-            }
-        })
+        ConvBackwardFilter::new(conv, x_desc, dy_desc, dw_desc)?.workspace_size(self, algo)
     }
 
     /// cuDNN's heuristic ranking of backward-filter algorithms
-    /// (`cudnnGetConvolutionBackwardFilterAlgorithm_v7`).
+    /// (`cudnnGetConvolutionBackwardFilterAlgorithm_v7`): [`ConvOp::heuristics`].
     #[doc(alias = "cudnnGetConvolutionBackwardFilterAlgorithm_v7")]
     pub fn conv_backward_filter_heuristics<T: DataType>(
         &self,
@@ -720,34 +237,12 @@ impl Cudnn {
         conv: &ConvDesc,
         dw_desc: &FilterDesc<T>,
     ) -> Result<Vec<AlgoPerf<ConvBwdFilterAlgo>>> {
-        self.check_backward_filter(x_desc, dy_desc, conv, dw_desc)?;
-        self.bind()?;
-        let count = self.max_count(ConvDirection::BackwardFilter, ConvBwdFilterAlgo::ALL.len());
-        collect_perf(
-            count,
-            |req, ret, perf| {
-                // SAFETY: live handle and descriptors; `perf` holds `req` records.
-                unsafe {
-                    raw::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                        self.lib(),
-                        self.as_raw(),
-                        x_desc.as_raw(),
-                        dy_desc.as_raw(),
-                        conv.as_raw(),
-                        dw_desc.as_raw(),
-                        req,
-                        ret,
-                        perf,
-                    )
-                }
-            },
-            AlgoPerf::<ConvBwdFilterAlgo>::from_sys,
-        )
+        ConvBackwardFilter::new(conv, x_desc, dy_desc, dw_desc)?.heuristics(self)
     }
 
     /// Runs and times every backward-filter algorithm
-    /// (`cudnnFindConvolutionBackwardFilterAlgorithmEx`). **`dw` is overwritten**; see
-    /// [`conv_forward_find`](Self::conv_forward_find).
+    /// (`cudnnFindConvolutionBackwardFilterAlgorithmEx`): [`ConvOp::find`]. **`dw` is
+    /// overwritten**; see [`conv_forward_find`](Self::conv_forward_find).
     #[doc(alias = "cudnnFindConvolutionBackwardFilterAlgorithmEx")]
     #[allow(clippy::too_many_arguments)] // mirrors the C call
     pub fn conv_backward_filter_find<T: DataType>(
@@ -761,55 +256,12 @@ impl Cudnn {
         dw: &mut impl DeviceBufferMut<T>,
         workspace: &mut Workspace,
     ) -> Result<Vec<AlgoPerf<ConvBwdFilterAlgo>>> {
-        self.check_backward_filter(x_desc, dy_desc, conv, dw_desc)?;
-        self.check_tensor("x", x_desc.layout(), x, false)?;
-        self.check_tensor("dy", dy_desc.layout(), dy, false)?;
-        self.check_buffer("dw", dw, dw_desc.span())?;
-        self.check_workspace_context(workspace)?;
-        let heur = self.conv_backward_filter_heuristics(x_desc, dy_desc, conv, dw_desc)?;
-        grow_for_find(
-            workspace,
-            heur.iter().map(|p| (p.is_supported(), p.workspace)),
-        );
-        let count = self.max_count(ConvDirection::BackwardFilter, ConvBwdFilterAlgo::ALL.len());
-        self.bind()?;
-        let stream: &CudaStream = self.stream();
-        let (xp, _gx) = x.device_ptr(stream);
-        let (dyp, _gdy) = dy.device_ptr(stream);
-        let (dwp, _gdw) = dw.device_ptr_mut(stream);
-        let ws_bytes = workspace.capacity();
-        let (wsp, _gws) = workspace.device_ptr_mut(self.stream())?;
-        collect_perf(
-            count,
-            |req, ret, perf| {
-                // SAFETY: live handle and descriptors; buffers hold their spans on this context
-                // (checked); filters are packed so dw cannot overlap itself; the workspace holds
-                // `ws_bytes`.
-                unsafe {
-                    raw::cudnnFindConvolutionBackwardFilterAlgorithmEx(
-                        self.lib(),
-                        self.as_raw(),
-                        x_desc.as_raw(),
-                        xp as *const c_void,
-                        dy_desc.as_raw(),
-                        dyp as *const c_void,
-                        conv.as_raw(),
-                        dw_desc.as_raw(),
-                        dwp as *mut c_void,
-                        req,
-                        ret,
-                        perf,
-                        wsp,
-                        ws_bytes,
-                    )
-                }
-            },
-            AlgoPerf::<ConvBwdFilterAlgo>::from_sys,
-        )
+        ConvBackwardFilter::new(conv, x_desc, dy_desc, dw_desc)?.find(self, (x, dy), dw, workspace)
     }
 
     /// `dw = alpha·correlate(x, dy) + beta·dw` (`cudnnConvolutionBackwardFilter`): the gradient
     /// of a forward convolution with respect to its filter. Use `beta = 1` to accumulate.
+    /// [`ConvBackwardFilter::new`] then [`ConvOp::launch`].
     #[doc(alias = "cudnnConvolutionBackwardFilter")]
     #[allow(clippy::too_many_arguments)] // mirrors the C call
     pub fn conv_backward_filter<T: DataType>(
@@ -826,40 +278,8 @@ impl Cudnn {
         dw_desc: &FilterDesc<T>,
         dw: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
-        self.check_backward_filter(x_desc, dy_desc, conv, dw_desc)?;
-        self.check_tensor("x", x_desc.layout(), x, false)?;
-        self.check_tensor("dy", dy_desc.layout(), dy, false)?;
-        self.check_buffer("dw", dw, dw_desc.span())?;
-        self.check_workspace_context(workspace)?;
-        let bytes = self.backward_filter_workspace_bytes(x_desc, dy_desc, conv, dw_desc, algo)?;
-        workspace.prepare(bytes)?;
-        self.bind()?;
-        let stream: &CudaStream = self.stream();
-        let (xp, _gx) = x.device_ptr(stream);
-        let (dyp, _gdy) = dy.device_ptr(stream);
-        let (dwp, _gdw) = dw.device_ptr_mut(stream);
-        let (wsp, _gws) = workspace.device_ptr_mut(self.stream())?;
-        // SAFETY: live handle and descriptors; types, shapes and spans checked, all on this
-        // context; dw is packed and cannot alias the inputs; the workspace holds the bytes
-        // cuDNN reported for this algorithm; alpha/beta are `T::Scalar`.
-        unsafe {
-            raw::cudnnConvolutionBackwardFilter(
-                self.lib(),
-                self.as_raw(),
-                (&alpha as *const T::Scalar).cast::<c_void>(),
-                x_desc.as_raw(),
-                xp as *const c_void,
-                dy_desc.as_raw(),
-                dyp as *const c_void,
-                conv.as_raw(),
-                algo.raw(),
-                wsp,
-                bytes,
-                (&beta as *const T::Scalar).cast::<c_void>(),
-                dw_desc.as_raw(),
-                dwp as *mut c_void,
-            )
-        }
+        let op = ConvBackwardFilter::new(conv, x_desc, dy_desc, dw_desc)?;
+        op.launch(self, algo, (alpha, beta), (x, dy), workspace, dw)
     }
 
     /// `db = alpha·Σ dy + beta·db`, summing over every dimension but the channels
@@ -909,22 +329,5 @@ impl Cudnn {
                 dbp as *mut c_void,
             )
         }
-    }
-}
-
-/// Grows the workspace for a find call to the largest size a supported algorithm asks for
-/// (within the limit). An allocation failure is not fatal: find then runs with what the
-/// workspace already holds and reports the algorithms that needed more as unsupported.
-fn grow_for_find(workspace: &mut Workspace, needs: impl Iterator<Item = (bool, usize)>) {
-    let want = needs
-        .filter(|&(ok, bytes)| ok && workspace.allows(bytes))
-        .map(|(_, bytes)| bytes)
-        .max()
-        .unwrap_or(0);
-    if let Err(e) = workspace.reserve(want) {
-        log::warn!(
-            "convolution find: workspace of {want} bytes not available ({e}); using {} bytes",
-            workspace.capacity()
-        );
     }
 }
