@@ -498,8 +498,24 @@ fn forward_shape(
 /// Implements [`ConvOp`] for a direction type by the shared functions above.
 macro_rules! conv_op {
     ($ty:ident<$($lt:lifetime,)? $($g:ident),*> where [$($bounds:tt)*],
-     algo: $algo:ty, in: $in:ty, out: $out:ty, out_field: $of:ident) => {
+     algo: $algo:ty, in: $in:ty, out: $out:ty,
+     operands: ($d0:ident: $D0:ty, $d1:ident: $D1:ty, $of:ident: $DOut:ty),
+     raw: [$count:ident, $ws:ident, $heur:ident, $find:ident, $run:ident]) => {
         impl<$($lt,)? $($bounds)*> OpSealed for $ty<$($lt,)? $($g),*> {}
+        impl<$($lt,)? $($bounds)*> Kernel for $ty<$($lt,)? $($g),*> {
+            type D0 = $D0;
+            type D1 = $D1;
+            type DOut = $DOut;
+            const NAMES: [&'static str; 3] = [stringify!($d0), stringify!($d1), stringify!($of)];
+            const MAX_COUNT: MaxCountFn = raw::$count;
+            const WORKSPACE: WorkspaceFn<Self> = raw::$ws;
+            const HEURISTICS: HeuristicsFn<Self> = raw::$heur;
+            const FIND: FindFn<Self> = raw::$find;
+            const RUN: RunFn<Self> = raw::$run;
+            fn operands(&self) -> (&ConvDesc, &$D0, &$D1, &$DOut) {
+                (self.conv, self.$d0, self.$d1, self.$of)
+            }
+        }
         impl<$($lt,)? $($bounds)*> ConvOp for $ty<$($lt,)? $($g),*> {
             type Algo = $algo;
             type In = $in;
@@ -613,22 +629,15 @@ impl<'a, X: DataType, Y: DataType<Scalar = X::Scalar>> ConvForward<'a, X, Y> {
 }
 
 conv_op!(ConvForward<'a, X, Y> where [X: DataType, Y: DataType<Scalar = X::Scalar>],
-    algo: ConvFwdAlgo, in: X, out: Y, out_field: y);
-
-impl<X: DataType, Y: DataType<Scalar = X::Scalar>> Kernel for ConvForward<'_, X, Y> {
-    type D0 = TensorDesc<X>;
-    type D1 = FilterDesc<X>;
-    type DOut = TensorDesc<Y>;
-    const NAMES: [&'static str; 3] = ["x", "w", "y"];
-    const MAX_COUNT: MaxCountFn = raw::cudnnGetConvolutionForwardAlgorithmMaxCount;
-    const WORKSPACE: WorkspaceFn<Self> = raw::cudnnGetConvolutionForwardWorkspaceSize;
-    const HEURISTICS: HeuristicsFn<Self> = raw::cudnnGetConvolutionForwardAlgorithm_v7;
-    const FIND: FindFn<Self> = raw::cudnnFindConvolutionForwardAlgorithmEx;
-    const RUN: RunFn<Self> = raw::cudnnConvolutionForward;
-    fn operands(&self) -> (&ConvDesc, &TensorDesc<X>, &FilterDesc<X>, &TensorDesc<Y>) {
-        (self.conv, self.x, self.w, self.y)
-    }
-}
+algo: ConvFwdAlgo, in: X, out: Y,
+operands: (x: TensorDesc<X>, w: FilterDesc<X>, y: TensorDesc<Y>),
+raw: [
+    cudnnGetConvolutionForwardAlgorithmMaxCount,
+    cudnnGetConvolutionForwardWorkspaceSize,
+    cudnnGetConvolutionForwardAlgorithm_v7,
+    cudnnFindConvolutionForwardAlgorithmEx,
+    cudnnConvolutionForward
+]);
 
 /// `dx = backward_data(dy, w)`: the gradient of a forward convolution with respect to its
 /// input (`dx = conv_transposeᵀ(dy, w)`). Launch inputs are `(w, dy)`, the output `dx`.
@@ -683,22 +692,15 @@ impl<'a, T: DataType> ConvBackwardData<'a, T> {
 }
 
 conv_op!(ConvBackwardData<'a, T> where [T: DataType],
-    algo: ConvBwdDataAlgo, in: T, out: T, out_field: dx);
-
-impl<T: DataType> Kernel for ConvBackwardData<'_, T> {
-    type D0 = FilterDesc<T>;
-    type D1 = TensorDesc<T>;
-    type DOut = TensorDesc<T>;
-    const NAMES: [&'static str; 3] = ["w", "dy", "dx"];
-    const MAX_COUNT: MaxCountFn = raw::cudnnGetConvolutionBackwardDataAlgorithmMaxCount;
-    const WORKSPACE: WorkspaceFn<Self> = raw::cudnnGetConvolutionBackwardDataWorkspaceSize;
-    const HEURISTICS: HeuristicsFn<Self> = raw::cudnnGetConvolutionBackwardDataAlgorithm_v7;
-    const FIND: FindFn<Self> = raw::cudnnFindConvolutionBackwardDataAlgorithmEx;
-    const RUN: RunFn<Self> = raw::cudnnConvolutionBackwardData;
-    fn operands(&self) -> (&ConvDesc, &FilterDesc<T>, &TensorDesc<T>, &TensorDesc<T>) {
-        (self.conv, self.w, self.dy, self.dx)
-    }
-}
+algo: ConvBwdDataAlgo, in: T, out: T,
+operands: (w: FilterDesc<T>, dy: TensorDesc<T>, dx: TensorDesc<T>),
+raw: [
+    cudnnGetConvolutionBackwardDataAlgorithmMaxCount,
+    cudnnGetConvolutionBackwardDataWorkspaceSize,
+    cudnnGetConvolutionBackwardDataAlgorithm_v7,
+    cudnnFindConvolutionBackwardDataAlgorithmEx,
+    cudnnConvolutionBackwardData
+]);
 
 /// `dw = backward_filter(x, dy)`: the gradient of a forward convolution with respect to its
 /// filter (`dw = correlate(x, dy)`; launch with `beta = 1` to accumulate). Launch inputs are
@@ -744,19 +746,12 @@ impl<'a, T: DataType> ConvBackwardFilter<'a, T> {
 }
 
 conv_op!(ConvBackwardFilter<'a, T> where [T: DataType],
-    algo: ConvBwdFilterAlgo, in: T, out: T, out_field: dw);
-
-impl<T: DataType> Kernel for ConvBackwardFilter<'_, T> {
-    type D0 = TensorDesc<T>;
-    type D1 = TensorDesc<T>;
-    type DOut = FilterDesc<T>;
-    const NAMES: [&'static str; 3] = ["x", "dy", "dw"];
-    const MAX_COUNT: MaxCountFn = raw::cudnnGetConvolutionBackwardFilterAlgorithmMaxCount;
-    const WORKSPACE: WorkspaceFn<Self> = raw::cudnnGetConvolutionBackwardFilterWorkspaceSize;
-    const HEURISTICS: HeuristicsFn<Self> = raw::cudnnGetConvolutionBackwardFilterAlgorithm_v7;
-    const FIND: FindFn<Self> = raw::cudnnFindConvolutionBackwardFilterAlgorithmEx;
-    const RUN: RunFn<Self> = raw::cudnnConvolutionBackwardFilter;
-    fn operands(&self) -> (&ConvDesc, &TensorDesc<T>, &TensorDesc<T>, &FilterDesc<T>) {
-        (self.conv, self.x, self.dy, self.dw)
-    }
-}
+algo: ConvBwdFilterAlgo, in: T, out: T,
+operands: (x: TensorDesc<T>, dy: TensorDesc<T>, dw: FilterDesc<T>),
+raw: [
+    cudnnGetConvolutionBackwardFilterAlgorithmMaxCount,
+    cudnnGetConvolutionBackwardFilterWorkspaceSize,
+    cudnnGetConvolutionBackwardFilterAlgorithm_v7,
+    cudnnFindConvolutionBackwardFilterAlgorithmEx,
+    cudnnConvolutionBackwardFilter
+]);

@@ -717,6 +717,8 @@ impl ConvDirection {
 
 mod direction;
 mod fused;
+#[allow(dead_code)] // used by the tuner once it runs on ConvOp (see the module)
+pub(crate) mod graph;
 
 pub use direction::{ConvBackwardData, ConvBackwardFilter, ConvForward, ConvOp};
 pub use fused::ConvBiasActivation;

@@ -382,6 +382,24 @@ impl<'a, T: DataType> ConvTranspose<'a, T> {
         }
     }
 
+    /// [`TransposePlan::memory`]: what the launch needs besides `y`, allocated before the
+    /// first launch so that a failure leaves `y` untouched.
+    pub(crate) fn memory(&self, cudnn: &Cudnn, beta: T::Scalar) -> Result<TransposeMemory<T>> {
+        self.plan.memory(cudnn, beta)
+    }
+
+    /// [`TransposePlan::finish`]: after the backward-data pass, the copy from scratch memory
+    /// and `y = beta·y` where no term lands.
+    pub(crate) fn finish(
+        &self,
+        cudnn: &Cudnn,
+        mem: &TransposeMemory<T>,
+        beta: T::Scalar,
+        y: &mut impl DeviceBufferMut<T>,
+    ) -> Result<()> {
+        self.plan.finish(cudnn, mem, beta, y)
+    }
+
     /// Checks the buffers under the transposed convolution's names.
     pub(crate) fn check_buffers(
         &self,
@@ -414,7 +432,7 @@ impl<'a, T: DataType> ConvTranspose<'a, T> {
         if let Some(op) = &backward {
             workspace.prepare(op.workspace_size(cudnn, algo)?)?;
         }
-        let mut mem = self.plan.memory(cudnn, beta)?;
+        let mut mem = self.memory(cudnn, beta)?;
         if let Some(op) = &backward {
             match &mut mem.scratch {
                 Some(s) => {
@@ -424,7 +442,7 @@ impl<'a, T: DataType> ConvTranspose<'a, T> {
                 None => op.launch(cudnn, algo, (alpha, beta), (w, x), workspace, y)?,
             }
         }
-        self.plan.finish(cudnn, &mem, beta, y)
+        self.finish(cudnn, &mem, beta, y)
     }
 }
 

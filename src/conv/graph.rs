@@ -1,0 +1,118 @@
+//! The backend-graph equivalents of the three convolution directions, for the tuner's union
+//! search: whether a direction's problem can be a graph, the graph, and running one of its plans
+//! with the direction's buffers.
+use super::{ConvBackwardData, ConvBackwardFilter, ConvForward, ConvOp};
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
+use crate::dtype::DataType;
+use crate::error::Result;
+use crate::graph::union::{self as gunion, ConvGraph, Ids};
+use crate::graph::{Args, Plan};
+use crate::handle::Cudnn;
+use crate::workspace::Workspace;
+
+/// A convolution direction the union search can run as a backend graph (`conv_fprop`,
+/// `conv_dgrad`, `conv_wgrad`).
+pub(crate) trait UnionGraph: ConvOp {
+    /// Whether the graph path can express the problem ([`gunion::eligible`]).
+    fn eligible(&self) -> bool;
+    /// The problem as a graph.
+    fn graph(&self, cudnn: &Cudnn) -> Result<ConvGraph>;
+    /// Runs a plan of [`graph`](Self::graph) writing `out`, with the direction's inputs in its
+    /// launch order.
+    fn exec(
+        &self,
+        cudnn: &Cudnn,
+        plan: &Plan,
+        ids: Ids,
+        ws: &mut Workspace,
+        inputs: (&impl DeviceBuffer<Self::In>, &impl DeviceBuffer<Self::In>),
+        out: &mut impl DeviceBufferMut<Self::Out>,
+    ) -> Result<()>;
+}
+
+/// Runs a union graph's `plan` writing `out`, with `a`, `b` and (for a fused forward) the bias
+/// bound to the graph's tensors `ids.a`, `ids.b` and `ids.c`.
+pub(crate) fn exec_graph<'a, TA: DataType, TB: DataType, TC: DataType, TO: DataType>(
+    cudnn: &'a Cudnn,
+    plan: &Plan,
+    ids: Ids,
+    ws: &mut Workspace,
+    (a, b, bias): (
+        &'a impl DeviceBuffer<TA>,
+        &'a impl DeviceBuffer<TB>,
+        Option<&'a impl DeviceBuffer<TC>>,
+    ),
+    out: &'a mut impl DeviceBufferMut<TO>,
+) -> Result<()> {
+    let mut args = Args::new(cudnn);
+    args.input(ids.a, a)?.input(ids.b, b)?;
+    if let (Some(c), Some(bias)) = (ids.c, bias) {
+        args.input(c, bias)?;
+    }
+    args.output(ids.out, out)?;
+    cudnn.execute(plan, &args, ws)
+}
+
+/// The bias of the union graphs that have none.
+const NO_BIAS: Option<&cudarc::driver::CudaSlice<f32>> = None;
+
+impl<X: DataType, Y: DataType<Scalar = X::Scalar>> UnionGraph for ConvForward<'_, X, Y> {
+    fn eligible(&self) -> bool {
+        gunion::eligible::<X, Y>(self.x().dims(), self.w(), self.conv(), self.y().dims())
+    }
+    fn graph(&self, cudnn: &Cudnn) -> Result<ConvGraph> {
+        gunion::fprop_graph(cudnn, self.x(), self.w(), self.conv(), self.y(), None)
+    }
+    fn exec(
+        &self,
+        cudnn: &Cudnn,
+        plan: &Plan,
+        ids: Ids,
+        ws: &mut Workspace,
+        (x, w): (&impl DeviceBuffer<X>, &impl DeviceBuffer<X>),
+        y: &mut impl DeviceBufferMut<Y>,
+    ) -> Result<()> {
+        exec_graph(cudnn, plan, ids, ws, (x, w, NO_BIAS), y)
+    }
+}
+
+impl<T: DataType> UnionGraph for ConvBackwardData<'_, T> {
+    fn eligible(&self) -> bool {
+        gunion::eligible::<T, T>(self.dx().dims(), self.w(), self.conv(), self.dy().dims())
+    }
+    fn graph(&self, cudnn: &Cudnn) -> Result<ConvGraph> {
+        gunion::dgrad_graph(cudnn, self.w(), self.dy(), self.conv(), self.dx())
+    }
+    /// The graph binds `dy` as its first tensor and `w` as its second.
+    fn exec(
+        &self,
+        cudnn: &Cudnn,
+        plan: &Plan,
+        ids: Ids,
+        ws: &mut Workspace,
+        (w, dy): (&impl DeviceBuffer<T>, &impl DeviceBuffer<T>),
+        dx: &mut impl DeviceBufferMut<T>,
+    ) -> Result<()> {
+        exec_graph(cudnn, plan, ids, ws, (dy, w, NO_BIAS), dx)
+    }
+}
+
+impl<T: DataType> UnionGraph for ConvBackwardFilter<'_, T> {
+    fn eligible(&self) -> bool {
+        gunion::eligible::<T, T>(self.x().dims(), self.dw(), self.conv(), self.dy().dims())
+    }
+    fn graph(&self, cudnn: &Cudnn) -> Result<ConvGraph> {
+        gunion::wgrad_graph(cudnn, self.x(), self.dy(), self.conv(), self.dw())
+    }
+    fn exec(
+        &self,
+        cudnn: &Cudnn,
+        plan: &Plan,
+        ids: Ids,
+        ws: &mut Workspace,
+        (x, dy): (&impl DeviceBuffer<T>, &impl DeviceBuffer<T>),
+        dw: &mut impl DeviceBufferMut<T>,
+    ) -> Result<()> {
+        exec_graph(cudnn, plan, ids, ws, (x, dy, NO_BIAS), dw)
+    }
+}
