@@ -717,7 +717,8 @@ impl ConvDirection {
 
 mod direction;
 mod fused;
-#[allow(dead_code)] // used by the tuner once it runs on ConvOp (see the module)
+// The tuner's union search runs on these once it takes the direction types (`ConvOp`).
+#[allow(dead_code)]
 pub(crate) mod graph;
 
 pub use direction::{ConvBackwardData, ConvBackwardFilter, ConvForward, ConvOp};
