@@ -497,12 +497,26 @@ fn forward_shape(
 
 /// Implements [`ConvOp`] for a direction type by the shared functions above.
 macro_rules! conv_op {
-    ($ty:ident<$($lt:lifetime,)? $($g:ident),*> where [$($bounds:tt)*],
+    ($ty:ident<$lt:lifetime, $($g:ident),*> where [$($bounds:tt)*],
      algo: $algo:ty, in: $in:ty, out: $out:ty,
      operands: ($d0:ident: $D0:ty, $d1:ident: $D1:ty, $of:ident: $DOut:ty),
      raw: [$count:ident, $ws:ident, $heur:ident, $find:ident, $run:ident]) => {
-        impl<$($lt,)? $($bounds)*> OpSealed for $ty<$($lt,)? $($g),*> {}
-        impl<$($lt,)? $($bounds)*> Kernel for $ty<$($lt,)? $($g),*> {
+        impl<$lt, $($bounds)*> OpSealed for $ty<$lt, $($g),*> {}
+        impl<$lt, $($bounds)*> $ty<$lt, $($g),*> {
+            #[doc = concat!("The descriptor of `", stringify!($d0), "`.")]
+            pub fn $d0(&self) -> &$lt $D0 {
+                self.$d0
+            }
+            #[doc = concat!("The descriptor of `", stringify!($d1), "`.")]
+            pub fn $d1(&self) -> &$lt $D1 {
+                self.$d1
+            }
+            #[doc = concat!("The descriptor of `", stringify!($of), "` (the output).")]
+            pub fn $of(&self) -> &$lt $DOut {
+                self.$of
+            }
+        }
+        impl<$lt, $($bounds)*> Kernel for $ty<$lt, $($g),*> {
             type D0 = $D0;
             type D1 = $D1;
             type DOut = $DOut;
@@ -516,7 +530,7 @@ macro_rules! conv_op {
                 (self.conv, self.$d0, self.$d1, self.$of)
             }
         }
-        impl<$($lt,)? $($bounds)*> ConvOp for $ty<$($lt,)? $($g),*> {
+        impl<$lt, $($bounds)*> ConvOp for $ty<$lt, $($g),*> {
             type Algo = $algo;
             type In = $in;
             type Out = $out;
@@ -554,12 +568,12 @@ macro_rules! conv_op {
                 launch(self, cudnn, algo, alpha_beta, inputs, workspace, out)
             }
         }
-        impl<$($lt,)? $($bounds)*> Clone for $ty<$($lt,)? $($g),*> {
+        impl<$lt, $($bounds)*> Clone for $ty<$lt, $($g),*> {
             fn clone(&self) -> Self {
                 *self
             }
         }
-        impl<$($lt,)? $($bounds)*> Copy for $ty<$($lt,)? $($g),*> {}
+        impl<$lt, $($bounds)*> Copy for $ty<$lt, $($g),*> {}
     };
 }
 
@@ -614,18 +628,6 @@ impl<'a, X: DataType, Y: DataType<Scalar = X::Scalar>> ConvForward<'a, X, Y> {
         forward_shape(conv, x.dims(), w.dims(), rule, y.dims())?;
         Ok(ConvForward { conv, x, w, y })
     }
-    /// The input's descriptor.
-    pub fn x(&self) -> &'a TensorDesc<X> {
-        self.x
-    }
-    /// The filter's descriptor.
-    pub fn w(&self) -> &'a FilterDesc<X> {
-        self.w
-    }
-    /// The output's descriptor.
-    pub fn y(&self) -> &'a TensorDesc<Y> {
-        self.y
-    }
 }
 
 conv_op!(ConvForward<'a, X, Y> where [X: DataType, Y: DataType<Scalar = X::Scalar>],
@@ -677,18 +679,6 @@ impl<'a, T: DataType> ConvBackwardData<'a, T> {
     ) -> Self {
         ConvBackwardData { conv, w, dy, dx }
     }
-    /// The filter's descriptor.
-    pub fn w(&self) -> &'a FilterDesc<T> {
-        self.w
-    }
-    /// The output gradient's descriptor (the forward output).
-    pub fn dy(&self) -> &'a TensorDesc<T> {
-        self.dy
-    }
-    /// The input gradient's descriptor (the forward input; this pass's output).
-    pub fn dx(&self) -> &'a TensorDesc<T> {
-        self.dx
-    }
 }
 
 conv_op!(ConvBackwardData<'a, T> where [T: DataType],
@@ -730,18 +720,6 @@ impl<'a, T: DataType> ConvBackwardFilter<'a, T> {
         );
         forward_shape(conv, x.dims(), dw.dims(), rule, dy.dims())?;
         Ok(ConvBackwardFilter { conv, x, dy, dw })
-    }
-    /// The forward input's descriptor.
-    pub fn x(&self) -> &'a TensorDesc<T> {
-        self.x
-    }
-    /// The output gradient's descriptor (the forward output).
-    pub fn dy(&self) -> &'a TensorDesc<T> {
-        self.dy
-    }
-    /// The filter gradient's descriptor (this pass's output).
-    pub fn dw(&self) -> &'a FilterDesc<T> {
-        self.dw
     }
 }
 

@@ -17,6 +17,9 @@ pub(crate) trait UnionGraph: ConvOp {
     fn eligible(&self) -> bool;
     /// The problem as a graph.
     fn graph(&self, cudnn: &Cudnn) -> Result<ConvGraph>;
+    /// Whether the graph binds the launch's inputs in the other order (backward data: the
+    /// launch takes `(w, dy)`, the graph's first tensor is `dy`).
+    const SWAP: bool = false;
     /// Runs a plan of [`graph`](Self::graph) writing `out`, with the direction's inputs in its
     /// launch order.
     fn exec(
@@ -25,9 +28,15 @@ pub(crate) trait UnionGraph: ConvOp {
         plan: &Plan,
         ids: Ids,
         ws: &mut Workspace,
-        inputs: (&impl DeviceBuffer<Self::In>, &impl DeviceBuffer<Self::In>),
+        (a, b): (&impl DeviceBuffer<Self::In>, &impl DeviceBuffer<Self::In>),
         out: &mut impl DeviceBufferMut<Self::Out>,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        if Self::SWAP {
+            exec_graph(cudnn, plan, ids, ws, (b, a, NO_BIAS), out)
+        } else {
+            exec_graph(cudnn, plan, ids, ws, (a, b, NO_BIAS), out)
+        }
+    }
 }
 
 /// Runs a union graph's `plan` writing `out`, with `a`, `b` and (for a fused forward) the bias
@@ -63,37 +72,15 @@ impl<X: DataType, Y: DataType<Scalar = X::Scalar>> UnionGraph for ConvForward<'_
     fn graph(&self, cudnn: &Cudnn) -> Result<ConvGraph> {
         gunion::fprop_graph(cudnn, self.x(), self.w(), self.conv(), self.y(), None)
     }
-    fn exec(
-        &self,
-        cudnn: &Cudnn,
-        plan: &Plan,
-        ids: Ids,
-        ws: &mut Workspace,
-        (x, w): (&impl DeviceBuffer<X>, &impl DeviceBuffer<X>),
-        y: &mut impl DeviceBufferMut<Y>,
-    ) -> Result<()> {
-        exec_graph(cudnn, plan, ids, ws, (x, w, NO_BIAS), y)
-    }
 }
 
 impl<T: DataType> UnionGraph for ConvBackwardData<'_, T> {
+    const SWAP: bool = true;
     fn eligible(&self) -> bool {
         gunion::eligible::<T, T>(self.dx().dims(), self.w(), self.conv(), self.dy().dims())
     }
     fn graph(&self, cudnn: &Cudnn) -> Result<ConvGraph> {
         gunion::dgrad_graph(cudnn, self.w(), self.dy(), self.conv(), self.dx())
-    }
-    /// The graph binds `dy` as its first tensor and `w` as its second.
-    fn exec(
-        &self,
-        cudnn: &Cudnn,
-        plan: &Plan,
-        ids: Ids,
-        ws: &mut Workspace,
-        (w, dy): (&impl DeviceBuffer<T>, &impl DeviceBuffer<T>),
-        dx: &mut impl DeviceBufferMut<T>,
-    ) -> Result<()> {
-        exec_graph(cudnn, plan, ids, ws, (dy, w, NO_BIAS), dx)
     }
 }
 
@@ -103,16 +90,5 @@ impl<T: DataType> UnionGraph for ConvBackwardFilter<'_, T> {
     }
     fn graph(&self, cudnn: &Cudnn) -> Result<ConvGraph> {
         gunion::wgrad_graph(cudnn, self.x(), self.dy(), self.conv(), self.dw())
-    }
-    fn exec(
-        &self,
-        cudnn: &Cudnn,
-        plan: &Plan,
-        ids: Ids,
-        ws: &mut Workspace,
-        (x, dy): (&impl DeviceBuffer<T>, &impl DeviceBuffer<T>),
-        dw: &mut impl DeviceBufferMut<T>,
-    ) -> Result<()> {
-        exec_graph(cudnn, plan, ids, ws, (x, dy, NO_BIAS), dw)
     }
 }

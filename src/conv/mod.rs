@@ -764,7 +764,11 @@ pub trait ConvAlgorithm:
 }
 
 macro_rules! algo_enum {
-    ($(#[$m:meta])* $name:ident, $dir:expr, $sys:ident, $perf:ident { $($(#[$vm:meta])* $v:ident = $raw:literal => $s:literal,)* }) => {
+    (
+        $(#[$m:meta])* $name:ident, $dir:expr, $sys:ident, $perf:ident {
+            $($(#[$vm:meta])* $v:ident = $raw:literal => $s:literal,)*
+        }
+    ) => {
         $(#[$m])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum $name { $($(#[$vm])* $v,)* }

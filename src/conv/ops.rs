@@ -19,90 +19,120 @@ use crate::raw;
 use crate::tensor::{FilterDesc, TensorDesc};
 use crate::workspace::Workspace;
 
+/// The four handle methods of one direction — workspace size, heuristics, find, launch — each
+/// `Direction::new(conv, ..)?` then the [`ConvOp`] method, with the C call's argument order.
+macro_rules! conv_wrappers {
+    (
+        $op:ident [$($bounds:tt)*], $algo:ty, $in:ty, $out:ty,
+        ($d0:ident: $D0:ty, $a:ident), ($d1:ident: $D1:ty, $b:ident),
+        ($dout:ident: $DOut:ty, $o:ident);
+        workspace_size: $(#[$ws_m:meta])* $ws:ident;
+        heuristics: $(#[$heur_m:meta])* $heur:ident;
+        find: $(#[$find_m:meta])* $find:ident;
+        launch: $(#[$run_m:meta])* $run:ident;
+    ) => {
+        $(#[$ws_m])*
+        pub fn $ws<$($bounds)*>(
+            &self,
+            $d0: &$D0,
+            $d1: &$D1,
+            conv: &ConvDesc,
+            $dout: &$DOut,
+            algo: $algo,
+        ) -> Result<usize> {
+            $op::new(conv, $d0, $d1, $dout)?.workspace_size(self, algo)
+        }
+
+        $(#[$heur_m])*
+        pub fn $heur<$($bounds)*>(
+            &self,
+            $d0: &$D0,
+            $d1: &$D1,
+            conv: &ConvDesc,
+            $dout: &$DOut,
+        ) -> Result<Vec<AlgoPerf<$algo>>> {
+            $op::new(conv, $d0, $d1, $dout)?.heuristics(self)
+        }
+
+        $(#[$find_m])*
+        #[allow(clippy::too_many_arguments)] // mirrors the C call
+        pub fn $find<$($bounds)*>(
+            &self,
+            $d0: &$D0,
+            $a: &impl DeviceBuffer<$in>,
+            $d1: &$D1,
+            $b: &impl DeviceBuffer<$in>,
+            conv: &ConvDesc,
+            $dout: &$DOut,
+            $o: &mut impl DeviceBufferMut<$out>,
+            workspace: &mut Workspace,
+        ) -> Result<Vec<AlgoPerf<$algo>>> {
+            $op::new(conv, $d0, $d1, $dout)?.find(self, ($a, $b), $o, workspace)
+        }
+
+        $(#[$run_m])*
+        #[allow(clippy::too_many_arguments)] // mirrors the C call
+        pub fn $run<$($bounds)*>(
+            &self,
+            alpha: <$in as DataType>::Scalar,
+            $d0: &$D0,
+            $a: &impl DeviceBuffer<$in>,
+            $d1: &$D1,
+            $b: &impl DeviceBuffer<$in>,
+            conv: &ConvDesc,
+            algo: $algo,
+            workspace: &mut Workspace,
+            beta: <$in as DataType>::Scalar,
+            $dout: &$DOut,
+            $o: &mut impl DeviceBufferMut<$out>,
+        ) -> Result<()> {
+            let op = $op::new(conv, $d0, $d1, $dout)?;
+            op.launch(self, algo, (alpha, beta), ($a, $b), workspace, $o)
+        }
+    };
+}
+
 impl Cudnn {
-    // ----- forward ----------------------------------------------------------------------------
-
-    /// Workspace bytes `algo` needs for this forward convolution
-    /// (`cudnnGetConvolutionForwardWorkspaceSize`): [`ConvForward::new`] then
-    /// [`ConvOp::workspace_size`]. An algorithm that does not support the case returns cuDNN's
-    /// `NOT_SUPPORTED` error with its reason.
-    #[doc(alias = "cudnnGetConvolutionForwardWorkspaceSize")]
-    pub fn conv_forward_workspace_size<X: DataType, Y: DataType<Scalar = X::Scalar>>(
-        &self,
-        x_desc: &TensorDesc<X>,
-        w_desc: &FilterDesc<X>,
-        conv: &ConvDesc,
-        y_desc: &TensorDesc<Y>,
-        algo: ConvFwdAlgo,
-    ) -> Result<usize> {
-        ConvForward::new(conv, x_desc, w_desc, y_desc)?.workspace_size(self, algo)
-    }
-
-    /// cuDNN's heuristic ranking of every forward algorithm for this case
-    /// (`cudnnGetConvolutionForwardAlgorithm_v7`), best first: [`ConvOp::heuristics`]. Nothing
-    /// runs on the GPU; entries whose [`status`](AlgoPerf::status) is not success are
-    /// unsupported here.
-    #[doc(alias = "cudnnGetConvolutionForwardAlgorithm_v7")]
-    pub fn conv_forward_heuristics<X: DataType, Y: DataType<Scalar = X::Scalar>>(
-        &self,
-        x_desc: &TensorDesc<X>,
-        w_desc: &FilterDesc<X>,
-        conv: &ConvDesc,
-        y_desc: &TensorDesc<Y>,
-    ) -> Result<Vec<AlgoPerf<ConvFwdAlgo>>> {
-        ConvForward::new(conv, x_desc, w_desc, y_desc)?.heuristics(self)
-    }
-
-    /// Runs and times every forward algorithm on the given buffers
-    /// (`cudnnFindConvolutionForwardAlgorithmEx`), fastest first: [`ConvOp::find`].
-    ///
-    /// **`y` is overwritten** by the trial runs: never pass a buffer whose contents you still
-    /// need ([`crate::Autotuner`] uses scratch memory when accumulating with `beta ≠ 0`). The
-    /// workspace is first grown to the largest size the heuristics ask for (within its limit;
-    /// if that allocation fails, what it already holds is used); algorithms needing more are
-    /// reported with an allocation-failure status.
-    #[doc(alias = "cudnnFindConvolutionForwardAlgorithmEx")]
-    #[allow(clippy::too_many_arguments)] // mirrors the C call
-    pub fn conv_forward_find<X: DataType, Y: DataType<Scalar = X::Scalar>>(
-        &self,
-        x_desc: &TensorDesc<X>,
-        x: &impl DeviceBuffer<X>,
-        w_desc: &FilterDesc<X>,
-        w: &impl DeviceBuffer<X>,
-        conv: &ConvDesc,
-        y_desc: &TensorDesc<Y>,
-        y: &mut impl DeviceBufferMut<Y>,
-        workspace: &mut Workspace,
-    ) -> Result<Vec<AlgoPerf<ConvFwdAlgo>>> {
-        ConvForward::new(conv, x_desc, w_desc, y_desc)?.find(self, (x, w), y, workspace)
-    }
-
-    /// `y = alpha·conv(x, w) + beta·y` with the given algorithm (`cudnnConvolutionForward`):
-    /// [`ConvForward::new`] then [`ConvOp::launch`].
-    ///
-    /// Types: `X` for input and filter; `Y` for the output, equal to `X` except for i8 input,
-    /// which may produce f32. The workspace grows (within its limit) to what the algorithm
-    /// needs; an algorithm that does not support the case is refused before anything runs.
-    /// With `beta == 0` the old contents of `y` are not read.
-    #[doc(alias = "cudnnConvolutionForward")]
-    #[allow(clippy::too_many_arguments)] // mirrors the C call
-    pub fn conv_forward<X: DataType, Y: DataType<Scalar = X::Scalar>>(
-        &self,
-        alpha: X::Scalar,
-        x_desc: &TensorDesc<X>,
-        x: &impl DeviceBuffer<X>,
-        w_desc: &FilterDesc<X>,
-        w: &impl DeviceBuffer<X>,
-        conv: &ConvDesc,
-        algo: ConvFwdAlgo,
-        workspace: &mut Workspace,
-        beta: X::Scalar,
-        y_desc: &TensorDesc<Y>,
-        y: &mut impl DeviceBufferMut<Y>,
-    ) -> Result<()> {
-        let op = ConvForward::new(conv, x_desc, w_desc, y_desc)?;
-        op.launch(self, algo, (alpha, beta), (x, w), workspace, y)
-    }
+    conv_wrappers!(
+        ConvForward [X: DataType, Y: DataType<Scalar = X::Scalar>], ConvFwdAlgo, X, Y,
+        (x_desc: TensorDesc<X>, x), (w_desc: FilterDesc<X>, w),
+        (y_desc: TensorDesc<Y>, y);
+        workspace_size:
+            /// Workspace bytes `algo` needs for this forward convolution
+            /// (`cudnnGetConvolutionForwardWorkspaceSize`): [`ConvForward::new`] then
+            /// [`ConvOp::workspace_size`]. An algorithm that does not support the case returns
+            /// cuDNN's `NOT_SUPPORTED` error with its reason.
+            #[doc(alias = "cudnnGetConvolutionForwardWorkspaceSize")]
+            conv_forward_workspace_size;
+        heuristics:
+            /// cuDNN's heuristic ranking of every forward algorithm for this case
+            /// (`cudnnGetConvolutionForwardAlgorithm_v7`), best first: [`ConvOp::heuristics`].
+            /// Nothing runs on the GPU; entries whose [`status`](AlgoPerf::status) is not success
+            /// are unsupported here.
+            #[doc(alias = "cudnnGetConvolutionForwardAlgorithm_v7")]
+            conv_forward_heuristics;
+        find:
+            /// Runs and times every forward algorithm on the given buffers
+            /// (`cudnnFindConvolutionForwardAlgorithmEx`), fastest first: [`ConvOp::find`].
+            ///
+            /// **`y` is overwritten** by the trial runs: never pass a buffer whose contents you
+            /// still need ([`crate::Autotuner`] uses scratch memory when accumulating with
+            /// `beta ≠ 0`). The workspace is first grown to the largest size the heuristics ask
+            /// for (within its limit; if that allocation fails, what it already holds is used);
+            /// algorithms needing more are reported with an allocation-failure status.
+            #[doc(alias = "cudnnFindConvolutionForwardAlgorithmEx")]
+            conv_forward_find;
+        launch:
+            /// `y = alpha·conv(x, w) + beta·y` with the given algorithm
+            /// (`cudnnConvolutionForward`): [`ConvForward::new`] then [`ConvOp::launch`].
+            ///
+            /// Types: `X` for input and filter; `Y` for the output, equal to `X` except for i8
+            /// input, which may produce f32. The workspace grows (within its limit) to what the
+            /// algorithm needs; an algorithm that does not support the case is refused before
+            /// anything runs. With `beta == 0` the old contents of `y` are not read.
+            #[doc(alias = "cudnnConvolutionForward")]
+            conv_forward;
+    );
 
     /// The fused `y = act(alpha1·conv(x, w) + alpha2·z + bias)`
     /// (`cudnnConvolutionBiasActivationForward`): [`ConvBiasActivation::launch`].
@@ -141,146 +171,61 @@ impl Cudnn {
         op.launch(self, algo, (alpha1, alpha2), (x, w), z, bias, workspace, y)
     }
 
-    // ----- backward data ----------------------------------------------------------------------
+    conv_wrappers!(
+        ConvBackwardData [T: DataType], ConvBwdDataAlgo, T, T,
+        (w_desc: FilterDesc<T>, w), (dy_desc: TensorDesc<T>, dy),
+        (dx_desc: TensorDesc<T>, dx);
+        workspace_size:
+            /// Workspace bytes `algo` needs for this backward-data pass: [`ConvBackwardData::new`]
+            /// then [`ConvOp::workspace_size`].
+            #[doc(alias = "cudnnGetConvolutionBackwardDataWorkspaceSize")]
+            conv_backward_data_workspace_size;
+        heuristics:
+            /// cuDNN's heuristic ranking of backward-data algorithms
+            /// (`cudnnGetConvolutionBackwardDataAlgorithm_v7`): [`ConvOp::heuristics`].
+            #[doc(alias = "cudnnGetConvolutionBackwardDataAlgorithm_v7")]
+            conv_backward_data_heuristics;
+        find:
+            /// Runs and times every backward-data algorithm
+            /// (`cudnnFindConvolutionBackwardDataAlgorithmEx`): [`ConvOp::find`]. **`dx` is
+            /// overwritten**; see [`conv_forward_find`](Self::conv_forward_find).
+            #[doc(alias = "cudnnFindConvolutionBackwardDataAlgorithmEx")]
+            conv_backward_data_find;
+        launch:
+            /// `dx = alpha·conv_transposeᵀ(dy, w) + beta·dx` (`cudnnConvolutionBackwardData`): the
+            /// gradient of a forward convolution with respect to its input.
+            /// [`ConvBackwardData::new`] then [`ConvOp::launch`].
+            #[doc(alias = "cudnnConvolutionBackwardData")]
+            conv_backward_data;
+    );
 
-    /// Workspace bytes `algo` needs for this backward-data pass: [`ConvBackwardData::new`] then
-    /// [`ConvOp::workspace_size`].
-    #[doc(alias = "cudnnGetConvolutionBackwardDataWorkspaceSize")]
-    pub fn conv_backward_data_workspace_size<T: DataType>(
-        &self,
-        w_desc: &FilterDesc<T>,
-        dy_desc: &TensorDesc<T>,
-        conv: &ConvDesc,
-        dx_desc: &TensorDesc<T>,
-        algo: ConvBwdDataAlgo,
-    ) -> Result<usize> {
-        ConvBackwardData::new(conv, w_desc, dy_desc, dx_desc)?.workspace_size(self, algo)
-    }
-
-    /// cuDNN's heuristic ranking of backward-data algorithms
-    /// (`cudnnGetConvolutionBackwardDataAlgorithm_v7`): [`ConvOp::heuristics`].
-    #[doc(alias = "cudnnGetConvolutionBackwardDataAlgorithm_v7")]
-    pub fn conv_backward_data_heuristics<T: DataType>(
-        &self,
-        w_desc: &FilterDesc<T>,
-        dy_desc: &TensorDesc<T>,
-        conv: &ConvDesc,
-        dx_desc: &TensorDesc<T>,
-    ) -> Result<Vec<AlgoPerf<ConvBwdDataAlgo>>> {
-        ConvBackwardData::new(conv, w_desc, dy_desc, dx_desc)?.heuristics(self)
-    }
-
-    /// Runs and times every backward-data algorithm (`cudnnFindConvolutionBackwardDataAlgorithmEx`):
-    /// [`ConvOp::find`]. **`dx` is overwritten**; see [`conv_forward_find`](Self::conv_forward_find).
-    #[doc(alias = "cudnnFindConvolutionBackwardDataAlgorithmEx")]
-    #[allow(clippy::too_many_arguments)] // mirrors the C call
-    pub fn conv_backward_data_find<T: DataType>(
-        &self,
-        w_desc: &FilterDesc<T>,
-        w: &impl DeviceBuffer<T>,
-        dy_desc: &TensorDesc<T>,
-        dy: &impl DeviceBuffer<T>,
-        conv: &ConvDesc,
-        dx_desc: &TensorDesc<T>,
-        dx: &mut impl DeviceBufferMut<T>,
-        workspace: &mut Workspace,
-    ) -> Result<Vec<AlgoPerf<ConvBwdDataAlgo>>> {
-        ConvBackwardData::new(conv, w_desc, dy_desc, dx_desc)?.find(self, (w, dy), dx, workspace)
-    }
-
-    /// `dx = alpha·conv_transposeᵀ(dy, w) + beta·dx` (`cudnnConvolutionBackwardData`): the
-    /// gradient of a forward convolution with respect to its input. [`ConvBackwardData::new`]
-    /// then [`ConvOp::launch`].
-    #[doc(alias = "cudnnConvolutionBackwardData")]
-    #[allow(clippy::too_many_arguments)] // mirrors the C call
-    pub fn conv_backward_data<T: DataType>(
-        &self,
-        alpha: T::Scalar,
-        w_desc: &FilterDesc<T>,
-        w: &impl DeviceBuffer<T>,
-        dy_desc: &TensorDesc<T>,
-        dy: &impl DeviceBuffer<T>,
-        conv: &ConvDesc,
-        algo: ConvBwdDataAlgo,
-        workspace: &mut Workspace,
-        beta: T::Scalar,
-        dx_desc: &TensorDesc<T>,
-        dx: &mut impl DeviceBufferMut<T>,
-    ) -> Result<()> {
-        let op = ConvBackwardData::new(conv, w_desc, dy_desc, dx_desc)?;
-        op.launch(self, algo, (alpha, beta), (w, dy), workspace, dx)
-    }
-
-    // ----- backward filter --------------------------------------------------------------------
-
-    /// Workspace bytes `algo` needs for this backward-filter pass: [`ConvBackwardFilter::new`]
-    /// then [`ConvOp::workspace_size`].
-    #[doc(alias = "cudnnGetConvolutionBackwardFilterWorkspaceSize")]
-    pub fn conv_backward_filter_workspace_size<T: DataType>(
-        &self,
-        x_desc: &TensorDesc<T>,
-        dy_desc: &TensorDesc<T>,
-        conv: &ConvDesc,
-        dw_desc: &FilterDesc<T>,
-        algo: ConvBwdFilterAlgo,
-    ) -> Result<usize> {
-        ConvBackwardFilter::new(conv, x_desc, dy_desc, dw_desc)?.workspace_size(self, algo)
-    }
-
-    /// cuDNN's heuristic ranking of backward-filter algorithms
-    /// (`cudnnGetConvolutionBackwardFilterAlgorithm_v7`): [`ConvOp::heuristics`].
-    #[doc(alias = "cudnnGetConvolutionBackwardFilterAlgorithm_v7")]
-    pub fn conv_backward_filter_heuristics<T: DataType>(
-        &self,
-        x_desc: &TensorDesc<T>,
-        dy_desc: &TensorDesc<T>,
-        conv: &ConvDesc,
-        dw_desc: &FilterDesc<T>,
-    ) -> Result<Vec<AlgoPerf<ConvBwdFilterAlgo>>> {
-        ConvBackwardFilter::new(conv, x_desc, dy_desc, dw_desc)?.heuristics(self)
-    }
-
-    /// Runs and times every backward-filter algorithm
-    /// (`cudnnFindConvolutionBackwardFilterAlgorithmEx`): [`ConvOp::find`]. **`dw` is
-    /// overwritten**; see [`conv_forward_find`](Self::conv_forward_find).
-    #[doc(alias = "cudnnFindConvolutionBackwardFilterAlgorithmEx")]
-    #[allow(clippy::too_many_arguments)] // mirrors the C call
-    pub fn conv_backward_filter_find<T: DataType>(
-        &self,
-        x_desc: &TensorDesc<T>,
-        x: &impl DeviceBuffer<T>,
-        dy_desc: &TensorDesc<T>,
-        dy: &impl DeviceBuffer<T>,
-        conv: &ConvDesc,
-        dw_desc: &FilterDesc<T>,
-        dw: &mut impl DeviceBufferMut<T>,
-        workspace: &mut Workspace,
-    ) -> Result<Vec<AlgoPerf<ConvBwdFilterAlgo>>> {
-        ConvBackwardFilter::new(conv, x_desc, dy_desc, dw_desc)?.find(self, (x, dy), dw, workspace)
-    }
-
-    /// `dw = alpha·correlate(x, dy) + beta·dw` (`cudnnConvolutionBackwardFilter`): the gradient
-    /// of a forward convolution with respect to its filter. Use `beta = 1` to accumulate.
-    /// [`ConvBackwardFilter::new`] then [`ConvOp::launch`].
-    #[doc(alias = "cudnnConvolutionBackwardFilter")]
-    #[allow(clippy::too_many_arguments)] // mirrors the C call
-    pub fn conv_backward_filter<T: DataType>(
-        &self,
-        alpha: T::Scalar,
-        x_desc: &TensorDesc<T>,
-        x: &impl DeviceBuffer<T>,
-        dy_desc: &TensorDesc<T>,
-        dy: &impl DeviceBuffer<T>,
-        conv: &ConvDesc,
-        algo: ConvBwdFilterAlgo,
-        workspace: &mut Workspace,
-        beta: T::Scalar,
-        dw_desc: &FilterDesc<T>,
-        dw: &mut impl DeviceBufferMut<T>,
-    ) -> Result<()> {
-        let op = ConvBackwardFilter::new(conv, x_desc, dy_desc, dw_desc)?;
-        op.launch(self, algo, (alpha, beta), (x, dy), workspace, dw)
-    }
+    conv_wrappers!(
+        ConvBackwardFilter [T: DataType], ConvBwdFilterAlgo, T, T,
+        (x_desc: TensorDesc<T>, x), (dy_desc: TensorDesc<T>, dy),
+        (dw_desc: FilterDesc<T>, dw);
+        workspace_size:
+            /// Workspace bytes `algo` needs for this backward-filter pass:
+            /// [`ConvBackwardFilter::new`] then [`ConvOp::workspace_size`].
+            #[doc(alias = "cudnnGetConvolutionBackwardFilterWorkspaceSize")]
+            conv_backward_filter_workspace_size;
+        heuristics:
+            /// cuDNN's heuristic ranking of backward-filter algorithms
+            /// (`cudnnGetConvolutionBackwardFilterAlgorithm_v7`): [`ConvOp::heuristics`].
+            #[doc(alias = "cudnnGetConvolutionBackwardFilterAlgorithm_v7")]
+            conv_backward_filter_heuristics;
+        find:
+            /// Runs and times every backward-filter algorithm
+            /// (`cudnnFindConvolutionBackwardFilterAlgorithmEx`): [`ConvOp::find`]. **`dw` is
+            /// overwritten**; see [`conv_forward_find`](Self::conv_forward_find).
+            #[doc(alias = "cudnnFindConvolutionBackwardFilterAlgorithmEx")]
+            conv_backward_filter_find;
+        launch:
+            /// `dw = alpha·correlate(x, dy) + beta·dw` (`cudnnConvolutionBackwardFilter`): the
+            /// gradient of a forward convolution with respect to its filter. Use `beta = 1` to
+            /// accumulate. [`ConvBackwardFilter::new`] then [`ConvOp::launch`].
+            #[doc(alias = "cudnnConvolutionBackwardFilter")]
+            conv_backward_filter;
+    );
 
     /// `db = alpha·Σ dy + beta·db`, summing over every dimension but the channels
     /// (`cudnnConvolutionBackwardBias`). `db` is `[1, K, 1, 1]` (or `[1, K, 1, 1, 1]`).
