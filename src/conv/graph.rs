@@ -92,3 +92,40 @@ impl<T: DataType> UnionGraph for ConvBackwardFilter<'_, T> {
         gunion::wgrad_graph(cudnn, self.x(), self.dy(), self.conv(), self.dw())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conv::ConvDesc;
+    use crate::tensor::{FilterDesc, TensorDesc, TensorFormat};
+
+    /// The directions answer as the tuner's former per-direction calls did: f32 packed NCHW in 2-D
+    /// is a graph problem, f64 is not; only backward data binds its inputs swapped.
+    #[test]
+    fn eligibility_and_binding_order_per_direction() {
+        let Some(()) = crate::checks::lib_or_skip() else {
+            return;
+        };
+        fn check<T: DataType>(want: bool) {
+            let conv = ConvDesc::builder(2).pads(&[1, 1]).build::<T>().unwrap();
+            let x = TensorDesc::<T>::nchw(2, 8, 9, 9).unwrap();
+            let w = FilterDesc::<T>::new(&[16, 8, 3, 3], TensorFormat::Nchw).unwrap();
+            let y =
+                TensorDesc::<T>::nchw_nd(&conv.output_dims(x.dims(), w.dims()).unwrap()).unwrap();
+            let fwd = ConvForward::new(&conv, &x, &w, &y).unwrap();
+            let bd = ConvBackwardData::new(&conv, &w, &y, &x).unwrap();
+            let bf = ConvBackwardFilter::new(&conv, &x, &y, &w).unwrap();
+            assert_eq!(
+                [fwd.eligible(), bd.eligible(), bf.eligible()],
+                [want; 3],
+                "{}",
+                T::DTYPE
+            );
+        }
+        check::<f32>(true);
+        check::<f64>(false);
+        assert!(!<ConvForward<'_, f32> as UnionGraph>::SWAP);
+        assert!(<ConvBackwardData<'_, f32> as UnionGraph>::SWAP);
+        assert!(!<ConvBackwardFilter<'_, f32> as UnionGraph>::SWAP);
+    }
+}
