@@ -14,7 +14,7 @@ use std::mem::MaybeUninit;
 use cudarc::driver::CudaStream;
 use cudnn_safe_sys::{self as sys, Library};
 
-use super::sealed::Sealed;
+use super::algo::sealed::Sealed;
 use super::{AlgoPerf, ConvAlgorithm, ConvBwdDataAlgo, ConvBwdFilterAlgo, ConvDesc, ConvFwdAlgo};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DataType, Scalar};

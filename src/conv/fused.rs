@@ -4,8 +4,8 @@ use std::ffi::c_void;
 
 use cudarc::driver::{CudaStream, CudaView, DevicePtr};
 
+use super::algo::sealed::Sealed as _;
 use super::direction::{self, shape_rule};
-use super::sealed::Sealed as _;
 use super::{ConvAlgorithm, ConvForward, ConvFwdAlgo, ConvOp, FusedActivation};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DType, DataType, Scalar};
