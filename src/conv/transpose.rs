@@ -33,7 +33,7 @@
 //! against the scatter sum over every small case.
 use cudarc::driver::{CudaSlice, CudaView};
 
-use super::{AlgoPerf, ConvBwdDataAlgo, ConvDesc};
+use super::{AlgoPerf, ConvBackwardData, ConvBwdDataAlgo, ConvDesc, ConvOp};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DataType, Scalar};
 use crate::error::{Error, Result};
@@ -307,22 +307,146 @@ impl<T: DataType> TransposePlan<T> {
     }
 }
 
-impl Cudnn {
-    /// Checks the buffers of a transposed convolution under its own names.
-    fn check_transpose_buffers<T: DataType>(
-        &self,
-        x_desc: &TensorDesc<T>,
-        x: &impl DeviceBuffer<T>,
-        w_desc: &FilterDesc<T>,
-        w: &impl DeviceBuffer<T>,
-        y_desc: &TensorDesc<T>,
-        y: &impl DeviceBuffer<T>,
-    ) -> Result<()> {
-        self.check_tensor("x", x_desc.layout(), x, false)?;
-        self.check_buffer("w", w, w_desc.span())?;
-        self.check_tensor("y", y_desc.layout(), y, true)
+/// Transposed convolution (a "deconvolution" / up-sampling layer, PyTorch's
+/// `conv_transpose1d/2d/3d`) as a value: `y = alpha·conv_transpose(x, w) + beta·y`, computed by
+/// one cuDNN backward-data pass ([`backward_data`](Self::backward_data)) plus, when an output
+/// padding reaches the stride, a copy and a scaling of the positions that pass cannot address
+/// (see [`Cudnn::conv_transpose`] for the shapes and routes). Launch inputs are `(x, w)`, the
+/// output `y`; errors name them so.
+pub struct ConvTranspose<'a, T: DataType> {
+    conv: &'a ConvDesc,
+    x: &'a TensorDesc<T>,
+    w: &'a FilterDesc<T>,
+    y: &'a TensorDesc<T>,
+    plan: TransposePlan<T>,
+}
+
+impl<T: DataType> std::fmt::Debug for ConvTranspose<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConvTranspose")
+            .field("conv", self.conv)
+            .field("x", self.x)
+            .field("w", self.w)
+            .field("y", self.y)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a, T: DataType> ConvTranspose<'a, T> {
+    /// Checks the data type and `y` against the dimensions
+    /// [`ConvDesc::transpose_output_dims`] accepts (errors name `x`, `w` and `y`) and maps the
+    /// call onto backward data. Creates descriptors only when some output padding reaches the
+    /// stride.
+    pub fn new(
+        conv: &'a ConvDesc,
+        x: &'a TensorDesc<T>,
+        w: &'a FilterDesc<T>,
+        y: &'a TensorDesc<T>,
+    ) -> Result<Self> {
+        let plan = TransposePlan::new(x, w, conv, y)?;
+        Ok(ConvTranspose {
+            conv,
+            x,
+            w,
+            y,
+            plan,
+        })
     }
 
+    /// The backward-data pass the launch runs (`dy` = `x`; `dx` = `y`, its leading part or
+    /// scratch memory), or `None` when no element of `y` receives a term. Its algorithms are the
+    /// ones [`launch`](Self::launch) takes.
+    pub fn backward_data(&self) -> Option<ConvBackwardData<'_, T>> {
+        let (conv, dx) = self.plan.backward(self.conv, self.y)?;
+        // The plan built `conv` and `dx` so that dy = x is their forward output (checked by
+        // `tests::split_matches_the_scatter_definition`), and checked the data type.
+        debug_assert!(ConvBackwardData::new(conv, self.w, self.x, dx).is_ok());
+        Some(ConvBackwardData::planned(conv, self.w, self.x, dx))
+    }
+
+    /// Workspace bytes `algo` needs (the query of [`backward_data`](Self::backward_data)'s pass;
+    /// 0 when nothing runs). An algorithm that does not support the case returns cuDNN's error.
+    pub fn workspace_size(&self, cudnn: &Cudnn, algo: ConvBwdDataAlgo) -> Result<usize> {
+        match self.backward_data() {
+            Some(op) => op.workspace_size(cudnn, algo),
+            None => Ok(0),
+        }
+    }
+
+    /// cuDNN's heuristic ranking of the backward-data algorithms for the pass, best first
+    /// (empty when no element of `y` receives a term).
+    pub fn heuristics(&self, cudnn: &Cudnn) -> Result<Vec<AlgoPerf<ConvBwdDataAlgo>>> {
+        match self.backward_data() {
+            Some(op) => op.heuristics(cudnn),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// [`TransposePlan::memory`]: what the launch needs besides `y`, allocated before the
+    /// first launch so that a failure leaves `y` untouched.
+    pub(crate) fn memory(&self, cudnn: &Cudnn, beta: T::Scalar) -> Result<TransposeMemory<T>> {
+        self.plan.memory(cudnn, beta)
+    }
+
+    /// [`TransposePlan::finish`]: after the backward-data pass, the copy from scratch memory
+    /// and `y = beta·y` where no term lands.
+    pub(crate) fn finish(
+        &self,
+        cudnn: &Cudnn,
+        mem: &TransposeMemory<T>,
+        beta: T::Scalar,
+        y: &mut impl DeviceBufferMut<T>,
+    ) -> Result<()> {
+        self.plan.finish(cudnn, mem, beta, y)
+    }
+
+    /// Checks the buffers under the transposed convolution's names.
+    pub(crate) fn check_buffers(
+        &self,
+        cudnn: &Cudnn,
+        x: &impl DeviceBuffer<T>,
+        w: &impl DeviceBuffer<T>,
+        y: &impl DeviceBuffer<T>,
+    ) -> Result<()> {
+        cudnn.check_tensor("x", self.x.layout(), x, false)?;
+        cudnn.check_buffer("w", w, self.w.span())?;
+        cudnn.check_tensor("y", self.y.layout(), y, true)
+    }
+
+    /// `y = alpha·conv_transpose(x, w) + beta·y` with the backward-data algorithm `algo`. Every
+    /// check (buffers, the algorithm's workspace, the memory beside `y`) runs before the first
+    /// launch, so a refused call leaves `y` untouched.
+    #[doc(alias = "cudnnConvolutionBackwardData")]
+    pub fn launch(
+        &self,
+        cudnn: &Cudnn,
+        algo: ConvBwdDataAlgo,
+        (alpha, beta): (T::Scalar, T::Scalar),
+        (x, w): (&impl DeviceBuffer<T>, &impl DeviceBuffer<T>),
+        workspace: &mut Workspace,
+        y: &mut impl DeviceBufferMut<T>,
+    ) -> Result<()> {
+        self.check_buffers(cudnn, x, w, y)?;
+        cudnn.check_workspace_context(workspace)?;
+        let backward = self.backward_data();
+        if let Some(op) = &backward {
+            workspace.prepare(op.workspace_size(cudnn, algo)?)?;
+        }
+        let mut mem = self.memory(cudnn, beta)?;
+        if let Some(op) = &backward {
+            match &mut mem.scratch {
+                Some(s) => {
+                    let zero = T::Scalar::from_f64(0.0);
+                    op.launch(cudnn, algo, (alpha, zero), (w, x), workspace, s)?
+                }
+                None => op.launch(cudnn, algo, (alpha, beta), (w, x), workspace, y)?,
+            }
+        }
+        self.finish(cudnn, &mem, beta, y)
+    }
+}
+
+impl Cudnn {
     /// The checks of [`Autotuner::conv_transpose`](crate::Autotuner::conv_transpose): the plan,
     /// after the buffers are checked under the transposed convolution's names.
     #[allow(clippy::too_many_arguments)] // the arguments of the call
@@ -336,14 +460,14 @@ impl Cudnn {
         y_desc: &TensorDesc<T>,
         y: &impl DeviceBuffer<T>,
     ) -> Result<TransposePlan<T>> {
-        let plan = TransposePlan::new(x_desc, w_desc, conv, y_desc)?;
-        self.check_transpose_buffers(x_desc, x, w_desc, w, y_desc, y)?;
-        Ok(plan)
+        let op = ConvTranspose::new(conv, x_desc, w_desc, y_desc)?;
+        op.check_buffers(self, x, w, y)?;
+        Ok(op.plan)
     }
 
-    /// Workspace bytes `algo` needs for this transposed convolution (the backward-data query of
-    /// the pass [`conv_transpose`](Self::conv_transpose) runs; 0 when no element of `y`
-    /// receives a term). An algorithm that does not support the case returns cuDNN's error.
+    /// Workspace bytes `algo` needs for this transposed convolution:
+    /// [`ConvTranspose::workspace_size`] (0 when no element of `y` receives a term). An
+    /// algorithm that does not support the case returns cuDNN's error.
     #[doc(alias = "cudnnGetConvolutionBackwardDataWorkspaceSize")]
     pub fn conv_transpose_workspace_size<T: DataType>(
         &self,
@@ -353,16 +477,12 @@ impl Cudnn {
         y_desc: &TensorDesc<T>,
         algo: ConvBwdDataAlgo,
     ) -> Result<usize> {
-        let plan = TransposePlan::new(x_desc, w_desc, conv, y_desc)?;
-        match plan.backward(conv, y_desc) {
-            Some((c, dx)) => self.conv_backward_data_workspace_size(w_desc, x_desc, c, dx, algo),
-            None => Ok(0),
-        }
+        ConvTranspose::new(conv, x_desc, w_desc, y_desc)?.workspace_size(self, algo)
     }
 
     /// cuDNN's heuristic ranking of the backward-data algorithms for the pass
     /// [`conv_transpose`](Self::conv_transpose) runs, best first (empty when no element of `y`
-    /// receives a term).
+    /// receives a term): [`ConvTranspose::heuristics`].
     #[doc(alias = "cudnnGetConvolutionBackwardDataAlgorithm_v7")]
     pub fn conv_transpose_heuristics<T: DataType>(
         &self,
@@ -371,11 +491,7 @@ impl Cudnn {
         conv: &ConvDesc,
         y_desc: &TensorDesc<T>,
     ) -> Result<Vec<AlgoPerf<ConvBwdDataAlgo>>> {
-        let plan = TransposePlan::new(x_desc, w_desc, conv, y_desc)?;
-        match plan.backward(conv, y_desc) {
-            Some((c, dx)) => self.conv_backward_data_heuristics(w_desc, x_desc, c, dx),
-            None => Ok(Vec::new()),
-        }
+        ConvTranspose::new(conv, x_desc, w_desc, y_desc)?.heuristics(self)
     }
 
     /// Transposed convolution (a "deconvolution" / up-sampling layer, PyTorch's
@@ -395,7 +511,8 @@ impl Cudnn {
     /// the leading part of `y` when `y` is packed NCHW and no trailing position receives a term,
     /// else into scratch memory allocated on the handle's stream for the call, whose result is
     /// added to `y`. [`conv_transpose_workspace_size`](Self::conv_transpose_workspace_size) and
-    /// [`conv_transpose_heuristics`](Self::conv_transpose_heuristics) answer for that pass;
+    /// [`conv_transpose_heuristics`](Self::conv_transpose_heuristics) answer for that pass
+    /// ([`ConvTranspose`] is the same call as a value);
     /// [`crate::Autotuner::conv_transpose`] chooses the algorithm.
     ///
     /// ```no_run
@@ -436,30 +553,8 @@ impl Cudnn {
         y_desc: &TensorDesc<T>,
         y: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
-        let plan = self.transpose_plan(x_desc, x, w_desc, w, conv, y_desc, y)?;
-        self.check_workspace_context(workspace)?;
-        // Everything that can refuse the call does so before the first launch: the algorithm's
-        // workspace (query and growth) and the memory beside y.
-        let backward = plan.backward(conv, y_desc);
-        if let Some((bconv, dx)) = backward {
-            let bytes = self.conv_backward_data_workspace_size(w_desc, x_desc, bconv, dx, algo)?;
-            workspace.prepare(bytes)?;
-        }
-        let mut mem = plan.memory(self, beta)?;
-        if let Some((bconv, dx)) = backward {
-            match &mut mem.scratch {
-                Some(s) => {
-                    let zero = T::Scalar::from_f64(0.0);
-                    self.conv_backward_data(
-                        alpha, w_desc, w, x_desc, x, bconv, algo, workspace, zero, dx, s,
-                    )?
-                }
-                None => self.conv_backward_data(
-                    alpha, w_desc, w, x_desc, x, bconv, algo, workspace, beta, dx, y,
-                )?,
-            }
-        }
-        plan.finish(self, &mem, beta, y)
+        let op = ConvTranspose::new(conv, x_desc, w_desc, y_desc)?;
+        op.launch(self, algo, (alpha, beta), (x, w), workspace, y)
     }
 }
 

@@ -1,0 +1,602 @@
+//! The convolution directions as values ([`ConvForward`], [`ConvBackwardData`],
+//! [`ConvBackwardFilter`], [`ConvTranspose`], [`ConvBiasActivation`]) and the [`ConvOp`] trait:
+//! typed refusals when they are built (host side: shapes and data types), typed refusals of
+//! short buffers and too small a workspace with the output untouched, and every algorithm
+//! cuDNN's heuristics list against a CPU f64 reference on random inputs, outputs poisoned with
+//! NaN first. GPU cases skip without a GPU.
+mod common;
+
+use common::{
+    assert_untouched, download, gpu, have_cudnn, poisoned_buffer, sentinel_buffer, to_f64, Rng,
+};
+use cudnn_safe::conv::{
+    AlgoPerf, ConvAlgorithm, ConvBackwardData, ConvBackwardFilter, ConvBiasActivation, ConvDesc,
+    ConvForward, ConvOp, ConvTranspose, FusedActivation, MathType,
+};
+use cudnn_safe::cudarc::driver::CudaSlice;
+use cudnn_safe::{
+    Cudnn, DType, DataType, Error, FilterDesc, Scalar, StatusFamily, TensorDesc, TensorFormat,
+    Workspace,
+};
+
+// ---------------------------------------------------------------------------------------------
+// A 2-D NCHW problem and its f64 reference
+// ---------------------------------------------------------------------------------------------
+
+/// A 2-D cross-correlation, groups 1, every tensor packed NCHW.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    n: i64,
+    c: i64,
+    k: i64,
+    hw: [i64; 2],
+    rs: [i64; 2],
+    pad: [i64; 2],
+    stride: [i64; 2],
+    dil: [i64; 2],
+}
+
+/// Cases with padding, stride and dilation in each combination the directions take.
+const CASES: [Case; 3] = [
+    Case {
+        n: 2,
+        c: 3,
+        k: 4,
+        hw: [7, 6],
+        rs: [3, 3],
+        pad: [1, 1],
+        stride: [1, 1],
+        dil: [1, 1],
+    },
+    Case {
+        n: 1,
+        c: 4,
+        k: 3,
+        hw: [9, 8],
+        rs: [3, 2],
+        pad: [1, 0],
+        stride: [2, 2],
+        dil: [1, 1],
+    },
+    Case {
+        n: 2,
+        c: 2,
+        k: 5,
+        hw: [8, 9],
+        rs: [2, 3],
+        pad: [2, 1],
+        stride: [1, 2],
+        dil: [2, 1],
+    },
+];
+
+impl Case {
+    fn out(&self) -> [i64; 2] {
+        let o = |i: usize| {
+            (self.hw[i] + 2 * self.pad[i] - self.dil[i] * (self.rs[i] - 1) - 1) / self.stride[i] + 1
+        };
+        [o(0), o(1)]
+    }
+    fn x_dims(&self) -> [i64; 4] {
+        [self.n, self.c, self.hw[0], self.hw[1]]
+    }
+    fn w_dims(&self) -> [i64; 4] {
+        [self.k, self.c, self.rs[0], self.rs[1]]
+    }
+    fn y_dims(&self) -> [i64; 4] {
+        let o = self.out();
+        [self.n, self.k, o[0], o[1]]
+    }
+    /// Strict arithmetic: FMA math for f32 (no TF32), cuDNN's default for f64.
+    fn conv<T: DataType>(&self) -> ConvDesc {
+        let math = if T::DTYPE == DType::F64 {
+            MathType::Default
+        } else {
+            MathType::Fma
+        };
+        ConvDesc::builder(2)
+            .pads(&self.pad)
+            .strides(&self.stride)
+            .dilations(&self.dil)
+            .math(math)
+            .build::<T>()
+            .unwrap()
+    }
+    /// Calls `f(xi, wi, yi)` for every term `x[xi]·w[wi]` of `y[yi]` (flat packed indices).
+    fn for_each_term(&self, mut f: impl FnMut(usize, usize, usize)) {
+        let [oh, ow] = self.out();
+        let [h, w] = self.hw;
+        let [r, s] = self.rs;
+        for n in 0..self.n {
+            for k in 0..self.k {
+                for p in 0..oh {
+                    for q in 0..ow {
+                        let yi = ((n * self.k + k) * oh + p) * ow + q;
+                        for c in 0..self.c {
+                            for a in 0..r {
+                                for b in 0..s {
+                                    let i = p * self.stride[0] - self.pad[0] + a * self.dil[0];
+                                    let j = q * self.stride[1] - self.pad[1] + b * self.dil[1];
+                                    if !(0..h).contains(&i) || !(0..w).contains(&j) {
+                                        continue;
+                                    }
+                                    let xi = ((n * self.c + c) * h + i) * w + j;
+                                    let wi = ((k * self.c + c) * r + a) * s + b;
+                                    f(xi as usize, wi as usize, yi as usize);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn len(dims: &[i64]) -> usize {
+    dims.iter().product::<i64>() as usize
+}
+
+/// A reference output: the exact sums and the sums of the terms' magnitudes (for the bound).
+struct Ref {
+    val: Vec<f64>,
+    abs: Vec<f64>,
+}
+
+impl Ref {
+    fn zeros(n: usize) -> Ref {
+        Ref {
+            val: vec![0.0; n],
+            abs: vec![0.0; n],
+        }
+    }
+    fn add(&mut self, i: usize, t: f64) {
+        self.val[i] += t;
+        self.abs[i] += t.abs();
+    }
+}
+
+/// `y = conv(x, w)`.
+fn forward_ref(case: &Case, x: &[f64], w: &[f64]) -> Ref {
+    let mut r = Ref::zeros(len(&case.y_dims()));
+    case.for_each_term(|xi, wi, yi| r.add(yi, x[xi] * w[wi]));
+    r
+}
+
+/// `dx = backward_data(dy, w)` (also the transposed convolution of `dy`).
+fn backward_data_ref(case: &Case, w: &[f64], dy: &[f64]) -> Ref {
+    let mut r = Ref::zeros(len(&case.x_dims()));
+    case.for_each_term(|xi, wi, yi| r.add(xi, dy[yi] * w[wi]));
+    r
+}
+
+/// `dw = backward_filter(x, dy)`.
+fn backward_filter_ref(case: &Case, x: &[f64], dy: &[f64]) -> Ref {
+    let mut r = Ref::zeros(len(&case.w_dims()));
+    case.for_each_term(|xi, wi, yi| r.add(wi, x[xi] * dy[yi]));
+    r
+}
+
+/// Checks `got` against `alpha·want` with the f32/f64 rounding bound: `tol·(16·(1 + |ref|) +
+/// Σ|terms|)`, plus `tol` of the largest `Σ|terms|` for FFT and Winograd algorithms (their
+/// rounding is spread over a transform tile).
+fn assert_matches<T: DataType>(what: &str, got: &[T], want: &Ref, alpha: f64, transform: bool) {
+    let tol = if T::DTYPE == DType::F64 { 1e-12 } else { 1e-5 };
+    let scale = want.abs.iter().fold(0.0f64, |m, &a| m.max(a)) * alpha.abs();
+    assert_eq!(got.len(), want.val.len(), "{what}: length");
+    for (i, (g, (&v, &a))) in got.iter().zip(want.val.iter().zip(&want.abs)).enumerate() {
+        let (g, v, a) = (g.to_f64(), alpha * v, alpha.abs() * a);
+        let mut bound = tol * (16.0 * (1.0 + v.abs()) + a);
+        if transform {
+            bound += tol * scale;
+        }
+        assert!(
+            g.is_finite() && (g - v).abs() <= bound,
+            "{what}: element {i}: got {g}, want {v} (bound {bound})"
+        );
+    }
+}
+
+fn is_transform<A: ConvAlgorithm>(a: A) -> bool {
+    let n = a.name();
+    n.contains("FFT") || n.contains("WINOGRAD")
+}
+
+/// A refusal of the case by cuDNN itself (an algorithm the heuristics list but whose workspace
+/// query or launch says "not supported"), or a workspace over the default limit.
+fn is_refusal(e: &Error) -> bool {
+    matches!(e, Error::WorkspaceLimit { .. })
+        || matches!(
+            e,
+            Error::Cudnn { status, .. }
+                if matches!(status.family(), StatusFamily::NotSupported | StatusFamily::BadParam)
+        )
+}
+
+/// The algorithms the heuristics list as supported, once each (an algorithm may be listed once
+/// per math type; the launch runs with the convolution's).
+fn supported<A: ConvAlgorithm>(heur: &[AlgoPerf<A>]) -> Vec<A> {
+    let mut algos: Vec<A> = Vec::new();
+    for p in heur.iter().filter(|p| p.is_supported()) {
+        if !algos.contains(&p.algo) {
+            algos.push(p.algo);
+        }
+    }
+    algos
+}
+
+/// Launches `op` with every supported algorithm its heuristics list, each into a fresh output
+/// poisoned with NaN, `alpha = 1.5, beta = 0`, and checks the result against `want`. Returns how
+/// many ran; at least one must.
+fn every_algorithm<T: DataType, O: ConvOp<In = T, Out = T, Scalar = T::Scalar>>(
+    what: &str,
+    cudnn: &Cudnn,
+    op: &O,
+    inputs: (&CudaSlice<T>, &CudaSlice<T>),
+    want: &Ref,
+) -> usize {
+    let stream = cudnn.stream().clone();
+    let heur: Vec<AlgoPerf<O::Algo>> = op.heuristics(cudnn).unwrap();
+    assert!(!heur.is_empty(), "{what}: cuDNN lists no algorithm");
+    let alpha = 1.5;
+    let mut ran = 0;
+    for algo in supported(&heur) {
+        let mut out = poisoned_buffer::<T>(&stream, op.out_len());
+        let mut ws = Workspace::new(stream.clone());
+        let ab = (T::Scalar::from_f64(alpha), T::Scalar::from_f64(0.0));
+        match op.launch(cudnn, algo, ab, inputs, &mut ws, &mut out) {
+            Ok(()) => {
+                let got = download(&stream, &out);
+                let what = format!("{what} {algo}");
+                assert_matches(&what, &got, want, alpha, is_transform(algo));
+                ran += 1;
+            }
+            Err(e) if is_refusal(&e) => eprintln!("{what} {algo}: refused: {e}"),
+            Err(e) => panic!("{what} {algo}: {e}"),
+        }
+    }
+    assert!(ran > 0, "{what}: no listed algorithm ran: {heur:?}");
+    ran
+}
+
+/// Descriptors of a case in `T`.
+struct Descs<T: DataType> {
+    conv: ConvDesc,
+    x: TensorDesc<T>,
+    w: FilterDesc<T>,
+    y: TensorDesc<T>,
+}
+
+impl<T: DataType> Descs<T> {
+    fn new(case: &Case) -> Descs<T> {
+        Descs {
+            conv: case.conv::<T>(),
+            x: TensorDesc::nchw_nd(&case.x_dims()).unwrap(),
+            w: FilterDesc::new(&case.w_dims(), TensorFormat::Nchw).unwrap(),
+            y: TensorDesc::nchw_nd(&case.y_dims()).unwrap(),
+        }
+    }
+}
+
+/// Uniform values in `[-1, 1]` rounded to `T`, on the device, with their f64 values.
+fn upload<T: DataType>(cudnn: &Cudnn, rng: &mut Rng, n: usize) -> (CudaSlice<T>, Vec<f64>) {
+    let host: Vec<T> = rng.values_in(n, -1.0, 1.0);
+    (cudnn.stream().clone_htod(&host).unwrap(), to_f64(&host))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side: refusals when a direction is built
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn new_refuses_mismatched_shapes_naming_the_argument() {
+    if !have_cudnn() {
+        return;
+    }
+    let case = CASES[1];
+    let d = Descs::<f32>::new(&case);
+    // One more output row than the convolution gives.
+    let mut bad = case.y_dims();
+    bad[2] += 1;
+    let y_bad = TensorDesc::<f32>::nchw_nd(&bad).unwrap();
+    let r = ConvForward::new(&d.conv, &d.x, &d.w, &y_bad);
+    assert!(
+        matches!(r, Err(Error::ShapeMismatch { a: "y", .. })),
+        "{r:?}"
+    );
+    let r = ConvBackwardData::new(&d.conv, &d.w, &y_bad, &d.x);
+    assert!(
+        matches!(r, Err(Error::ShapeMismatch { a: "dy", .. })),
+        "{r:?}"
+    );
+    let r = ConvBackwardFilter::new(&d.conv, &d.x, &y_bad, &d.w);
+    assert!(
+        matches!(r, Err(Error::ShapeMismatch { a: "dy", .. })),
+        "{r:?}"
+    );
+    // The transposed convolution of y gives x's dims (output padding 0 or 1 for stride 2);
+    // three more rows are no output padding PyTorch accepts.
+    assert!(ConvTranspose::new(&d.conv, &d.y, &d.w, &d.x).is_ok());
+    let mut t_bad = case.x_dims();
+    t_bad[2] += 3;
+    let x_bad = TensorDesc::<f32>::nchw_nd(&t_bad).unwrap();
+    let r = ConvTranspose::new(&d.conv, &d.y, &d.w, &x_bad);
+    assert!(
+        matches!(r, Err(Error::ShapeMismatch { a: "y", .. })),
+        "{r:?}"
+    );
+    // A bias that is not one value per output channel.
+    let fwd = ConvForward::new(&d.conv, &d.x, &d.w, &d.y).unwrap();
+    let bias_bad = TensorDesc::<f32>::nchw(1, case.k + 1, 1, 1).unwrap();
+    let r = ConvBiasActivation::new(fwd, &bias_bad, FusedActivation::Relu);
+    assert!(
+        matches!(r, Err(Error::ShapeMismatch { a: "bias", .. })),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn new_refuses_unsupported_data_types() {
+    if !have_cudnn() {
+        return;
+    }
+    let case = CASES[0];
+    // i8 has a forward pass but no backward ones.
+    let d = Descs::<i8>::new(&case);
+    let r = ConvBackwardData::new(&d.conv, &d.w, &d.y, &d.x);
+    assert!(matches!(r, Err(Error::UnsupportedDataType { .. })), "{r:?}");
+    let r = ConvBackwardFilter::new(&d.conv, &d.x, &d.y, &d.w);
+    assert!(matches!(r, Err(Error::UnsupportedDataType { .. })), "{r:?}");
+    let r = ConvTranspose::new(&d.conv, &d.y, &d.w, &d.x);
+    assert!(matches!(r, Err(Error::UnsupportedDataType { .. })), "{r:?}");
+    // A bias of another type than the output.
+    let f = Descs::<f32>::new(&case);
+    let fwd = ConvForward::new(&f.conv, &f.x, &f.w, &f.y).unwrap();
+    let bias = TensorDesc::<f64>::nchw(1, case.k, 1, 1).unwrap();
+    let r = ConvBiasActivation::new(fwd, &bias, FusedActivation::Relu);
+    assert!(matches!(r, Err(Error::UnsupportedDataType { .. })), "{r:?}");
+}
+
+#[test]
+fn directions_hold_their_descriptors() {
+    if !have_cudnn() {
+        return;
+    }
+    let case = CASES[2];
+    let d = Descs::<f32>::new(&case);
+    let fwd = ConvForward::new(&d.conv, &d.x, &d.w, &d.y).unwrap();
+    assert!(std::ptr::eq(fwd.conv(), &d.conv) && std::ptr::eq(fwd.y(), &d.y));
+    assert_eq!(fwd.out_len(), len(&case.y_dims()));
+    let bd = ConvBackwardData::new(&d.conv, &d.w, &d.y, &d.x).unwrap();
+    assert!(std::ptr::eq(bd.dx(), &d.x) && std::ptr::eq(bd.dy(), &d.y));
+    assert_eq!(bd.out_len(), len(&case.x_dims()));
+    let bf = ConvBackwardFilter::new(&d.conv, &d.x, &d.y, &d.w).unwrap();
+    assert!(std::ptr::eq(bf.dw(), &d.w) && std::ptr::eq(bf.x(), &d.x));
+    assert_eq!(bf.out_len(), len(&case.w_dims()));
+    // A transposed convolution whose output padding is below the stride runs backward data on
+    // its own descriptors.
+    let t = ConvTranspose::new(&d.conv, &d.y, &d.w, &d.x).unwrap();
+    let pass = t.backward_data().expect("a pass");
+    assert!(std::ptr::eq(pass.dx(), &d.x) && std::ptr::eq(pass.dy(), &d.y));
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU: refusals of buffers and workspace, output untouched
+// ---------------------------------------------------------------------------------------------
+
+/// `r` is `BufferTooSmall` for `name`.
+fn is_short(r: &Result<(), Error>, name: &str, required: usize) {
+    assert!(
+        matches!(r, Err(Error::BufferTooSmall { name: n, len, required: q })
+            if *n == name && *len == required - 1 && *q == required),
+        "expected BufferTooSmall for `{name}` ({} < {required}), got {r:?}",
+        required - 1
+    );
+}
+
+/// Each of the two inputs and the output one element short: refused, naming it, the output
+/// untouched; the same through `find`.
+fn short_buffers<O: ConvOp<In = f32, Out = f32, Scalar = f32>>(
+    cudnn: &Cudnn,
+    op: &O,
+    names: [&str; 3],
+    lens: [usize; 3],
+) {
+    let stream = cudnn.stream().clone();
+    let algo = op.pick_algorithm(cudnn).unwrap();
+    let mut ws = Workspace::new(stream.clone());
+    let full = |n: usize| stream.clone_htod(&vec![0.5f32; n]).unwrap();
+    let short = |n: usize| stream.clone_htod(&vec![0.5f32; n - 1]).unwrap();
+    let (a, b) = (full(lens[0]), full(lens[1]));
+    let (a_s, b_s) = (short(lens[0]), short(lens[1]));
+    for which in 0..3 {
+        let n = if which == 2 { lens[2] - 1 } else { lens[2] };
+        let (mut out, before) = sentinel_buffer::<f32>(&stream, n);
+        let inputs = match which {
+            0 => (&a_s, &b),
+            1 => (&a, &b_s),
+            _ => (&a, &b),
+        };
+        let r = op.launch(cudnn, algo, (1.0, 0.0), inputs, &mut ws, &mut out);
+        is_short(&r, names[which], lens[which]);
+        let r = op.find(cudnn, inputs, &mut out, &mut ws).map(|_| ());
+        is_short(&r, names[which], lens[which]);
+        assert_untouched(names[which], &stream, &out, &before);
+    }
+}
+
+#[test]
+fn short_buffers_are_refused_before_launch() {
+    let Some((_stream, cudnn)) = gpu() else {
+        return;
+    };
+    let case = CASES[0];
+    let d = Descs::<f32>::new(&case);
+    let (x, w, y) = (
+        len(&case.x_dims()),
+        len(&case.w_dims()),
+        len(&case.y_dims()),
+    );
+    let fwd = ConvForward::new(&d.conv, &d.x, &d.w, &d.y).unwrap();
+    short_buffers(&cudnn, &fwd, ["x", "w", "y"], [x, w, y]);
+    let bd = ConvBackwardData::new(&d.conv, &d.w, &d.y, &d.x).unwrap();
+    short_buffers(&cudnn, &bd, ["w", "dy", "dx"], [w, y, x]);
+    let bf = ConvBackwardFilter::new(&d.conv, &d.x, &d.y, &d.w).unwrap();
+    short_buffers(&cudnn, &bf, ["x", "dy", "dw"], [x, y, w]);
+}
+
+#[test]
+fn too_small_a_workspace_is_refused_before_launch() {
+    let Some((stream, cudnn)) = gpu() else {
+        return;
+    };
+    let mut rng = Rng::new(41);
+    let case = CASES[0];
+    let d = Descs::<f32>::new(&case);
+    let fwd = ConvForward::new(&d.conv, &d.x, &d.w, &d.y).unwrap();
+    let (x, _) = upload::<f32>(&cudnn, &mut rng, len(&case.x_dims()));
+    let (w, _) = upload::<f32>(&cudnn, &mut rng, len(&case.w_dims()));
+    // An algorithm that needs workspace for this case (GEMM materialises im2col).
+    let needs = fwd
+        .heuristics(&cudnn)
+        .unwrap()
+        .into_iter()
+        .filter(|p| p.is_supported())
+        .find_map(|p| match fwd.workspace_size(&cudnn, p.algo) {
+            Ok(b) if b > 0 => Some((p.algo, b)),
+            _ => None,
+        });
+    let (algo, bytes) = needs.expect("some forward algorithm needs workspace for this case");
+    let (mut y, before) = sentinel_buffer::<f32>(&stream, len(&case.y_dims()));
+    let mut ws = Workspace::new(stream.clone()).with_limit(bytes - 1);
+    let r = fwd.launch(&cudnn, algo, (1.0, 0.0), (&x, &w), &mut ws, &mut y);
+    assert!(
+        matches!(r, Err(Error::WorkspaceLimit { requested, .. }) if requested == bytes),
+        "{r:?}"
+    );
+    assert_untouched("y", &stream, &y, &before);
+    // With the limit it needs, the same call runs.
+    let mut ws = Workspace::new(stream.clone()).with_limit(bytes);
+    fwd.launch(&cudnn, algo, (1.0, 0.0), (&x, &w), &mut ws, &mut y)
+        .unwrap();
+    assert!(ws.capacity() >= bytes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU: every listed algorithm against the f64 reference
+// ---------------------------------------------------------------------------------------------
+
+/// Forward, backward data, backward filter and the transposed convolution of every case, in
+/// `T`, through every algorithm the heuristics list.
+fn every_direction<T: DataType>(seed: u64) {
+    let Some((_stream, cudnn)) = gpu() else {
+        return;
+    };
+    let mut rng = Rng::new(seed);
+    for (i, case) in CASES.iter().enumerate() {
+        let d = Descs::<T>::new(case);
+        let (x, xf) = upload::<T>(&cudnn, &mut rng, len(&case.x_dims()));
+        let (w, wf) = upload::<T>(&cudnn, &mut rng, len(&case.w_dims()));
+        let (dy, dyf) = upload::<T>(&cudnn, &mut rng, len(&case.y_dims()));
+        let what = |dir: &str| format!("{} case {i} {dir}", T::DTYPE);
+
+        let fwd = ConvForward::new(&d.conv, &d.x, &d.w, &d.y).unwrap();
+        let want = forward_ref(case, &xf, &wf);
+        every_algorithm(&what("forward"), &cudnn, &fwd, (&x, &w), &want);
+
+        let bd = ConvBackwardData::new(&d.conv, &d.w, &d.y, &d.x).unwrap();
+        let want = backward_data_ref(case, &wf, &dyf);
+        every_algorithm(&what("backward data"), &cudnn, &bd, (&w, &dy), &want);
+
+        let bf = ConvBackwardFilter::new(&d.conv, &d.x, &d.y, &d.w).unwrap();
+        let want = backward_filter_ref(case, &xf, &dyf);
+        every_algorithm(&what("backward filter"), &cudnn, &bf, (&x, &dy), &want);
+
+        // The transposed convolution of dy (shaped like y) by w gives x's shape: the backward
+        // data sums.
+        let t = ConvTranspose::new(&d.conv, &d.y, &d.w, &d.x).unwrap();
+        let want = backward_data_ref(case, &wf, &dyf);
+        let mut ran = 0;
+        for algo in supported(&t.heuristics(&cudnn).unwrap()) {
+            let mut out = poisoned_buffer::<T>(cudnn.stream(), len(&case.x_dims()));
+            let mut ws = Workspace::new(cudnn.stream().clone());
+            let ab = (T::Scalar::from_f64(1.5), T::Scalar::from_f64(0.0));
+            let what = format!("{} {algo}", what("transpose"));
+            match t.launch(&cudnn, algo, ab, (&dy, &w), &mut ws, &mut out) {
+                Ok(()) => {
+                    let got = download(cudnn.stream(), &out);
+                    assert_matches(&what, &got, &want, 1.5, is_transform(algo));
+                    ran += 1;
+                }
+                Err(e) if is_refusal(&e) => eprintln!("{what}: {e}"),
+                Err(e) => panic!("{what}: {e}"),
+            }
+        }
+        assert!(ran > 0, "{}: no algorithm ran", what("transpose"));
+    }
+}
+
+#[test]
+fn every_direction_and_algorithm_matches_the_reference_f32() {
+    every_direction::<f32>(7);
+}
+
+#[test]
+fn every_direction_and_algorithm_matches_the_reference_f64() {
+    every_direction::<f64>(8);
+}
+
+#[test]
+fn fused_bias_relu_matches_the_reference() {
+    let Some((stream, cudnn)) = gpu() else {
+        return;
+    };
+    let mut rng = Rng::new(9);
+    let case = CASES[0];
+    let d = Descs::<f32>::new(&case);
+    let (x, xf) = upload::<f32>(&cudnn, &mut rng, len(&case.x_dims()));
+    let (w, wf) = upload::<f32>(&cudnn, &mut rng, len(&case.w_dims()));
+    let (bias, bf) = upload::<f32>(&cudnn, &mut rng, case.k as usize);
+    let bias_d = TensorDesc::<f32>::nchw(1, case.k, 1, 1).unwrap();
+    let fwd = ConvForward::new(&d.conv, &d.x, &d.w, &d.y).unwrap();
+    let op = ConvBiasActivation::new(fwd, &bias_d, FusedActivation::Relu).unwrap();
+    // relu(conv + bias), with the bias counted among the terms of the bound.
+    let plane = (case.out()[0] * case.out()[1]) as usize;
+    let mut want = forward_ref(&case, &xf, &wf);
+    for (i, (v, a)) in want.val.iter_mut().zip(want.abs.iter_mut()).enumerate() {
+        let b = bf[(i / plane) % case.k as usize];
+        *v = (*v + b).max(0.0);
+        *a += b.abs();
+    }
+    let mut ran = 0;
+    let heur = op.forward().heuristics(&cudnn).unwrap();
+    for algo in supported(&heur) {
+        let mut y = poisoned_buffer::<f32>(&stream, len(&case.y_dims()));
+        let mut ws = Workspace::new(stream.clone());
+        match op.launch(
+            &cudnn,
+            algo,
+            (1.0, 0.0),
+            (&x, &w),
+            None,
+            &bias,
+            &mut ws,
+            &mut y,
+        ) {
+            Ok(()) => {
+                let got = download(&stream, &y);
+                assert_matches(
+                    &format!("fused {algo}"),
+                    &got,
+                    &want,
+                    1.0,
+                    is_transform(algo),
+                );
+                ran += 1;
+            }
+            Err(e) if is_refusal(&e) => eprintln!("fused {algo}: {e}"),
+            Err(e) => panic!("fused {algo}: {e}"),
+        }
+    }
+    assert!(ran > 0, "no fused algorithm ran");
+}
