@@ -3,10 +3,10 @@
 //! and what each [`Policy`] of the [`Autotuner`] costs on the first call and afterwards.
 //!
 //! ```text
-//! cargo run --release --example conv_explorer                      # everything (~1-2 min on an H200)
-//! cargo run --release --example conv_explorer -- --quick           # 2 layers, fp32 + fp16
-//! cargo run --release --example conv_explorer -- --modes fp16,bf16 # chosen modes only
-//! cargo run --release --example conv_explorer -- --graph-plans 24  # the library's union cap
+//! cargo run --release -p cudnn-safe-tools --bin conv_explorer                      # everything (~1-2 min on an H200)
+//! cargo run --release -p cudnn-safe-tools --bin conv_explorer -- --quick           # 2 layers, fp32 + fp16
+//! cargo run --release -p cudnn-safe-tools --bin conv_explorer -- --modes fp16,bf16 # chosen modes only
+//! cargo run --release -p cudnn-safe-tools --bin conv_explorer -- --graph-plans 24  # the library's union cap
 //! ```
 //!
 //! Modes: `fp32` (f32 NCHW, FMA math: strict fp32), `tf32` (f32 NCHW, default math: TF32 tensor
@@ -64,8 +64,8 @@
 //! everything ran, 1 when a layer or an output failed (the rest still runs), 2 for bad arguments
 //! or without a GPU (after printing `conv_explorer needs an NVIDIA GPU: <why>`).
 //!
-//! `cargo test --example conv_explorer` checks the table and chart writers on made-up numbers
-//! (no GPU needed).
+//! `cargo test -p cudnn-safe-tools --bin conv_explorer` checks the table and chart writers on
+//! made-up numbers (no GPU needed).
 use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::io::Write as _;
@@ -1445,7 +1445,7 @@ fn first_call_measure(cache: &Path, fixed: Option<ConvFwdAlgo>) -> Result<String
 }
 
 /// The file writers on made-up measurements (no GPU needed):
-/// `cargo test --example conv_explorer`.
+/// `cargo test -p cudnn-safe-tools --bin conv_explorer`.
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,9 +3,9 @@
 //! backward) of each block.
 //!
 //! ```text
-//! cargo run --release --example conv_bn_relu                    # fp32, tf32 and fp16, N = 32
-//! cargo run --release --example conv_bn_relu -- --modes fp16    # chosen modes only
-//! cargo run --release --example conv_bn_relu -- --batch 8       # a smaller batch
+//! cargo run --release -p cudnn-safe-tools --bin conv_bn_relu                    # fp32, tf32 and fp16, N = 32
+//! cargo run --release -p cudnn-safe-tools --bin conv_bn_relu -- --modes fp16    # chosen modes only
+//! cargo run --release -p cudnn-safe-tools --bin conv_bn_relu -- --batch 8       # a smaller batch
 //! ```
 //!
 //! Both blocks work on `N×64×56×56` activations (ResNet-18/34's first stage), 64 filters of 3×3,
@@ -54,8 +54,8 @@
 //! mode (the other modes still run), 2 for bad arguments or without a GPU (after printing
 //! `conv_bn_relu needs an NVIDIA GPU: <why>`).
 //!
-//! `cargo test --example conv_bn_relu` checks the folding, the CPU reference and the writers
-//! (no GPU needed).
+//! `cargo test -p cudnn-safe-tools --bin conv_bn_relu` checks the folding, the CPU reference and
+//! the writers (no GPU needed).
 #[path = "common/mod.rs"]
 mod common;
 
@@ -1653,7 +1653,7 @@ fn write_svg(path: &Path, rows: &[Row], modes: &[Mode]) -> WriteResult {
 }
 
 /// The folding, the CPU reference, the checks and the writers, on the host (no GPU needed):
-/// `cargo test --example conv_bn_relu`.
+/// `cargo test -p cudnn-safe-tools --bin conv_bn_relu`.
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,9 +1,9 @@
 //! What the first convolution of a new process costs once the plan cache is warm.
 //!
 //! ```text
-//! cargo run --release --example plan_cache                  # autotune, then cold and warm children
-//! cargo run --release --example plan_cache -- --max-plans 4 # a quicker autotune
-//! cargo run --release --example plan_cache -- --no-runtime-compilation
+//! cargo run --release -p cudnn-safe-tools --bin plan_cache                  # autotune, then cold and warm children
+//! cargo run --release -p cudnn-safe-tools --bin plan_cache -- --max-plans 4 # a quicker autotune
+//! cargo run --release -p cudnn-safe-tools --bin plan_cache -- --no-runtime-compilation
 //! ```
 //!
 //! The graph is `y = conv(x, w)`, f16 NHWC `32×64×56×56 → 128`, 3×3, padding 1, f32 inside.
