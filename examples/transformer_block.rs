@@ -12,7 +12,8 @@
 //! Q, K and V interleaved per token), `attention` (causal scaled dot-product attention reading
 //! Q, K and V straight out of that buffer as strided `[B, H, S, hd]` views), `proj` (matmul +
 //! bias + the residual x), `ln2`, `mlp_up` (matmul + bias + GELU, erf form), `mlp_down`
-//! (matmul + bias + the residual h1). Each graph runs the first plan cuDNN's heuristics offer.
+//! (matmul + bias + the residual h1). Each graph runs the plan cuDNN's heuristics rank first,
+//! held by a [`PlanCache`].
 //!
 //! The size is small (batch 2, sequence 64, model 128, 2 heads, MLP 256) so the CPU check is
 //! quick. The realistic size, with autotuned plans, TFLOP/s per stage and a plot, is a tool:
@@ -26,10 +27,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use common::{drv, Rng};
-use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
-use cudnn_safe::graph::{Args, Graph, Plan, PlanFilter, PointwiseMode, SdpaOptions, TensorId};
+use cudnn_safe::cudarc::driver::CudaStream;
+use cudnn_safe::graph::{Args, Graph, PlanCache, PlanFilter, PointwiseMode, SdpaOptions, TensorId};
 use cudnn_safe::half::bf16;
-use cudnn_safe::{Cudnn, DType, Error, Result, Workspace};
+use cudnn_safe::{Cudnn, DType, Result, Workspace};
 
 const B: i64 = 2;
 const S: i64 = 64;
@@ -82,184 +83,152 @@ const PARAMS: [(&str, i64, f64, f64); 13] = [
     ("b2", D, 0.0, 0.1),
 ];
 
-/// One stage: its graph's plan, its tensors (inputs, then the output), where the inputs come
-/// from, and its output buffer.
-struct Stage {
-    name: &'static str,
-    plan: Plan,
-    ids: Vec<TensorId>,
-    srcs: Vec<Src>,
-    out: CudaSlice<bf16>,
+/// What a stage computes.
+#[derive(Clone, Copy)]
+enum Kind {
+    LayerNorm,
+    /// `a·w + bias` with `w` of `k×n`, then GELU if asked, then `+ residual` if a fourth input
+    /// is given.
+    Linear(i64, i64, bool),
+    Attention,
 }
 
-/// Layer norm over rows of D: tensors x, scale, bias, y.
-fn ln_graph() -> Result<(Graph, Vec<TensorId>)> {
-    let mut g = Graph::new(DType::BF16, DType::F32, DType::F32);
-    let x = g.tensor_nhwc("x", &[M, D, 1, 1], DType::BF16)?;
-    let scale = g.tensor_nhwc("scale", &[1, D, 1, 1], DType::BF16)?;
-    let bias = g.tensor_nhwc("bias", &[1, D, 1, 1], DType::BF16)?;
-    let y = g.layer_norm(x, scale, bias, EPS, false)?.y;
-    g.mark_output(y)?;
-    Ok((g, vec![x, scale, bias, y]))
+/// The block, stage by stage: name, kind, inputs (the graph's tensors in this order).
+#[rustfmt::skip] // a table
+fn stages() -> [(&'static str, Kind, Vec<Src>); 7] {
+    use Kind::*;
+    use Src::{Param as P, Stage as St};
+    let d = D as usize;
+    [
+        ("ln1",       LayerNorm,               vec![P(0), P(1), P(2)]),
+        ("qkv",       Linear(D, 3 * D, false), vec![St(0, 0), P(3), P(4)]),
+        ("attention", Attention,               vec![St(1, 0), St(1, d), St(1, 2 * d)]),
+        ("proj",      Linear(D, D, false),     vec![St(2, 0), P(5), P(6), P(0)]),
+        ("ln2",       LayerNorm,               vec![St(3, 0), P(7), P(8)]),
+        ("mlp_up",    Linear(D, FF, true),     vec![St(4, 0), P(9), P(10)]),
+        ("mlp_down",  Linear(FF, D, false),    vec![St(5, 0), P(11), P(12), St(3, 0)]),
+    ]
 }
 
-/// `c = a·w + bias` (`m×k · k×n`), then GELU, then `+ residual`.
-fn linear_graph(k: i64, n: i64, gelu: bool, residual: bool) -> Result<(Graph, Vec<TensorId>)> {
+/// A stage's graph; its tensors are the inputs in [`stages`] order, then the output.
+fn graph(kind: Kind, residual: bool) -> Result<(Graph, Vec<TensorId>)> {
     let mut g = Graph::new(DType::BF16, DType::F32, DType::F32);
-    let a = g.tensor_nchw("a", &[1, M, k], DType::BF16)?;
-    let w = g.tensor_nchw("w", &[1, k, n], DType::BF16)?;
-    let bias = g.tensor_nchw("bias", &[1, 1, n], DType::BF16)?;
-    let mut c = g.matmul(a, w)?;
-    c = g.bias(c, bias)?;
-    if gelu {
-        c = g.pointwise(PointwiseMode::Gelu, c, None)?;
-    }
-    let mut ids = vec![a, w, bias];
-    if residual {
-        let r = g.tensor_nchw("residual", &[1, M, n], DType::BF16)?;
-        c = g.pointwise(PointwiseMode::Add, c, Some(r))?;
-        ids.push(r);
-    }
-    g.mark_output(c)?;
-    ids.push(c);
+    let bf = DType::BF16;
+    let mut ids = Vec::new();
+    let out = match kind {
+        Kind::LayerNorm => {
+            ids.push(g.tensor_nhwc("x", &[M, D, 1, 1], bf)?);
+            ids.push(g.tensor_nhwc("scale", &[1, D, 1, 1], bf)?);
+            ids.push(g.tensor_nhwc("bias", &[1, D, 1, 1], bf)?);
+            g.layer_norm(ids[0], ids[1], ids[2], EPS, false)?.y
+        }
+        Kind::Linear(k, n, gelu) => {
+            ids.push(g.tensor_nchw("a", &[1, M, k], bf)?);
+            ids.push(g.tensor_nchw("w", &[1, k, n], bf)?);
+            ids.push(g.tensor_nchw("bias", &[1, 1, n], bf)?);
+            let mut c = g.matmul(ids[0], ids[1])?;
+            c = g.bias(c, ids[2])?;
+            if gelu {
+                c = g.pointwise(PointwiseMode::Gelu, c, None)?;
+            }
+            if residual {
+                ids.push(g.tensor_nchw("residual", &[1, M, n], bf)?);
+                c = g.pointwise(PointwiseMode::Add, c, Some(ids[3]))?;
+            }
+            c
+        }
+        Kind::Attention => {
+            // q, k, v: strided views of the [M, 3·D] QKV rows; o: [B, H, S, hd] laid out as
+            // [B, S, H, hd] = [M, D].
+            let (dims, strides) = ([B, H, S, HD], [S * 3 * D, HD, 3 * D, 1]);
+            for name in ["q", "k", "v"] {
+                ids.push(g.tensor(name, &dims, &strides, bf)?);
+            }
+            let opts = SdpaOptions::new()
+                .causal(true)
+                .scale(1.0 / (HD as f64).sqrt());
+            let o = g.sdpa(ids[0], ids[1], ids[2], &opts)?.o;
+            g.mark_output_strided(o, bf, &[S * D, HD, D, 1])?;
+            ids.push(o);
+            return Ok((g, ids));
+        }
+    };
+    g.mark_output(out)?;
+    ids.push(out);
     Ok((g, ids))
 }
 
-/// Causal attention: q, k, v are strided views of the `[M, 3·D]` QKV rows; o is `[B, H, S, hd]`
-/// laid out as `[B, S, H, hd]` = `[M, D]`.
-fn attention_graph() -> Result<(Graph, Vec<TensorId>)> {
-    let mut g = Graph::new(DType::BF16, DType::F32, DType::F32);
-    let (dims, strides) = ([B, H, S, HD], [S * 3 * D, HD, 3 * D, 1]);
-    let q = g.tensor("q", &dims, &strides, DType::BF16)?;
-    let k = g.tensor("k", &dims, &strides, DType::BF16)?;
-    let v = g.tensor("v", &dims, &strides, DType::BF16)?;
-    let opts = SdpaOptions::new()
-        .causal(true)
-        .scale(1.0 / (HD as f64).sqrt());
-    let o = g.sdpa(q, k, v, &opts)?.o;
-    g.mark_output_strided(o, DType::BF16, &[S * D, HD, D, 1])?;
-    Ok((g, vec![q, k, v, o]))
+/// The f64 evaluation of a stage on its inputs (each from its [`Src`] offset on).
+fn reference(kind: Kind, ins: &[&[f64]]) -> Vec<f64> {
+    match kind {
+        Kind::LayerNorm => layer_norm(ins[0], ins[1], ins[2]),
+        Kind::Linear(_, n, gelu) => linear(ins[0], ins[1], ins[2], n as usize, gelu, ins.get(3)),
+        Kind::Attention => attention(ins[0]),
+    }
 }
 
 fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn) -> Result<bool> {
-    use Src::{Param as P, Stage as St};
     let mut rng = Rng::new(7);
-    let host: Vec<Vec<bf16>> = PARAMS
-        .iter()
-        .map(|&(_, n, centre, spread)| {
-            (0..n)
-                .map(|_| bf16::from_f64(centre + spread * rng.signed_unit()))
-                .collect()
-        })
-        .collect();
-    let params = host
-        .iter()
-        .map(|v| stream.clone_htod(v).map_err(drv("uploading parameters")))
-        .collect::<Result<Vec<_>>>()?;
+    let mut draw = |&(_, n, centre, spread): &(&str, i64, f64, f64)| -> Vec<bf16> {
+        let mut value = || bf16::from_f64(centre + spread * rng.signed_unit());
+        (0..n).map(|_| value()).collect()
+    };
+    let host: Vec<Vec<bf16>> = PARAMS.iter().map(&mut draw).collect();
+    let up = |v: &Vec<bf16>| stream.clone_htod(v).map_err(drv("uploading"));
+    let params = host.iter().map(up).collect::<Result<Vec<_>>>()?;
 
-    let d = D as usize;
-    let table = [
-        ("ln1", ln_graph()?, vec![P(0), P(1), P(2)]),
-        (
-            "qkv",
-            linear_graph(D, 3 * D, false, false)?,
-            vec![St(0, 0), P(3), P(4)],
-        ),
-        (
-            "attention",
-            attention_graph()?,
-            vec![St(1, 0), St(1, d), St(1, 2 * d)],
-        ),
-        (
-            "proj",
-            linear_graph(D, D, false, true)?,
-            vec![St(2, 0), P(5), P(6), P(0)],
-        ),
-        ("ln2", ln_graph()?, vec![St(3, 0), P(7), P(8)]),
-        (
-            "mlp_up",
-            linear_graph(D, FF, true, false)?,
-            vec![St(4, 0), P(9), P(10)],
-        ),
-        (
-            "mlp_down",
-            linear_graph(FF, D, false, true)?,
-            vec![St(5, 0), P(11), P(12), St(3, 0)],
-        ),
-    ];
-    let mut stages = Vec::new();
-    for (name, (graph, ids), srcs) in table {
+    // Build each graph; a plan cache holds the plan the heuristics rank first for each.
+    let (mut cache, filter) = (PlanCache::new(), PlanFilter::new());
+    let (mut graphs, mut outs) = (Vec::new(), Vec::new());
+    for (name, kind, srcs) in stages() {
+        let (graph, ids) = graph(kind, srcs.len() == 4)?;
         let og = graph.build(cudnn)?;
-        let plan = og
-            .plans(cudnn, &PlanFilter::new().max_plans(Some(1)))?
-            .plans
-            .into_iter()
-            .next();
-        let plan = plan.ok_or_else(|| Error::NoAlgorithm {
-            op: "transformer block stage",
-            detail: format!("no plan for {name}"),
-        })?;
-        let out_len = og.span(ids[ids.len() - 1])?;
-        // NaN first, so anything a stage fails to write shows in the check.
-        let out = stream
-            .clone_htod(&vec![bf16::NAN; out_len])
-            .map_err(drv("allocating"))?;
+        let plan = cache.get_or_build(cudnn, &og, &filter)?;
         println!("  {name:<10} plan {}", plan.name());
-        stages.push(Stage {
-            name,
-            plan,
-            ids,
-            srcs,
-            out,
-        });
+        // NaN first, so anything a stage fails to write shows in the check.
+        outs.push(up(&vec![bf16::NAN; og.span(ids[ids.len() - 1])?])?);
+        graphs.push((og, ids));
     }
 
     // The block: each stage reads parameters and earlier stages' outputs.
     let mut ws = Workspace::new(stream.clone());
-    for s in 0..stages.len() {
-        let (done, rest) = stages.split_at_mut(s);
-        let stage = &mut rest[0];
-        let views = stage.srcs.iter().map(|&src| match src {
-            Src::Param(p) => params[p].slice(0..),
-            Src::Stage(t, offset) => done[t].out.slice(offset..),
-        });
-        let views: Vec<_> = views.collect();
+    for (s, ((_, _, srcs), (og, ids))) in stages().iter().zip(&graphs).enumerate() {
+        let (done, rest) = outs.split_at_mut(s);
+        let views: Vec<_> = srcs
+            .iter()
+            .map(|&src| match src {
+                Src::Param(p) => params[p].slice(0..),
+                Src::Stage(t, offset) => done[t].slice(offset..),
+            })
+            .collect();
         let mut args = Args::new(cudnn);
-        for (&id, view) in stage.ids.iter().zip(&views) {
+        for (&id, view) in ids.iter().zip(&views) {
             args.input(id, view)?;
         }
-        args.output(stage.ids[views.len()], &mut stage.out)?;
-        cudnn.execute(&stage.plan, &args, &mut ws)?;
+        args.output(ids[views.len()], &mut rest[0])?;
+        cudnn.execute(cache.get_or_build(cudnn, og, &filter)?, &args, &mut ws)?;
     }
 
     // Each stage against f64 on its own (downloaded) inputs, so errors do not compound.
     let f64s = |v: &[bf16]| -> Vec<f64> { v.iter().map(|x| x.to_f64()).collect() };
-    let mut outs = Vec::new();
-    for stage in &stages {
-        outs.push(f64s(
-            &stream.clone_dtoh(&stage.out).map_err(drv("downloading"))?,
-        ));
+    let host: Vec<Vec<f64>> = host.iter().map(|v| f64s(v)).collect();
+    let mut got = Vec::new();
+    for out in &outs {
+        got.push(f64s(&stream.clone_dtoh(out).map_err(drv("downloading"))?));
     }
-    let p = |i: usize| f64s(&host[i]);
-    let ff = FF as usize;
-    let wanted = [
-        layer_norm(&p(0), &p(1), &p(2)),
-        linear(&outs[0], &p(3), &p(4), 3 * d, false, None),
-        attention(&outs[1]),
-        linear(&outs[2], &p(5), &p(6), d, false, Some(&p(0))),
-        layer_norm(&outs[3], &p(7), &p(8)),
-        linear(&outs[4], &p(9), &p(10), ff, true, None),
-        linear(&outs[5], &p(11), &p(12), d, false, Some(&outs[3])),
-    ];
     let mut ok = true;
-    for ((stage, got), want) in stages.iter().zip(&outs).zip(&wanted) {
-        let err = scaled_error(got, want);
+    for (s, (name, kind, srcs)) in stages().into_iter().enumerate() {
+        let ins: Vec<&[f64]> = srcs
+            .iter()
+            .map(|&src| match src {
+                Src::Param(p) => &host[p][..],
+                Src::Stage(t, offset) => &got[t][offset..],
+            })
+            .collect();
+        let err = scaled_error(&got[s], &reference(kind, &ins));
         ok &= err <= TOLERANCE;
         let verdict = if err <= TOLERANCE { "ok" } else { "FAILED" };
-        println!(
-            "  check {:<10} scaled error {err:.2e} (tolerance {TOLERANCE:.1e}) {verdict}",
-            stage.name
-        );
+        println!("  check {name:<10} scaled error {err:.2e} (tolerance {TOLERANCE:.1e}) {verdict}");
     }
     Ok(ok)
 }
@@ -272,51 +241,31 @@ fn layer_norm(x: &[f64], g: &[f64], b: &[f64]) -> Vec<f64> {
         let mean = row.iter().sum::<f64>() / n as f64;
         let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
         let inv = 1.0 / (var + EPS).sqrt();
-        y.extend(
-            row.iter()
-                .zip(g.iter().zip(b))
-                .map(|(v, (g, b))| (v - mean) * inv * g + b),
-        );
+        y.extend((0..n).map(|j| (row[j] - mean) * inv * g[j] + b[j]));
     }
     y
 }
 
-/// `a·w + bias` (`w` is `k×n`), then GELU (erf form), then `+ residual`.
-fn linear(
-    a: &[f64],
-    w: &[f64],
-    bias: &[f64],
-    n: usize,
-    gelu: bool,
-    res: Option<&[f64]>,
-) -> Vec<f64> {
-    let k = w.len() / n;
-    let mut c = Vec::with_capacity(a.len() / k * n);
-    for (r, row) in a.chunks(k).enumerate() {
+/// `a·w + bias` (`w` is `k×n`), then GELU, then `+ residual`.
+fn linear(a: &[f64], w: &[f64], b: &[f64], n: usize, gelu: bool, res: Option<&&[f64]>) -> Vec<f64> {
+    let mut c = Vec::with_capacity(a.len() / (w.len() / n) * n);
+    for (r, row) in a.chunks(w.len() / n).enumerate() {
         for j in 0..n {
-            let mut v = bias[j]
-                + row
-                    .iter()
-                    .enumerate()
-                    .map(|(q, x)| x * w[q * n + j])
-                    .sum::<f64>();
-            if gelu {
-                v = 0.5 * v * (1.0 + erf(v / std::f64::consts::SQRT_2));
-            }
+            let v = b[j] + (0..row.len()).map(|q| row[q] * w[q * n + j]).sum::<f64>();
+            let v = if gelu { gelu_erf(v) } else { v };
             c.push(v + res.map_or(0.0, |res| res[r * n + j]));
         }
     }
     c
 }
 
-/// erf to about 1e-7 (Abramowitz and Stegun 7.1.26), far below bf16's resolution.
-fn erf(x: f64) -> f64 {
+/// GELU, erf form (PyTorch's default); erf to about 1e-7 (Abramowitz and Stegun 7.1.26).
+fn gelu_erf(v: f64) -> f64 {
+    let x = v / std::f64::consts::SQRT_2;
     let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
-    let poly = t
-        * (0.254_829_592
-            + t * (-0.284_496_736
-                + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
-    x.signum() * (1.0 - poly * (-x * x).exp())
+    let coefficients = [1.0614054, -1.4531520, 1.4214137, -0.2844967, 0.2548296];
+    let poly = coefficients.iter().fold(0.0, |acc, c| acc * t + c) * t;
+    0.5 * v * (1.0 + x.signum() * (1.0 - poly * (-x * x).exp()))
 }
 
 /// Causal attention per head over the `[M, 3·D]` QKV rows; output `[M, D]`.
@@ -330,15 +279,8 @@ fn attention(qkv: &[f64]) -> Vec<f64> {
         .flat_map(|b| (0..H as usize).flat_map(move |h| (0..s).map(move |t| (b, h, t))))
     {
         let q = at(b, t, 0, h);
-        let scores: Vec<f64> = (0..=t)
-            .map(|j| {
-                q.iter()
-                    .zip(at(b, j, 1, h))
-                    .map(|(x, y)| x * y)
-                    .sum::<f64>()
-                    / (hd as f64).sqrt()
-            })
-            .collect();
+        let dot = |k: &[f64]| (0..hd).map(|i| q[i] * k[i]).sum::<f64>() / (hd as f64).sqrt();
+        let scores: Vec<f64> = (0..=t).map(|j| dot(at(b, j, 1, h))).collect();
         let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let e: Vec<f64> = scores.iter().map(|v| (v - max).exp()).collect();
         let sum: f64 = e.iter().sum();
