@@ -68,9 +68,7 @@ struct Bn {
 impl Bn {
     fn random(rng: &mut Rng) -> Bn {
         let mut draw = |lo: f64, hi: f64| -> Vec<f32> {
-            (0..C)
-                .map(|_| (lo + (hi - lo) * (rng.signed_unit() + 1.0) / 2.0) as f32)
-                .collect()
+            (0..C).map(|_| (lo + (hi - lo) * (rng.signed_unit() + 1.0) / 2.0) as f32).collect()
         };
         Bn {
             gamma: draw(0.5, 1.5),
@@ -101,12 +99,7 @@ struct BnDev([CudaSlice<f32>; 4]);
 impl BnDev {
     fn new(stream: &Arc<CudaStream>, bn: &Bn) -> Result<BnDev> {
         let up = |v: &Vec<f32>| stream.clone_htod(v).map_err(drv("uploading batch norm"));
-        Ok(BnDev([
-            up(&bn.gamma)?,
-            up(&bn.beta)?,
-            up(&bn.mean)?,
-            up(&bn.var)?,
-        ]))
+        Ok(BnDev([up(&bn.gamma)?, up(&bn.beta)?, up(&bn.mean)?, up(&bn.var)?]))
     }
 }
 
@@ -136,19 +129,7 @@ impl Layer {
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let (a, [gamma, beta, mean, var]) = (&self.act, &bn.0);
-        cudnn.conv_forward(
-            1.0,
-            a,
-            input,
-            &self.filter,
-            w,
-            &self.conv,
-            self.algo,
-            ws,
-            0.0,
-            a,
-            t,
-        )?;
+        cudnn.conv_forward(1.0, a, input, &self.filter, w, &self.conv, self.algo, ws, 0.0, a, t)?;
         cudnn.batch_norm_forward_inference(&self.bn, 1.0, 0.0, t, u, gamma, beta, mean, var)?;
         if let Some(skip) = skip {
             cudnn.add_tensor(1.0, a, skip, 1.0, a, u)?;
@@ -202,10 +183,7 @@ fn relative_diff(a: &[f32], b: &[f32]) -> f64 {
 
 fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn) -> Result<bool> {
     let act = TensorDesc::<f32>::nchw(N, C, SIDE, SIDE)?;
-    let conv = ConvDesc::builder(2)
-        .pads(&[1, 1])
-        .math(MathType::Fma)
-        .build::<f32>()?;
+    let conv = ConvDesc::builder(2).pads(&[1, 1]).math(MathType::Fma).build::<f32>()?;
     let layer = Layer {
         bn: BatchNorm::builder()
             .mode(BatchNormMode::Spatial)
@@ -222,31 +200,18 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn) -> Result<bool> {
     // Random inputs, weights with variance 1/fan-in, and batch norms; folded on the host.
     let mut rng = Rng::new(7);
     let amplitude = (3.0 / (C * 9) as f64).sqrt();
-    let mut weights = || -> Vec<f32> {
-        (0..C * C * 9)
-            .map(|_| (amplitude * rng.signed_unit()) as f32)
-            .collect()
-    };
+    let mut weights =
+        || -> Vec<f32> { (0..C * C * 9).map(|_| (amplitude * rng.signed_unit()) as f32).collect() };
     let (w1, w2) = (weights(), weights());
     let (bn1, bn2) = (Bn::random(&mut rng), Bn::random(&mut rng));
     let ((w1f, b1f), (w2f, b2f)) = (bn1.fold(&w1), bn2.fold(&w2));
 
     let up = |v: &[f32]| stream.clone_htod(v).map_err(drv("uploading"));
     let x = up(&rng.values::<f32>(layer.act.span()))?;
-    let (w1, w2, w1f, w2f, b1f, b2f) = (
-        up(&w1)?,
-        up(&w2)?,
-        up(&w1f)?,
-        up(&w2f)?,
-        up(&b1f)?,
-        up(&b2f)?,
-    );
+    let (w1, w2, w1f, w2f, b1f, b2f) =
+        (up(&w1)?, up(&w2)?, up(&w1f)?, up(&w2f)?, up(&b1f)?, up(&b2f)?);
     let (bn1, bn2) = (BnDev::new(stream, &bn1)?, BnDev::new(stream, &bn2)?);
-    let zeros = || {
-        stream
-            .alloc_zeros::<f32>(layer.act.span())
-            .map_err(drv("allocating"))
-    };
+    let zeros = || stream.alloc_zeros::<f32>(layer.act.span()).map_err(drv("allocating"));
     let mut scratch = [zeros()?, zeros()?];
     let (mut h, mut y, mut hf, mut yf) = (zeros()?, zeros()?, zeros()?, zeros()?);
     let mut ws = Workspace::new(stream.clone());
@@ -266,29 +231,12 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn) -> Result<bool> {
     ok &= report(stream, "conv-bn-relu", unfused_ms, fused_ms, &h, &hf)?;
 
     // The residual block's second half: y = relu(bn2(conv(h, w2)) + x), the skip as `z`.
-    let mut unfused = || {
-        layer.unfused(
-            cudnn,
-            &mut ws,
-            &h,
-            &w2,
-            &bn2,
-            Some(&x),
-            &mut scratch,
-            &mut y,
-        )
-    };
+    let mut unfused =
+        || layer.unfused(cudnn, &mut ws, &h, &w2, &bn2, Some(&x), &mut scratch, &mut y);
     let unfused_ms = timer.per_call_ms(&mut unfused)?;
     let mut fused = || layer.fused(cudnn, &mut ws, &hf, &w2f, &b2f, Some(&x), &mut yf);
     let fused_ms = timer.per_call_ms(&mut fused)?;
-    ok &= report(
-        stream,
-        "residual (second conv + skip)",
-        unfused_ms,
-        fused_ms,
-        &y,
-        &yf,
-    )?;
+    ok &= report(stream, "residual (second conv + skip)", unfused_ms, fused_ms, &y, &yf)?;
 
     if !ok {
         eprintln!("conv_bn_relu: fused and unfused results differ by more than {TOLERANCE:e}");

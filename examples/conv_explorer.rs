@@ -64,19 +64,14 @@ impl Layer {
     fn new(stream: &Arc<CudaStream>) -> Result<Layer> {
         let x_d = TensorDesc::<f16>::nhwc(32, 64, 56, 56)?;
         let w_d = FilterDesc::<f16>::new(&[128, 64, 3, 3], TensorFormat::Nhwc)?;
-        let conv = ConvDesc::builder(2)
-            .pads(&[1, 1])
-            .math(MathType::TensorOp)
-            .build::<f16>()?;
+        let conv = ConvDesc::builder(2).pads(&[1, 1]).math(MathType::TensorOp).build::<f16>()?;
         let y_d = TensorDesc::<f16>::nhwc_nd(&conv.output_dims(x_d.dims(), w_d.dims())?)?;
         let mut rng = Rng::new(1);
         let up = |v: Vec<f16>| stream.clone_htod(&v).map_err(drv("uploading"));
         Ok(Layer {
             x: up(rng.values(x_d.span()))?,
             w: up(rng.values(w_d.span()))?,
-            y: stream
-                .alloc_zeros(y_d.span())
-                .map_err(drv("allocating y"))?,
+            y: stream.alloc_zeros(y_d.span()).map_err(drv("allocating y"))?,
             x_d,
             w_d,
             conv,
@@ -93,30 +88,20 @@ impl Layer {
 
 fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn) -> Result<()> {
     let mut l = Layer::new(stream)?;
-    println!(
-        "layer: fp16 NHWC {:?} -> {:?}, 3x3, padding 1\n",
-        l.x_d.dims(),
-        l.y_d.dims()
-    );
+    println!("layer: fp16 NHWC {:?} -> {:?}, 3x3, padding 1\n", l.x_d.dims(), l.y_d.dims());
 
     // 1. Heuristics: a ranking, nothing runs.
     let heuristics = cudnn.conv_forward_heuristics(&l.x_d, &l.w_d, &l.conv, &l.y_d)?;
     let rank = |algo: ConvFwdAlgo| {
-        heuristics
-            .iter()
-            .filter(|p| p.is_supported())
-            .position(|p| p.algo == algo)
+        heuristics.iter().filter(|p| p.is_supported()).position(|p| p.algo == algo)
     };
 
     // 2. Benchmarking: cuDNN runs every algorithm on our buffers.
     let mut ws = Workspace::new(stream.clone());
-    let mut found = cudnn.conv_forward_find(
-        &l.x_d, &l.x, &l.w_d, &l.w, &l.conv, &l.y_d, &mut l.y, &mut ws,
-    )?;
+    let mut found =
+        cudnn.conv_forward_find(&l.x_d, &l.x, &l.w_d, &l.w, &l.conv, &l.y_d, &mut l.y, &mut ws)?;
     found.sort_by(|a, b| {
-        (!a.is_supported(), a.time_ms)
-            .partial_cmp(&(!b.is_supported(), b.time_ms))
-            .unwrap()
+        (!a.is_supported(), a.time_ms).partial_cmp(&(!b.is_supported(), b.time_ms)).unwrap()
     });
     println!(
         "{:<24} {:>9} {:>10} {:>8} {:>12} {:>14}",
@@ -134,11 +119,7 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn) -> Result<()> {
                 p.deterministic
             );
         } else {
-            println!(
-                "{:<24} {heur:>9} {:>10}",
-                p.algo.to_string(),
-                p.status.name()
-            );
+            println!("{:<24} {heur:>9} {:>10}", p.algo.to_string(), p.status.name());
         }
     }
     if let (Some(top), Some(best)) = (heuristics.iter().find(|p| p.is_supported()), found.first()) {
@@ -154,10 +135,7 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn) -> Result<()> {
 
     // 3. The autotuner's policies, each deciding afresh (no cache file).
     let timer = Timer::new(stream)?;
-    println!(
-        "{:<14} {:<36} {:>14} {:>12}",
-        "policy", "ran", "first call ms", "then ms"
-    );
+    println!("{:<14} {:<36} {:>14} {:>12}", "policy", "ran", "first call ms", "then ms");
     for (name, policy) in [
         ("heuristic", Policy::Heuristic),
         ("benchmark", Policy::Benchmark),
@@ -166,19 +144,14 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn) -> Result<()> {
         let mut tuner = Autotuner::new(policy).without_cache_file();
         tuner.clear(); // forget what $CUDNN_SAFE_AUTOTUNE_CACHE may have loaded
         let mut call = |tuner: &mut Autotuner| {
-            tuner.forward(
-                cudnn, 1.0, &l.x_d, &l.x, &l.w_d, &l.w, &l.conv, 0.0, &l.y_d, &mut l.y,
-            )
+            tuner.forward(cudnn, 1.0, &l.x_d, &l.x, &l.w_d, &l.w, &l.conv, 0.0, &l.y_d, &mut l.y)
         };
         let started = Instant::now();
         let choice = call(&mut tuner)?;
         stream.synchronize().map_err(drv("synchronizing"))?;
         let first_ms = started.elapsed().as_secs_f64() * 1e3;
         let then_ms = timer.per_call_ms(&mut || call(&mut tuner).map(drop))?;
-        println!(
-            "{name:<14} {:<36} {first_ms:>14.2} {then_ms:>12.4}",
-            choice.describe()
-        );
+        println!("{name:<14} {:<36} {first_ms:>14.2} {then_ms:>12.4}", choice.describe());
     }
     Ok(())
 }

@@ -82,19 +82,14 @@ fn dataset(rng: &mut Rng, n: usize, t1: &[f64], t2: &[f64]) -> (Vec<f32>, Vec<us
         w.chunks(v.len()).map(dot).collect()
     };
     let label = |xs: &[f64]| {
-        argmax(&matvec(
-            t2,
-            &matvec(t1, xs).iter().map(|h| h.tanh()).collect::<Vec<_>>(),
-        ))
+        argmax(&matvec(t2, &matvec(t1, xs).iter().map(|h| h.tanh()).collect::<Vec<_>>()))
     };
     let labels = x.chunks(IN).map(label).collect();
     (x.iter().map(|&v| v as f32).collect(), labels)
 }
 
 fn argmax(v: &[f64]) -> usize {
-    (0..v.len())
-        .max_by(|&a, &b| v[a].total_cmp(&v[b]))
-        .unwrap_or(0)
+    (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap_or(0)
 }
 
 /// One linear layer (PyTorch's default init: `U(±1/√fan_in)`): its parameters, the matmuls of
@@ -146,9 +141,7 @@ impl Layer {
 
 /// A layer's input: the previous layer's output, or the batch `x` for the first layer.
 fn input_of<'a>(before: &'a [Layer], x: &'a CudaView<'_, f32>) -> CudaView<'a, f32> {
-    before
-        .last()
-        .map_or_else(|| x.slice(0..), |p| p.y.as_view())
+    before.last().map_or_else(|| x.slice(0..), |p| p.y.as_view())
 }
 
 /// The logits of a batch `x` (BATCH × IN) into the last layer's `y`.
@@ -177,10 +170,7 @@ fn backward_and_update(
     for i in (0..layers.len()).rev() {
         let (before, rest) = layers.split_at_mut(i);
         let l = &mut rest[0];
-        if let Some(Layer {
-            pre: Some(pre), dy, ..
-        }) = before.last_mut()
-        {
+        if let Some(Layer { pre: Some(pre), dy, .. }) = before.last_mut() {
             lt.matmul(&l.back, 1.0, &l.dy, &l.w, 0.0, dy, EpilogueData::aux(&*pre))?;
         }
         let input = input_of(before, x);
@@ -231,9 +221,7 @@ fn evaluate(
 
 fn download_logits(stream: &Arc<CudaStream>, layers: &[Layer]) -> Result<Vec<f32>> {
     let last = &layers[layers.len() - 1];
-    stream
-        .clone_dtoh(&last.y)
-        .map_err(drv("downloading logits"))
+    stream.clone_dtoh(&last.y).map_err(drv("downloading logits"))
 }
 
 fn run(stream: &Arc<CudaStream>, lt: &mut BlasLt) -> Result<bool> {
@@ -242,10 +230,8 @@ fn run(stream: &Arc<CudaStream>, lt: &mut BlasLt) -> Result<bool> {
         let scale = 3.0 / (fan_in as f64).sqrt();
         (0..n).map(|_| rng.signed_unit() * scale).collect()
     };
-    let (t1, t2) = (
-        teacher(TEACHER_HIDDEN * IN, IN),
-        teacher(CLASSES * TEACHER_HIDDEN, TEACHER_HIDDEN),
-    );
+    let (t1, t2) =
+        (teacher(TEACHER_HIDDEN * IN, IN), teacher(CLASSES * TEACHER_HIDDEN, TEACHER_HIDDEN));
     let (train_x, train_y) = dataset(&mut rng, SAMPLES, &t1, &t2);
     let (eval_x, eval_y) = dataset(&mut rng, HELD_OUT, &t1, &t2);
     let up = |v: &[f32]| stream.clone_htod(v).map_err(drv("uploading"));
@@ -268,9 +254,7 @@ fn run(stream: &Arc<CudaStream>, lt: &mut BlasLt) -> Result<bool> {
         let logits = download_logits(stream, &layers)?;
         let (loss, acc) = cross_entropy(&logits, &train_y[first..first + BATCH], &mut grad);
         let dlogits = &mut layers[2].dy;
-        stream
-            .memcpy_htod(&grad, dlogits)
-            .map_err(drv("uploading the loss gradient"))?;
+        stream.memcpy_htod(&grad, dlogits).map_err(drv("uploading the loss gradient"))?;
         backward_and_update(lt, &mut layers, &x, &ones)?;
         curve.push((step, loss));
         if step % REPORT_EVERY == 0 || step + 1 == STEPS {
@@ -296,10 +280,7 @@ fn run(stream: &Arc<CudaStream>, lt: &mut BlasLt) -> Result<bool> {
         initial / final_loss
     );
     let (s, ws) = (lt.stats(), lt.workspace_bytes());
-    println!(
-        "cuBLASLt: {} decisions, {} cached calls, {ws} B of workspace",
-        s.misses, s.hits
-    );
+    println!("cuBLASLt: {} decisions, {} cached calls, {ws} B of workspace", s.misses, s.hits);
     let caption = format!(
         "MLP {IN}→{HIDDEN}→{HIDDEN}→{CLASSES}, cuBLASLt fused bias+GELU, f32 SGD: loss {initial:.3} → {final_loss:.3}"
     );

@@ -49,10 +49,7 @@ fn main() -> ExitCode {
     println!("{}", common::device_line(&stream));
     let dir = std::env::temp_dir().join(format!("cudnn-safe-plan-cache-{}", std::process::id()));
     let result = std::fs::create_dir_all(&dir)
-        .map_err(|source| cudnn_safe::Error::Io {
-            path: dir.clone(),
-            source,
-        })
+        .map_err(|source| cudnn_safe::Error::Io { path: dir.clone(), source })
         .and_then(|()| run(&stream, &cudnn, &dir.join("plans.txt")));
     let _ = std::fs::remove_dir_all(&dir);
     match result {
@@ -95,16 +92,12 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, file: &Path) -> Result<bool> {
     // 1. First run: autotune a few plans, keep the fastest in the file.
     let started = Instant::now();
     let (og, [xt, wt, yt]) = conv_graph(cudnn)?;
-    let mut y_first = stream
-        .alloc_zeros::<f16>(og.span(yt)?)
-        .map_err(drv("allocating y"))?;
+    let mut y_first = stream.alloc_zeros::<f16>(og.span(yt)?).map_err(drv("allocating y"))?;
     let mut ws = Workspace::new(stream.clone());
     let list = og.plans(cudnn, &filter.clone().max_plans(Some(CANDIDATES)))?;
     let tuned = {
         let mut args = Args::new(cudnn);
-        args.input(xt, &x)?
-            .input(wt, &w)?
-            .output(yt, &mut y_first)?;
+        args.input(xt, &x)?.input(wt, &w)?.output(yt, &mut y_first)?;
         autotune(cudnn, list.plans, &args, &mut ws, &AutotuneOptions::new())?
     };
     for t in &tuned.timings {
@@ -135,9 +128,7 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, file: &Path) -> Result<bool> {
     let started = Instant::now();
     let (og, ids) = conv_graph(cudnn)?;
     let plan = cache.get_or_build(cudnn, &og, &filter)?;
-    let mut y_next = stream
-        .alloc_zeros::<f16>(og.span(ids[2])?)
-        .map_err(drv("allocating y"))?;
+    let mut y_next = stream.alloc_zeros::<f16>(og.span(ids[2])?).map_err(drv("allocating y"))?;
     execute(cudnn, plan, ids, &x, &w, &mut y_next, &mut ws)?;
     let name = plan.name();
     println!(
@@ -152,23 +143,11 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, file: &Path) -> Result<bool> {
     let down = |y: &CudaSlice<f16>| stream.clone_dtoh(y).map_err(drv("downloading y"));
     let (a, b) = (down(&y_first)?, down(&y_next)?);
     let scale = a.iter().map(|v| v.to_f32().abs()).fold(0.0, f32::max);
-    let diff = a
-        .iter()
-        .zip(&b)
-        .map(|(p, q)| (p.to_f32() - q.to_f32()).abs())
-        .fold(0.0, f32::max);
-    let ok = if deterministic {
-        a == b
-    } else {
-        diff <= 2e-2 * scale
-    };
+    let diff = a.iter().zip(&b).map(|(p, q)| (p.to_f32() - q.to_f32()).abs()).fold(0.0, f32::max);
+    let ok = if deterministic { a == b } else { diff <= 2e-2 * scale };
     println!(
         "outputs: largest difference {diff:e} ({}) -> {}",
-        if deterministic {
-            "deterministic engine: must be 0"
-        } else {
-            "fp16 tolerance"
-        },
+        if deterministic { "deterministic engine: must be 0" } else { "fp16 tolerance" },
         if ok { "ok" } else { "MISMATCH" }
     );
     Ok(ok && name == config)

@@ -144,9 +144,7 @@ fn graph(kind: Kind, residual: bool) -> Result<(Graph, Vec<TensorId>)> {
             for name in ["q", "k", "v"] {
                 ids.push(g.tensor(name, &dims, &strides, bf)?);
             }
-            let opts = SdpaOptions::new()
-                .causal(true)
-                .scale(1.0 / (HD as f64).sqrt());
+            let opts = SdpaOptions::new().causal(true).scale(1.0 / (HD as f64).sqrt());
             let o = g.sdpa(ids[0], ids[1], ids[2], &opts)?.o;
             g.mark_output_strided(o, bf, &[S * D, HD, D, 1])?;
             ids.push(o);
@@ -301,9 +299,6 @@ fn scaled_error(got: &[f64], want: &[f64]) -> f64 {
         return f64::NAN;
     }
     let rms = (want.iter().map(|v| v * v).sum::<f64>() / want.len() as f64).sqrt();
-    let errors = got
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (g - w).abs() / (w.abs() + rms));
+    let errors = got.iter().zip(want).map(|(g, w)| (g - w).abs() / (w.abs() + rms));
     errors.fold(0.0, f64::max)
 }

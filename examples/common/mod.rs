@@ -33,15 +33,7 @@ pub struct Config {
 }
 
 const fn cfg(n: i64, c: i64, h: i64, w: i64, k: i64, r: i64, stride: i64) -> Config {
-    Config {
-        n,
-        c,
-        h,
-        w,
-        k,
-        r,
-        stride,
-    }
+    Config { n, c, h, w, k, r, stride }
 }
 
 /// The seven ResNet-like layers both examples run (the same set the lead compares with PyTorch).
@@ -121,9 +113,7 @@ impl Mode {
 
     /// Parses a [`key`](Self::key) (case-insensitive).
     pub fn from_key(s: &str) -> Option<Mode> {
-        Mode::ALL
-            .into_iter()
-            .find(|m| m.key().eq_ignore_ascii_case(s.trim()))
+        Mode::ALL.into_iter().find(|m| m.key().eq_ignore_ascii_case(s.trim()))
     }
 
     /// The convolution's math type.
@@ -249,11 +239,7 @@ pub fn write_loss_svg(
         .x_label_area_size(40)
         .y_label_area_size(56)
         .build_cartesian_2d(0..curve.len(), 0.0..y_max)?;
-    chart
-        .configure_mesh()
-        .x_desc("step")
-        .y_desc(y_desc)
-        .draw()?;
+    chart.configure_mesh().x_desc("step").y_desc(y_desc).draw()?;
     chart.draw_series(LineSeries::new(curve.iter().copied(), BLUE.stroke_width(2)))?;
     root.present()?;
     drop(chart);
@@ -338,24 +324,10 @@ impl<T: DataType> Problem<T> {
             .build::<T>()?;
         let y_d = tensor(&conv.output_dims(x_d.dims(), w_d.dims())?)?;
         let upload = drv("uploading random inputs");
-        let x = stream
-            .clone_htod(&rng.values::<T>(x_d.span()))
-            .map_err(&upload)?;
-        let w = stream
-            .clone_htod(&rng.values::<T>(w_d.span()))
-            .map_err(&upload)?;
-        let y = stream
-            .alloc_zeros::<T>(y_d.span())
-            .map_err(drv("allocating the output"))?;
-        Ok(Problem {
-            x_d,
-            w_d,
-            conv,
-            y_d,
-            x,
-            w,
-            y,
-        })
+        let x = stream.clone_htod(&rng.values::<T>(x_d.span())).map_err(&upload)?;
+        let w = stream.clone_htod(&rng.values::<T>(w_d.span())).map_err(&upload)?;
+        let y = stream.alloc_zeros::<T>(y_d.span()).map_err(drv("allocating the output"))?;
+        Ok(Problem { x_d, w_d, conv, y_d, x, w, y })
     }
 }
 
@@ -383,30 +355,19 @@ impl Timer {
             ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(drv("creating a timing event"))
         };
-        Ok(Timer {
-            stream: stream.clone(),
-            start: event()?,
-            end: event()?,
-        })
+        Ok(Timer { stream: stream.clone(), start: event()?, end: event()? })
     }
 
     /// Milliseconds per call of `calls` back-to-back calls of `f` (device time between the
     /// events around them: host enqueue cost shows only where it starves the GPU).
     pub fn batch(&self, calls: usize, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
         let calls = calls.max(1);
-        self.start
-            .record(&self.stream)
-            .map_err(drv("recording an event"))?;
+        self.start.record(&self.stream).map_err(drv("recording an event"))?;
         for _ in 0..calls {
             f()?;
         }
-        self.end
-            .record(&self.stream)
-            .map_err(drv("recording an event"))?;
-        let ms = self
-            .start
-            .elapsed_ms(&self.end)
-            .map_err(drv("reading an event time"))?;
+        self.end.record(&self.stream).map_err(drv("recording an event"))?;
+        let ms = self.start.elapsed_ms(&self.end).map_err(drv("reading an event time"))?;
         Ok(f64::from(ms) / calls as f64)
     }
 
@@ -421,9 +382,8 @@ impl Timer {
         } else {
             MAX_BATCH_CALLS
         };
-        let mut samples = (0..BATCHES)
-            .map(|_| self.batch(calls, f))
-            .collect::<Result<Vec<f64>>>()?;
+        let mut samples =
+            (0..BATCHES).map(|_| self.batch(calls, f)).collect::<Result<Vec<f64>>>()?;
         samples.sort_by(f64::total_cmp);
         Ok(samples[BATCHES / 2])
     }
