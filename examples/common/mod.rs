@@ -1,6 +1,6 @@
-//! Shared by the examples: the seven benchmark configurations, the four precision modes,
-//! problem setup with random inputs, a CUDA-event timer, option parsing with `--help`, the
-//! "no GPU here" exit and the loss-curve plot of the training examples.
+//! Shared by the examples: the GPU opening ("no GPU here" exit), error chains, a seeded random
+//! generator, a CUDA-event timer, the loss-curve plot of the training examples, and the layers
+//! and precision modes of `conv_manual`.
 //!
 //! Included by each example with `#[path = "common/mod.rs"] mod common;` (Cargo does not build
 //! `examples/common/mod.rs` as an example of its own).
@@ -8,13 +8,12 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::Arc;
 
 use cudnn_safe::conv::{ConvDesc, MathType};
 use cudnn_safe::cudarc::driver::sys::CUevent_flags;
 use cudnn_safe::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DriverError};
-use cudnn_safe::half::{bf16, f16};
+use cudnn_safe::half::f16;
 use cudnn_safe::{
     cuda_context, Cudnn, DataType, Error, FilterDesc, Result, TensorDesc, TensorFormat,
 };
@@ -36,27 +35,14 @@ const fn cfg(n: i64, c: i64, h: i64, w: i64, k: i64, r: i64, stride: i64) -> Con
     Config { n, c, h, w, k, r, stride }
 }
 
-/// The seven ResNet-like layers both examples run (the same set the lead compares with PyTorch).
-pub const CONFIGS: [Config; 7] = [
-    cfg(32, 64, 56, 56, 128, 3, 1),
-    cfg(16, 256, 28, 28, 512, 3, 1),
-    cfg(1, 3, 224, 224, 64, 7, 2),
-    cfg(8, 512, 14, 14, 1024, 3, 2),
-    cfg(32, 256, 56, 56, 256, 3, 1),
-    cfg(64, 64, 56, 56, 64, 1, 1),
-    cfg(32, 128, 28, 28, 128, 5, 1),
-];
+/// ResNet layers: a 3×3 of the first stage, the 7×7/2 stem and a 1×1 projection.
+pub const CONFIGS: [Config; 3] =
+    [cfg(32, 64, 56, 56, 128, 3, 1), cfg(1, 3, 224, 224, 64, 7, 2), cfg(64, 64, 56, 56, 64, 1, 1)];
 
 impl Config {
     /// Zero padding on each side: `R / 2` ("same" padding for odd kernels).
     pub fn pad(&self) -> i64 {
         self.r / 2
-    }
-
-    /// Output height and width.
-    pub fn out_hw(&self) -> (i64, i64) {
-        let out = |i: i64| (i + 2 * self.pad() - self.r) / self.stride + 1;
-        (out(self.h), out(self.w))
     }
 
     /// `32x64x56x56->128 3x3/1`.
@@ -66,12 +52,6 @@ impl Config {
             self.n, self.c, self.h, self.w, self.k, self.r, self.r, self.stride
         )
     }
-
-    /// Floating-point operations of one forward pass (2 per multiply-add).
-    pub fn flops(&self) -> f64 {
-        let (p, q) = self.out_hw();
-        2.0 * (self.n * self.k * p * q * self.c * self.r * self.r) as f64
-    }
 }
 
 /// A data type, memory layout and math type combination.
@@ -79,57 +59,32 @@ impl Config {
 pub enum Mode {
     /// f32 NCHW, FMA math only: strict fp32 (PyTorch `allow_tf32 = False`).
     Fp32,
-    /// f32 NCHW, default math: cuDNN may use TF32 tensor cores (PyTorch's cuDNN default).
-    Tf32,
     /// f16 NHWC (filters KRSC), tensor-op math, f32 accumulation.
     Fp16,
-    /// bf16 NHWC (filters KRSC), tensor-op math, f32 accumulation.
-    Bf16,
 }
 
 impl Mode {
-    /// Every mode, in the order the examples run them.
-    pub const ALL: [Mode; 4] = [Mode::Fp32, Mode::Tf32, Mode::Fp16, Mode::Bf16];
-
     /// Name used in tables and files (`fp16-nhwc`).
     pub fn name(self) -> &'static str {
         match self {
             Mode::Fp32 => "fp32-nchw",
-            Mode::Tf32 => "tf32-nchw",
             Mode::Fp16 => "fp16-nhwc",
-            Mode::Bf16 => "bf16-nhwc",
         }
-    }
-
-    /// Name used on the command line (`fp16`).
-    pub fn key(self) -> &'static str {
-        match self {
-            Mode::Fp32 => "fp32",
-            Mode::Tf32 => "tf32",
-            Mode::Fp16 => "fp16",
-            Mode::Bf16 => "bf16",
-        }
-    }
-
-    /// Parses a [`key`](Self::key) (case-insensitive).
-    pub fn from_key(s: &str) -> Option<Mode> {
-        Mode::ALL.into_iter().find(|m| m.key().eq_ignore_ascii_case(s.trim()))
     }
 
     /// The convolution's math type.
     pub fn math(self) -> MathType {
         match self {
             Mode::Fp32 => MathType::Fma,
-            Mode::Tf32 => MathType::Default,
-            Mode::Fp16 | Mode::Bf16 => MathType::TensorOp,
+            Mode::Fp16 => MathType::TensorOp,
         }
     }
 
     /// Memory layout of tensors and filters.
     pub fn format(self) -> TensorFormat {
         match self {
-            Mode::Fp32 | Mode::Tf32 => TensorFormat::Nchw,
-            Mode::Fp16 | Mode::Bf16 => TensorFormat::Nhwc,
+            Mode::Fp32 => TensorFormat::Nchw,
+            Mode::Fp16 => TensorFormat::Nhwc,
         }
     }
 
@@ -138,9 +93,7 @@ impl Mode {
     pub fn tolerance(self) -> f64 {
         match self {
             Mode::Fp32 => 1e-3,
-            Mode::Tf32 => 1e-2,
             Mode::Fp16 => 2e-2,
-            Mode::Bf16 => 5e-2,
         }
     }
 }
@@ -148,25 +101,6 @@ impl Mode {
 /// Wraps a cudarc driver error (allocation, copy, event) into the crate's error type.
 pub fn drv(context: &'static str) -> impl Fn(DriverError) -> Error {
     move |source| Error::Driver { context, source }
-}
-
-/// The example's options parsed from `args` by `parse`; `--help` / `-h` prints `usage` and
-/// gives the exit code to return (success), a parse error prints it with `usage` and gives
-/// exit code 2.
-pub fn options<O>(
-    example: &str,
-    usage: &str,
-    args: &[String],
-    parse: impl FnOnce(&[String]) -> std::result::Result<O, String>,
-) -> std::result::Result<O, ExitCode> {
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("{usage}");
-        return Err(ExitCode::SUCCESS);
-    }
-    parse(args).map_err(|e| {
-        eprintln!("{example}: {e}\n{usage}");
-        ExitCode::from(2)
-    })
 }
 
 /// `e`'s message followed by each of its causes that the message does not already show, one
@@ -290,11 +224,6 @@ impl Element for f16 {
         f16::NAN
     }
 }
-impl Element for bf16 {
-    fn nan() -> Self {
-        bf16::NAN
-    }
-}
 
 /// Descriptors and device buffers of one forward convolution, with random `x` and `w`.
 pub struct Problem<T: DataType> {
@@ -386,15 +315,6 @@ impl Timer {
             (0..BATCHES).map(|_| self.batch(calls, f)).collect::<Result<Vec<f64>>>()?;
         samples.sort_by(f64::total_cmp);
         Ok(samples[BATCHES / 2])
-    }
-}
-
-/// What cuDNN (or this crate) said when it refused a call: the status name for cuDNN errors,
-/// the whole message otherwise.
-pub fn refusal(e: &Error) -> String {
-    match e.status() {
-        Some(s) => s.name(),
-        None => e.to_string(),
     }
 }
 
