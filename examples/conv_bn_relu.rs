@@ -174,8 +174,11 @@ impl Layer {
     }
 }
 
-/// Largest `|a − b|` over the largest `|b|`.
+/// Largest `|a − b|` over the largest `|b|`; NaN when an output is not finite.
 fn relative_diff(a: &[f32], b: &[f32]) -> f64 {
+    if a.iter().chain(b).any(|v| !v.is_finite()) {
+        return f64::NAN;
+    }
     let diff = a.iter().zip(b).map(|(x, y)| f64::from((x - y).abs()));
     let scale = b.iter().map(|y| f64::from(y.abs())).fold(0.0, f64::max);
     diff.fold(0.0, f64::max) / scale.max(f64::MIN_POSITIVE)

@@ -100,8 +100,9 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn) -> Result<()> {
     let mut ws = Workspace::new(stream.clone());
     let mut found =
         cudnn.conv_forward_find(&l.x_d, &l.x, &l.w_d, &l.w, &l.conv, &l.y_d, &mut l.y, &mut ws)?;
+    // Fastest first, refused ones last.
     found.sort_by(|a, b| {
-        (!a.is_supported(), a.time_ms).partial_cmp(&(!b.is_supported(), b.time_ms)).unwrap()
+        b.is_supported().cmp(&a.is_supported()).then(a.time_ms.total_cmp(&b.time_ms))
     });
     println!(
         "{:<24} {:>9} {:>10} {:>8} {:>12} {:>14}",
@@ -122,7 +123,8 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn) -> Result<()> {
             println!("{:<24} {heur:>9} {:>10}", p.algo.to_string(), p.status.name());
         }
     }
-    if let (Some(top), Some(best)) = (heuristics.iter().find(|p| p.is_supported()), found.first()) {
+    let best = found.iter().find(|p| p.is_supported());
+    if let (Some(top), Some(best)) = (heuristics.iter().find(|p| p.is_supported()), best) {
         let top_ms = found.iter().find(|p| p.algo == top.algo).map(|p| p.time_ms);
         println!(
             "\nheuristic pick {} ({}), fastest {} ({:.4} ms)\n",
