@@ -289,33 +289,13 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn) -> Result<bool> {
         }
     }
     let (eval1, pred) = evaluate(&model, &mut buf)?;
-    let initial = curve[0].1;
-    let tail = &curve[curve.len().saturating_sub(10)..];
-    let final_loss = tail.iter().map(|p| p.1).sum::<f64>() / tail.len() as f64;
     println!("held-out loss: {eval0:.5} → {eval1:.5}");
-    println!(
-        "training loss: initial {initial:.5}, final {final_loss:.5} (mean of the last {} steps), {:.1}× lower",
-        tail.len(),
-        initial / final_loss
-    );
     println!("held-out sequence 0 (length {}), target vs prediction:", held_out.lens[0]);
     for t in (0..held_out.lens[0]).step_by(5) {
         let (want, got) = (held_out.targets[0][t], pred[t * BATCH] + model.head_bias);
         println!("  step {t:>2}: {want:>7.3}  {got:>7.3}");
     }
-    let caption = format!(
-        "{LAYERS}-layer LSTM (hidden {HIDDEN}), running sum, cuDNN + cuBLAS SGD: loss {initial:.3} → {final_loss:.4}"
-    );
+    let caption = format!("{LAYERS}-layer LSTM (hidden {HIDDEN}), running sum, cuDNN + cuBLAS SGD");
     let y_desc = "training loss (mean squared error)";
-    match common::write_loss_svg("lstm_loss.svg", &caption, y_desc, &curve) {
-        Ok(path) => println!("loss curve: {}", path.display()),
-        Err(e) => eprintln!("lstm_train: loss curve not written: {e}"),
-    }
-    let learned = final_loss * REQUIRED_DROP < initial;
-    if !learned {
-        eprintln!(
-            "lstm_train: the loss did not fall at least {REQUIRED_DROP}× ({initial:.5} → {final_loss:.5})"
-        );
-    }
-    Ok(learned)
+    Ok(common::training_summary("lstm", &caption, y_desc, &curve, REQUIRED_DROP))
 }

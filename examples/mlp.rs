@@ -266,32 +266,12 @@ fn run(stream: &Arc<CudaStream>, lt: &mut BlasLt) -> Result<bool> {
         }
     }
     let (eval_loss, eval_acc) = evaluate(stream, lt, &mut layers, &eval_x, &eval_y)?;
-    let initial = curve[0].1;
-    let tail = &curve[curve.len().saturating_sub(10)..];
-    let final_loss = tail.iter().map(|p| p.1).sum::<f64>() / tail.len() as f64;
-    println!(
-        "held-out: loss {eval_loss0:.4} → {eval_loss:.4}, accuracy {:.1}% → {:.1}%",
-        eval_acc0 * 100.0,
-        eval_acc * 100.0
-    );
-    println!(
-        "training loss: initial {initial:.4}, final {final_loss:.4} (mean of the last {} steps), {:.2}× lower",
-        tail.len(),
-        initial / final_loss
-    );
+    let (acc0, acc) = (eval_acc0 * 100.0, eval_acc * 100.0);
+    println!("held-out: loss {eval_loss0:.4} → {eval_loss:.4}, accuracy {acc0:.1}% → {acc:.1}%");
     let (s, ws) = (lt.stats(), lt.workspace_bytes());
     println!("cuBLASLt: {} decisions, {} cached calls, {ws} B of workspace", s.misses, s.hits);
-    let caption = format!(
-        "MLP {IN}→{HIDDEN}→{HIDDEN}→{CLASSES}, cuBLASLt fused bias+GELU, f32 SGD: loss {initial:.3} → {final_loss:.3}"
-    );
+    let caption =
+        format!("MLP {IN}→{HIDDEN}→{HIDDEN}→{CLASSES}, cuBLASLt fused bias+GELU, f32 SGD");
     let y_desc = "training loss (softmax cross-entropy)";
-    match common::write_loss_svg("mlp_loss.svg", &caption, y_desc, &curve) {
-        Ok(path) => println!("loss curve: {}", path.display()),
-        Err(e) => eprintln!("mlp: loss curve not written: {e}"),
-    }
-    let learned = final_loss * 2.0 < initial;
-    if !learned {
-        eprintln!("mlp: the loss did not fall at least 2× ({initial:.4} → {final_loss:.4})");
-    }
-    Ok(learned)
+    Ok(common::training_summary("mlp", &caption, y_desc, &curve, 2.0))
 }

@@ -154,6 +154,35 @@ pub fn out_dir() -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
+/// The end of a training run: prints the first loss against the mean of the last ten, plots
+/// the curve as `<name>_loss.svg` (titled `caption` and the two losses) and says whether the
+/// loss fell at least `drop` times.
+pub fn training_summary(
+    name: &str,
+    caption: &str,
+    y_desc: &str,
+    curve: &[(usize, f64)],
+    drop: f64,
+) -> bool {
+    let initial = curve.first().map_or(f64::NAN, |p| p.1);
+    let tail = &curve[curve.len().saturating_sub(10)..];
+    let last = tail.iter().map(|p| p.1).sum::<f64>() / tail.len() as f64;
+    let (n, ratio) = (tail.len(), initial / last);
+    println!(
+        "training loss: {initial:.5} first, {last:.5} (mean of the last {n}), {ratio:.2}× lower"
+    );
+    let caption = format!("{caption}: loss {initial:.3} → {last:.4}");
+    match write_loss_svg(&format!("{name}_loss.svg"), &caption, y_desc, curve) {
+        Ok(path) => println!("loss curve: {}", path.display()),
+        Err(e) => eprintln!("{name}: loss curve not written: {e}"),
+    }
+    let learned = last * drop < initial;
+    if !learned {
+        eprintln!("{name}: the loss did not fall at least {drop}× ({initial:.5} → {last:.5})");
+    }
+    learned
+}
+
 /// Draws a training-loss curve (`(step, loss)` points) as `file` (an SVG) in [`out_dir`], with
 /// `caption` above it and `y_desc` naming the loss; returns the file's path.
 pub fn write_loss_svg(
