@@ -73,7 +73,7 @@ fn batch(rng: &mut Rng) -> Batch {
     let (mut lens, mut x, mut targets) = (Vec::new(), vec![0f32; ROWS], Vec::new());
     for b in 0..BATCH {
         let u = (rng.signed_unit() + 1.0) / 2.0;
-        let len = MIN_LEN + (u * (MAX_LEN - MIN_LEN) as f64).round() as usize;
+        let len = (MIN_LEN + (u * (MAX_LEN - MIN_LEN + 1) as f64) as usize).min(MAX_LEN);
         let mut sum = 0.0;
         let mut step = |t: usize| {
             x[t * BATCH + b] = rng.signed_unit() as f32;
