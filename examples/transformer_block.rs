@@ -1,5 +1,5 @@
 //! One pre-norm transformer block in bf16 as seven cuDNN graphs, each stage checked against an
-//! f64 CPU evaluation of the same stage.
+//! f64 CPU evaluation of the same stage on the same inputs (errors do not compound).
 //!
 //! ```text
 //! cargo run --release --example transformer_block
@@ -8,15 +8,12 @@
 //! out = h1 + W2 · gelu(W1 · LN2(h1) + b1) + b2
 //! ```
 //!
-//! The stages (bf16 tensors, f32 accumulation): `ln1` (layer norm), `qkv` (matmul + bias,
-//! Q, K and V interleaved per token), `attention` (causal scaled dot-product attention reading
-//! Q, K and V straight out of that buffer as strided `[B, H, S, hd]` views), `proj` (matmul +
-//! bias + the residual x), `ln2`, `mlp_up` (matmul + bias + GELU, erf form), `mlp_down`
-//! (matmul + bias + the residual h1). Each graph runs the plan cuDNN's heuristics rank first,
-//! held by a [`PlanCache`].
-//!
-//! The size is small (batch 2, sequence 64, model 128, 2 heads, MLP 256) so the CPU check is
-//! quick. The realistic size, with autotuned plans, TFLOP/s per stage and a plot, is a tool:
+//! Stages (bf16 tensors, f32 accumulation): `ln1`; `qkv` (matmul + bias, Q, K and V interleaved
+//! per token); `attention` (causal SDPA reading Q, K and V out of that buffer as strided
+//! `[B, H, S, hd]` views); `proj` (matmul + bias + x); `ln2`; `mlp_up` (matmul + bias + GELU,
+//! erf form); `mlp_down` (matmul + bias + h1). Each runs the plan cuDNN's heuristics rank first,
+//! held by a [`PlanCache`]. The size is small (batch 2, sequence 64, model 128, 2 heads, MLP
+//! 256); the realistic one, autotuned and timed with a plot, is a tool:
 //! `cargo run --release -p cudnn-safe-tools --bin transformer_block`.
 //!
 //! Exit status: 0 when every stage matches, 1 otherwise, 2 without a GPU.
@@ -207,7 +204,7 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn) -> Result<bool> {
         cudnn.execute(cache.get_or_build(cudnn, og, &filter)?, &args, &mut ws)?;
     }
 
-    // Each stage against f64 on its own (downloaded) inputs, so errors do not compound.
+    // Each stage against f64 on its own (downloaded) inputs.
     let f64s = |v: &[bf16]| -> Vec<f64> { v.iter().map(|x| x.to_f64()).collect() };
     let host: Vec<Vec<f64>> = host.iter().map(|v| f64s(v)).collect();
     let mut got = Vec::new();
