@@ -30,7 +30,10 @@ use cudnn_safe::{format_version, Cudnn, DataType, Result, Workspace};
 
 #[path = "common/mod.rs"]
 mod common;
-use common::{bytes, drv, Element, Mode, Problem, Rng, Timer, CONFIGS};
+#[path = "common/conv.rs"]
+mod conv;
+use common::{bytes, drv, Rng, Timer};
+use conv::{Element, Mode, Problem, CONFIGS};
 
 /// Indices into [`CONFIGS`]: the first layer, the 7x7/2 stem and the 1x1 projection.
 const LAYERS: [usize; 3] = [0, 1, 2];
