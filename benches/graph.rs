@@ -188,7 +188,7 @@ impl Cfg {
     }
 }
 
-/// The seven reference configurations (`benches/conv.rs`, `examples/conv_explorer.rs`,
+/// The seven reference configurations (`benches/conv.rs`, `tools/src/conv_explorer.rs`,
 /// `shared/gpu/reference/torch_baseline.py`).
 const CONFIGS: [Cfg; 7] = [
     Cfg::new(32, 64, 56, 56, 128, 3, 1),

@@ -19,10 +19,7 @@ fn run() -> cudnn_safe::Result<()> {
     }
 
     let ctx = cuda_context(0)?;
-    let drv = |e| cudnn_safe::Error::Driver {
-        context: "querying the device",
-        source: e,
-    };
+    let drv = |e| cudnn_safe::Error::Driver { context: "querying the device", source: e };
     let (major, minor) = ctx.compute_capability().map_err(drv)?;
     let mut driver = 0;
     // SAFETY: the driver library is loaded (the context exists) and `driver` is a valid out-pointer.

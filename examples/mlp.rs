@@ -16,13 +16,11 @@
 //!   `alpha = −lr`, `beta = 1` accumulating into `W` itself, and the bias update
 //!   `b ← b − lr·1ᵀ·dy` the same with a ones vector (the column sums of `dy`, the bias gradient).
 //!
-//! Only the loss runs on the host: the 256×16 logits come down, softmax cross-entropy and its
-//! gradient are computed there, and the gradient goes back up (a few kB per step).
+//! Only the loss runs on the host (softmax cross-entropy of the 256×16 logits and its gradient).
 //!
-//! Prints the loss every 25 steps with the time per step, the held-out loss and accuracy before
-//! and after, and writes `mlp_loss.svg` to `$CUDNN_SAFE_OUT_DIR` (else the current directory).
-//! Exits with 1 if the training loss did not fall at least 2×, with 2 (one line on stderr)
-//! without a GPU or cuBLASLt.
+//! Prints the loss every 25 steps, the held-out loss and accuracy before and after, and writes
+//! `mlp_loss.svg` to `$CUDNN_SAFE_OUT_DIR` (else the current directory). Exit status: 1 if the
+//! training loss did not fall at least 2×, 2 without a GPU or cuBLASLt.
 #[path = "common/mod.rs"]
 mod common;
 
@@ -30,9 +28,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudnn_safe::blas::lt::{BlasLt, Epilogue, EpilogueData, Matmul};
+use common::{drv, Rng};
+use cudnn_safe::blas::lt::EpilogueData::{self, None as Plain};
+use cudnn_safe::blas::lt::{Epilogue, Matmul};
+use cudnn_safe::blas::BlasLt;
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream, CudaView};
-use cudnn_safe::{cuda_context, Error, Result};
+use cudnn_safe::{cuda_context, Result};
 
 const IN: usize = 64;
 const HIDDEN: usize = 256;
@@ -73,270 +74,128 @@ fn main() -> ExitCode {
     }
 }
 
-fn drv(what: &'static str) -> impl Fn(cudnn_safe::cudarc::driver::DriverError) -> Error {
-    move |e| Error::driver(what, e)
-}
-
-/// Points uniform in `[-1, 1]^64`, labelled by the argmax of a random `64 → 32 (tanh) → 16`
-/// teacher network.
-fn dataset(
-    rng: &mut common::Rng,
-    n: usize,
-    teacher: &(Vec<f64>, Vec<f64>),
-) -> (Vec<f32>, Vec<usize>) {
-    let (t1, t2) = teacher;
+/// `n` points uniform in `[-1, 1]^64`, labelled by the argmax of a random `64 → 32 (tanh) → 16`
+/// teacher network (`t1`, `t2`: row-major weights).
+fn dataset(rng: &mut Rng, n: usize, t1: &[f64], t2: &[f64]) -> (Vec<f32>, Vec<usize>) {
     let x: Vec<f64> = (0..n * IN).map(|_| rng.signed_unit()).collect();
-    let labels = (0..n)
-        .map(|s| {
-            let xs = &x[s * IN..(s + 1) * IN];
-            let h: Vec<f64> = (0..TEACHER_HIDDEN)
-                .map(|j| (0..IN).map(|i| xs[i] * t1[j * IN + i]).sum::<f64>().tanh())
-                .collect();
-            let logits: Vec<f64> = (0..CLASSES)
-                .map(|o| {
-                    (0..TEACHER_HIDDEN)
-                        .map(|j| h[j] * t2[o * TEACHER_HIDDEN + j])
-                        .sum()
-                })
-                .collect();
-            argmax(&logits)
-        })
-        .collect();
+    let matvec = |w: &[f64], v: &[f64]| -> Vec<f64> {
+        let dot = |row: &[f64]| row.iter().zip(v).map(|(a, b)| a * b).sum();
+        w.chunks(v.len()).map(dot).collect()
+    };
+    let label = |xs: &[f64]| {
+        argmax(&matvec(t2, &matvec(t1, xs).iter().map(|h| h.tanh()).collect::<Vec<_>>()))
+    };
+    let labels = x.chunks(IN).map(label).collect();
     (x.iter().map(|&v| v as f32).collect(), labels)
 }
 
 fn argmax(v: &[f64]) -> usize {
-    (0..v.len())
-        .max_by(|&a, &b| v[a].total_cmp(&v[b]))
-        .unwrap_or(0)
+    (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap_or(0)
 }
 
-/// A linear layer's parameters on the device (PyTorch's default init: `U(±1/√fan_in)`).
-struct Linear {
+/// One linear layer (PyTorch's default init: `U(±1/√fan_in)`): its parameters, the matmuls of
+/// a training step and its activations and gradient, all on the device.
+struct Layer {
     w: CudaSlice<f32>,
     b: CudaSlice<f32>,
+    /// `y = gelu(x·Wᵀ + b)` storing the GELU input in `pre` (hidden layers), or `x·Wᵀ + b`.
+    fwd: Matmul,
+    /// The previous layer's gradient, `dpre_prev = (dy·W) ⊙ gelu'(pre_prev)` (m = batch).
+    back: Matmul,
+    /// `W ← W − lr·dyᵀ·x` (m = out, n = in, k = batch) and `b ← b − lr·1ᵀ·dy` (m = 1).
+    upd_w: Matmul,
+    upd_b: Matmul,
+    pre: Option<CudaSlice<f32>>,
+    y: CudaSlice<f32>,
+    /// The loss gradient with respect to this layer's output (before its GELU).
+    dy: CudaSlice<f32>,
 }
 
-impl Linear {
+impl Layer {
     fn new(
         stream: &Arc<CudaStream>,
-        rng: &mut common::Rng,
+        rng: &mut Rng,
         inp: usize,
         out: usize,
+        hidden: bool,
     ) -> Result<Self> {
         let a = 1.0 / (inp as f64).sqrt();
         let mut init =
             |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.signed_unit() * a) as f32).collect() };
-        let w = init(out * inp);
-        let b = init(out);
-        Ok(Linear {
-            w: stream.clone_htod(&w).map_err(drv("uploading a weight"))?,
-            b: stream.clone_htod(&b).map_err(drv("uploading a bias"))?,
+        let up = |v: Vec<f32>| stream.clone_htod(&v).map_err(drv("uploading parameters"));
+        let zeros = |n: usize| stream.alloc_zeros::<f32>(n).map_err(drv("allocating"));
+        let (gelu, bias) = (Epilogue::BiasGeluAux, Epilogue::Bias);
+        let (batch, i, o) = (BATCH as i64, inp as i64, out as i64);
+        let fwd = Matmul::linear(batch, i, o)?.with_epilogue(if hidden { gelu } else { bias });
+        Ok(Layer {
+            w: up(init(out * inp))?,
+            b: up(init(out))?,
+            back: Matmul::new(batch, i, o)?.with_epilogue(Epilogue::DGelu),
+            upd_w: Matmul::new(o, i, batch)?.with_transpose_a(true),
+            upd_b: Matmul::new(1, o, batch)?,
+            pre: hidden.then(|| zeros(fwd.aux_len())).transpose()?,
+            y: zeros(BATCH * out)?,
+            dy: zeros(BATCH * out)?,
+            fwd,
         })
     }
 }
 
-/// The problems of one training step (shapes fixed by the batch size).
-struct Ops {
-    fwd1: Matmul,
-    fwd2: Matmul,
-    fwd3: Matmul,
-    /// `dpre = (dy·W) ⊙ gelu'(pre)` for the hidden layers (m = batch, n = hidden).
-    dgelu_h3: Matmul,
-    dgelu_h2: Matmul,
-    /// `W ← W − lr·dyᵀ·x` (m = out, n = in, k = batch).
-    upd3: Matmul,
-    upd2: Matmul,
-    upd1: Matmul,
-    /// `b ← b − lr·1ᵀ·dy` (m = 1, n = out, k = batch).
-    upd_b3: Matmul,
-    upd_bh: Matmul,
+/// A layer's input: the previous layer's output, or the batch `x` for the first layer.
+fn input_of<'a>(before: &'a [Layer], x: &'a CudaView<'_, f32>) -> CudaView<'a, f32> {
+    before.last().map_or_else(|| x.slice(0..), |p| p.y.as_view())
 }
 
-impl Ops {
-    fn new() -> Result<Self> {
-        // Matrix dimensions are i64 in cudnn_safe::blas; buffer lengths usize.
-        let [in_, hidden, classes, batch] = [IN, HIDDEN, CLASSES, BATCH].map(|v| v as i64);
-        Ok(Ops {
-            fwd1: Matmul::linear(batch, in_, hidden)?.with_epilogue(Epilogue::BiasGeluAux),
-            fwd2: Matmul::linear(batch, hidden, hidden)?.with_epilogue(Epilogue::BiasGeluAux),
-            fwd3: Matmul::linear(batch, hidden, classes)?.with_epilogue(Epilogue::Bias),
-            dgelu_h3: Matmul::new(batch, hidden, classes)?.with_epilogue(Epilogue::DGelu),
-            dgelu_h2: Matmul::new(batch, hidden, hidden)?.with_epilogue(Epilogue::DGelu),
-            upd3: Matmul::new(classes, hidden, batch)?.with_transpose_a(true),
-            upd2: Matmul::new(hidden, hidden, batch)?.with_transpose_a(true),
-            upd1: Matmul::new(hidden, in_, batch)?.with_transpose_a(true),
-            upd_b3: Matmul::new(1, classes, batch)?,
-            upd_bh: Matmul::new(1, hidden, batch)?,
-        })
+/// The logits of a batch `x` (BATCH × IN) into the last layer's `y`.
+fn forward(lt: &mut BlasLt, layers: &mut [Layer], x: &CudaView<'_, f32>) -> Result<()> {
+    for i in 0..layers.len() {
+        let (done, rest) = layers.split_at_mut(i);
+        let l = &mut rest[0];
+        let input = input_of(done, x);
+        let epi = match &mut l.pre {
+            Some(pre) => EpilogueData::bias_aux(&l.b, pre),
+            None => EpilogueData::bias(&l.b),
+        };
+        lt.matmul(&l.fwd, 1.0, &input, &l.w, 0.0, &mut l.y, epi)?;
     }
+    Ok(())
 }
 
-/// Device buffers of a batch: activations, GELU inputs (aux) and gradients.
-struct Buffers {
-    pre1: CudaSlice<f32>,
-    h1: CudaSlice<f32>,
-    pre2: CudaSlice<f32>,
-    h2: CudaSlice<f32>,
-    logits: CudaSlice<f32>,
-    dlogits: CudaSlice<f32>,
-    dpre2: CudaSlice<f32>,
-    dpre1: CudaSlice<f32>,
-    ones: CudaSlice<f32>,
-}
-
-struct Model {
-    l1: Linear,
-    l2: Linear,
-    l3: Linear,
-}
-
-impl Model {
-    /// Logits of a batch `x` (BATCH × IN) into `buf.logits`; keeps what the backward pass needs.
-    fn forward(
-        &self,
-        lt: &mut BlasLt,
-        ops: &Ops,
-        x: &CudaView<'_, f32>,
-        buf: &mut Buffers,
-    ) -> Result<()> {
-        lt.matmul(
-            &ops.fwd1,
-            1.0,
-            x,
-            &self.l1.w,
-            0.0,
-            &mut buf.h1,
-            EpilogueData::bias_aux(&self.l1.b, &mut buf.pre1),
-        )?;
-        lt.matmul(
-            &ops.fwd2,
-            1.0,
-            &buf.h1,
-            &self.l2.w,
-            0.0,
-            &mut buf.h2,
-            EpilogueData::bias_aux(&self.l2.b, &mut buf.pre2),
-        )?;
-        lt.matmul(
-            &ops.fwd3,
-            1.0,
-            &buf.h2,
-            &self.l3.w,
-            0.0,
-            &mut buf.logits,
-            EpilogueData::bias(&self.l3.b),
-        )?;
-        Ok(())
+/// Backward from the last layer's `dy` with the SGD update of every parameter, last layer
+/// first; each layer's input gradient is computed before its weight changes.
+fn backward_and_update(
+    lt: &mut BlasLt,
+    layers: &mut [Layer],
+    x: &CudaView<'_, f32>,
+    ones: &CudaSlice<f32>,
+) -> Result<()> {
+    for i in (0..layers.len()).rev() {
+        let (before, rest) = layers.split_at_mut(i);
+        let l = &mut rest[0];
+        if let Some(Layer { pre: Some(pre), dy, .. }) = before.last_mut() {
+            lt.matmul(&l.back, 1.0, &l.dy, &l.w, 0.0, dy, EpilogueData::aux(&*pre))?;
+        }
+        let input = input_of(before, x);
+        lt.matmul(&l.upd_w, -LR, &l.dy, &input, 1.0, &mut l.w, Plain)?;
+        lt.matmul(&l.upd_b, -LR, ones, &l.dy, 1.0, &mut l.b, Plain)?;
     }
-
-    /// Backward from `buf.dlogits` and the SGD update of every parameter. Each layer's input
-    /// gradient is computed before that layer's weight is updated.
-    fn backward_and_update(
-        &mut self,
-        lt: &mut BlasLt,
-        ops: &Ops,
-        x: &CudaView<'_, f32>,
-        buf: &mut Buffers,
-    ) -> Result<()> {
-        // Layer 3.
-        lt.matmul(
-            &ops.dgelu_h3,
-            1.0,
-            &buf.dlogits,
-            &self.l3.w,
-            0.0,
-            &mut buf.dpre2,
-            EpilogueData::aux(&buf.pre2),
-        )?;
-        lt.matmul(
-            &ops.upd3,
-            -LR,
-            &buf.dlogits,
-            &buf.h2,
-            1.0,
-            &mut self.l3.w,
-            EpilogueData::None,
-        )?;
-        lt.matmul(
-            &ops.upd_b3,
-            -LR,
-            &buf.ones,
-            &buf.dlogits,
-            1.0,
-            &mut self.l3.b,
-            EpilogueData::None,
-        )?;
-        // Layer 2.
-        lt.matmul(
-            &ops.dgelu_h2,
-            1.0,
-            &buf.dpre2,
-            &self.l2.w,
-            0.0,
-            &mut buf.dpre1,
-            EpilogueData::aux(&buf.pre1),
-        )?;
-        lt.matmul(
-            &ops.upd2,
-            -LR,
-            &buf.dpre2,
-            &buf.h1,
-            1.0,
-            &mut self.l2.w,
-            EpilogueData::None,
-        )?;
-        lt.matmul(
-            &ops.upd_bh,
-            -LR,
-            &buf.ones,
-            &buf.dpre2,
-            1.0,
-            &mut self.l2.b,
-            EpilogueData::None,
-        )?;
-        // Layer 1 (no input gradient needed).
-        lt.matmul(
-            &ops.upd1,
-            -LR,
-            &buf.dpre1,
-            x,
-            1.0,
-            &mut self.l1.w,
-            EpilogueData::None,
-        )?;
-        lt.matmul(
-            &ops.upd_bh,
-            -LR,
-            &buf.ones,
-            &buf.dpre1,
-            1.0,
-            &mut self.l1.b,
-            EpilogueData::None,
-        )?;
-        Ok(())
-    }
+    Ok(())
 }
 
 /// Mean softmax cross-entropy and accuracy of a batch of logits; fills `grad` with
 /// `d(mean loss)/d(logits) = (softmax − onehot) / batch`.
 fn cross_entropy(logits: &[f32], labels: &[usize], grad: &mut [f32]) -> (f64, f64) {
-    let (mut loss, mut correct) = (0.0, 0);
-    let n = labels.len();
-    for (r, &label) in labels.iter().enumerate() {
-        let row: Vec<f64> = logits[r * CLASSES..(r + 1) * CLASSES]
-            .iter()
-            .map(|&v| f64::from(v))
-            .collect();
-        let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let (mut loss, mut correct, n) = (0.0, 0, labels.len());
+    let rows = logits.chunks(CLASSES).zip(grad.chunks_mut(CLASSES));
+    for ((row, grad), &label) in rows.zip(labels) {
+        let row: Vec<f64> = row.iter().map(|&v| v.into()).collect();
+        let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let z: f64 = row.iter().map(|v| (v - max).exp()).sum();
         loss -= row[label] - max - z.ln();
-        if argmax(&row) == label {
-            correct += 1;
-        }
-        for (o, g) in grad[r * CLASSES..(r + 1) * CLASSES].iter_mut().enumerate() {
-            let p = (row[o] - max).exp() / z;
-            *g = ((p - if o == label { 1.0 } else { 0.0 }) / n as f64) as f32;
+        correct += usize::from(argmax(&row) == label);
+        for (o, g) in grad.iter_mut().enumerate() {
+            let target = if o == label { 1.0 } else { 0.0 };
+            *g = (((row[o] - max).exp() / z - target) / n as f64) as f32;
         }
     }
     (loss / n as f64, correct as f64 / n as f64)
@@ -346,9 +205,7 @@ fn cross_entropy(logits: &[f32], labels: &[usize], grad: &mut [f32]) -> (f64, f6
 fn evaluate(
     stream: &Arc<CudaStream>,
     lt: &mut BlasLt,
-    ops: &Ops,
-    model: &Model,
-    buf: &mut Buffers,
+    layers: &mut [Layer],
     x: &CudaSlice<f32>,
     labels: &[usize],
 ) -> Result<(f64, f64)> {
@@ -356,125 +213,67 @@ fn evaluate(
     let (mut loss, mut acc) = (0.0, 0.0);
     let batches = labels.len() / BATCH;
     for i in 0..batches {
-        let xb = x.slice(i * BATCH * IN..(i + 1) * BATCH * IN);
-        model.forward(lt, ops, &xb, buf)?;
-        let logits = stream
-            .clone_dtoh(&buf.logits)
-            .map_err(drv("downloading logits"))?;
+        forward(lt, layers, &x.slice(i * BATCH * IN..(i + 1) * BATCH * IN))?;
+        let logits = download_logits(stream, layers)?;
         let (l, a) = cross_entropy(&logits, &labels[i * BATCH..(i + 1) * BATCH], &mut grad);
-        loss += l;
-        acc += a;
+        (loss, acc) = (loss + l, acc + a);
     }
     Ok((loss / batches as f64, acc / batches as f64))
 }
 
+fn download_logits(stream: &Arc<CudaStream>, layers: &[Layer]) -> Result<Vec<f32>> {
+    let last = &layers[layers.len() - 1];
+    stream.clone_dtoh(&last.y).map_err(drv("downloading logits"))
+}
+
 fn run(stream: &Arc<CudaStream>, lt: &mut BlasLt) -> Result<bool> {
-    let mut rng = common::Rng::new(7);
-    let teacher = (
-        (0..TEACHER_HIDDEN * IN)
-            .map(|_| rng.signed_unit() * 3.0 / (IN as f64).sqrt())
-            .collect::<Vec<_>>(),
-        (0..CLASSES * TEACHER_HIDDEN)
-            .map(|_| rng.signed_unit() * 3.0 / (TEACHER_HIDDEN as f64).sqrt())
-            .collect::<Vec<_>>(),
-    );
-    let (train_x, train_y) = dataset(&mut rng, SAMPLES, &teacher);
-    let (eval_x, eval_y) = dataset(&mut rng, HELD_OUT, &teacher);
-    let train_x = stream
-        .clone_htod(&train_x)
-        .map_err(drv("uploading the training set"))?;
-    let eval_x = stream
-        .clone_htod(&eval_x)
-        .map_err(drv("uploading the held-out set"))?;
+    let mut rng = Rng::new(7);
+    let mut teacher = |n: usize, fan_in: usize| -> Vec<f64> {
+        let scale = 3.0 / (fan_in as f64).sqrt();
+        (0..n).map(|_| rng.signed_unit() * scale).collect()
+    };
+    let (t1, t2) =
+        (teacher(TEACHER_HIDDEN * IN, IN), teacher(CLASSES * TEACHER_HIDDEN, TEACHER_HIDDEN));
+    let (train_x, train_y) = dataset(&mut rng, SAMPLES, &t1, &t2);
+    let (eval_x, eval_y) = dataset(&mut rng, HELD_OUT, &t1, &t2);
+    let up = |v: &[f32]| stream.clone_htod(v).map_err(drv("uploading"));
+    let (train_x, eval_x, ones) = (up(&train_x)?, up(&eval_x)?, up(&[1.0; BATCH])?);
 
-    let ops = Ops::new()?;
-    let mut model = Model {
-        l1: Linear::new(stream, &mut rng, IN, HIDDEN)?,
-        l2: Linear::new(stream, &mut rng, HIDDEN, HIDDEN)?,
-        l3: Linear::new(stream, &mut rng, HIDDEN, CLASSES)?,
-    };
-    let zeros = |n: usize| {
-        stream
-            .alloc_zeros::<f32>(n)
-            .map_err(drv("allocating activations"))
-    };
-    let mut buf = Buffers {
-        pre1: zeros(ops.fwd1.aux_len())?,
-        h1: zeros(BATCH * HIDDEN)?,
-        pre2: zeros(ops.fwd2.aux_len())?,
-        h2: zeros(BATCH * HIDDEN)?,
-        logits: zeros(BATCH * CLASSES)?,
-        dlogits: zeros(BATCH * CLASSES)?,
-        dpre2: zeros(BATCH * HIDDEN)?,
-        dpre1: zeros(BATCH * HIDDEN)?,
-        ones: stream
-            .clone_htod(&vec![1.0f32; BATCH])
-            .map_err(drv("uploading ones"))?,
-    };
+    let mut layers = [
+        Layer::new(stream, &mut rng, IN, HIDDEN, true)?,
+        Layer::new(stream, &mut rng, HIDDEN, HIDDEN, true)?,
+        Layer::new(stream, &mut rng, HIDDEN, CLASSES, false)?,
+    ];
 
-    let (eval_loss0, eval_acc0) = evaluate(stream, lt, &ops, &model, &mut buf, &eval_x, &eval_y)?;
+    let (eval_loss0, eval_acc0) = evaluate(stream, lt, &mut layers, &eval_x, &eval_y)?;
     let mut grad = vec![0f32; BATCH * CLASSES];
     let mut curve = Vec::with_capacity(STEPS);
-    let mut window = Instant::now();
-    let mut window_start = 0;
+    let (mut window, mut window_start) = (Instant::now(), 0);
     for step in 0..STEPS {
         let first = (step * BATCH) % SAMPLES;
         let x = train_x.slice(first * IN..(first + BATCH) * IN);
-        model.forward(lt, &ops, &x, &mut buf)?;
-        let logits = stream
-            .clone_dtoh(&buf.logits)
-            .map_err(drv("downloading logits"))?;
+        forward(lt, &mut layers, &x)?;
+        let logits = download_logits(stream, &layers)?;
         let (loss, acc) = cross_entropy(&logits, &train_y[first..first + BATCH], &mut grad);
-        stream
-            .memcpy_htod(&grad, &mut buf.dlogits)
-            .map_err(drv("uploading the loss gradient"))?;
-        model.backward_and_update(lt, &ops, &x, &mut buf)?;
+        let dlogits = &mut layers[2].dy;
+        stream.memcpy_htod(&grad, dlogits).map_err(drv("uploading the loss gradient"))?;
+        backward_and_update(lt, &mut layers, &x, &ones)?;
         curve.push((step, loss));
         if step % REPORT_EVERY == 0 || step + 1 == STEPS {
             stream.synchronize().map_err(drv("synchronizing"))?;
-            let steps = (step + 1 - window_start).max(1);
-            let ms = window.elapsed().as_secs_f64() * 1e3 / steps as f64;
-            println!(
-                "step {step:>3}  loss {loss:.4}  batch accuracy {:>5.1}%  {ms:.3} ms/step",
-                acc * 100.0
-            );
-            window = Instant::now();
-            window_start = step + 1;
+            let ms = window.elapsed().as_secs_f64() * 1e3 / (step + 1 - window_start) as f64;
+            let acc = acc * 100.0;
+            println!("step {step:>3}  loss {loss:.4}  batch accuracy {acc:>5.1}%  {ms:.3} ms/step");
+            (window, window_start) = (Instant::now(), step + 1);
         }
     }
-    let (eval_loss, eval_acc) = evaluate(stream, lt, &ops, &model, &mut buf, &eval_x, &eval_y)?;
-    let initial = curve[0].1;
-    let tail = &curve[curve.len().saturating_sub(10)..];
-    let final_loss = tail.iter().map(|p| p.1).sum::<f64>() / tail.len() as f64;
-    println!(
-        "held-out: loss {eval_loss0:.4} → {eval_loss:.4}, accuracy {:.1}% → {:.1}%",
-        eval_acc0 * 100.0,
-        eval_acc * 100.0
-    );
-    println!(
-        "training loss: initial {initial:.4}, final {final_loss:.4} (mean of the last {} steps), {:.2}× lower",
-        tail.len(),
-        initial / final_loss
-    );
-    let s = lt.stats();
-    println!(
-        "cuBLASLt: {} decisions (policy {}), {} cached calls, {} bytes of workspace",
-        s.misses,
-        lt.policy().name(),
-        s.hits,
-        lt.workspace_bytes()
-    );
-    let caption = format!(
-        "MLP {IN}→{HIDDEN}→{HIDDEN}→{CLASSES}, cuBLASLt fused bias+GELU, f32 SGD: loss {initial:.3} → {final_loss:.3}"
-    );
+    let (eval_loss, eval_acc) = evaluate(stream, lt, &mut layers, &eval_x, &eval_y)?;
+    let (acc0, acc) = (eval_acc0 * 100.0, eval_acc * 100.0);
+    println!("held-out: loss {eval_loss0:.4} → {eval_loss:.4}, accuracy {acc0:.1}% → {acc:.1}%");
+    let (s, ws) = (lt.stats(), lt.workspace_bytes());
+    println!("cuBLASLt: {} decisions, {} cached calls, {ws} B of workspace", s.misses, s.hits);
+    let caption =
+        format!("MLP {IN}→{HIDDEN}→{HIDDEN}→{CLASSES}, cuBLASLt fused bias+GELU, f32 SGD");
     let y_desc = "training loss (softmax cross-entropy)";
-    match common::write_loss_svg("mlp_loss.svg", &caption, y_desc, &curve) {
-        Ok(path) => println!("loss curve: {}", path.display()),
-        Err(e) => eprintln!("mlp: loss curve not written: {e}"),
-    }
-    let learned = final_loss * 2.0 < initial;
-    if !learned {
-        eprintln!("mlp: the loss did not fall at least 2× ({initial:.4} → {final_loss:.4})");
-    }
-    Ok(learned)
+    Ok(common::training_summary("mlp", &caption, y_desc, &curve, 2.0))
 }
