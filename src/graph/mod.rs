@@ -71,11 +71,10 @@ pub(crate) mod backend;
 mod build;
 mod cuda_graph;
 mod engine;
-mod exec;
+pub(crate) mod exec;
 mod norm;
 mod preload;
 mod record;
-pub(crate) mod union;
 
 pub use attention::{alibi_slopes, DiagonalAlignment, SdpaGrads, SdpaOptions, SdpaOutputs};
 pub use build::OperationGraph;
@@ -84,13 +83,13 @@ pub use engine::{
     BehaviorNote, EngineConfig, HeurMode, KnobRange, NumericalNote, Plan, PlanFilter, PlanList,
     Skipped, MAX_KNOB_VALUES,
 };
-pub use exec::{autotune, Args, AutotuneOptions, PlanCache, PlanWarmUp, Timing, Tuned};
+pub use crate::tune::plan::{autotune, PlanCache};
+pub use exec::Args;
 pub use norm::{
     BatchNormOutputs, BatchNormRunning, GroupNormMethod, GroupNormOutputs, LayerNormGrads,
     LayerNormOutputs, RmsNormGrads, RmsNormOutputs,
 };
 pub use preload::{preload, Preloaded};
-pub use union::{ConvApi, GraphSearch};
 
 /// Identifies a tensor of one [`Graph`] (and of the [`OperationGraph`] built from it).
 ///
