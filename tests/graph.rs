@@ -30,6 +30,16 @@ use cudnn_safe::{Cudnn, DType, DataType, Error, Status, Workspace};
 // Host-only tests
 // ---------------------------------------------------------------------------------------------
 
+/// The first line of a graph plan cache file (the format's version and kind; what follows the
+/// colon describes the columns).
+const PLAN_FILE_HEADER: &str = "# cudnn-safe cache v2 graph:";
+
+/// A [`PlanCache::key`] as the cache file writes it: the device, a tab, the filter and
+/// signature.
+fn file_key(key: &str) -> String {
+    key.replacen(" | ", "\t", 1)
+}
+
 /// Whether the cuDNN library loads (host tests that finalize descriptors need it).
 fn have_cudnn() -> bool {
     let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
@@ -1024,14 +1034,15 @@ fn gpu_configs_outside_their_engine_are_refused() {
     let key = PlanCache::key(&f.cudnn, &f.og, &filter);
     let record = f.og.graph().to_json().unwrap();
     let tampered = bad.last().unwrap();
-    std::fs::write(&path, format!("{tampered}\t{key}\t{record}\n")).unwrap();
+    let line = format!("{}\t{tampered}\t{record}", file_key(&key));
+    std::fs::write(&path, format!("{PLAN_FILE_HEADER}\n{line}\n")).unwrap();
     let mut cache = PlanCache::new().try_cache_file(&path).unwrap();
     let warm = cache.warm_up(&f.cudnn, &mut f.ws).unwrap();
     assert_eq!((warm.replayed, warm.skipped.len()), (0, 1), "{warm:?}");
     let plan = cache.get_or_build(&f.cudnn, &f.og, &filter).unwrap();
     assert!(!bad.contains(plan.config()), "{}", plan.config());
     let text = std::fs::read_to_string(&path).unwrap();
-    assert!(!text.contains(&format!("{tampered}\t")), "{text}");
+    assert!(!text.contains(&format!("\t{tampered}\t")), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -2354,7 +2365,8 @@ fn gpu_plan_cache_hits_and_persists() {
     };
     drop(ws);
     let text = std::fs::read_to_string(&path).unwrap();
-    assert!(text.starts_with(&name), "{text}");
+    let first = text.lines().nth(1).and_then(|l| l.split('\t').nth(2));
+    assert_eq!(first, Some(name.as_str()), "{text}");
     let mut fresh = PlanCache::new().try_cache_file(&path).unwrap();
     let plan_name = fresh.get_or_build(&cudnn, &c.og, &filter).unwrap().name();
     assert_eq!(plan_name, name);
@@ -2379,29 +2391,37 @@ fn gpu_plan_cache_warm_up_replays_recorded_graphs() {
         cache.get_or_build(&cudnn, &half, &filter).unwrap();
         name
     };
-    // Every line carries its graph.
+    // Every line (after the header) carries its graph.
     let text = std::fs::read_to_string(&path).unwrap();
-    assert_eq!(text.lines().count(), 2, "{text}");
+    assert_eq!(text.lines().count(), 3, "{text}");
     let key = PlanCache::key(&cudnn, &c.og, &filter);
     let line = text
         .lines()
-        .find(|l| l.split('\t').nth(1) == Some(key.as_str()))
+        .find(|l| l.starts_with(&format!("{}\t", file_key(&key))))
         .expect("the f32 graph's line");
     let fields: Vec<&str> = line.split('\t').collect();
-    assert_eq!(fields.len(), 3, "{line}");
-    assert_eq!(fields[0], name);
-    assert_eq!(fields[2], c.og.graph().to_json().unwrap());
+    assert_eq!(fields.len(), 4, "{line}");
+    assert_eq!(fields[2], name);
+    assert_eq!(fields[3], c.og.graph().to_json().unwrap());
     // Lines the warm-up leaves alone (another GPU) or skips (a choice without its graph; a
     // recorded graph that is not its key's).
     let (_, rest) = key.split_once(" | ").unwrap();
-    let other_gpu = format!("{name}\tOther GPU sm00 cudnn1 | {rest}\t{}", fields[2]);
+    let other_gpu = format!("Other GPU|sm00|cudnn1\t{rest}\t{name}\t{}", fields[3]);
     let no_graph = format!(
-        "{name}\t{}",
-        PlanCache::key(&cudnn, &c.og, &filter.clone().deterministic(true))
+        "{}\t{name}",
+        file_key(&PlanCache::key(
+            &cudnn,
+            &c.og,
+            &filter.clone().deterministic(true)
+        ))
     );
     let mismatched = format!(
-        "{name}\t{}\t{}",
-        PlanCache::key(&cudnn, &c.og, &filter.clone().no_tensor_cores(true)),
+        "{}\t{name}\t{}",
+        file_key(&PlanCache::key(
+            &cudnn,
+            &c.og,
+            &filter.clone().no_tensor_cores(true)
+        )),
         half.graph().to_json().unwrap()
     );
     std::fs::write(
@@ -2462,9 +2482,9 @@ fn gpu_plan_cache_warm_up_replays_recorded_graphs() {
     let key2 = PlanCache::key(&cudnn2, &c2.og, &filter.clone().deterministic(true));
     let line = text
         .lines()
-        .find(|l| l.split('\t').nth(1) == Some(key2.as_str()))
+        .find(|l| l.starts_with(&format!("{}\t", file_key(&key2))))
         .unwrap();
-    assert_eq!(line.split('\t').count(), 3, "{line}");
+    assert_eq!(line.split('\t').count(), 4, "{line}");
     let _ = std::fs::remove_file(&path);
 }
 

@@ -4,13 +4,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::cache::{self, decode, load_file, Entry};
-use super::key::{forward_key, Key};
+use super::key::{call_key, Key};
 use super::search::HeldPlan;
 use super::{
     Candidate, GraphSearch, Policy, Stats, DEFAULT_FINALISTS, DEFAULT_FINAL_SOLO_MS,
     DEFAULT_GRAPH_PLANS, DEFAULT_REFINE_KNOBS,
 };
-use crate::conv::{ConvDesc, ConvFwdAlgo};
+use crate::conv::{ConvDesc, ConvDirection, ConvFwdAlgo};
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::graph::EngineConfig;
@@ -414,8 +414,26 @@ impl Autotuner {
         self.prepare(
             cudnn,
             [0, x_desc.id(), w_desc.id(), conv.id(), y_desc.id(), 0],
-            |policy, limit| forward_key(x_desc, w_desc, conv, y_desc, policy, limit, gmode),
+            |policy, limit| {
+                let descs = (x_desc, w_desc, y_desc);
+                call_key(ConvDirection::Forward, descs, conv, (policy, limit, gmode))
+            },
         )
+    }
+
+    /// The decision of a forward problem under the current policy, if decided already.
+    fn known_forward<X: DataType, Y: DataType>(
+        &mut self,
+        cudnn: &Cudnn,
+        x_desc: &TensorDesc<X>,
+        w_desc: &FilterDesc<X>,
+        conv: &ConvDesc,
+        y_desc: &TensorDesc<Y>,
+    ) -> Option<Arc<Entry>> {
+        match self.prepare_forward(cudnn, x_desc, w_desc, conv, y_desc) {
+            Prepared::Known(_, entry) => Some(entry),
+            _ => None,
+        }
     }
 
     /// The cached ranking for a forward problem under the current policy, if decided already.
@@ -427,11 +445,8 @@ impl Autotuner {
         conv: &ConvDesc,
         y_desc: &TensorDesc<Y>,
     ) -> Option<Vec<Candidate<ConvFwdAlgo>>> {
-        let prepared = self.prepare_forward(cudnn, x_desc, w_desc, conv, y_desc);
-        match prepared {
-            Prepared::Known(_, r) => Some(decode(&r.ranking)),
-            _ => None,
-        }
+        let entry = self.known_forward(cudnn, x_desc, w_desc, conv, y_desc)?;
+        Some(decode(&entry.ranking))
     }
 
     /// The graph engine configuration remembered for a forward problem under the current policy
@@ -445,11 +460,8 @@ impl Autotuner {
         conv: &ConvDesc,
         y_desc: &TensorDesc<Y>,
     ) -> Option<Arc<EngineConfig>> {
-        let prepared = self.prepare_forward(cudnn, x_desc, w_desc, conv, y_desc);
-        match prepared {
-            Prepared::Known(_, r) => r.graph.as_ref().map(|g| g.config.clone()),
-            _ => None,
-        }
+        let entry = self.known_forward(cudnn, x_desc, w_desc, conv, y_desc)?;
+        entry.graph.as_ref().map(|g| g.config.clone())
     }
 
     /// Saves the cache file if there is one (a failure is logged: the decision stays in memory).

@@ -302,3 +302,88 @@ pub(super) fn format_line(k: &Key, v: &Entry) -> String {
         ranking.join(",")
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEST: Format = Format {
+        kind: "test",
+        columns: "device<TAB>problem<TAB>value",
+    };
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("cudnn-safe-cache-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("cache.txt")
+    }
+
+    fn read(path: &Path) -> Vec<(String, String)> {
+        TEST.load(path, |l| {
+            let (k, v) = l.rsplit_once('\t')?;
+            Some((k.to_string(), v.to_string()))
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn files_of_another_version_or_kind_are_skipped_and_replaced() {
+        let path = scratch("format");
+        for old in [
+            "# cudnn-safe autotune cache v1: device<TAB>problem key<TAB>...\nGPU\t1,2\t1:0:0.5\n",
+            "# cudnn-safe cache v1 test: device<TAB>problem<TAB>value\nGPU\tp\tv\n",
+            "# cudnn-safe cache v2 conv: device<TAB>problem<TAB>value\nGPU\tp\tv\n",
+            "eng0\tGPU sm90 cudnn91400 | filter | signature\t{}\n",
+            "",
+        ] {
+            std::fs::write(&path, old).unwrap();
+            assert_eq!(read(&path), [], "{old}");
+            TEST.save(&path, ["GPU\tq\tw".to_string()], |_| true)
+                .unwrap();
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert_eq!(
+                text,
+                "# cudnn-safe cache v2 test: device<TAB>problem<TAB>value\nGPU\tq\tw\n"
+            );
+            assert_eq!(read(&path), [("GPU\tq".to_string(), "w".to_string())]);
+        }
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    #[test]
+    fn saves_merge_with_what_another_process_wrote() {
+        let path = scratch("merge");
+        // Another process wrote two entries and a line nobody reads.
+        TEST.save(
+            &path,
+            ["GPU\ta\tother".to_string(), "GPU\tb\tother".to_string()],
+            |_| true,
+        )
+        .unwrap();
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str("a line without fields\n# a comment\n\n");
+        std::fs::write(&path, text).unwrap();
+        // This process decided b (again) and c: its entries win, a is kept, the bad line goes.
+        let valid = |l: &str| l.split('\t').count() == 3;
+        TEST.save(
+            &path,
+            ["GPU\tc\tmine".to_string(), "GPU\tb\tmine".to_string()],
+            valid,
+        )
+        .unwrap();
+        let got = read(&path);
+        let want = [("a", "other"), ("b", "mine"), ("c", "mine")]
+            .map(|(k, v)| (format!("GPU\t{k}"), v.to_string()));
+        assert_eq!(got, want);
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    #[test]
+    fn entry_keys_are_the_first_two_fields() {
+        assert_eq!(entry_key("dev\tkey\tvalue\tmore"), "dev\tkey");
+        assert_eq!(entry_key("dev\tkey"), "dev\tkey");
+        assert_eq!(entry_key("dev"), "dev");
+    }
+}

@@ -62,16 +62,7 @@ impl KeyProblem {
         limit: usize,
         search: GraphSearch,
     ) -> Vec<i64> {
-        let k = problem_key(
-            self.dir,
-            (a.layout(), T::DTYPE),
-            w,
-            (b.layout(), T::DTYPE),
-            conv,
-            policy,
-            limit,
-        );
-        with_search(k, policy, search)
+        call_key(self.dir, (a, w, b), conv, (policy, limit, search))
     }
 
     /// The problem of a plain forward, backward-data or backward-filter key; `None` for other
@@ -184,21 +175,19 @@ pub(super) fn with_search(mut k: Vec<i64>, policy: Policy, graph: GraphSearch) -
     k
 }
 
-/// The key of a forward problem: [`problem_key`] with the search mode ([`with_search`]).
-pub(super) fn forward_key<X: DataType, Y: DataType>(
-    x_desc: &TensorDesc<X>,
-    w_desc: &FilterDesc<X>,
+/// The key of a problem of direction `dir` (`a`, the filter and `b` as [`problem_key`] takes
+/// them) under a policy, workspace limit and search mode ([`with_search`]).
+pub(super) fn call_key<A: DataType, B: DataType, W: DataType>(
+    dir: ConvDirection,
+    (a, w, b): (&TensorDesc<A>, &FilterDesc<W>, &TensorDesc<B>),
     conv: &ConvDesc,
-    y_desc: &TensorDesc<Y>,
-    policy: Policy,
-    limit: usize,
-    graph: GraphSearch,
+    (policy, limit, graph): (Policy, usize, GraphSearch),
 ) -> Vec<i64> {
     let k = problem_key(
-        ConvDirection::Forward,
-        (x_desc.layout(), X::DTYPE),
-        w_desc,
-        (y_desc.layout(), Y::DTYPE),
+        dir,
+        (a.layout(), A::DTYPE),
+        w,
+        (b.layout(), B::DTYPE),
         conv,
         policy,
         limit,

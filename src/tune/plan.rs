@@ -54,12 +54,11 @@ fn parse_line(line: &str) -> Option<(String, Persisted)> {
 fn format_line(key: &str, config: &EngineConfig, graph: Option<&String>) -> Option<String> {
     let (device, rest) = key.split_once(SEPARATOR)?;
     let clean = |s: &str| s.replace(['\n', '\t'], " ");
-    let graph = graph.map(|g| clean(g)).unwrap_or_default();
-    Some(format!(
-        "{}\t{}\t{config}\t{graph}",
-        clean(device),
-        clean(rest)
-    ))
+    let line = format!("{}\t{}\t{config}", clean(device), clean(rest));
+    Some(match graph {
+        Some(g) => format!("{line}\t{}", clean(g)),
+        None => line,
+    })
 }
 
 /// How [`autotune`] chooses: how it times candidates.
@@ -593,5 +592,31 @@ impl PlanCache {
     /// Drops the plans held in memory (persisted configurations stay).
     pub fn clear(&mut self) {
         self.plans.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_round_trip_with_and_without_their_graph() {
+        let config: EngineConfig = "eng12_k2=1_k5=0".parse().unwrap();
+        let key = "GPU X|sm90|cudnn91400 | PlanFilter { .. } | sig\twith tab";
+        for graph in [Some("{\"tensors\":[]}".to_string()), None] {
+            let line = format_line(key, &config, graph.as_ref()).unwrap();
+            assert_eq!(
+                line.split('\t').count(),
+                3 + usize::from(graph.is_some()),
+                "{line}"
+            );
+            let (k, (c, g)) = parse_line(&line).unwrap();
+            // Tabs and newlines inside a field become spaces.
+            assert_eq!(k, key.replace('\t', " "));
+            assert_eq!((c, g), (config.clone(), graph));
+        }
+        assert_eq!(format_line("no device part", &config, None), None);
+        assert!(parse_line("GPU\tkey\tnot a config").is_none());
+        assert!(parse_line("\tkey\teng0").is_none());
     }
 }

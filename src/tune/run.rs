@@ -8,7 +8,7 @@ use cudarc::driver::CudaView;
 use super::autotuner::Prepared;
 use super::cache::{encode, Entry};
 use super::call::{ConvCall, Dgrad, Fwd, Wgrad};
-use super::key::{dtype_code, forward_key, problem_key, with_search, Key};
+use super::key::{call_key, dtype_code, Key};
 use super::search::{exec_plan, scratch, trial, Trial};
 use super::union as gunion;
 use super::{Autotuner, Candidate, Choice, ConvApi, FixedAlgos, Policy, Source};
@@ -186,16 +186,8 @@ impl Autotuner {
             cudnn,
             [kind, x_desc.id(), w_desc.id(), conv.id(), dy_desc.id(), 0],
             |policy, limit| {
-                let k = problem_key(
-                    direction,
-                    (x_desc.layout(), T::DTYPE),
-                    w_desc,
-                    (dy_desc.layout(), T::DTYPE),
-                    conv,
-                    policy,
-                    limit,
-                );
-                with_search(k, policy, gmode)
+                let descs = (x_desc, w_desc, dy_desc);
+                call_key(direction, descs, conv, (policy, limit, gmode))
             },
         )
     }
@@ -431,7 +423,9 @@ impl Autotuner {
                 bias_desc.id(),
             ],
             |policy, limit| {
-                let mut k = forward_key(x_desc, w_desc, conv, y_desc, policy, limit, gmode);
+                let descs = (x_desc, w_desc, y_desc);
+                let forward = ConvDirection::Forward;
+                let mut k = call_key(forward, descs, conv, (policy, limit, gmode));
                 // A call kind of its own: no plain forward key can equal a fused one.
                 k[0] = 16 + activation as i64;
                 k.push(dtype_code(B::DTYPE));
