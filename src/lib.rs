@@ -15,16 +15,16 @@
 //!   reads. A failed check returns an error before anything is enqueued.
 //! * Errors carry the cuDNN status, the C function and `cudnnGetLastErrorString`.
 //! * Convolution ([`conv`]): every direction and legacy algorithm, heuristic / benchmark /
-//!   manual selection, and the [`Autotuner`] with PyTorch-style policies, a workspace limit,
-//!   fallback and a persistent cache.
+//!   manual selection, and the [`Autotuner`] ([`tune`]) with PyTorch-style policies, a
+//!   workspace limit, fallback and a persistent cache.
 //! * Layers: [`pooling`], [`activation`], [`softmax`], [`norm`] (batch, layer, group and
 //!   instance normalization), [`dropout`], [`ops`] (op-tensor) and [`reduce`], forward and
 //!   backward; [`rnn`] (RNN, LSTM, GRU on the v8 API). Values a backward pass needs from its
 //!   forward pass are owned values returned by the forward call.
 //! * cuBLAS and cuBLASLt ([`blas`]) on cudarc's bindings, with checked GEMM and fused epilogues.
 //! * The graph (backend) API ([`graph`]): a graph builder for convolutions, matmuls, pointwise
-//!   operations and reductions, engine heuristics with filters, autotuned and cached plans, and
-//!   checked execution.
+//!   operations and reductions, engine heuristics with filters, autotuned and cached plans
+//!   ([`tune::plan`]), and checked execution.
 //!
 //! ```no_run
 //! use cudnn_safe::{cuda_context, Cudnn, TensorDesc};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 
 use super::backend::{attr, ffi, kind, Desc};
-use super::build::GraphInner;
+use super::build::{GraphInner, TensorMeta};
 use super::engine::{EngineConfig, Plan};
 use super::{Graph, TensorId};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
@@ -34,7 +34,7 @@ struct Entry<'a> {
     _owned: Option<CudaSlice<i32>>,
 }
 
-/// Buffers bound to the tensors of a graph for [`Cudnn::execute`] and [`autotune`].
+/// Buffers bound to the tensors of a graph for [`Cudnn::execute`] and [`autotune`](crate::tune::plan::autotune).
 ///
 /// Binding takes the device pointer through cudarc (keeping its guard until `Args` is dropped, so
 /// frees and other streams are ordered after the work enqueued with it). Every check against the
@@ -217,73 +217,7 @@ impl<'a> Args<'a> {
                     "none",
                 ));
             };
-            if let Some(found) = e.foreign {
-                return Err(Error::ForeignContext {
-                    name: m.name,
-                    expected: cudnn.context().ordinal(),
-                    found,
-                });
-            }
-            if e.dtype != m.dtype {
-                return Err(Error::UnsupportedDataType {
-                    op: "graph execution",
-                    detail: format!(
-                        "tensor `{}` is {}, the buffer bound to it holds {}",
-                        m.name, m.dtype, e.dtype
-                    ),
-                });
-            }
-            if m.is_output && !e.output {
-                return Err(Error::invalid(
-                    "graph buffer binding",
-                    format!("output `{}` bound with Args::output", m.name),
-                    "bound with Args::input",
-                ));
-            }
-            if !m.is_output && e.output {
-                return Err(Error::invalid(
-                    "graph buffer binding",
-                    format!("input `{}` bound with Args::input", m.name),
-                    "bound with Args::output",
-                ));
-            }
-            let layout = m.layout.as_ref().expect("bound tensors have a layout");
-            if m.is_output {
-                layout.check_output(m.name)?;
-            }
-            if e.len < layout.span() {
-                return Err(Error::BufferTooSmall {
-                    name: m.name,
-                    len: e.len,
-                    required: layout.span(),
-                });
-            }
-            if let Some(bound) = m.bound {
-                match e.values {
-                    Some((lo, hi)) if lo >= 0 && hi <= bound => {}
-                    Some((lo, hi)) => {
-                        return Err(Error::invalid(
-                            "graph lengths",
-                            format!("`{}`: every value in 0..={bound}", m.name),
-                            format!("values from {lo} to {hi}"),
-                        ))
-                    }
-                    None => {
-                        return Err(Error::invalid(
-                            "graph buffer binding",
-                            format!("lengths `{}` bound with Args::lengths", m.name),
-                            "a device buffer whose values the host has not checked",
-                        ))
-                    }
-                }
-            }
-            if e.ptr % ALIGNMENT != 0 {
-                return Err(Error::invalid(
-                    "graph buffer alignment",
-                    format!("`{}` at a multiple of {ALIGNMENT} bytes", m.name),
-                    format!("address {:#x}", e.ptr),
-                ));
-            }
+            check_binding(cudnn, e, m)?;
             ptrs.push(e.ptr as usize);
         }
         for e in &self.entries {
@@ -316,6 +250,81 @@ impl<'a> Args<'a> {
         ptrs.extend(g.scalars.iter().map(|w| w as *const u64 as usize));
         Ok(ptrs)
     }
+}
+
+/// The checks of one buffer bound to the graph tensor `m`: on the handle's context, of the
+/// tensor's data type, bound as input or output as the tensor is, at least the tensor's span
+/// (an output's layout not overlapping itself), lengths checked on the host within their bound,
+/// and aligned as the backend requires.
+fn check_binding(cudnn: &Cudnn, e: &Entry<'_>, m: &TensorMeta) -> Result<()> {
+    if let Some(found) = e.foreign {
+        return Err(Error::ForeignContext {
+            name: m.name,
+            expected: cudnn.context().ordinal(),
+            found,
+        });
+    }
+    if e.dtype != m.dtype {
+        return Err(Error::UnsupportedDataType {
+            op: "graph execution",
+            detail: format!(
+                "tensor `{}` is {}, the buffer bound to it holds {}",
+                m.name, m.dtype, e.dtype
+            ),
+        });
+    }
+    if m.is_output && !e.output {
+        return Err(Error::invalid(
+            "graph buffer binding",
+            format!("output `{}` bound with Args::output", m.name),
+            "bound with Args::input",
+        ));
+    }
+    if !m.is_output && e.output {
+        return Err(Error::invalid(
+            "graph buffer binding",
+            format!("input `{}` bound with Args::input", m.name),
+            "bound with Args::output",
+        ));
+    }
+    let layout = m.layout.as_ref().expect("bound tensors have a layout");
+    if m.is_output {
+        layout.check_output(m.name)?;
+    }
+    if e.len < layout.span() {
+        return Err(Error::BufferTooSmall {
+            name: m.name,
+            len: e.len,
+            required: layout.span(),
+        });
+    }
+    if let Some(bound) = m.bound {
+        match e.values {
+            Some((lo, hi)) if lo >= 0 && hi <= bound => {}
+            Some((lo, hi)) => {
+                return Err(Error::invalid(
+                    "graph lengths",
+                    format!("`{}`: every value in 0..={bound}", m.name),
+                    format!("values from {lo} to {hi}"),
+                ))
+            }
+            None => {
+                return Err(Error::invalid(
+                    "graph buffer binding",
+                    format!("lengths `{}` bound with Args::lengths", m.name),
+                    "a device buffer whose values the host has not checked",
+                ))
+            }
+        }
+    }
+    if e.ptr % ALIGNMENT != 0 {
+        return Err(Error::invalid(
+            "graph buffer alignment",
+            format!("`{}` at a multiple of {ALIGNMENT} bytes", m.name),
+            format!("address {:#x}", e.ptr),
+        ));
+    }
+    Ok(())
 }
 
 /// The variant pack of a plan's last execution and the pointers it holds.

@@ -96,7 +96,7 @@ impl Autotuner {
     /// kept in the file but never used here.
     ///
     /// A file that exists but cannot be read is logged and left alone: the tuner starts without
-    /// its entries and [`save`](Self::save) reports the error ([`Error::Io`]) instead of
+    /// its entries and [`save`](Self::save) reports the error ([`Error::Io`](crate::Error::Io)) instead of
     /// overwriting it. [`try_cache_file`](Self::try_cache_file) returns that error at once.
     #[must_use]
     pub fn cache_file(self, path: impl Into<PathBuf>) -> Self {
@@ -105,7 +105,7 @@ impl Autotuner {
         self.with_loaded(path, loaded)
     }
 
-    /// [`cache_file`](Self::cache_file), returning [`Error::Io`] (with the path and the
+    /// [`cache_file`](Self::cache_file), returning [`Error::Io`](crate::Error::Io) (with the path and the
     /// operating system's error) when the file exists but cannot be read: not a regular file,
     /// no permission, or larger than 64 MiB. A missing file is an empty cache.
     pub fn try_cache_file(self, path: impl Into<PathBuf>) -> Result<Self> {
@@ -182,7 +182,7 @@ impl Autotuner {
     /// needs no `z`). Other calls, and problems the graph cannot express (f64, int8, mixed
     /// input/output types, vectorized filters), use the legacy ranking. When no plan builds or
     /// runs, the legacy decision stands (logged). A problem no legacy algorithm can run within
-    /// the limit stays [`Error::NoAlgorithm`]. [`Policy::Heuristic`] and [`Policy::Fixed`] are
+    /// the limit stays [`Error::NoAlgorithm`](crate::Error::NoAlgorithm). [`Policy::Heuristic`] and [`Policy::Fixed`] are
     /// legacy only. The build cost shows in [`Stats`] and the `info` log.
     ///
     /// Part of the cache key under the benchmark policies; [`GraphSearch::Union`] shares its key
