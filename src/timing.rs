@@ -3,9 +3,9 @@
 //! the handle's stream; a warm-up launch loads the kernel, a probe sizes the rounds, and a round
 //! lasts at least a target time so that short kernels are timed over many launches.
 use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::CudaStream;
 
 use crate::error::{Error, Result};
-use crate::handle::Cudnn;
 
 /// Timing of candidates, for graph plans and legacy algorithms alike: one warm-up launch
 /// (kernel loading, variant pack), a probe of [`PROBE`] launches, then the best of [`ROUNDS`]
@@ -43,59 +43,58 @@ fn iterations_within(probe_ms: f32, target_ms: f32, max: usize) -> usize {
     ((target_ms / probe_ms).ceil() as usize).clamp(1, max)
 }
 
-/// Milliseconds per launch of `launch`, timed with CUDA events on `cudnn`'s stream (see
+/// Milliseconds per launch of `launch`, timed with CUDA events on `stream` (see
 /// [`ROUNDS`]). `best` is the best time of the candidates timed before, if any.
 pub(crate) fn time_ms(
-    cudnn: &Cudnn,
+    stream: &CudaStream,
     best: Option<f32>,
     launch: impl FnMut() -> Result<()>,
 ) -> Result<f32> {
-    time_with(cudnn, best, TARGET_MS, launch)
+    time_with(stream, best, TARGET_MS, launch)
 }
 
 /// [`time_ms`] with rounds of at least `target_ms` and no early exit (a union search's warm-up).
 pub(crate) fn time_ms_for(
-    cudnn: &Cudnn,
+    stream: &CudaStream,
     target_ms: f32,
     launch: impl FnMut() -> Result<()>,
 ) -> Result<f32> {
-    time_with(cudnn, None, target_ms, launch)
+    time_with(stream, None, target_ms, launch)
 }
 
 fn time_with(
-    cudnn: &Cudnn,
+    stream: &CudaStream,
     best: Option<f32>,
     target_ms: f32,
     mut launch: impl FnMut() -> Result<()>,
 ) -> Result<f32> {
-    batch_ms(cudnn, 1, &mut launch)?;
-    let probe = batch_ms(cudnn, PROBE, &mut launch)?;
+    batch_ms(stream, 1, &mut launch)?;
+    let probe = batch_ms(stream, PROBE, &mut launch)?;
     if best.is_some_and(|b| probe > b * HOPELESS) {
         return Ok(probe);
     }
     let n = iterations_for(probe, target_ms);
-    fastest_round(cudnn, ROUNDS, n, &mut launch)
+    fastest_round(stream, ROUNDS, n, &mut launch)
 }
 
 /// Milliseconds per launch of the fastest of `rounds` rounds (at least 1) of `n` back-to-back
 /// launches each.
 pub(crate) fn fastest_round(
-    cudnn: &Cudnn,
+    stream: &CudaStream,
     rounds: usize,
     n: usize,
     launch: &mut impl FnMut() -> Result<()>,
 ) -> Result<f32> {
     let mut fastest = f32::INFINITY;
     for _ in 0..rounds.max(1) {
-        fastest = fastest.min(batch_ms(cudnn, n, launch)?);
+        fastest = fastest.min(batch_ms(stream, n, launch)?);
     }
     Ok(fastest)
 }
 
-/// Milliseconds per launch of `n` back-to-back launches, between two CUDA events on `cudnn`'s
-/// stream.
-fn batch_ms(cudnn: &Cudnn, n: usize, launch: &mut impl FnMut() -> Result<()>) -> Result<f32> {
-    let stream = cudnn.stream();
+/// Milliseconds per launch of `n` back-to-back launches, between two CUDA events on
+/// `stream`.
+fn batch_ms(stream: &CudaStream, n: usize, launch: &mut impl FnMut() -> Result<()>) -> Result<f32> {
     let event = || {
         stream
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
@@ -133,19 +132,19 @@ const SUSTAINED_MAX_LAUNCHES: usize = 2000;
 /// candidate that runs alone for some milliseconds shows its own sustained speed (plans that
 /// interleaved rounds cannot order can separate once each runs alone).
 pub(crate) fn sustained_ms(
-    cudnn: &Cudnn,
+    stream: &CudaStream,
     solo_ms: f32,
     rounds: usize,
     target_ms: f32,
     mut launch: impl FnMut() -> Result<()>,
 ) -> Result<f32> {
-    batch_ms(cudnn, 1, &mut launch)?;
-    let probe = batch_ms(cudnn, PROBE, &mut launch)?;
-    heat(cudnn, solo_ms, probe, &mut launch)?;
+    batch_ms(stream, 1, &mut launch)?;
+    let probe = batch_ms(stream, PROBE, &mut launch)?;
+    heat(stream, solo_ms, probe, &mut launch)?;
     let n = iterations_within(probe, target_ms, SUSTAINED_MAX_LAUNCHES);
     let mut times = Vec::with_capacity(rounds.max(1));
     for _ in 0..rounds.max(1) {
-        times.push(batch_ms(cudnn, n, &mut launch)?);
+        times.push(batch_ms(stream, n, &mut launch)?);
     }
     Ok(median(&times).unwrap_or(f32::NAN))
 }
@@ -156,12 +155,11 @@ pub(crate) fn sustained_ms(
 /// load at higher clocks than it settles to; candidates timed after this run are timed in the
 /// state a busy program sees.
 pub(crate) fn heat(
-    cudnn: &Cudnn,
+    stream: &CudaStream,
     heat_ms: f32,
     per_launch_ms: f32,
     mut launch: impl FnMut() -> Result<()>,
 ) -> Result<()> {
-    let stream = cudnn.stream();
     let batch = iterations_for(per_launch_ms, HEAT_BATCH_MS).max(1);
     let started = std::time::Instant::now();
     while started.elapsed().as_secs_f32() * 1e3 < heat_ms {

@@ -137,7 +137,12 @@ pub fn autotune(
         let run = |ws: &mut Workspace| -> Result<f32> {
             let mut launch = || cudnn.execute(&plan, args, ws);
             launch()?;
-            timing::fastest_round(cudnn, policy.rounds, policy.iterations, &mut launch)
+            timing::fastest_round(
+                cudnn.stream(),
+                policy.rounds,
+                policy.iterations,
+                &mut launch,
+            )
         };
         match run(ws) {
             Ok(ms) => {

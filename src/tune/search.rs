@@ -150,7 +150,7 @@ impl Autotuner {
         // candidate timed first runs while the clocks ramp up again (on an H200 the legacy
         // algorithm timed first lost to graph plans that were 8 % slower in steady state).
         // A few milliseconds of the legacy call first bring the clocks back up for the plans.
-        let _ = timing::time_ms_for(cudnn, WARM_UP_MS, || trial(Trial::Legacy, ws));
+        let _ = timing::time_ms_for(cudnn.stream(), WARM_UP_MS, || trial(Trial::Legacy, ws));
         let mut t = Trials {
             cudnn,
             ids: cg.ids,
@@ -171,13 +171,14 @@ impl Autotuner {
             );
             return Ok(None);
         }
-        let mut legacy_ms = match timing::time_ms(cudnn, None, || (t.trial)(Trial::Legacy, t.ws)) {
-            Ok(ms) => ms,
-            Err(e) => {
-                log::debug!("union search: legacy {legacy_name} not timed: {e}");
-                *legacy_find_ms
-            }
-        };
+        let mut legacy_ms =
+            match timing::time_ms(cudnn.stream(), None, || (t.trial)(Trial::Legacy, t.ws)) {
+                Ok(ms) => ms,
+                Err(e) => {
+                    log::debug!("union search: legacy {legacy_name} not timed: {e}");
+                    *legacy_find_ms
+                }
+            };
         let finals_timed = t.finals(&mut legacy_ms, prefer, finalists, solo_ms)?;
         let (ids, mut timed) = (t.ids, t.timed);
         self.stats.graph_plans += refined as u64;
@@ -403,7 +404,7 @@ impl<F: FnMut(Trial<'_>, &mut Workspace) -> Result<()>> Trials<'_, F> {
     /// another candidate may not is skipped, any other error ends the search.
     fn time_plan(&mut self, plan: Plan, tag: &str) -> Result<()> {
         let (ids, ws, trial) = (self.ids, &mut *self.ws, &mut *self.trial);
-        match timing::time_ms(self.cudnn, self.bound, || {
+        match timing::time_ms(self.cudnn.stream(), self.bound, || {
             trial(Trial::Plan(&plan, ids), ws)
         }) {
             Ok(ms) => {
@@ -509,7 +510,7 @@ impl<F: FnMut(Trial<'_>, &mut Workspace) -> Result<()>> Trials<'_, F> {
         }
         let finals_timed = timed.len() + usize::from(legacy_in);
         let (leader_plan, leader_ms) = (&timed[0].1, timed[0].0);
-        let _ = timing::heat(cudnn, FINAL_HEAT_MS, leader_ms, || {
+        let _ = timing::heat(cudnn.stream(), FINAL_HEAT_MS, leader_ms, || {
             trial(Trial::Plan(leader_plan, ids), ws)
         });
         // Entry 0 is the legacy favourite (timed only when it is in the finals).
@@ -523,10 +524,13 @@ impl<F: FnMut(Trial<'_>, &mut Workspace) -> Result<()>> Trials<'_, F> {
                     0 => Trial::Legacy,
                     _ => Trial::Plan(&timed[k - 1].1, ids),
                 };
-                let ms =
-                    timing::sustained_ms(cudnn, solo_ms, FINAL_ROUNDS, FINAL_TARGET_MS, || {
-                        trial(candidate, ws)
-                    });
+                let ms = timing::sustained_ms(
+                    cudnn.stream(),
+                    solo_ms,
+                    FINAL_ROUNDS,
+                    FINAL_TARGET_MS,
+                    || trial(candidate, ws),
+                );
                 match ms {
                     Ok(ms) if ms > 0.0 => sweeps[k].push(ms),
                     Ok(_) => {}
