@@ -84,6 +84,9 @@ pub use engine::{
     Skipped, MAX_KNOB_VALUES,
 };
 pub use crate::tune::plan::{autotune, PlanCache};
+/// The union search's graph side, where the convolution directions' graph builders find it.
+#[allow(unused_imports)]
+pub(crate) use crate::tune::union;
 pub use exec::Args;
 pub use norm::{
     BatchNormOutputs, BatchNormRunning, GroupNormMethod, GroupNormOutputs, LayerNormGrads,

@@ -68,7 +68,7 @@ mod run;
 mod search;
 #[cfg(test)]
 mod tests;
-mod union;
+pub(crate) mod union;
 mod warm;
 
 pub use autotuner::{Autotuner, CACHE_ENV};
