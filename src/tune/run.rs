@@ -398,7 +398,7 @@ impl Autotuner {
     /// The graph side of [`bias_activation_forward`](Self::bias_activation_forward): the fused
     /// decision under its own key (made beside the legacy decision `d`, whose favourite is
     /// `best`), searched and, for a `plain` call, run. `Some(config)` when the graph ran.
-    #[allow(clippy::type_complexity)] // the parts of one call, grouped as the C call takes them
+    #[allow(clippy::too_many_arguments)] // the parts of one call, grouped as the C call takes them
     fn fused_graph<X: DataType, Y: DataType<Scalar = X::Scalar>, B: DataType>(
         &mut self,
         cudnn: &Cudnn,
