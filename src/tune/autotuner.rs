@@ -342,7 +342,7 @@ impl Autotuner {
         {
             return d.clone();
         }
-        let fp: Arc<str> = cache::device_name(cudnn).into();
+        let fp: Arc<str> = cache::cudnn_device(cudnn).into();
         self.devices.push((ordinal, version, fp.clone()));
         fp
     }

@@ -24,6 +24,7 @@ use crate::error::Result;
 use crate::graph::EngineConfig;
 use crate::handle::Cudnn;
 use crate::persist;
+use cudarc::driver::CudaContext;
 
 /// The version of the format, in every header.
 pub(crate) const VERSION: u32 = 2;
@@ -147,15 +148,19 @@ pub(crate) fn or_empty<T: Default>(kind: &str, loaded: Result<T>) -> T {
     })
 }
 
-/// The device part of every cache key: GPU name, compute capability and cuDNN version, with
-/// no tab or newline (the file's separators).
-pub(crate) fn device_name(cudnn: &Cudnn) -> String {
-    let ctx = cudnn.context();
+/// The device part of every cache key: GPU name, compute capability and the library that
+/// decided (`library`, e.g. `cudnn91400`), with no tab or newline (the file's separators).
+pub(crate) fn device_name(ctx: &CudaContext, library: &str) -> String {
     let name = ctx
         .name()
         .unwrap_or_else(|_| format!("device{}", ctx.ordinal()));
     let (major, minor) = ctx.compute_capability().unwrap_or((0, 0));
-    format!("{name}|sm{major}{minor}|cudnn{}", cudnn.version()).replace(['\t', '\n'], " ")
+    format!("{name}|sm{major}{minor}|{library}").replace(['\t', '\n'], " ")
+}
+
+/// [`device_name`] of a cuDNN handle's GPU and cuDNN version.
+pub(crate) fn cudnn_device(cudnn: &Cudnn) -> String {
+    device_name(cudnn.context(), &format!("cudnn{}", cudnn.version()))
 }
 
 /// The convolution decisions' file.

@@ -305,7 +305,7 @@ impl PlanCache {
 
     /// The start of every key of this handle's GPU and cuDNN version.
     fn key_prefix(cudnn: &Cudnn) -> String {
-        format!("{}{SEPARATOR}", tune::device_name(cudnn))
+        format!("{}{SEPARATOR}", tune::cudnn_device(cudnn))
     }
 
     /// The key of a graph under a filter on this handle's GPU and cuDNN version.
