@@ -43,6 +43,11 @@ impl Format {
         format!("# cudnn-safe cache v{VERSION} {}:", self.kind)
     }
 
+    /// The first line of a file of this format.
+    pub(crate) fn header(&self) -> String {
+        format!("{} {}", self.prefix(), self.columns)
+    }
+
     /// The entry lines of a file's contents, numbered from 1, comments and blank lines left
     /// out; `None` when the first line is not this format's header. A line that is not UTF-8
     /// is `None` (unreadable).
@@ -121,7 +126,8 @@ impl Format {
         for l in lines {
             all.insert(entry_key(&l).to_string(), l);
         }
-        let mut text = format!("{} {}\n", self.prefix(), self.columns);
+        let mut text = self.header();
+        text.push('\n');
         for l in all.values() {
             text.push_str(l);
             text.push('\n');
