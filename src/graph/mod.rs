@@ -76,6 +76,10 @@ mod norm;
 mod preload;
 mod record;
 
+pub use crate::tune::plan::{autotune, PlanCache};
+/// The union search's graph side, where the convolution directions' graph builders find it.
+#[allow(unused_imports)]
+pub(crate) use crate::tune::union;
 pub use attention::{alibi_slopes, DiagonalAlignment, SdpaGrads, SdpaOptions, SdpaOutputs};
 pub use build::OperationGraph;
 pub use cuda_graph::{PlanGraph, CUDA_GRAPH_NOT_SUPPORTED};
@@ -83,10 +87,6 @@ pub use engine::{
     BehaviorNote, EngineConfig, HeurMode, KnobRange, NumericalNote, Plan, PlanFilter, PlanList,
     Skipped, MAX_KNOB_VALUES,
 };
-pub use crate::tune::plan::{autotune, PlanCache};
-/// The union search's graph side, where the convolution directions' graph builders find it.
-#[allow(unused_imports)]
-pub(crate) use crate::tune::union;
 pub use exec::Args;
 pub use norm::{
     BatchNormOutputs, BatchNormRunning, GroupNormMethod, GroupNormOutputs, LayerNormGrads,
