@@ -30,17 +30,17 @@ use std::sync::Arc;
 
 use common::{list_only, median_ms, sample_size, tflops, timed_iters, values, Args, BoxResult};
 use criterion::{Criterion, Throughput};
-use cudnn_safe::blas::{BlasLt, Epilogue, EpilogueData, LtChoice, LtElement, LtMatmul, LtPolicy};
+use cudnn_safe::blas::lt::{BlasLt, Choice, Element, Epilogue, EpilogueData, Matmul, Policy};
 use cudnn_safe::cuda_context;
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::half::{bf16, f16};
 
 /// Square sizes of the GEMM groups.
-const SIZES: [usize; 4] = [1024, 2048, 4096, 8192];
+const SIZES: [i64; 4] = [1024, 2048, 4096, 8192];
 /// The fused problem (torch_lt.py's first case).
-const FUSED: (usize, usize, usize) = (8192, 4096, 1024);
+const FUSED: (i64, i64, i64) = (8192, 4096, 1024);
 
-fn describe(c: &LtChoice) -> String {
+fn describe(c: &Choice) -> String {
     format!(
         "algo {}, heuristic rank {}, {} B workspace",
         c.candidate.algo_id, c.candidate.index, c.candidate.workspace
@@ -57,13 +57,13 @@ struct Mode {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn gemm_group<T: LtElement>(
+fn gemm_group<T: Element>(
     c: &mut Criterion,
     args: &Args,
     stream: &Arc<CudaStream>,
     lts: &mut Handles,
     mode: &Mode,
-    size: usize,
+    size: i64,
 ) {
     let group = format!("lt_gemm_{}/{size}", mode.name);
     let functions = ["heuristic", "autotune"];
@@ -72,7 +72,7 @@ fn gemm_group<T: LtElement>(
         return;
     }
     let prepared = (|| -> BoxResult<_> {
-        let op = LtMatmul::linear(size, size, size)?.tf32(mode.tf32);
+        let op = Matmul::linear(size, size, size)?.with_tf32(mode.tf32);
         let scale = 1.0;
         let a = stream.clone_htod(&values::<T>(op.a_len(), scale))?;
         let b = stream.clone_htod(&values::<T>(op.b_len(), scale))?;
@@ -92,7 +92,7 @@ fn gemm_group<T: LtElement>(
     let mut ok = [false, false];
     for (i, (policy, lt)) in lts.iter_mut().enumerate() {
         // The first call decides (autotune included); the timing below reuses the decision.
-        let r = (|| -> BoxResult<(LtChoice, f64)> {
+        let r = (|| -> BoxResult<(Choice, f64)> {
             let choice = lt.matmul(&op, 1.0, &a, &b, 0.0, &mut d, EpilogueData::None)?;
             let ms = median_ms(stream, args.test, || {
                 lt.matmul(&op, 1.0, &a, &b, 0.0, &mut d, EpilogueData::None)?;
@@ -171,9 +171,9 @@ fn gemms(c: &mut Criterion, args: &Args, stream: &Arc<CudaStream>, lts: &mut Han
 
 /// Buffers of the fused problem.
 struct Fused {
-    fused: LtMatmul,
-    plain: LtMatmul,
-    pass: LtMatmul,
+    fused: Matmul,
+    plain: Matmul,
+    pass: Matmul,
     x: CudaSlice<bf16>,
     w: CudaSlice<bf16>,
     b: CudaSlice<bf16>,
@@ -185,10 +185,10 @@ struct Fused {
 impl Fused {
     fn new(stream: &Arc<CudaStream>) -> BoxResult<Self> {
         let (m, n, k) = FUSED;
-        let fused = LtMatmul::linear(m, k, n)?.epilogue(Epilogue::BiasGelu);
-        let plain = LtMatmul::linear(m, k, n)?;
+        let fused = Matmul::linear(m, k, n)?.with_epilogue(Epilogue::BiasGelu);
+        let plain = Matmul::linear(m, k, n)?;
         // y ← gelu(Z₁·Z₂ + 1·y + b) with Z₁, Z₂ zero: one read and one write of y.
-        let pass = LtMatmul::new(m, n, 8)?.epilogue(Epilogue::BiasGelu);
+        let pass = Matmul::new(m, n, 8)?.with_epilogue(Epilogue::BiasGelu);
         let scale = 1.0 / (k as f64).sqrt();
         Ok(Fused {
             x: stream.clone_htod(&values::<bf16>(fused.a_len(), 1.0))?,
@@ -203,7 +203,7 @@ impl Fused {
         })
     }
 
-    fn run_fused(&mut self, lt: &mut BlasLt) -> BoxResult<LtChoice> {
+    fn run_fused(&mut self, lt: &mut BlasLt) -> BoxResult<Choice> {
         let r = lt.matmul(
             &self.fused,
             1.0,
@@ -216,7 +216,7 @@ impl Fused {
         Ok(r)
     }
 
-    fn run_plain(&mut self, lt: &mut BlasLt) -> BoxResult<LtChoice> {
+    fn run_plain(&mut self, lt: &mut BlasLt) -> BoxResult<Choice> {
         let r = lt.matmul(
             &self.plain,
             1.0,
@@ -229,7 +229,7 @@ impl Fused {
         Ok(r)
     }
 
-    fn run_pass(&mut self, lt: &mut BlasLt) -> BoxResult<LtChoice> {
+    fn run_pass(&mut self, lt: &mut BlasLt) -> BoxResult<Choice> {
         let r = lt.matmul(
             &self.pass,
             1.0,
@@ -336,10 +336,10 @@ fn setup() -> cudnn_safe::Result<(Arc<CudaStream>, Handles)> {
     let stream = ctx.default_stream();
     let heuristic = BlasLt::new(stream.clone())?
         .without_cache_file()
-        .with_policy(LtPolicy::Heuristic);
+        .with_policy(Policy::Heuristic);
     let autotune = BlasLt::new(stream.clone())?
         .without_cache_file()
-        .with_policy(LtPolicy::Autotune);
+        .with_policy(Policy::Autotune);
     Ok((stream, [("heuristic", heuristic), ("autotune", autotune)]))
 }
 

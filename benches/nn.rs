@@ -477,7 +477,11 @@ fn run(
     }
 
     if selected(c, args, LAYERNORM) {
-        let ln = LayerNorm::<f32>::new(&[LN_ROWS, LN_FEATURES], 1, EPS)?;
+        let ln = LayerNorm::<f32>::new(
+            &cudnn_safe::Layout::nchw_nd(&[LN_ROWS, LN_FEATURES])?,
+            1,
+            EPS,
+        )?;
         let x = stream.clone_htod(&values::<f32>(ln.len(), 2.0))?;
         let mut y = stream.alloc_zeros::<f32>(ln.len())?;
         let gamma = stream.clone_htod(&values::<f32>(ln.features(), 1.0))?;
@@ -497,7 +501,7 @@ fn run(
     }
 
     if let Some(d) = pick(c, args, GROUPNORM, &mut data) {
-        let gn = GroupNorm::<f32>::new(&DIMS, GN_GROUPS, EPS)?;
+        let gn = GroupNorm::<f32>::new(&cudnn_safe::Layout::nchw_nd(&DIMS)?, GN_GROUPS, EPS)?;
         let gamma = stream.clone_htod(&vec![1.0f32; gn.channels()])?;
         let beta = stream.alloc_zeros::<f32>(gn.channels())?;
         let nb = d.bytes();

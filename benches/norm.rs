@@ -221,13 +221,13 @@ impl Problem {
     /// The normalization computed with `method`, or as the constructor builds it (`None`).
     fn norm(&self, method: Option<NormMethod>) -> cudnn_safe::Result<Norm> {
         Ok(if self.layer {
-            let n = LayerNorm::new(self.dims, 1, EPS)?;
+            let n = LayerNorm::new(&Layout::nchw_nd(self.dims)?, 1, EPS)?;
             Norm::Layer(match method {
                 Some(m) => n.with_method(m)?,
                 None => n,
             })
         } else {
-            let n = GroupNorm::new(self.dims, self.g, EPS)?;
+            let n = GroupNorm::new(&Layout::nchw_nd(self.dims)?, self.g, EPS)?;
             Norm::Group(match method {
                 Some(m) => n.with_method(m)?,
                 None => n,
@@ -1043,7 +1043,7 @@ fn run_graph(
         }
         return Ok(());
     }
-    let ln = LayerNorm::<f32>::new(p.dims, 1, EPS)?;
+    let ln = LayerNorm::<f32>::new(&Layout::nchw_nd(p.dims)?, 1, EPS)?;
     if let Err(e) = ln
         .build_graph_plan(cudnn)
         .and_then(|()| ln.build_graph_training_plans(cudnn))
@@ -1165,7 +1165,7 @@ fn run_rms<T: NormType + DataType>(
     let stream = r.stream;
     let n = rows * d;
     let nb = (n * std::mem::size_of::<T>()) as f64;
-    let rn = RmsNorm::<T>::new(&[rows as i64, d as i64], 1, 1e-6)?;
+    let rn = RmsNorm::<T>::new(&Layout::nchw_nd(&[rows as i64, d as i64])?, 1, 1e-6)?;
     if let Err(e) = rn
         .build_plan(cudnn)
         .and_then(|()| rn.build_training_plans(cudnn))

@@ -47,10 +47,10 @@ const FWD_BWD: &str = "lstm_2x512_T100_B64_fp32_fwd_bwd";
 const PYTORCH_MS: [(&str, &str); 2] = [(FWD, "4.1, later 3.23"), (FWD_BWD, "12.9")];
 
 const LAYERS: i64 = 2;
-const INPUT: usize = 512;
-const HIDDEN: usize = 512;
-const STEPS: usize = 100;
-const BATCH: usize = 64;
+const INPUT: i64 = 512;
+const HIDDEN: i64 = 512;
+const STEPS: i64 = 100;
+const BATCH: i64 = 64;
 
 /// The network, its data and every buffer the two operations use.
 struct Lstm {
@@ -71,7 +71,7 @@ struct Lstm {
 
 impl Lstm {
     fn new(stream: &Arc<CudaStream>, cudnn: &Cudnn, math: MathType) -> BoxResult<Lstm> {
-        let rnn = Rnn::<f32>::builder(CellMode::Lstm, INPUT as i64, HIDDEN as i64)
+        let rnn = Rnn::<f32>::builder(CellMode::Lstm, INPUT, HIDDEN)
             .layers(LAYERS)
             .math(math)
             .build(cudnn)?;

@@ -168,9 +168,11 @@ fn sgd_momentum(
 
 /// Sequence descriptors for `lens`: input (1 value per step) and output (`HIDDEN` values).
 fn descriptors(lens: &[usize]) -> Result<(SeqDataDesc<f32>, SeqDataDesc<f32>)> {
+    let lens: Vec<i64> = lens.iter().map(|&l| l as i64).collect();
+    let (max_len, hidden) = (MAX_LEN as i64, HIDDEN as i64);
     Ok((
-        SeqDataDesc::new(SeqLayout::SeqMajor, MAX_LEN, 1, lens, 0.0)?,
-        SeqDataDesc::new(SeqLayout::SeqMajor, MAX_LEN, HIDDEN, lens, 0.0)?,
+        SeqDataDesc::new(SeqLayout::SeqMajor, max_len, 1, &lens, 0.0)?,
+        SeqDataDesc::new(SeqLayout::SeqMajor, max_len, hidden, &lens, 0.0)?,
     ))
 }
 

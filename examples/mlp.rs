@@ -30,7 +30,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudnn_safe::blas::{BlasLt, Epilogue, EpilogueData, LtMatmul};
+use cudnn_safe::blas::lt::{BlasLt, Epilogue, EpilogueData, Matmul};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use cudnn_safe::{cuda_context, Error, Result};
 
@@ -138,34 +138,36 @@ impl Linear {
 
 /// The problems of one training step (shapes fixed by the batch size).
 struct Ops {
-    fwd1: LtMatmul,
-    fwd2: LtMatmul,
-    fwd3: LtMatmul,
+    fwd1: Matmul,
+    fwd2: Matmul,
+    fwd3: Matmul,
     /// `dpre = (dy·W) ⊙ gelu'(pre)` for the hidden layers (m = batch, n = hidden).
-    dgelu_h3: LtMatmul,
-    dgelu_h2: LtMatmul,
+    dgelu_h3: Matmul,
+    dgelu_h2: Matmul,
     /// `W ← W − lr·dyᵀ·x` (m = out, n = in, k = batch).
-    upd3: LtMatmul,
-    upd2: LtMatmul,
-    upd1: LtMatmul,
+    upd3: Matmul,
+    upd2: Matmul,
+    upd1: Matmul,
     /// `b ← b − lr·1ᵀ·dy` (m = 1, n = out, k = batch).
-    upd_b3: LtMatmul,
-    upd_bh: LtMatmul,
+    upd_b3: Matmul,
+    upd_bh: Matmul,
 }
 
 impl Ops {
     fn new() -> Result<Self> {
+        // Matrix dimensions are i64 in cudnn_safe::blas; buffer lengths usize.
+        let [in_, hidden, classes, batch] = [IN, HIDDEN, CLASSES, BATCH].map(|v| v as i64);
         Ok(Ops {
-            fwd1: LtMatmul::linear(BATCH, IN, HIDDEN)?.epilogue(Epilogue::BiasGeluAux),
-            fwd2: LtMatmul::linear(BATCH, HIDDEN, HIDDEN)?.epilogue(Epilogue::BiasGeluAux),
-            fwd3: LtMatmul::linear(BATCH, HIDDEN, CLASSES)?.epilogue(Epilogue::Bias),
-            dgelu_h3: LtMatmul::new(BATCH, HIDDEN, CLASSES)?.epilogue(Epilogue::DGelu),
-            dgelu_h2: LtMatmul::new(BATCH, HIDDEN, HIDDEN)?.epilogue(Epilogue::DGelu),
-            upd3: LtMatmul::new(CLASSES, HIDDEN, BATCH)?.transpose_a(true),
-            upd2: LtMatmul::new(HIDDEN, HIDDEN, BATCH)?.transpose_a(true),
-            upd1: LtMatmul::new(HIDDEN, IN, BATCH)?.transpose_a(true),
-            upd_b3: LtMatmul::new(1, CLASSES, BATCH)?,
-            upd_bh: LtMatmul::new(1, HIDDEN, BATCH)?,
+            fwd1: Matmul::linear(batch, in_, hidden)?.with_epilogue(Epilogue::BiasGeluAux),
+            fwd2: Matmul::linear(batch, hidden, hidden)?.with_epilogue(Epilogue::BiasGeluAux),
+            fwd3: Matmul::linear(batch, hidden, classes)?.with_epilogue(Epilogue::Bias),
+            dgelu_h3: Matmul::new(batch, hidden, classes)?.with_epilogue(Epilogue::DGelu),
+            dgelu_h2: Matmul::new(batch, hidden, hidden)?.with_epilogue(Epilogue::DGelu),
+            upd3: Matmul::new(classes, hidden, batch)?.with_transpose_a(true),
+            upd2: Matmul::new(hidden, hidden, batch)?.with_transpose_a(true),
+            upd1: Matmul::new(hidden, in_, batch)?.with_transpose_a(true),
+            upd_b3: Matmul::new(1, classes, batch)?,
+            upd_bh: Matmul::new(1, hidden, batch)?,
         })
     }
 }

@@ -38,10 +38,11 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice, DevicePtr, DevicePtrMut};
 use cudnn_safe_sys as sys;
 
+use crate::activation::same_dims;
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DType, DataType};
 use crate::error::{Error, Result};
-use crate::handle::Cudnn;
+use crate::handle::{same_context, Cudnn};
 use crate::stream_order::cross_use;
 use crate::tensor::{Layout, TensorDesc};
 
@@ -95,6 +96,38 @@ mod ffi {
         cudnnCreateDropoutDescriptor,
         cudnnDestroyDropoutDescriptor
     );
+}
+
+/// cuDNN's "no dropout": a descriptor of probability 0 without states, as PyTorch sets it up
+/// (`set_no_dropout`) for a network that does not train with dropout.
+pub(crate) struct NoDropout(ffi::OwnedDropout);
+
+impl NoDropout {
+    /// Creates and sets the descriptor on `cudnn` (bound by the caller).
+    pub(crate) fn new(cudnn: &Cudnn) -> Result<Self> {
+        let lib = cudnn.lib();
+        let d = ffi::OwnedDropout::new(lib)?;
+        // SAFETY: live descriptor and handle; probability 0 with no state buffer (null, 0
+        // bytes) is the documented "no dropout" setup (PyTorch's `set_no_dropout`): nothing is
+        // read or written through the null pointer.
+        unsafe {
+            ffi::cudnnSetDropoutDescriptor(
+                lib,
+                d.as_ptr(),
+                cudnn.as_raw(),
+                0.0,
+                std::ptr::null_mut(),
+                0,
+                0,
+            )
+        }?;
+        Ok(NoDropout(d))
+    }
+
+    /// The raw descriptor (still owned by `self`).
+    pub(crate) fn as_raw(&self) -> sys::cudnnDropoutDescriptor_t {
+        self.0.as_ptr()
+    }
 }
 
 /// A dropout layer's configuration and random-number-generator state (`cudnnDropoutDescriptor_t`
@@ -312,15 +345,9 @@ impl Dropout {
         self.desc.id()
     }
 
-    fn check_context(&self, cudnn: &Cudnn) -> Result<()> {
-        if **self.context() != **cudnn.context() {
-            return Err(Error::ForeignContext {
-                name: "dropout",
-                expected: cudnn.context().ordinal(),
-                found: self.context().ordinal(),
-            });
-        }
-        Ok(())
+    /// Errors unless the dropout lives on `cudnn`'s context.
+    pub(crate) fn check_context(&self, cudnn: &Cudnn) -> Result<()> {
+        same_context("dropout", cudnn.context(), self.context())
     }
 }
 
@@ -411,15 +438,13 @@ impl Cudnn {
         y: &mut impl DeviceBufferMut<T>,
     ) -> Result<DropoutReserve> {
         check_dtype::<T>("dropout forward")?;
-        if x_desc.dims() != y_desc.dims() {
-            return Err(Error::ShapeMismatch {
-                a: "x",
-                a_dims: x_desc.dims().to_vec(),
-                b: "y",
-                b_dims: y_desc.dims().to_vec(),
-                rule: "dropout keeps the dimensions",
-            });
-        }
+        same_dims(
+            "x",
+            x_desc.layout(),
+            "y",
+            y_desc.layout(),
+            "dropout keeps the dimensions",
+        )?;
         dropout.check_context(self)?;
         self.check_tensor("x", x_desc.layout(), x, false)?;
         self.check_tensor("y", y_desc.layout(), y, true)?;
@@ -511,24 +536,20 @@ impl Cudnn {
                 ),
             });
         }
-        if dy_desc.dims() != reserve.dims() {
-            return Err(Error::ShapeMismatch {
-                a: "dy",
-                a_dims: dy_desc.dims().to_vec(),
-                b: "reserve (forward x)",
-                b_dims: reserve.dims().to_vec(),
-                rule: "dy has the dimensions of the forward input",
-            });
-        }
-        if dx_desc.dims() != dy_desc.dims() {
-            return Err(Error::ShapeMismatch {
-                a: "dx",
-                a_dims: dx_desc.dims().to_vec(),
-                b: "dy",
-                b_dims: dy_desc.dims().to_vec(),
-                rule: "dropout backward keeps the dimensions",
-            });
-        }
+        same_dims(
+            "dy",
+            dy_desc.layout(),
+            "reserve (forward x)",
+            reserve.layout(),
+            "dy has the dimensions of the forward input",
+        )?;
+        same_dims(
+            "dx",
+            dx_desc.layout(),
+            "dy",
+            dy_desc.layout(),
+            "dropout backward keeps the dimensions",
+        )?;
         dropout.check_context(self)?;
         self.check_tensor("dy", dy_desc.layout(), dy, false)?;
         self.check_tensor("dx", dx_desc.layout(), dx, true)?;

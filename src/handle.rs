@@ -176,13 +176,7 @@ impl Cudnn {
     /// Moves the handle to another stream of the same CUDA context.
     #[doc(alias = "cudnnSetStream")]
     pub fn set_stream(&mut self, stream: Arc<CudaStream>) -> Result<()> {
-        if **stream.context() != **self.stream.context() {
-            return Err(Error::ForeignContext {
-                name: "stream",
-                expected: self.stream.context().ordinal(),
-                found: stream.context().ordinal(),
-            });
-        }
+        same_context("stream", self.stream.context(), stream.context())?;
         self.bind()?;
         // SAFETY: live handle; same context, checked above; we keep the Arc to the stream.
         unsafe { raw::cudnnSetStream(self.lib(), self.as_raw(), stream.cu_stream().cast()) }?;
@@ -246,22 +240,7 @@ impl Cudnn {
         buf: &B,
         required: usize,
     ) -> Result<()> {
-        let ctx = buf.stream().context();
-        if **ctx != **self.context() {
-            return Err(Error::ForeignContext {
-                name,
-                expected: self.context().ordinal(),
-                found: ctx.ordinal(),
-            });
-        }
-        if buf.len() < required {
-            return Err(Error::BufferTooSmall {
-                name,
-                len: buf.len(),
-                required,
-            });
-        }
-        Ok(())
+        check_buffer_on(self.context(), name, buf, required)
     }
 
     /// [`Self::check_buffer`] against a layout's span, plus the no-overlap rule for outputs.
@@ -300,4 +279,40 @@ impl Drop for Cudnn {
             }
         }
     }
+}
+
+/// Errors unless `buf` (called `name`) lives on `ctx` and holds at least `required` elements:
+/// the check every launch makes of its buffers, for any handle bound to `ctx`.
+pub(crate) fn check_buffer_on<T, B: DeviceSlice<T> + ?Sized>(
+    ctx: &CudaContext,
+    name: &'static str,
+    buf: &B,
+    required: usize,
+) -> Result<()> {
+    same_context(name, ctx, buf.stream().context())?;
+    if buf.len() < required {
+        return Err(Error::BufferTooSmall {
+            name,
+            len: buf.len(),
+            required,
+        });
+    }
+    Ok(())
+}
+
+/// Errors unless `found` (the context of the thing called `name`) is `expected` (the handle's):
+/// memory or state of another context would be a wild pointer for a launch on this one.
+pub(crate) fn same_context(
+    name: &'static str,
+    expected: &CudaContext,
+    found: &CudaContext,
+) -> Result<()> {
+    if *found != *expected {
+        return Err(Error::ForeignContext {
+            name,
+            expected: expected.ordinal(),
+            found: found.ordinal(),
+        });
+    }
+    Ok(())
 }

@@ -84,6 +84,14 @@ pub(crate) fn cross_use<'a>(
     Ok(Some(CrossUse { alloc, stream }))
 }
 
+/// [`cross_use`] for memory that may be absent (`None`: nothing to order).
+pub(crate) fn cross_use_opt<'a>(
+    alloc: Option<&'a CudaStream>,
+    stream: &'a CudaStream,
+) -> Result<Option<CrossUse<'a>>> {
+    Ok(alloc.map(|a| cross_use(a, stream)).transpose()?.flatten())
+}
+
 impl Drop for CrossUse<'_> {
     fn drop(&mut self) {
         if let Err(e) = self.alloc.join(self.stream) {

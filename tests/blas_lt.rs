@@ -16,9 +16,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{assert_send, assert_untouched, skip_or_fail, to_f64, Rng};
-use cudnn_safe::blas::{
-    BlasLt, Epilogue, EpilogueData, LtChoice, LtElement, LtMatmul, LtPolicy, LtSource,
-    MatmulCandidate,
+use cudnn_safe::blas::lt::{
+    BlasLt, Candidate, Choice, Element, Epilogue, EpilogueData, Matmul, Policy, Source,
 };
 use cudnn_safe::cudarc::driver::{CudaContext, CudaStream};
 use cudnn_safe::half::{bf16, f16};
@@ -76,9 +75,9 @@ struct Expected {
 }
 
 /// `D = epilogue(alpha·op(A)·op(B) + beta·D0 + bias)` in f64, row-major.
-fn reference(op: &LtMatmul, alpha: f64, beta: f64, x: &Inputs) -> Expected {
-    let (m, n, k) = (op.m(), op.n(), op.k());
-    let ld = op.aux_ld();
+fn reference(op: &Matmul, alpha: f64, beta: f64, x: &Inputs) -> Expected {
+    let (m, n, k) = (op.m() as usize, op.n() as usize, op.k() as usize);
+    let ld = op.aux_ld() as usize;
     let a_at = |i: usize, p: usize| {
         if op.is_transposed_a() {
             x.a[p * m + i]
@@ -93,7 +92,7 @@ fn reference(op: &LtMatmul, alpha: f64, beta: f64, x: &Inputs) -> Expected {
             x.b[p * n + j]
         }
     };
-    let e = op.get_epilogue();
+    let e = op.epilogue();
     let mut out = Expected {
         d: vec![0.0; m * n],
         d_mag: vec![0.0; m * n],
@@ -167,9 +166,9 @@ fn reference(op: &LtMatmul, alpha: f64, beta: f64, x: &Inputs) -> Expected {
 }
 
 /// Tolerance relative to the magnitude, for results stored as `T`.
-fn tol<T: DataType>(op: &LtMatmul) -> f64 {
+fn tol<T: DataType>(op: &Matmul) -> f64 {
     let gelu = matches!(
-        op.get_epilogue(),
+        op.epilogue(),
         Epilogue::Gelu
             | Epilogue::BiasGelu
             | Epilogue::BiasGeluAux
@@ -219,16 +218,16 @@ fn nan<T: DataType>() -> T {
 
 /// [`try_run_case`], failing on any error.
 #[allow(clippy::too_many_arguments)]
-fn run_case<T: LtElement>(
+fn run_case<T: Element>(
     stream: &Arc<CudaStream>,
     lt: &mut BlasLt,
     rng: &mut Rng,
-    op: LtMatmul,
+    op: Matmul,
     alpha: f32,
     beta: f32,
-    candidate: Option<&MatmulCandidate>,
+    candidate: Option<&Candidate>,
     label: &str,
-) -> LtChoice {
+) -> Choice {
     try_run_case::<T>(stream, lt, rng, op, alpha, beta, candidate, label)
         .unwrap_or_else(|err| panic!("{label}: {op} {}: {err}", T::DTYPE))
 }
@@ -237,17 +236,17 @@ fn run_case<T: LtElement>(
 /// every output (panicking on a wrong value). D is NaN-poisoned when `beta = 0`. An error of the
 /// call itself is returned.
 #[allow(clippy::too_many_arguments)]
-fn try_run_case<T: LtElement>(
+fn try_run_case<T: Element>(
     stream: &Arc<CudaStream>,
     lt: &mut BlasLt,
     rng: &mut Rng,
-    op: LtMatmul,
+    op: Matmul,
     alpha: f32,
     beta: f32,
-    candidate: Option<&MatmulCandidate>,
+    candidate: Option<&Candidate>,
     label: &str,
-) -> Result<LtChoice, Error> {
-    let e = op.get_epilogue();
+) -> Result<Choice, Error> {
+    let e = op.epilogue();
     let a_h: Vec<T> = rng.values(op.a_len());
     let b_h: Vec<T> = rng.values(op.b_len());
     let d_h: Vec<T> = if beta == 0.0 {
@@ -312,9 +311,9 @@ fn try_run_case<T: LtElement>(
     }
     if e == Epilogue::BiasGeluAux {
         let got = stream.clone_dtoh(&aux).unwrap();
-        let ld = op.aux_ld();
-        let dense: Vec<T> = (0..op.m())
-            .flat_map(|i| got[i * ld..i * ld + op.n()].to_vec())
+        let (ld, n) = (op.aux_ld() as usize, op.n() as usize);
+        let dense: Vec<T> = (0..op.m() as usize)
+            .flat_map(|i| got[i * ld..i * ld + n].to_vec())
             .collect();
         check(
             &format!("{what}: aux"),
@@ -330,15 +329,15 @@ fn try_run_case<T: LtElement>(
 /// Shapes covering the four transpose combinations (dims multiples of 8, which every cuBLASLt
 /// epilogue kernel supports for 16-bit types): linear (`A·Bᵀ`), plain (`A·B`), weight-gradient
 /// (`Aᵀ·B`), and `Aᵀ·Bᵀ`.
-fn shapes() -> Vec<LtMatmul> {
+fn shapes() -> Vec<Matmul> {
     vec![
-        LtMatmul::linear(16, 40, 24).unwrap(),
-        LtMatmul::new(24, 16, 32).unwrap(),
-        LtMatmul::new(16, 32, 24).unwrap().transpose_a(true),
-        LtMatmul::new(8, 16, 16)
+        Matmul::linear(16, 40, 24).unwrap(),
+        Matmul::new(24, 16, 32).unwrap(),
+        Matmul::new(16, 32, 24).unwrap().with_transpose_a(true),
+        Matmul::new(8, 16, 16)
             .unwrap()
-            .transpose_a(true)
-            .transpose_b(true),
+            .with_transpose_a(true)
+            .with_transpose_b(true),
     ]
 }
 
@@ -366,7 +365,7 @@ fn alpha_for(e: Epilogue) -> f32 {
 /// it; the canonical layout must run; elsewhere "no algorithm" is reported (cuBLASLt does not
 /// document which layouts each epilogue supports) and any other error fails.
 #[allow(clippy::too_many_arguments)]
-fn every_layout<T: LtElement>(
+fn every_layout<T: Element>(
     stream: &Arc<CudaStream>,
     lt: &mut BlasLt,
     rng: &mut Rng,
@@ -376,7 +375,7 @@ fn every_layout<T: LtElement>(
     label: &str,
 ) {
     for (i, op) in shapes().into_iter().enumerate() {
-        let op = op.epilogue(e);
+        let op = op.with_epilogue(e);
         match try_run_case::<T>(stream, lt, rng, op, alpha, beta, None, label) {
             Ok(_) => {}
             Err(err @ Error::NoAlgorithm { .. }) if i != canonical_shape(e) => {
@@ -390,7 +389,7 @@ fn every_layout<T: LtElement>(
     }
 }
 
-fn every_epilogue<T: LtElement>(seed: u64) {
+fn every_epilogue<T: Element>(seed: u64) {
     let Some((stream, mut lt)) = gpu() else {
         return;
     };
@@ -426,7 +425,10 @@ fn tf32_matches_within_tf32_tolerance() {
     };
     let mut rng = Rng::new(4);
     for e in [Epilogue::None, Epilogue::BiasGelu] {
-        let op = LtMatmul::linear(32, 64, 48).unwrap().tf32(true).epilogue(e);
+        let op = Matmul::linear(32, 64, 48)
+            .unwrap()
+            .with_tf32(true)
+            .with_epilogue(e);
         run_case::<f32>(&stream, &mut lt, &mut rng, op, 1.0, 0.0, None, "tf32");
     }
 }
@@ -440,11 +442,11 @@ fn odd_f32_shapes_and_all_transposes() {
     for (m, n, k) in [(5, 7, 3), (1, 9, 13), (11, 1, 6), (3, 3, 1)] {
         for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
             for e in [Epilogue::None, Epilogue::Bias] {
-                let op = LtMatmul::new(m, n, k)
+                let op = Matmul::new(m, n, k)
                     .unwrap()
-                    .transpose_a(ta)
-                    .transpose_b(tb)
-                    .epilogue(e);
+                    .with_transpose_a(ta)
+                    .with_transpose_b(tb)
+                    .with_epilogue(e);
                 // A plain f32 GEMM must run in any shape; a bias epilogue may be unsupported.
                 match try_run_case::<f32>(&stream, &mut lt, &mut rng, op, 1.25, 0.0, None, "odd") {
                     Ok(_) => {}
@@ -485,10 +487,10 @@ fn bias_gradient_of_a_linear_layer() {
     let mut rng = Rng::new(7);
     let dy_h: Vec<f32> = rng.values(batch * out);
     let x_h: Vec<f32> = rng.values(batch * inp);
-    let op = LtMatmul::new(out, inp, batch)
+    let op = Matmul::new(out as i64, inp as i64, batch as i64)
         .unwrap()
-        .transpose_a(true)
-        .epilogue(Epilogue::BiasGrad);
+        .with_transpose_a(true)
+        .with_epilogue(Epilogue::BiasGrad);
     assert_eq!(op.bias_len(), out);
     let dy = stream.clone_htod(&dy_h).unwrap();
     let x = stream.clone_htod(&x_h).unwrap();
@@ -534,9 +536,9 @@ fn large_bf16_linear_with_bias_gelu() {
     };
     let (m, n, k) = (1024, 1024, 1024);
     let mut rng = Rng::new(8);
-    let op = LtMatmul::linear(m, k, n)
+    let op = Matmul::linear(m as i64, k as i64, n as i64)
         .unwrap()
-        .epilogue(Epilogue::BiasGelu);
+        .with_epilogue(Epilogue::BiasGelu);
     // Values in [-1, 1]/√k keep the GELU inputs O(1).
     let scale = 1.0 / (k as f64).sqrt();
     let gen = |rng: &mut Rng, len: usize| -> Vec<bf16> {
@@ -590,14 +592,16 @@ fn every_heuristic_candidate_is_correct() {
     };
     let mut rng = Rng::new(9);
     let cases = [
-        LtMatmul::linear(64, 96, 128)
+        Matmul::linear(64, 96, 128)
             .unwrap()
-            .epilogue(Epilogue::BiasGelu),
-        LtMatmul::new(32, 64, 80).unwrap().epilogue(Epilogue::None),
-        LtMatmul::new(48, 40, 64)
+            .with_epilogue(Epilogue::BiasGelu),
+        Matmul::new(32, 64, 80)
             .unwrap()
-            .transpose_a(true)
-            .epilogue(Epilogue::BiasGrad),
+            .with_epilogue(Epilogue::None),
+        Matmul::new(48, 40, 64)
+            .unwrap()
+            .with_transpose_a(true)
+            .with_epilogue(Epilogue::BiasGrad),
     ];
     for op in cases {
         let c32 = lt.candidates::<f32>(&op, 8).unwrap();
@@ -611,7 +615,7 @@ fn every_heuristic_candidate_is_correct() {
         for w in c32.windows(2) {
             assert!(w[0].index < w[1].index);
         }
-        let e = op.get_epilogue();
+        let e = op.epilogue();
         for c in &c32 {
             let choice = run_case::<f32>(
                 &stream,
@@ -623,7 +627,7 @@ fn every_heuristic_candidate_is_correct() {
                 Some(c),
                 "cand",
             );
-            assert_eq!(choice.source, LtSource::Explicit);
+            assert_eq!(choice.source, Source::Explicit);
             assert_eq!(&choice.candidate.algo_id, &c.algo_id);
         }
         for c in &c16 {
@@ -639,7 +643,9 @@ fn every_heuristic_candidate_is_correct() {
             );
         }
         // A candidate is tied to its problem and element type.
-        let other = LtMatmul::new(32, 64, 80).unwrap().epilogue(Epilogue::Relu);
+        let other = Matmul::new(32, 64, 80)
+            .unwrap()
+            .with_epilogue(Epilogue::Relu);
         if other != op {
             let a = stream.alloc_zeros::<f32>(other.a_len()).unwrap();
             let b = stream.alloc_zeros::<f32>(other.b_len()).unwrap();
@@ -670,32 +676,32 @@ fn autotune_picks_a_candidate_caches_and_persists() {
     let path = dir.join("lt-cache.txt");
     let _ = std::fs::remove_file(&path);
     let mut rng = Rng::new(10);
-    let op = LtMatmul::linear(256, 128, 192)
+    let op = Matmul::linear(256, 128, 192)
         .unwrap()
-        .epilogue(Epilogue::BiasGelu);
+        .with_epilogue(Epilogue::BiasGelu);
 
     let mut lt = BlasLt::new(stream.clone())
         .unwrap()
         .without_cache_file()
-        .with_policy(LtPolicy::Autotune)
+        .with_policy(Policy::Autotune)
         .autotune_candidates(4)
         .cache_file(&path);
     let first = run_case::<bf16>(&stream, &mut lt, &mut rng, op, 1.0, 0.0, None, "tune 1");
-    assert_eq!(first.source, LtSource::Autotune);
+    assert_eq!(first.source, Source::Autotune);
     assert!(first.candidate.time_ms.is_some());
     assert!(first.candidate.index < 4);
     assert_eq!(lt.stats().autotunes, 1);
     assert_eq!(lt.stats().misses, 1);
 
     let second = run_case::<bf16>(&stream, &mut lt, &mut rng, op, 1.0, 0.0, None, "tune 2");
-    assert_eq!(second.source, LtSource::Cache);
+    assert_eq!(second.source, Source::Cache);
     assert_eq!(second.candidate.algo_id, first.candidate.algo_id);
     assert_eq!(lt.stats().autotunes, 1, "the second call re-tuned");
     assert_eq!(lt.stats().hits, 1);
 
     // beta ≠ 0 under autotune: the trials must not accumulate into D (checked by run_case).
     let acc = run_case::<f32>(&stream, &mut lt, &mut rng, op, 0.5, 1.0, None, "tune beta");
-    assert_eq!(acc.source, LtSource::Autotune);
+    assert_eq!(acc.source, Source::Autotune);
     assert_eq!(lt.stats().autotunes, 2);
     assert!(path.exists(), "cache file not written");
     drop(lt);
@@ -703,12 +709,12 @@ fn autotune_picks_a_candidate_caches_and_persists() {
     let mut fresh = BlasLt::new(stream.clone())
         .unwrap()
         .without_cache_file()
-        .with_policy(LtPolicy::Autotune)
+        .with_policy(Policy::Autotune)
         .autotune_candidates(4)
         .cache_file(&path);
     assert!(fresh.cached_decisions() >= 2);
     let third = run_case::<bf16>(&stream, &mut fresh, &mut rng, op, 1.0, 0.0, None, "tune 3");
-    assert_eq!(third.source, LtSource::Cache);
+    assert_eq!(third.source, Source::Cache);
     assert_eq!(
         fresh.stats().autotunes,
         0,
@@ -717,9 +723,9 @@ fn autotune_picks_a_candidate_caches_and_persists() {
     assert_eq!(third.candidate.algo_id, first.candidate.algo_id);
 
     // The heuristic policy has its own key: deciding it does not touch the autotuned entry.
-    fresh.set_policy(LtPolicy::Heuristic);
+    fresh.set_policy(Policy::Heuristic);
     let h = run_case::<bf16>(&stream, &mut fresh, &mut rng, op, 1.0, 0.0, None, "heur");
-    assert_eq!(h.source, LtSource::Heuristic);
+    assert_eq!(h.source, Source::Heuristic);
     assert_eq!(h.candidate.index, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -733,7 +739,7 @@ fn workspace_limit_zero_still_runs_or_says_why() {
     assert_eq!(lt.workspace_limit(), 0);
     let mut rng = Rng::new(11);
     for e in [Epilogue::None, Epilogue::BiasGelu] {
-        let op = LtMatmul::linear(64, 128, 96).unwrap().epilogue(e);
+        let op = Matmul::linear(64, 128, 96).unwrap().with_epilogue(e);
         let cands = lt.candidates::<bf16>(&op, 8);
         match cands {
             Ok(c) => {
@@ -754,9 +760,9 @@ fn misaligned_views_get_suitable_algorithms_or_are_refused() {
         return;
     };
     let mut rng = Rng::new(12);
-    let op = LtMatmul::linear(32, 64, 48)
+    let op = Matmul::linear(32, 64, 48)
         .unwrap()
-        .epilogue(Epilogue::Bias);
+        .with_epilogue(Epilogue::Bias);
     let a_h: Vec<bf16> = rng.values(op.a_len() + 1);
     let b_h: Vec<bf16> = rng.values(op.b_len());
     let bias_h: Vec<bf16> = rng.values(op.bias_len());
@@ -830,9 +836,9 @@ fn bad_arguments_are_rejected_before_launch() {
         return;
     };
     let mut rng = Rng::new(13);
-    let op = LtMatmul::linear(16, 24, 32)
+    let op = Matmul::linear(16, 24, 32)
         .unwrap()
-        .epilogue(Epilogue::BiasGelu);
+        .with_epilogue(Epilogue::BiasGelu);
     let a = stream.clone_htod(&rng.values::<f32>(op.a_len())).unwrap();
     let b = stream.clone_htod(&rng.values::<f32>(op.b_len())).unwrap();
     let bias = stream
@@ -895,7 +901,7 @@ fn bad_arguments_are_rejected_before_launch() {
         ),
         "{r:?}"
     );
-    let plain = op.epilogue(Epilogue::None);
+    let plain = op.with_epilogue(Epilogue::None);
     let r = lt.matmul(&plain, 1.0, &a, &b, 0.0, &mut d, EpilogueData::bias(&bias));
     assert!(
         matches!(
@@ -908,7 +914,7 @@ fn bad_arguments_are_rejected_before_launch() {
         "{r:?}"
     );
     // An input bias where the epilogue writes a gradient.
-    let grad = op.epilogue(Epilogue::BiasGrad);
+    let grad = op.with_epilogue(Epilogue::BiasGrad);
     let r = lt.matmul(&grad, 1.0, &a, &b, 0.0, &mut d, EpilogueData::bias(&bias));
     assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
     assert_untouched("d", &stream, &d, &before);
@@ -960,7 +966,7 @@ fn bad_arguments_are_rejected_before_launch() {
         &db,
         &vec![7.0f32; grad.bias_len() - 1],
     );
-    let fwd = op.epilogue(Epilogue::BiasGeluAux);
+    let fwd = op.with_epilogue(Epilogue::BiasGeluAux);
     let aux_before = vec![7.0f32; fwd.aux_len() - 1];
     let mut aux = stream.clone_htod(&aux_before).unwrap();
     let r = lt.matmul(
@@ -987,7 +993,7 @@ fn bad_arguments_are_rejected_before_launch() {
         .clone_htod(&vec![bf16::from_f32(7.0); op.d_len()])
         .unwrap();
     let r = lt.matmul(
-        &op.tf32(true),
+        &op.with_tf32(true),
         1.0,
         &h,
         &h,
@@ -1019,9 +1025,9 @@ fn buffers_of_another_context_are_rejected() {
     assert!(*other != **lt.context());
     let other_stream = other.default_stream();
     let mut rng = Rng::new(14);
-    let op = LtMatmul::linear(8, 16, 24)
+    let op = Matmul::linear(8, 16, 24)
         .unwrap()
-        .epilogue(Epilogue::Bias);
+        .with_epilogue(Epilogue::Bias);
     let a = stream.clone_htod(&rng.values::<f32>(op.a_len())).unwrap();
     let b = stream.clone_htod(&rng.values::<f32>(op.b_len())).unwrap();
     let bias = stream
@@ -1076,7 +1082,9 @@ fn handle_moves_to_another_thread() {
     let Some((stream, mut lt)) = gpu() else {
         return;
     };
-    let op = LtMatmul::linear(8, 8, 8).unwrap().epilogue(Epilogue::Relu);
+    let op = Matmul::linear(8, 8, 8)
+        .unwrap()
+        .with_epilogue(Epilogue::Relu);
     let s = stream.clone();
     let worker = std::thread::spawn(move || {
         let mut rng = Rng::new(15);

@@ -47,6 +47,11 @@ fn lib() -> Option<&'static sys::Library> {
     }
 }
 
+/// The packed row-major layout of `dims`, as the layer, group and RMS norms take it.
+fn nchw(dims: &[i64]) -> Layout {
+    Layout::nchw_nd(dims).unwrap()
+}
+
 /// Tolerance for data-type outputs of normalization. f64 gets 1e-10 rather than 1e-12: each
 /// output chains a reduction, a square root and (backward) a second reduction.
 fn dtol<T: DataType>() -> f64 {
@@ -197,43 +202,80 @@ fn batch_norm_builder_rejects_bad_input() {
 #[test]
 fn layer_and_group_norm_constructors_validate() {
     let Some(_) = lib() else { return };
-    let ln = LayerNorm::<f32>::new(&[3, 4, 20], 2, 1e-5).unwrap();
+    let ln = LayerNorm::<f32>::new(&nchw(&[3, 4, 20]), 2, 1e-5).unwrap();
     assert_eq!((ln.rows(), ln.features(), ln.len()), (3, 80, 240));
     assert_eq!(ln.dims(), &[3, 4, 20]);
-    let ln = LayerNorm::<f16>::new(&[64], 1, 1e-6).unwrap();
+    let ln = LayerNorm::<f16>::new(&nchw(&[64]), 1, 1e-6).unwrap();
     assert_eq!((ln.rows(), ln.features()), (1, 64));
     for k in [0usize, 4] {
-        let r = LayerNorm::<f32>::new(&[3, 4, 20], k, 1e-5);
+        let r = LayerNorm::<f32>::new(&nchw(&[3, 4, 20]), k, 1e-5);
         assert!(is_err_kind(&r, "InvalidArgument"), "normalized {k}: {r:?}");
     }
     assert!(is_err_kind(
-        &LayerNorm::<f32>::new(&[3, 0, 20], 1, 1e-5),
+        &Layout::nchw_nd(&[3, 0, 20]).and_then(|x| LayerNorm::<f32>::new(&x, 1, 1e-5)),
         "InvalidArgument"
     ));
     assert!(is_err_kind(
-        &LayerNorm::<f32>::new(&[3, 20], 1, -1.0),
+        &LayerNorm::<f32>::new(&nchw(&[3, 20]), 1, -1.0),
         "InvalidArgument"
     ));
 
-    let gn = GroupNorm::<f32>::new(&[4, 8, 5, 6], 2, 1e-5).unwrap();
+    let gn = GroupNorm::<f32>::new(&nchw(&[4, 8, 5, 6]), 2, 1e-5).unwrap();
     assert_eq!(
         (gn.groups(), gn.channels(), gn.group_count(), gn.len()),
         (2, 8, 8, 960)
     );
-    let inorm = GroupNorm::<bf16>::instance(&[4, 8, 5, 6], 1e-5).unwrap();
+    let inorm = GroupNorm::<bf16>::instance(&nchw(&[4, 8, 5, 6]), 1e-5).unwrap();
     assert_eq!((inorm.groups(), inorm.group_count()), (8, 32));
     for g in [0i64, 3, -2, 16] {
-        let r = GroupNorm::<f32>::new(&[4, 8, 5, 6], g, 1e-5);
+        let r = GroupNorm::<f32>::new(&nchw(&[4, 8, 5, 6]), g, 1e-5);
         assert!(is_err_kind(&r, "InvalidArgument"), "groups {g}: {r:?}");
     }
     assert!(is_err_kind(
-        &GroupNorm::<f32>::new(&[8], 1, 1e-5),
+        &GroupNorm::<f32>::new(&nchw(&[8]), 1, 1e-5),
         "InvalidArgument"
     ));
     assert!(is_err_kind(
-        &GroupNorm::<f64>::new(&[4, 8, 5], 4, f64::NAN),
+        &GroupNorm::<f64>::new(&nchw(&[4, 8, 5]), 4, f64::NAN),
         "InvalidArgument"
     ));
+}
+
+/// Host only: layer, group, instance and RMS norm take `x`'s [`Layout`] and refuse every layout
+/// but packed row-major with an error naming `x`, before touching cuDNN; strides of extent-1
+/// dimensions are not compared.
+#[test]
+fn norm_constructors_refuse_unpacked_layouts() {
+    let nhwc = Layout::nhwc_nd(&[4, 8, 5, 6]).unwrap();
+    let padded = Layout::strided(&[6, 40], &[48, 1]).unwrap();
+    let transposed = Layout::strided(&[6, 40], &[1, 6]).unwrap();
+    let x_layout = |r: &cudnn_safe::Result<()>, want: &str| {
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { what, .. }) if *what == want),
+            "{r:?}"
+        );
+    };
+    for x in [&nhwc, &padded, &transposed] {
+        let r = LayerNorm::<f32>::new(x, 1, 1e-5).map(drop);
+        x_layout(&r, "layer-norm x layout");
+        let r = RmsNorm::<f32>::new(x, 1, 1e-6).map(drop);
+        x_layout(&r, "RMS-norm x layout");
+        let r = GroupNorm::<f32>::new(x, 2, 1e-5).map(drop);
+        x_layout(&r, "group-norm x layout");
+        let r = GroupNorm::<bf16>::instance(x, 1e-5).map(drop);
+        x_layout(&r, "group-norm x layout");
+    }
+    // [N, C, 1, 1] channels-last is the same memory as row-major: accepted.
+    let rows = Layout::nhwc_nd(&[6, 40, 1, 1]).unwrap();
+    let rn = RmsNorm::<f32>::new(&rows, 3, 1e-6).unwrap();
+    assert_eq!((rn.rows(), rn.features(), rn.normalized_dims()), (6, 40, 3));
+    assert_eq!(rn.layout(), &rows);
+    let Some(_) = lib() else { return };
+    let ln = LayerNorm::<f32>::new(&rows, 3, 1e-5).unwrap();
+    assert_eq!((ln.rows(), ln.features(), ln.normalized_dims()), (6, 40, 3));
+    assert_eq!(ln.layout(), &rows);
+    let gn = GroupNorm::<f32>::new(&rows, 4, 1e-5).unwrap();
+    assert_eq!((gn.groups(), gn.channels(), gn.layout()), (4, 40, &rows));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -422,7 +464,7 @@ fn bn_case<T: NormType>(
     );
     assert_close(
         &format!("{what} saved inverse std"),
-        &download(stream, saved.inv_variance()),
+        &download(stream, saved.inv_std()),
         &inv,
         ptol::<T>(),
     );
@@ -785,7 +827,7 @@ fn bn_ex_case<T: NormType>(
     );
     assert_close(
         &format!("{what} saved inverse std"),
-        &download(stream, saved.inv_variance()),
+        &download(stream, saved.inv_std()),
         &inv,
         ptol::<T>(),
     );
@@ -1592,10 +1634,18 @@ fn affine_all_with<T: NormType>(seed: u64, method: Option<NormMethod>) {
         None => Ok(n),
     };
     let layer = |dims: &[i64], k: usize| {
-        Norm::Layer(LayerNorm::<T>::new(dims, k, eps).and_then(with).unwrap())
+        Norm::Layer(
+            LayerNorm::<T>::new(&nchw(dims), k, eps)
+                .and_then(with)
+                .unwrap(),
+        )
     };
     let group = |dims: &[i64], g: i64| {
-        Norm::Group(GroupNorm::<T>::new(dims, g, eps).and_then(with_g).unwrap())
+        Norm::Group(
+            GroupNorm::<T>::new(&nchw(dims), g, eps)
+                .and_then(with_g)
+                .unwrap(),
+        )
     };
     let cases: Vec<(&str, Norm<T>)> = vec![
         ("layer [6, 40] over 1", layer(&[6, 40], 1)),
@@ -1611,7 +1661,7 @@ fn affine_all_with<T: NormType>(seed: u64, method: Option<NormMethod>) {
         (
             "instance [4, 8, 5, 6]",
             Norm::Group(
-                GroupNorm::<T>::instance(&[4, 8, 5, 6], eps)
+                GroupNorm::<T>::instance(&nchw(&[4, 8, 5, 6]), eps)
                     .and_then(with_g)
                     .unwrap(),
             ),
@@ -1653,7 +1703,7 @@ fn layer_group_instance_norm_bf16() {
 #[test]
 fn layer_and_group_norm_rejections_leave_outputs_untouched() {
     let Some((stream, cudnn)) = gpu() else { return };
-    let ln = LayerNorm::<f32>::new(&[6, 40], 1, 1e-5).unwrap();
+    let ln = LayerNorm::<f32>::new(&nchw(&[6, 40]), 1, 1e-5).unwrap();
     let (n, d) = (ln.len(), ln.features());
     let mut rng = Rng::new(1400);
     let xv: Vec<f32> = rng.values(n);
@@ -1679,7 +1729,7 @@ fn layer_and_group_norm_rejections_leave_outputs_untouched() {
     let saved = cudnn
         .layer_norm_forward_training(&ln, &x, &gamma, &beta, &mut y_ok)
         .unwrap();
-    let ln2 = LayerNorm::<f32>::new(&[6, 40], 1, 1e-5).unwrap();
+    let ln2 = LayerNorm::<f32>::new(&nchw(&[6, 40]), 1, 1e-5).unwrap();
     let saved2 = cudnn
         .layer_norm_forward_training(&ln2, &x, &gamma, &beta, &mut y_ok)
         .unwrap();
@@ -1717,7 +1767,7 @@ fn layer_and_group_norm_rejections_leave_outputs_untouched() {
     assert_untouched("dbeta", &stream, &db, &dbb);
 
     // Group norm: short dx.
-    let gn = GroupNorm::<f32>::new(&[4, 8, 5, 6], 4, 1e-5).unwrap();
+    let gn = GroupNorm::<f32>::new(&nchw(&[4, 8, 5, 6]), 4, 1e-5).unwrap();
     let (n, c) = (gn.len(), gn.channels());
     let x = dev(&stream, &rng.values::<f32>(n));
     let gamma = dev(&stream, &rng.values_in::<f32>(c, 0.5, 1.5));
@@ -1798,36 +1848,36 @@ fn layer_and_group_norm_every_method_builds() {
     let methods = all_methods();
     assert_eq!(methods.len(), 48);
     for m in methods {
-        let ln = LayerNorm::<f32>::new(&[6, 40], 1, 1e-5)
+        let ln = LayerNorm::<f32>::new(&nchw(&[6, 40]), 1, 1e-5)
             .and_then(|n| n.with_method(m))
             .unwrap_or_else(|e| panic!("{m:?}: {e}"));
         assert_eq!(ln.method(), m);
         assert_eq!((ln.rows(), ln.features(), ln.len()), (6, 40, 240));
         assert!(format!("{ln:?}").contains("method"));
-        let ln = LayerNorm::<f16>::new(&[37], 1, 1e-5)
+        let ln = LayerNorm::<f16>::new(&nchw(&[37]), 1, 1e-5)
             .and_then(|n| n.with_method(m))
             .unwrap_or_else(|e| panic!("{m:?}: {e}"));
         assert_eq!((ln.rows(), ln.features()), (1, 37));
-        let gn = GroupNorm::<bf16>::new(&[4, 8, 5, 6], 2, 1e-5)
+        let gn = GroupNorm::<bf16>::new(&nchw(&[4, 8, 5, 6]), 2, 1e-5)
             .and_then(|n| n.with_method(m))
             .unwrap_or_else(|e| panic!("{m:?}: {e}"));
         assert_eq!(gn.method(), m);
         assert_eq!((gn.group_count(), gn.channels(), gn.len()), (8, 8, 960));
-        let gn = GroupNorm::<f64>::instance(&[2, 3, 7], 1e-5)
+        let gn = GroupNorm::<f64>::instance(&nchw(&[2, 3, 7]), 1e-5)
             .and_then(|n| n.with_method(m))
             .unwrap_or_else(|e| panic!("{m:?}: {e}"));
         assert_eq!(gn.group_count(), 6);
     }
     // Each kind's default; rebuilding keeps shape and epsilon.
-    let ln = LayerNorm::<f32>::new(&[3, 4, 20], 2, 1e-3).unwrap();
+    let ln = LayerNorm::<f32>::new(&nchw(&[3, 4, 20]), 2, 1e-3).unwrap();
     assert_eq!(ln.method(), NormMethod::default_for_layer());
     let ln = ln.with_method(NormMethod::reductions()).unwrap();
     assert_eq!(ln.method(), NormMethod::reductions());
     assert_eq!((ln.rows(), ln.features(), ln.epsilon()), (3, 80, 1e-3));
     assert_eq!(ln.dims(), &[3, 4, 20]);
-    let gn = GroupNorm::<f16>::new(&[4, 8, 5, 6], 2, 1e-5).unwrap();
+    let gn = GroupNorm::<f16>::new(&nchw(&[4, 8, 5, 6]), 2, 1e-5).unwrap();
     assert_eq!(gn.method(), NormMethod::default_for_group());
-    let inorm = GroupNorm::<f32>::instance(&[4, 8, 5, 6], 1e-5).unwrap();
+    let inorm = GroupNorm::<f32>::instance(&nchw(&[4, 8, 5, 6]), 1e-5).unwrap();
     assert_eq!(inorm.method(), NormMethod::default_for_group());
 }
 
@@ -1872,13 +1922,13 @@ fn norm_backward_workspace_is_reserved_before_any_write() {
     let Some((stream, cudnn)) = gpu() else { return };
     let mut rng = Rng::new(7000);
     // One row and no spatial extent: the "reductions" are copies, no workspace.
-    let ln = LayerNorm::<f32>::new(&[37], 1, 1e-5)
+    let ln = LayerNorm::<f32>::new(&nchw(&[37]), 1, 1e-5)
         .and_then(|n| n.with_method(NormMethod::reductions()))
         .unwrap();
     assert_eq!(ln.backward_workspace_size(&cudnn).unwrap(), 0);
     // dγ, dβ from a batch-norm backward (the group-norm default, the former layer-norm
     // default): no workspace.
-    let ln = LayerNorm::<f32>::new(&[6, 40], 1, 1e-5)
+    let ln = LayerNorm::<f32>::new(&nchw(&[6, 40]), 1, 1e-5)
         .and_then(|n| {
             n.with_method(
                 NormMethod::default_for_layer().param_grads(NormParamGrads::BatchNormBackward),
@@ -1886,14 +1936,14 @@ fn norm_backward_workspace_is_reserved_before_any_write() {
         })
         .unwrap();
     assert_eq!(ln.backward_workspace_size(&cudnn).unwrap(), 0);
-    let gn = GroupNorm::<f32>::new(&[4, 8, 5, 6], 2, 1e-5).unwrap();
+    let gn = GroupNorm::<f32>::new(&nchw(&[4, 8, 5, 6]), 2, 1e-5).unwrap();
     assert_eq!(gn.backward_workspace_size(&cudnn).unwrap(), 0);
 
-    let gn = GroupNorm::<f32>::new(&[4, 8, 5, 6], 2, 1e-5)
+    let gn = GroupNorm::<f32>::new(&nchw(&[4, 8, 5, 6]), 2, 1e-5)
         .and_then(|g| g.with_method(NormMethod::reductions()))
         .unwrap();
     let need = gn.backward_workspace_size(&cudnn).unwrap();
-    let gn_bn = GroupNorm::<f32>::new(&[4, 8, 5, 6], 2, 1e-5)
+    let gn_bn = GroupNorm::<f32>::new(&nchw(&[4, 8, 5, 6]), 2, 1e-5)
         .and_then(|g| {
             g.with_method(NormMethod::reductions().param_grads(NormParamGrads::BatchNormBackward))
         })
@@ -1973,7 +2023,7 @@ fn layer_norm_two_stage_workspace_is_reserved_before_any_write() {
     let Some((stream, cudnn)) = gpu() else { return };
     let mut rng = Rng::new(7100);
     let eps = 1e-5;
-    let ln = LayerNorm::<bf16>::new(&[6, 40], 1, eps).unwrap();
+    let ln = LayerNorm::<bf16>::new(&nchw(&[6, 40]), 1, eps).unwrap();
     assert_eq!(ln.method().param_grads, NormParamGrads::TwoStageReduce);
     let (n, d) = (ln.len(), ln.features());
     let need = ln.backward_workspace_size(&cudnn).unwrap();
@@ -1986,7 +2036,7 @@ fn layer_norm_two_stage_workspace_is_reserved_before_any_write() {
         (NormParamGrads::Reduce, false),
         (NormParamGrads::BatchNormBackward, true),
     ] {
-        let other = LayerNorm::<bf16>::new(&[6, 40], 1, eps)
+        let other = LayerNorm::<bf16>::new(&nchw(&[6, 40]), 1, eps)
             .and_then(|l| l.with_method(NormMethod::default_for_layer().param_grads(grads)))
             .unwrap();
         let bytes = other.backward_workspace_size(&cudnn).unwrap();
@@ -2062,7 +2112,7 @@ fn layer_norm_graph_case<T: NormType>(seed: u64) {
     let Some((stream, cudnn)) = gpu() else { return };
     let what = format!("LayerNorm graph {}", T::DTYPE);
     // Leading dims [4, 6] (24 rows), normalized [2, 64] (128 features).
-    let ln = LayerNorm::<T>::new(&[4, 6, 2, 64], 2, 1e-5).unwrap();
+    let ln = LayerNorm::<T>::new(&nchw(&[4, 6, 2, 64]), 2, 1e-5).unwrap();
     let (n, d) = (ln.len(), ln.features());
     assert!(!ln.has_graph_plan());
     let mut rng = Rng::new(seed);
@@ -2094,7 +2144,7 @@ fn layer_norm_graph_case<T: NormType>(seed: u64) {
     assert!(is_err_kind(&r, "BufferTooSmall"), "{what}: {r:?}");
     assert_untouched(&format!("{what} y (short gamma)"), &stream, &y, &before);
     // The method (batch-norm formulation) does not affect the graph plan's result.
-    let ln2 = LayerNorm::<T>::new(&[4, 6, 2, 64], 2, 1e-5)
+    let ln2 = LayerNorm::<T>::new(&nchw(&[4, 6, 2, 64]), 2, 1e-5)
         .unwrap()
         .with_method(NormMethod::reductions())
         .unwrap();
@@ -2127,7 +2177,7 @@ fn layer_norm_graph_training_case<T: NormType>(dims: &[i64], normalized: usize, 
     let Some((stream, cudnn)) = gpu() else { return };
     let what = format!("LayerNorm graph training {} {dims:?}", T::DTYPE);
     let eps = 1e-5;
-    let ln = LayerNorm::<T>::new(dims, normalized, eps).unwrap();
+    let ln = LayerNorm::<T>::new(&nchw(dims), normalized, eps).unwrap();
     let (n, d, rows) = (ln.len(), ln.features(), ln.rows());
     assert!(!ln.has_graph_training_plans());
     let maps = Maps {
@@ -2218,7 +2268,7 @@ fn layer_norm_graph_training_case<T: NormType>(dims: &[i64], normalized: usize, 
         r
     };
     // Saved by another object of the same shape.
-    let other = LayerNorm::<T>::new(dims, normalized, eps).unwrap();
+    let other = LayerNorm::<T>::new(&nchw(dims), normalized, eps).unwrap();
     let mut y2 = poisoned_buffer::<T>(&stream, n);
     let foreign = cudnn
         .layer_norm_forward_training_graph(&other, &x, &gamma, &beta, &mut y2, &mut ws)
@@ -2263,7 +2313,7 @@ fn layer_norm_graph_training_every_type() {
 #[test]
 fn layer_norm_graph_formulation_refuses_f64() {
     let Some((stream, cudnn)) = gpu() else { return };
-    let ln = LayerNorm::<f64>::new(&[8, 128], 1, 1e-5).unwrap();
+    let ln = LayerNorm::<f64>::new(&nchw(&[8, 128]), 1, 1e-5).unwrap();
     let r = ln.build_graph_plan(&cudnn);
     assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
     assert!(!ln.has_graph_plan());
@@ -2317,7 +2367,7 @@ fn rms_norm_case<T: NormType>(dims: &[i64], normalized: usize, seed: u64) {
     let Some((stream, cudnn)) = gpu() else { return };
     let what = format!("RmsNorm {} {dims:?}", T::DTYPE);
     let eps = 1e-6;
-    let rn = RmsNorm::<T>::new(dims, normalized, eps).unwrap();
+    let rn = RmsNorm::<T>::new(&nchw(dims), normalized, eps).unwrap();
     let (n, d, rows) = (rn.len(), rn.features(), rn.rows());
     assert!(!rn.has_plan() && !rn.has_training_plans());
     let mut rng = Rng::new(seed);
@@ -2398,7 +2448,7 @@ fn rms_norm_case<T: NormType>(dims: &[i64], normalized: usize, seed: u64) {
         assert_untouched(&format!("{what} dγ ({why})"), &stream, &dg, &dg0);
         r
     };
-    let other = RmsNorm::<T>::new(dims, normalized, eps).unwrap();
+    let other = RmsNorm::<T>::new(&nchw(dims), normalized, eps).unwrap();
     let mut y2 = poisoned_buffer::<T>(&stream, n);
     let foreign = cudnn
         .rms_norm_forward_training(&other, &x, &gamma, &mut y2, &mut ws)
@@ -2446,7 +2496,7 @@ fn rms_norm_every_type() {
 #[test]
 fn rms_norm_refuses_f64() {
     let Some((stream, cudnn)) = gpu() else { return };
-    let rn = RmsNorm::<f64>::new(&[8, 128], 1, 1e-6).unwrap();
+    let rn = RmsNorm::<f64>::new(&nchw(&[8, 128]), 1, 1e-6).unwrap();
     for r in [rn.build_plan(&cudnn), rn.build_training_plans(&cudnn)] {
         assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
     }
@@ -2464,11 +2514,11 @@ fn rms_norm_refuses_f64() {
 /// graph paths being `Send` (moved to another thread with their plans).
 #[test]
 fn rms_norm_builder_checks() {
-    let rn = RmsNorm::<f32>::new(&[4, 6, 2, 64], 2, 1e-6).unwrap();
+    let rn = RmsNorm::<f32>::new(&nchw(&[4, 6, 2, 64]), 2, 1e-6).unwrap();
     assert_eq!((rn.rows(), rn.features(), rn.len()), (24, 128, 3072));
     assert_eq!(rn.dims(), &[4, 6, 2, 64]);
     // epsilon 0 is accepted (cuDNN's batch-norm minimum does not apply to the graph).
-    assert!(RmsNorm::<f32>::new(&[2, 8], 1, 0.0).is_ok());
+    assert!(RmsNorm::<f32>::new(&nchw(&[2, 8]), 1, 0.0).is_ok());
     for (dims, k, eps) in [
         (&[4i64, 8][..], 0usize, 1e-6),
         (&[4, 8][..], 3, 1e-6),
@@ -2477,7 +2527,7 @@ fn rms_norm_builder_checks() {
         (&[4, 8][..], 1, -1e-6),
         (&[4, 8][..], 1, f64::INFINITY),
     ] {
-        let r = RmsNorm::<f32>::new(dims, k, eps);
+        let r = Layout::nchw_nd(dims).and_then(|x| RmsNorm::<f32>::new(&x, k, eps));
         assert!(
             is_err_kind(&r, "InvalidArgument"),
             "{dims:?} {k} {eps}: {r:?}"

@@ -38,6 +38,16 @@ const FILL: f64 = -7.5;
 /// What padding positions of inputs hold: finite junk the RNN must not read.
 const INPUT_JUNK: f64 = 5.25;
 
+/// Sequence lengths as the sequence descriptors take them (dimensions are `i64`).
+fn i64s(v: &[usize]) -> Vec<i64> {
+    v.iter().map(|&l| l as i64).collect()
+}
+
+/// Where value `v` of step `t` of sequence `b` is stored (host-side indices are `usize`).
+fn at<T: DataType>(desc: &SeqDataDesc<T>, t: usize, b: usize, v: usize) -> Option<usize> {
+    desc.offset(t as i64, b as i64, v as i64)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Problem description shared by the crate and the reference
 // ---------------------------------------------------------------------------------------------
@@ -195,10 +205,10 @@ fn round_seqs<T: DataType>(seqs: &reference::Seqs) -> reference::Seqs {
 fn place<T: DataType>(desc: &SeqDataDesc<T>, seqs: &reference::Seqs, junk: f64) -> Vec<T> {
     let mut out = vec![T::from_f64(junk); desc.span()];
     for (b, seq) in seqs.iter().enumerate() {
-        assert_eq!(Some(seq.len()), desc.length(b));
+        assert_eq!(Some(seq.len() as i64), desc.length(b as i64));
         for (t, step) in seq.iter().enumerate() {
             for (v, &x) in step.iter().enumerate() {
-                out[desc.offset(t, b, v).unwrap()] = T::from_f64(x);
+                out[at(desc, t, b, v).unwrap()] = T::from_f64(x);
             }
         }
     }
@@ -220,7 +230,7 @@ fn check_seq_output<T: DataType>(
     for (b, seq) in want.iter().enumerate() {
         for (t, step) in seq.iter().enumerate() {
             for (v, &w) in step.iter().enumerate() {
-                picked.push(got[desc.offset(t, b, v).unwrap()]);
+                picked.push(got[at(desc, t, b, v).unwrap()]);
                 expect.push(w);
             }
         }
@@ -332,7 +342,7 @@ fn check_forward<T: DataType>(
         .builder::<T>()
         .padded_io(layout.is_padded())
         .build(cudnn)?;
-    assert_eq!(rnn.output_size(), rc.y_width(), "{}", case.label());
+    assert_eq!(rnn.output_size() as usize, rc.y_width(), "{}", case.label());
     let params = reference::random_params(&rc, seed);
     let params = params_of_network(&rnn, &case, &params);
     let (typed, stored) = rounded_params::<T>(&params);
@@ -341,8 +351,15 @@ fn check_forward<T: DataType>(
     let batch = lens.len();
     let lstm = case.cell == CellMode::Lstm;
     let x_seqs = round_seqs::<T>(&reference::random_input(&rc, lens, seed + 1));
-    let x_d = SeqDataDesc::<T>::new(layout, max_len, case.input, lens, T::from_f64(FILL))?;
-    let y_d = SeqDataDesc::<T>::new(layout, max_len, rnn.output_size(), lens, T::from_f64(FILL))?;
+    let (max_len, input, lens_d) = (max_len as i64, case.input as i64, i64s(lens));
+    let x_d = SeqDataDesc::<T>::new(layout, max_len, input, &lens_d, T::from_f64(FILL))?;
+    let y_d = SeqDataDesc::<T>::new(
+        layout,
+        max_len,
+        rnn.output_size(),
+        &lens_d,
+        T::from_f64(FILL),
+    )?;
     let x = upload(stream, &place(&x_d, &x_seqs, INPUT_JUNK));
     let (h0, c0) = reference::random_states(&rc, batch, seed + 2);
     let (h0_t, h0_s) = round_vec::<T>(&h0);
@@ -360,8 +377,8 @@ fn check_forward<T: DataType>(
     for mode in [ForwardMode::Inference, ForwardMode::Training] {
         let label = format!("{} {} {layout:?} {mode:?}", case.label(), T::DTYPE);
         let mut y = poisoned_buffer::<T>(stream, y_d.span());
-        let mut hy = poisoned_buffer::<T>(stream, rnn.hidden_state_len(batch));
-        let mut cy = poisoned_buffer::<T>(stream, rnn.cell_state_len(batch));
+        let mut hy = poisoned_buffer::<T>(stream, rnn.hidden_state_len(batch as i64));
+        let mut cy = poisoned_buffer::<T>(stream, rnn.cell_state_len(batch as i64));
         let mut args = Forward::new(&x_d, &x, &y_d, &mut y, &w).hy(&mut hy);
         if with_states {
             args = args.hx(&hx);
@@ -376,7 +393,7 @@ fn check_forward<T: DataType>(
             ForwardMode::Inference => rnn.forward_inference(cudnn, args, &mut ws)?,
             ForwardMode::Training => {
                 let reserve = rnn.forward_training(cudnn, args, &mut ws)?;
-                assert!(reserve.bytes() > 0, "{label}: empty reserve");
+                assert!(reserve.size_in_bytes() > 0, "{label}: empty reserve");
             }
         }
         check_seq_output(
@@ -575,8 +592,8 @@ fn packed_data_with_padded_io_enabled_is_right_or_refused() {
     let w = upload(&stream, &rnn.weights_from_pytorch(&state).unwrap());
     let lens = [4, 2, 1];
     let x_seqs = reference::random_input(&rc, &lens, 701);
-    let x_d = SeqDataDesc::<f64>::new(SeqLayout::Packed, 4, 3, &lens, 0.0).unwrap();
-    let y_d = SeqDataDesc::<f64>::new(SeqLayout::Packed, 4, 4, &lens, 0.0).unwrap();
+    let x_d = SeqDataDesc::<f64>::new(SeqLayout::Packed, 4, 3, &i64s(&lens), 0.0).unwrap();
+    let y_d = SeqDataDesc::<f64>::new(SeqLayout::Packed, 4, 4, &i64s(&lens), 0.0).unwrap();
     let x = upload(&stream, &place(&x_d, &x_seqs, INPUT_JUNK));
     let mut y = poisoned_buffer::<f64>(&stream, y_d.span());
     let mut ws = Workspace::new(stream.clone());
@@ -617,8 +634,8 @@ fn dropout_applies_in_training_only() {
     let w = upload(&stream, &rnn.weights_from_pytorch(&state).unwrap());
     let lens = [5, 3, 4];
     let x_seqs = reference::random_input(&rc, &lens, 801);
-    let x_d = SeqDataDesc::<f64>::new(SeqLayout::SeqMajor, 5, 3, &lens, FILL).unwrap();
-    let y_d = SeqDataDesc::<f64>::new(SeqLayout::SeqMajor, 5, 8, &lens, FILL).unwrap();
+    let x_d = SeqDataDesc::<f64>::new(SeqLayout::SeqMajor, 5, 3, &i64s(&lens), FILL).unwrap();
+    let y_d = SeqDataDesc::<f64>::new(SeqLayout::SeqMajor, 5, 8, &i64s(&lens), FILL).unwrap();
     let x = upload(&stream, &place(&x_d, &x_seqs, INPUT_JUNK));
     let want = reference::forward(&rc, &params, &x_seqs, None, None);
     let mut ws = Workspace::new(stream.clone());
@@ -703,7 +720,8 @@ fn weight_layout_matches_pytorch_and_round_trips() {
             assert_eq!((p.rows, p.cols), want, "{label}: {p:?}");
             assert_eq!(
                 p.pseudo_layer,
-                p.layer * rnn.directions() + usize::from(p.direction == Direction::Reverse)
+                p.layer * rnn.directions() as usize
+                    + usize::from(p.direction == Direction::Reverse)
             );
             assert!(p.lin_id < 2 * g + 1);
         }
@@ -715,7 +733,7 @@ fn weight_layout_matches_pytorch_and_round_trips() {
                     2 * g
                 }
                 + usize::from(case.proj > 0);
-            per_dir_layer * case.layers * rnn.directions()
+            per_dir_layer * case.layers * rnn.directions() as usize
         });
         // Gate lookup: the LSTM forget gate of the reverse direction, the GRU update gate.
         if case.cell == CellMode::Lstm && case.bidir {
@@ -774,8 +792,9 @@ fn check_gradients(
     let batch = lens.len();
     let lstm = case.cell == CellMode::Lstm;
     let x_seqs = reference::random_input(&rc, lens, seed + 1);
-    let x_d = SeqDataDesc::<f64>::new(layout, max_len, case.input, lens, FILL).unwrap();
-    let y_d = SeqDataDesc::<f64>::new(layout, max_len, rnn.output_size(), lens, FILL).unwrap();
+    let (max_len, input, lens_d) = (max_len as i64, case.input as i64, i64s(lens));
+    let x_d = SeqDataDesc::<f64>::new(layout, max_len, input, &lens_d, FILL).unwrap();
+    let y_d = SeqDataDesc::<f64>::new(layout, max_len, rnn.output_size(), &lens_d, FILL).unwrap();
     let x = upload(stream, &place(&x_d, &x_seqs, INPUT_JUNK));
     let (h0, c0) = reference::random_states(&rc, batch, seed + 2);
     let hx = upload(stream, &h0);
@@ -805,8 +824,8 @@ fn check_gradients(
     let mut reserve = forward(&mut y, &mut ws, Some(first));
 
     let mut dx = poisoned_buffer::<f64>(stream, x_d.span());
-    let mut dhx = poisoned_buffer::<f64>(stream, rnn.hidden_state_len(batch));
-    let mut dcx = poisoned_buffer::<f64>(stream, rnn.cell_state_len(batch));
+    let mut dhx = poisoned_buffer::<f64>(stream, rnn.hidden_state_len(batch as i64));
+    let mut dcx = poisoned_buffer::<f64>(stream, rnn.cell_state_len(batch as i64));
     let mut args = BackwardData::new(&y_d, &y, &dy, &x_d, &mut dx, &w)
         .dhy(&dhy)
         .dhx(&mut dhx);
@@ -965,7 +984,7 @@ struct Fixture {
     ws: Workspace,
 }
 
-const LENS: [usize; 3] = [3, 2, 3];
+const LENS: [i64; 3] = [3, 2, 3];
 
 fn fixture() -> Option<Fixture> {
     let (stream, cudnn) = gpu()?;
@@ -1162,7 +1181,7 @@ fn backward_rejects_foreign_and_misordered_reserves() {
             &mut f.ws,
         )
         .unwrap();
-    assert_eq!(reserve.bytes(), sizes.reserve);
+    assert_eq!(reserve.size_in_bytes(), sizes.reserve);
     // Another call's reserve: same shapes, other descriptors.
     let x_d2 = SeqDataDesc::<f32>::new(SeqLayout::SeqMajor, 3, 3, &LENS, 0.0).unwrap();
     let y_d2 = SeqDataDesc::<f32>::new(SeqLayout::SeqMajor, 3, 4, &LENS, 0.0).unwrap();

@@ -72,6 +72,9 @@ mod build;
 mod cuda_graph;
 mod engine;
 pub(crate) mod exec;
+// Normalization ops live with the rest of normalization (src/norm/graph/); compiled here, as
+// a child of `graph`, because they build on the graph's private tensor and op tables.
+#[path = "../norm/graph/mod.rs"]
 mod norm;
 mod preload;
 mod record;

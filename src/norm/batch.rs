@@ -9,13 +9,12 @@ use cudnn_safe_sys as sys;
 
 use super::{check_epsilon, ffi, scalar_ptr, NormType};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
-use crate::checks::{opt_ptr, opt_ptr_mut};
+use crate::checks::opt_ptr_mut;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
 use crate::raw;
 use crate::tensor::{Layout, TensorDesc, MAX_DIMS};
-use crate::workspace::Workspace;
 
 /// Over which axes batch normalization computes its statistics (`cudnnBatchNormMode_t`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -37,7 +36,7 @@ pub enum BatchNormMode {
 }
 
 impl BatchNormMode {
-    fn raw(self) -> sys::cudnnBatchNormMode_t {
+    pub(super) fn raw(self) -> sys::cudnnBatchNormMode_t {
         use sys::cudnnBatchNormMode_t as M;
         match self {
             BatchNormMode::PerActivation => M::CUDNN_BATCHNORM_PER_ACTIVATION,
@@ -66,7 +65,7 @@ pub enum BatchNormOps {
 }
 
 impl BatchNormOps {
-    fn raw(self) -> sys::cudnnBatchNormOps_t {
+    pub(super) fn raw(self) -> sys::cudnnBatchNormOps_t {
         use sys::cudnnBatchNormOps_t as O;
         match self {
             BatchNormOps::Bn => O::CUDNN_BATCHNORM_OPS_BN,
@@ -74,7 +73,7 @@ impl BatchNormOps {
             BatchNormOps::BnAddRelu => O::CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION,
         }
     }
-    fn code(self) -> u64 {
+    pub(super) fn code(self) -> u64 {
         match self {
             BatchNormOps::Bn => 0,
             BatchNormOps::BnRelu => 1,
@@ -98,9 +97,9 @@ impl BatchNormOps {
 /// `factor` is PyTorch's `momentum`; `1/(1 + n)` at the `n`-th call gives the cumulative average,
 /// and the first call of a training run should use 1 (NVIDIA's advice).
 pub struct RunningStats<'a, P: DataType> {
-    mean: CudaViewMut<'a, P>,
-    variance: CudaViewMut<'a, P>,
-    factor: f64,
+    pub(super) mean: CudaViewMut<'a, P>,
+    pub(super) variance: CudaViewMut<'a, P>,
+    pub(super) factor: f64,
 }
 
 impl<'a, P: DataType> RunningStats<'a, P> {
@@ -293,14 +292,14 @@ fn derive_param_layout<P: DataType>(
 ///
 /// `Send`, not `Sync` (it owns cuDNN descriptors).
 pub struct BatchNorm<T: NormType> {
-    mode: BatchNormMode,
-    epsilon: f64,
-    dims: Vec<i64>,
-    x: TensorDesc<T>,
-    param: TensorDesc<T::Param>,
-    act: raw::OwnedActivation,
+    pub(super) mode: BatchNormMode,
+    pub(super) epsilon: f64,
+    pub(super) dims: Vec<i64>,
+    pub(super) x: TensorDesc<T>,
+    pub(super) param: TensorDesc<T::Param>,
+    pub(super) act: raw::OwnedActivation,
     /// Process-unique, never reused: ties saved values and memoised sizes to this object.
-    id: u64,
+    pub(super) id: u64,
 }
 
 impl<T: NormType> fmt::Debug for BatchNorm<T> {
@@ -351,7 +350,7 @@ impl<T: NormType> BatchNorm<T> {
 
     /// The activation descriptor the Ex calls take for `ops`: null without a fused
     /// activation, as NVIDIA documents.
-    fn ex_activation(&self, ops: BatchNormOps) -> sys::cudnnActivationDescriptor_t {
+    pub(super) fn ex_activation(&self, ops: BatchNormOps) -> sys::cudnnActivationDescriptor_t {
         if ops.has_activation() {
             self.act.as_ptr()
         } else {
@@ -361,7 +360,7 @@ impl<T: NormType> BatchNorm<T> {
 
     /// The data descriptor for an optional tensor of the Ex calls (`z`, `dz`, `y`): null when
     /// the ops do not use it, as NVIDIA documents.
-    fn ex_data_desc(&self, used: bool) -> sys::cudnnTensorDescriptor_t {
+    pub(super) fn ex_data_desc(&self, used: bool) -> sys::cudnnTensorDescriptor_t {
         if used {
             self.x.as_raw()
         } else {
@@ -383,7 +382,10 @@ impl<T: NormType> BatchNorm<T> {
         }
     }
 
-    fn check_training(&self, running: &Option<RunningStats<'_, T::Param>>) -> Result<()> {
+    pub(super) fn check_training(
+        &self,
+        running: &Option<RunningStats<'_, T::Param>>,
+    ) -> Result<()> {
         let m = self.values_per_stat();
         if m < 2 {
             return Err(Error::invalid(
@@ -405,7 +407,10 @@ impl<T: NormType> BatchNorm<T> {
     }
 
     /// Fresh (uninitialised) saved-mean and saved-inverse-variance buffers.
-    fn alloc_stats(&self, stream: &std::sync::Arc<CudaStream>) -> Result<StatsPair<T::Param>> {
+    pub(super) fn alloc_stats(
+        &self,
+        stream: &std::sync::Arc<CudaStream>,
+    ) -> Result<StatsPair<T::Param>> {
         let n = self.param.span();
         // SAFETY: the buffers are only handed to cuDNN, which writes every element before the
         // saved value holding them is returned; any bit pattern is a valid f32/f64 anyway.
@@ -430,19 +435,19 @@ type StatsPair<P> = (CudaSlice<P>, CudaSlice<P>);
 /// ops `y`) is the buffer the forward read (wrote). NVIDIA requires the contents of `x` (and
 /// `scale`) to stay unchanged between the two calls; that is the caller's part.
 pub struct BatchNormSaved<'x, T: NormType> {
-    mean: CudaSlice<T::Param>,
-    inv_variance: CudaSlice<T::Param>,
-    reserve: Option<CudaSlice<u8>>,
-    reserve_bytes: usize,
+    pub(super) mean: CudaSlice<T::Param>,
+    pub(super) inv_variance: CudaSlice<T::Param>,
+    pub(super) reserve: Option<CudaSlice<u8>>,
+    pub(super) reserve_bytes: usize,
     /// `None` for the plain forward, the ops for the Ex forward.
-    ops: Option<BatchNormOps>,
-    bn: u64,
+    pub(super) ops: Option<BatchNormOps>,
+    pub(super) bn: u64,
     /// Device address of the `x` the forward read; `x` stays borrowed (`'x`) while this value
     /// lives, so no other buffer can be at that address.
-    x: u64,
+    pub(super) x: u64,
     /// The Ex forward's output, which its backward reads (borrowed from the forward's `y`).
-    y: Option<CudaView<'x, T>>,
-    _x: PhantomData<&'x ()>,
+    pub(super) y: Option<CudaView<'x, T>>,
+    pub(super) _x: PhantomData<&'x ()>,
 }
 
 impl<T: NormType> fmt::Debug for BatchNormSaved<'_, T> {
@@ -464,7 +469,11 @@ impl<'x, T: NormType> BatchNormSaved<'x, T> {
     ///
     /// NVIDIA calls these values intermediate results "not to be used directly by the user"
     /// whose form may depend on the mode; this crate's tests check them against that formula.
-    pub fn inv_variance(&self) -> &CudaSlice<T::Param> {
+    /// Named as [`NormSaved::inv_std`](super::NormSaved::inv_std) (cuDNN's
+    /// `resultSaveInvVariance`).
+    #[doc(alias = "inv_variance")]
+    #[doc(alias = "resultSaveInvVariance")]
+    pub fn inv_std(&self) -> &CudaSlice<T::Param> {
         &self.inv_variance
     }
     /// Bytes of the reserve space (0 for the plain forward).
@@ -485,17 +494,17 @@ impl<'x, T: NormType> BatchNormSaved<'x, T> {
 
 /// Memo-key tags for this family's size queries (first key element; cannot equal the small
 /// algorithm numbers other families put there).
-const TAG_FWD_WS: u64 = u64::MAX - 0x4E_00;
-const TAG_BWD_WS: u64 = u64::MAX - 0x4E_01;
-const TAG_RESERVE: u64 = u64::MAX - 0x4E_02;
+pub(super) const TAG_FWD_WS: u64 = u64::MAX - 0x4E_00;
+pub(super) const TAG_BWD_WS: u64 = u64::MAX - 0x4E_01;
+pub(super) const TAG_RESERVE: u64 = u64::MAX - 0x4E_02;
 
-fn mismatch(expected: &'static str, got: String) -> Error {
+pub(super) fn mismatch(expected: &'static str, got: String) -> Error {
     Error::invalid("batch-norm saved statistics", expected, got)
 }
 
 /// Checks that `saved` belongs to `bn` and to the `x` buffer at this address (`saved` keeps the
 /// forward's `x` borrowed, so an equal address is the same buffer, not a reallocation).
-fn check_origin<T: NormType>(
+pub(super) fn check_origin<T: NormType>(
     bn: &BatchNorm<T>,
     saved: &BatchNormSaved<'_, T>,
     x: u64,
@@ -723,418 +732,102 @@ impl Cudnn {
         check_origin(bn, saved, xp)?;
         // The saved values were allocated on the forward's stream: order this use with it.
         let _order = crate::stream_order::cross_use(saved.mean.stream(), stream)?;
-        let (dyp, _gdy) = dy.device_ptr(stream);
-        let (dxp, _gdx) = dx.device_ptr_mut(stream);
-        let (sp, _gs) = scale.device_ptr(stream);
-        let (dsp, _gds) = dscale.device_ptr_mut(stream);
-        let (dbp, _gdb) = dbias.device_ptr_mut(stream);
-        let (mp, _gm) = saved.mean.device_ptr(stream);
-        let (ip, _gi) = saved.inv_variance.device_ptr(stream);
         // SAFETY: live handle and descriptors (owned by `bn`); every buffer holds its
         // descriptor's span on the handle's context, outputs do not overlap themselves; the
         // saved statistics were written by a training forward of this `bn` on this `x`
-        // (checked); scalars are `T::Scalar`; the guards keep the buffers alive and ordered.
+        // (checked); scalars are `T::Scalar`; `_gx` keeps x alive and ordered.
         unsafe {
-            ffi::cudnnBatchNormalizationBackward(
-                self.lib(),
-                self.as_raw(),
+            batch_norm_backward_raw(
+                self,
                 bn.mode.raw(),
-                scalar_ptr(&alpha_data),
-                scalar_ptr(&beta_data),
-                scalar_ptr(&alpha_param),
-                scalar_ptr(&beta_param),
-                bn.x.as_raw(),
-                xp as *const c_void,
-                bn.x.as_raw(),
-                dyp as *const c_void,
-                bn.x.as_raw(),
-                dxp as *mut c_void,
-                bn.param.as_raw(),
-                sp as *const c_void,
-                dsp as *mut c_void,
-                dbp as *mut c_void,
+                [alpha_data, beta_data, alpha_param, beta_param],
+                (bn.x.as_raw(), bn.param.as_raw()),
+                BnBackwardBufs {
+                    x: xp,
+                    dy,
+                    dx,
+                    scale,
+                    dscale,
+                    dbias,
+                },
                 bn.epsilon,
-                mp as *const c_void,
-                ip as *const c_void,
+                (&saved.mean, &saved.inv_variance),
             )
         }
     }
+}
 
-    /// Workspace and reserve-space bytes of the Ex training forward for `ops`.
-    fn bn_ex_forward_sizes<T: NormType>(
-        &self,
-        bn: &BatchNorm<T>,
-        ops: BatchNormOps,
-    ) -> Result<(usize, usize)> {
-        let act = bn.ex_activation(ops);
-        let z = bn.ex_data_desc(ops.has_add());
-        let ws = self.memo_bytes([TAG_FWD_WS, bn.id, ops.code(), 0, 0], |bytes| {
-            // SAFETY: live handle and descriptors; null z/activation descriptors where `ops`
-            // does not use them (as NVIDIA documents); a valid out-pointer.
-            unsafe {
-                ffi::cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
-                    self.lib(),
-                    self.as_raw(),
-                    bn.mode.raw(),
-                    ops.raw(),
-                    bn.x.as_raw(),
-                    z,
-                    bn.x.as_raw(),
-                    bn.param.as_raw(),
-                    act,
-                    bytes,
-                )
-            }
-        })?;
-        let reserve = self.memo_bytes([TAG_RESERVE, bn.id, ops.code(), 0, 0], |bytes| {
-            // SAFETY: as above.
-            unsafe {
-                ffi::cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
-                    self.lib(),
-                    self.as_raw(),
-                    bn.mode.raw(),
-                    ops.raw(),
-                    act,
-                    bn.x.as_raw(),
-                    bytes,
-                )
-            }
-        })?;
-        Ok((ws, reserve))
-    }
+/// The buffers of one `cudnnBatchNormalizationBackward` call: `x` (its device address, kept
+/// alive by the caller's guard), `dy`, `dx` of the data type, the others of the parameter type.
+pub(super) struct BnBackwardBufs<'a, DY, DX, S, DS, DB> {
+    pub(super) x: u64,
+    pub(super) dy: &'a DY,
+    pub(super) dx: &'a mut DX,
+    pub(super) scale: &'a S,
+    pub(super) dscale: &'a mut DS,
+    pub(super) dbias: &'a mut DB,
+}
 
-    /// Workspace bytes of the Ex backward for `ops`.
-    fn bn_ex_backward_size<T: NormType>(
-        &self,
-        bn: &BatchNorm<T>,
-        ops: BatchNormOps,
-    ) -> Result<usize> {
-        let act = bn.ex_activation(ops);
-        let y = bn.ex_data_desc(ops.has_activation());
-        let dz = bn.ex_data_desc(ops.has_add());
-        self.memo_bytes([TAG_BWD_WS, bn.id, ops.code(), 0, 0], |bytes| {
-            // SAFETY: live handle and descriptors; null y/dz/activation descriptors where
-            // `ops` does not use them; a valid out-pointer.
-            unsafe {
-                ffi::cudnnGetBatchNormalizationBackwardExWorkspaceSize(
-                    self.lib(),
-                    self.as_raw(),
-                    bn.mode.raw(),
-                    ops.raw(),
-                    bn.x.as_raw(),
-                    y,
-                    bn.x.as_raw(),
-                    dz,
-                    bn.x.as_raw(),
-                    bn.param.as_raw(),
-                    act,
-                    bytes,
-                )
-            }
-        })
-    }
-
-    /// Bytes of workspace and of reserve space the Ex training forward needs for `ops`
-    /// (`cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize`,
-    /// `cudnnGetBatchNormalizationTrainingExReserveSpaceSize`). A configuration cuDNN does not
-    /// support for `ops` is reported here as its `NOT_SUPPORTED` error.
-    #[doc(alias = "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize")]
-    #[doc(alias = "cudnnGetBatchNormalizationTrainingExReserveSpaceSize")]
-    pub fn batch_norm_forward_training_ex_sizes<T: NormType>(
-        &self,
-        bn: &BatchNorm<T>,
-        ops: BatchNormOps,
-    ) -> Result<(usize, usize)> {
-        self.bind()?;
-        self.bn_ex_forward_sizes(bn, ops)
-    }
-
-    /// Training forward with cuDNN's extended call: `ops` picks plain BN, BN + ReLU or
-    /// BN + add `z` + ReLU (`y = relu(BN(x) + z)`), the workspace enables the fast NHWC kernels,
-    /// and the returned [`BatchNormSaved`] owns the reserve space the backward pass needs.
-    ///
-    /// `z` must be given exactly when `ops` is [`BatchNormOps::BnAddRelu`] (same layout as `x`).
-    /// The workspace grows to the size cuDNN asks for (within its limit). Otherwise as
-    /// [`batch_norm_forward_training`](Self::batch_norm_forward_training).
-    ///
-    /// ```no_run
-    /// use cudnn_safe::norm::{BatchNorm, BatchNormMode, BatchNormOps};
-    /// use cudnn_safe::{cuda_context, half::f16, Cudnn, Layout, Workspace};
-    /// # fn main() -> cudnn_safe::Result<()> {
-    /// let ctx = cuda_context(0)?;
-    /// let stream = ctx.default_stream();
-    /// let cudnn = Cudnn::new(stream.clone())?;
-    /// let layout = Layout::nhwc(32, 64, 28, 28)?;
-    /// let bn = BatchNorm::builder().mode(BatchNormMode::SpatialPersistent).build::<f16>(&layout)?;
-    /// let x = stream.alloc_zeros::<f16>(layout.span()).unwrap();
-    /// let z = stream.alloc_zeros::<f16>(layout.span()).unwrap();
-    /// let mut y = stream.alloc_zeros::<f16>(layout.span()).unwrap();
-    /// let scale = stream.clone_htod(&[1.0f32; 64]).unwrap();
-    /// let bias = stream.alloc_zeros::<f32>(64).unwrap();
-    /// let mut ws = Workspace::new(stream.clone());
-    /// let saved = cudnn.batch_norm_forward_training_ex(
-    ///     &bn, BatchNormOps::BnAddRelu, 1.0, 0.0, &x, Some(z.as_view()), &mut y, &scale, &bias, None, &mut ws)?;
-    /// # Ok(()) }
-    /// ```
-    #[doc(alias = "cudnnBatchNormalizationForwardTrainingEx")]
-    #[allow(clippy::too_many_arguments)] // mirrors the C call
-    pub fn batch_norm_forward_training_ex<'x, T: NormType>(
-        &self,
-        bn: &BatchNorm<T>,
-        ops: BatchNormOps,
-        alpha: T::Scalar,
-        beta: T::Scalar,
-        x: &'x impl DeviceBuffer<T>,
-        z: Option<CudaView<'_, T>>,
-        y: &'x mut impl DeviceBufferMut<T>,
-        scale: &impl DeviceBuffer<T::Param>,
-        bias: &impl DeviceBuffer<T::Param>,
-        running: Option<RunningStats<'_, T::Param>>,
-        workspace: &mut Workspace,
-    ) -> Result<BatchNormSaved<'x, T>> {
-        if ops.has_add() != z.is_some() {
-            return Err(Error::invalid(
-                "batch-norm z input",
-                "z exactly when ops is BatchNormOps::BnAddRelu",
-                format!(
-                    "ops {ops:?} with z {}",
-                    if z.is_some() { "given" } else { "absent" }
-                ),
-            ));
-        }
-        bn.check_training(&running)?;
-        let (data, param) = (bn.x.layout(), bn.param.layout());
-        self.check_tensor("x", data, x, false)?;
-        if let Some(z) = &z {
-            self.check_tensor("z", data, z, false)?;
-        }
-        self.check_tensor("y", data, y, true)?;
-        self.check_tensor("scale", param, scale, false)?;
-        self.check_tensor("bias", param, bias, false)?;
-        let (factor, mut rmean, mut rvar) = match running {
-            Some(r) => {
-                self.check_tensor("running mean", param, &r.mean, true)?;
-                self.check_tensor("running variance", param, &r.variance, true)?;
-                (r.factor, Some(r.mean), Some(r.variance))
-            }
-            None => (0.0, None, None),
-        };
-        self.check_workspace_context(workspace)?;
-        self.bind()?;
-        let (ws_bytes, reserve_bytes) = self.bn_ex_forward_sizes(bn, ops)?;
-        workspace.prepare(ws_bytes)?;
-        let stream = self.stream();
-        let (mut mean, mut inv) = bn.alloc_stats(stream)?;
-        let mut reserve = if reserve_bytes > 0 {
-            // SAFETY: the reserve space is only handed to cuDNN (which writes it in this call
-            // and reads it in the backward call); it is never read on the host.
-            Some(
-                unsafe { stream.alloc::<u8>(reserve_bytes) }
-                    .map_err(|e| Error::driver("allocating the batch-norm reserve space", e))?,
-            )
-        } else {
-            None
-        };
-        let x_addr;
-        {
-            let stream: &CudaStream = stream;
-            let (xp, _gx) = x.device_ptr(stream);
-            let (zp, _gz) = opt_ptr(z.as_ref(), stream);
-            let (yp, _gy) = y.device_ptr_mut(stream);
-            let (sp, _gs) = scale.device_ptr(stream);
-            let (bp, _gb) = bias.device_ptr(stream);
-            let (rmp, _grm) = opt_ptr_mut(rmean.as_mut(), stream);
-            let (rvp, _grv) = opt_ptr_mut(rvar.as_mut(), stream);
-            let (mp, _gm) = mean.device_ptr_mut(stream);
-            let (ip, _gi) = inv.device_ptr_mut(stream);
-            let (wp, _gw) = workspace.device_ptr_mut(self.stream())?;
-            let (rp, _gr) = opt_ptr_mut(reserve.as_mut(), stream);
-            x_addr = xp;
-            let act = bn.ex_activation(ops);
-            let z_desc = bn.ex_data_desc(ops.has_add());
-            // SAFETY: live handle and descriptors (owned by `bn`); x, z, y, scale, bias and the
-            // running statistics hold their descriptors' spans on the handle's context, outputs
-            // do not overlap themselves (checked above); z and its descriptor are given exactly
-            // for the add op; the workspace holds the bytes cuDNN asked for (prepared above) and
-            // the reserve exactly the bytes it asked for; the saved buffers hold the parameter
-            // span; alpha/beta are `T::Scalar`; the guards keep every buffer alive and ordered.
-            unsafe {
-                ffi::cudnnBatchNormalizationForwardTrainingEx(
-                    self.lib(),
-                    self.as_raw(),
-                    bn.mode.raw(),
-                    ops.raw(),
-                    scalar_ptr(&alpha),
-                    scalar_ptr(&beta),
-                    bn.x.as_raw(),
-                    xp as *const c_void,
-                    z_desc,
-                    zp,
-                    bn.x.as_raw(),
-                    yp as *mut c_void,
-                    bn.param.as_raw(),
-                    sp as *const c_void,
-                    bp as *const c_void,
-                    factor,
-                    rmp,
-                    rvp,
-                    bn.epsilon,
-                    mp as *mut c_void,
-                    ip as *mut c_void,
-                    act,
-                    wp,
-                    ws_bytes,
-                    rp,
-                    reserve_bytes,
-                )
-            }?;
-        }
-        Ok(BatchNormSaved {
-            mean,
-            inv_variance: inv,
-            reserve,
-            reserve_bytes,
-            ops: Some(ops),
-            bn: bn.id,
-            x: x_addr,
-            y: Some(DeviceBuffer::view(&*y)),
-            _x: PhantomData,
-        })
-    }
-
-    /// Backward of [`batch_norm_forward_training_ex`](Self::batch_norm_forward_training_ex),
-    /// with the ops it ran: `dx`, `dscale`, `dbias` as in
-    /// [`batch_norm_backward`](Self::batch_norm_backward), through the ReLU when fused, and for
-    /// [`BatchNormOps::BnAddRelu`] also `dz` (the gradient reaching `z`, written with the data
-    /// alpha/beta).
-    ///
-    /// The forward's output `y`, which the fused activation's gradient reads, comes from `saved`
-    /// (the forward keeps it borrowed); `dz` must be given exactly for the add op; `bias` is
-    /// read by the fused activation. `saved` is taken mutably because cuDNN declares the reserve
-    /// space writable here.
-    #[doc(alias = "cudnnBatchNormalizationBackwardEx")]
-    #[doc(alias = "cudnnGetBatchNormalizationBackwardExWorkspaceSize")]
-    #[allow(clippy::too_many_arguments)] // mirrors the C call
-    pub fn batch_norm_backward_ex<T: NormType>(
-        &self,
-        bn: &BatchNorm<T>,
-        saved: &mut BatchNormSaved<'_, T>,
-        alpha_data: T::Scalar,
-        beta_data: T::Scalar,
-        alpha_param: T::Scalar,
-        beta_param: T::Scalar,
-        x: &impl DeviceBuffer<T>,
-        dy: &impl DeviceBuffer<T>,
-        mut dz: Option<CudaViewMut<'_, T>>,
-        dx: &mut impl DeviceBufferMut<T>,
-        scale: &impl DeviceBuffer<T::Param>,
-        bias: &impl DeviceBuffer<T::Param>,
-        dscale: &mut impl DeviceBufferMut<T::Param>,
-        dbias: &mut impl DeviceBufferMut<T::Param>,
-        workspace: &mut Workspace,
-    ) -> Result<()> {
-        let Some(ops) = saved.ops else {
-            return Err(mismatch(
-                "statistics of batch_norm_forward_training_ex (they carry the reserve space)",
-                "statistics of the plain forward (use batch_norm_backward)".into(),
-            ));
-        };
-        if ops.has_add() != dz.is_some() {
-            return Err(Error::invalid(
-                "batch-norm backward dz",
-                "dz exactly for BnAddRelu",
-                format!(
-                    "ops {ops:?} with dz {}",
-                    if dz.is_some() { "given" } else { "absent" }
-                ),
-            ));
-        }
-        let (data, param) = (bn.x.layout(), bn.param.layout());
-        self.check_tensor("x", data, x, false)?;
-        let y = saved.y.as_ref().filter(|_| ops.has_activation());
-        if let Some(y) = y {
-            self.check_tensor("y", data, y, false)?;
-        }
-        self.check_tensor("dy", data, dy, false)?;
-        if let Some(dz) = &dz {
-            self.check_tensor("dz", data, dz, true)?;
-        }
-        self.check_tensor("dx", data, dx, true)?;
-        self.check_tensor("scale", param, scale, false)?;
-        self.check_tensor("bias", param, bias, false)?;
-        self.check_tensor("dscale", param, dscale, true)?;
-        self.check_tensor("dbias", param, dbias, true)?;
-        self.check_tensor("saved mean", param, &saved.mean, false)?;
-        self.check_tensor("saved inverse variance", param, &saved.inv_variance, false)?;
-        if let Some(r) = &saved.reserve {
-            self.check_buffer("reserve space", r, saved.reserve_bytes)?;
-        }
-        self.check_workspace_context(workspace)?;
-        self.bind()?;
-        let ws_bytes = self.bn_ex_backward_size(bn, ops)?;
-        workspace.prepare(ws_bytes)?;
-        let stream: &CudaStream = self.stream();
-        let (xp, _gx) = x.device_ptr(stream);
-        check_origin(bn, saved, xp)?;
-        // The saved values were allocated on the forward's stream: order this use with it.
-        let _order = crate::stream_order::cross_use(saved.mean.stream(), stream)?;
-        let (yp, _gy) = opt_ptr(saved.y.as_ref().filter(|_| ops.has_activation()), stream);
-        let (dyp, _gdy) = dy.device_ptr(stream);
-        let (dzp, _gdz) = opt_ptr_mut(dz.as_mut(), stream);
-        let (dxp, _gdx) = dx.device_ptr_mut(stream);
-        let (sp, _gs) = scale.device_ptr(stream);
-        let (bp, _gb) = bias.device_ptr(stream);
-        let (dsp, _gds) = dscale.device_ptr_mut(stream);
-        let (dbp, _gdb) = dbias.device_ptr_mut(stream);
-        let (mp, _gm) = saved.mean.device_ptr(stream);
-        let (ip, _gi) = saved.inv_variance.device_ptr(stream);
-        let (wp, _gw) = workspace.device_ptr_mut(self.stream())?;
-        let reserve_bytes = saved.reserve_bytes;
-        let (rp, _gr) = opt_ptr_mut(saved.reserve.as_mut(), stream);
-        let act = bn.ex_activation(ops);
-        let y_desc = bn.ex_data_desc(ops.has_activation());
-        let dz_desc = bn.ex_data_desc(ops.has_add());
-        // SAFETY: live handle and descriptors (owned by `bn`); every buffer holds its
-        // descriptor's span on the handle's context, outputs do not overlap themselves; y and
-        // dz (and their descriptors) are given exactly where `ops` uses them; the saved
-        // statistics and reserve space come from the Ex forward of this `bn` with these ops on
-        // this x, y is that forward's output (held borrowed by `saved`), and the reserve holds the bytes cuDNN asked for then; the workspace
-        // holds the bytes cuDNN asked for now; scalars are `T::Scalar`; the guards keep every
-        // buffer alive and ordered until the call is enqueued.
-        unsafe {
-            ffi::cudnnBatchNormalizationBackwardEx(
-                self.lib(),
-                self.as_raw(),
-                bn.mode.raw(),
-                ops.raw(),
-                scalar_ptr(&alpha_data),
-                scalar_ptr(&beta_data),
-                scalar_ptr(&alpha_param),
-                scalar_ptr(&beta_param),
-                bn.x.as_raw(),
-                xp as *const c_void,
-                y_desc,
-                yp,
-                bn.x.as_raw(),
-                dyp as *const c_void,
-                dz_desc,
-                dzp,
-                bn.x.as_raw(),
-                dxp as *mut c_void,
-                bn.param.as_raw(),
-                sp as *const c_void,
-                bp as *const c_void,
-                dsp as *mut c_void,
-                dbp as *mut c_void,
-                bn.epsilon,
-                mp as *const c_void,
-                ip as *const c_void,
-                act,
-                wp,
-                ws_bytes,
-                rp,
-                reserve_bytes,
-            )
-        }
+/// `cudnnBatchNormalizationBackward` with `alphas` = `[alpha_data, beta_data, alpha_param,
+/// beta_param]`, the data buffers described by `data`, the parameters and `stats` (saved mean,
+/// saved inverse standard deviation) by `param`.
+///
+/// # Safety
+/// The handle is bound; `data` and `param` are live descriptors for `mode`; every buffer holds
+/// its descriptor's span on the handle's context and the outputs overlap neither themselves nor
+/// an input; `stats` were written by a training forward with the same descriptors, mode and
+/// epsilon on the `x` at `bufs.x`, which the caller keeps alive and ordered on the handle's
+/// stream until this returns.
+pub(super) unsafe fn batch_norm_backward_raw<T, DY, DX, S, DS, DB>(
+    cudnn: &Cudnn,
+    mode: sys::cudnnBatchNormMode_t,
+    alphas: [T::Scalar; 4],
+    (data, param): (sys::cudnnTensorDescriptor_t, sys::cudnnTensorDescriptor_t),
+    bufs: BnBackwardBufs<'_, DY, DX, S, DS, DB>,
+    epsilon: f64,
+    (mean, inv_std): (&CudaSlice<T::Param>, &CudaSlice<T::Param>),
+) -> Result<()>
+where
+    T: NormType,
+    DY: DeviceBuffer<T>,
+    DX: DeviceBufferMut<T>,
+    S: DeviceBuffer<T::Param>,
+    DS: DeviceBufferMut<T::Param>,
+    DB: DeviceBufferMut<T::Param>,
+{
+    let stream: &CudaStream = cudnn.stream();
+    let (dyp, _gdy) = bufs.dy.device_ptr(stream);
+    let (dxp, _gdx) = bufs.dx.device_ptr_mut(stream);
+    let (sp, _gs) = bufs.scale.device_ptr(stream);
+    let (dsp, _gds) = bufs.dscale.device_ptr_mut(stream);
+    let (dbp, _gdb) = bufs.dbias.device_ptr_mut(stream);
+    let (mp, _gm) = mean.device_ptr(stream);
+    let (ip, _gi) = inv_std.device_ptr(stream);
+    let [alpha_data, beta_data, alpha_param, beta_param] = alphas;
+    // SAFETY: the caller's contract; the guards keep every other buffer alive and ordered until
+    // the call is enqueued; the scalars live on this frame.
+    unsafe {
+        ffi::cudnnBatchNormalizationBackward(
+            cudnn.lib(),
+            cudnn.as_raw(),
+            mode,
+            scalar_ptr(&alpha_data),
+            scalar_ptr(&beta_data),
+            scalar_ptr(&alpha_param),
+            scalar_ptr(&beta_param),
+            data,
+            bufs.x as *const c_void,
+            data,
+            dyp as *const c_void,
+            data,
+            dxp as *mut c_void,
+            param,
+            sp as *const c_void,
+            dsp as *mut c_void,
+            dbp as *mut c_void,
+            epsilon,
+            mp as *const c_void,
+            ip as *const c_void,
+        )
     }
 }

@@ -27,6 +27,16 @@
 //!   [`Cudnn::rms_norm_forward_training`](crate::Cudnn::rms_norm_forward_training) returning an
 //!   owned [`RmsNormSaved`] (the per-row inverse RMS), and
 //!   [`Cudnn::rms_norm_backward`](crate::Cudnn::rms_norm_backward).
+//! * Every object is built for the [`Layout`] of its input `x`, as the rest of
+//!   the crate describes tensors: `BatchNorm::builder().build(&layout)`,
+//!   `LayerNorm::new(&layout, normalized_dims, ε)`, `GroupNorm::new(&layout, groups, ε)`,
+//!   `GroupNorm::instance(&layout, ε)`, `RmsNorm::new(&layout, normalized_dims, ε)`. Layer,
+//!   group and RMS norm address packed row-major tensors ([`Layout::nchw_nd`](crate::Layout::nchw_nd))
+//!   and refuse any other layout with [`Error::InvalidArgument`]
+//!   naming `x`.
+//! * The graph API's normalization operations ([`Graph::layer_norm`](crate::graph::Graph::layer_norm),
+//!   `rms_norm`, `instance_norm`, `batch_norm`, `group_norm` and their backward) are in
+//!   this folder too (`graph/`), compiled as part of [`crate::graph`].
 //!
 //! Parameters (scale, bias, running and saved statistics) of batch normalization are of type
 //! [`NormType::Param`]: `f32` for f16, bf16 and f32 data, `f64` for f64 data — cuDNN's rule
@@ -164,18 +174,29 @@ use half::{bf16, f16};
 
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
+use crate::handle::Cudnn;
+use crate::tensor::Layout;
 
-mod affine;
 mod batch;
+mod batch_ex;
+mod ffi;
+mod group;
+mod layer;
+mod layer_graph;
 mod method;
+mod regrouped;
 mod rms;
+mod saved;
 
-pub use affine::{GroupNorm, LayerNorm, LayerNormGraphSaved, NormSaved};
 pub use batch::{
     BatchNorm, BatchNormBuilder, BatchNormMode, BatchNormOps, BatchNormSaved, RunningStats,
 };
+pub use group::GroupNorm;
+pub use layer::LayerNorm;
+pub use layer_graph::LayerNormGraphSaved;
 pub use method::{FeatureLayout, NormAffine, NormMethod, NormParamGrads, NormStats};
 pub use rms::{RmsNorm, RmsNormSaved};
+pub use saved::NormSaved;
 
 mod sealed {
     pub trait Sealed {}
@@ -224,178 +245,47 @@ fn check_epsilon(epsilon: f64) -> Result<()> {
     }
 }
 
+/// The dimensions of `x` when it is packed row-major (channels-first, as
+/// [`Layout::nchw_nd`] builds it), the only layout the layer, group and RMS norms address;
+/// [`Error::InvalidArgument`] naming `what` (the argument) for any other layout. Strides of
+/// extent-1 dimensions address nothing and are not compared.
+fn packed_dims<'a>(what: &'static str, x: &'a Layout) -> Result<&'a [i64]> {
+    let (dims, strides) = (x.dims(), x.strides());
+    // The layout's constructor bounded the element count, so the products cannot overflow.
+    let mut expected = 1i64;
+    for (&d, &s) in dims.iter().zip(strides).rev() {
+        if d != 1 && s != expected {
+            return Err(Error::invalid(
+                what,
+                "a packed row-major layout (Layout::nchw_nd); convert others with \
+                 Cudnn::transform_tensor first",
+                x,
+            ));
+        }
+        expected *= d;
+    }
+    Ok(dims)
+}
+
 /// A host pointer to an alpha/beta scalar, as cuDNN takes it.
 fn scalar_ptr<S>(s: &S) -> *const c_void {
     (s as *const S).cast::<c_void>()
 }
 
-/// The C calls of this family (libcudnn_ops), declared here rather than in `raw`.
-mod ffi {
-    #![allow(non_snake_case)]
-    use std::ffi::{c_int, c_void};
-
-    use cudnn_safe_sys as sys;
-
-    crate::raw::raw_fns! {
-        fn cudnnDeriveBNTensorDescriptor(
-            derived: sys::cudnnTensorDescriptor_t,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            mode: sys::cudnnBatchNormMode_t,
-        );
-        fn cudnnGetTensorNdDescriptor(
-            desc: sys::cudnnTensorDescriptor_t,
-            requested: c_int,
-            data_type: *mut sys::cudnnDataType_t,
-            nb_dims: *mut c_int,
-            dims: *mut c_int,
-            strides: *mut c_int,
-        );
-        fn cudnnBatchNormalizationForwardInference(
-            handle: sys::cudnnHandle_t,
-            mode: sys::cudnnBatchNormMode_t,
-            alpha: *const c_void,
-            beta: *const c_void,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            x: *const c_void,
-            y_desc: sys::cudnnTensorDescriptor_t,
-            y: *mut c_void,
-            param_desc: sys::cudnnTensorDescriptor_t,
-            scale: *const c_void,
-            bias: *const c_void,
-            mean: *const c_void,
-            variance: *const c_void,
-            epsilon: f64,
-        );
-        fn cudnnBatchNormalizationForwardTraining(
-            handle: sys::cudnnHandle_t,
-            mode: sys::cudnnBatchNormMode_t,
-            alpha: *const c_void,
-            beta: *const c_void,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            x: *const c_void,
-            y_desc: sys::cudnnTensorDescriptor_t,
-            y: *mut c_void,
-            param_desc: sys::cudnnTensorDescriptor_t,
-            scale: *const c_void,
-            bias: *const c_void,
-            factor: f64,
-            running_mean: *mut c_void,
-            running_variance: *mut c_void,
-            epsilon: f64,
-            saved_mean: *mut c_void,
-            saved_inv_variance: *mut c_void,
-        );
-        fn cudnnBatchNormalizationForwardTrainingEx(
-            handle: sys::cudnnHandle_t,
-            mode: sys::cudnnBatchNormMode_t,
-            ops: sys::cudnnBatchNormOps_t,
-            alpha: *const c_void,
-            beta: *const c_void,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            x: *const c_void,
-            z_desc: sys::cudnnTensorDescriptor_t,
-            z: *const c_void,
-            y_desc: sys::cudnnTensorDescriptor_t,
-            y: *mut c_void,
-            param_desc: sys::cudnnTensorDescriptor_t,
-            scale: *const c_void,
-            bias: *const c_void,
-            factor: f64,
-            running_mean: *mut c_void,
-            running_variance: *mut c_void,
-            epsilon: f64,
-            saved_mean: *mut c_void,
-            saved_inv_variance: *mut c_void,
-            activation: sys::cudnnActivationDescriptor_t,
-            workspace: *mut c_void,
-            workspace_bytes: usize,
-            reserve: *mut c_void,
-            reserve_bytes: usize,
-        );
-        fn cudnnBatchNormalizationBackward(
-            handle: sys::cudnnHandle_t,
-            mode: sys::cudnnBatchNormMode_t,
-            alpha_data: *const c_void,
-            beta_data: *const c_void,
-            alpha_param: *const c_void,
-            beta_param: *const c_void,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            x: *const c_void,
-            dy_desc: sys::cudnnTensorDescriptor_t,
-            dy: *const c_void,
-            dx_desc: sys::cudnnTensorDescriptor_t,
-            dx: *mut c_void,
-            param_desc: sys::cudnnTensorDescriptor_t,
-            scale: *const c_void,
-            dscale: *mut c_void,
-            dbias: *mut c_void,
-            epsilon: f64,
-            saved_mean: *const c_void,
-            saved_inv_variance: *const c_void,
-        );
-        fn cudnnBatchNormalizationBackwardEx(
-            handle: sys::cudnnHandle_t,
-            mode: sys::cudnnBatchNormMode_t,
-            ops: sys::cudnnBatchNormOps_t,
-            alpha_data: *const c_void,
-            beta_data: *const c_void,
-            alpha_param: *const c_void,
-            beta_param: *const c_void,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            x: *const c_void,
-            y_desc: sys::cudnnTensorDescriptor_t,
-            y: *const c_void,
-            dy_desc: sys::cudnnTensorDescriptor_t,
-            dy: *const c_void,
-            dz_desc: sys::cudnnTensorDescriptor_t,
-            dz: *mut c_void,
-            dx_desc: sys::cudnnTensorDescriptor_t,
-            dx: *mut c_void,
-            param_desc: sys::cudnnTensorDescriptor_t,
-            scale: *const c_void,
-            bias: *const c_void,
-            dscale: *mut c_void,
-            dbias: *mut c_void,
-            epsilon: f64,
-            saved_mean: *const c_void,
-            saved_inv_variance: *const c_void,
-            activation: sys::cudnnActivationDescriptor_t,
-            workspace: *mut c_void,
-            workspace_bytes: usize,
-            reserve: *mut c_void,
-            reserve_bytes: usize,
-        );
-        fn cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
-            handle: sys::cudnnHandle_t,
-            mode: sys::cudnnBatchNormMode_t,
-            ops: sys::cudnnBatchNormOps_t,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            z_desc: sys::cudnnTensorDescriptor_t,
-            y_desc: sys::cudnnTensorDescriptor_t,
-            param_desc: sys::cudnnTensorDescriptor_t,
-            activation: sys::cudnnActivationDescriptor_t,
-            bytes: *mut usize,
-        );
-        fn cudnnGetBatchNormalizationBackwardExWorkspaceSize(
-            handle: sys::cudnnHandle_t,
-            mode: sys::cudnnBatchNormMode_t,
-            ops: sys::cudnnBatchNormOps_t,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            y_desc: sys::cudnnTensorDescriptor_t,
-            dy_desc: sys::cudnnTensorDescriptor_t,
-            dz_desc: sys::cudnnTensorDescriptor_t,
-            dx_desc: sys::cudnnTensorDescriptor_t,
-            param_desc: sys::cudnnTensorDescriptor_t,
-            activation: sys::cudnnActivationDescriptor_t,
-            bytes: *mut usize,
-        );
-        fn cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
-            handle: sys::cudnnHandle_t,
-            mode: sys::cudnnBatchNormMode_t,
-            ops: sys::cudnnBatchNormOps_t,
-            activation: sys::cudnnActivationDescriptor_t,
-            x_desc: sys::cudnnTensorDescriptor_t,
-            bytes: *mut usize,
-        );
-    }
+/// The first plan cuDNN's heuristics build for `g` (a normalization graph: its engines are
+/// few and the heuristics' first is the fused one), or [`Error::NoAlgorithm`] naming `op`.
+fn first_graph_plan(
+    cudnn: &Cudnn,
+    g: &crate::graph::Graph,
+    op: &'static str,
+) -> Result<crate::graph::Plan> {
+    let og = g.build(cudnn)?;
+    og.plans(cudnn, &crate::graph::PlanFilter::new().max_plans(Some(1)))?
+        .plans
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::NoAlgorithm {
+            op,
+            detail: "cuDNN built no plan for the normalization graph".into(),
+        })
 }

@@ -5,8 +5,9 @@ use std::marker::PhantomData;
 
 use cudarc::driver::CudaSlice;
 
-use super::affine::{check_saved_origin, first_graph_plan};
-use super::NormType;
+use super::first_graph_plan;
+use super::saved::check_saved_origin;
+use super::{packed_dims, NormType};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::error::{Error, Result};
 use crate::graph::{Args, Graph, Plan, TensorId};
@@ -33,12 +34,12 @@ use crate::DType;
 /// ```no_run
 /// use cudnn_safe::half::bf16;
 /// use cudnn_safe::norm::RmsNorm;
-/// use cudnn_safe::{cuda_context, Cudnn, Workspace};
+/// use cudnn_safe::{cuda_context, Cudnn, Layout, Workspace};
 /// # fn main() -> cudnn_safe::Result<()> {
 /// let ctx = cuda_context(0)?;
 /// let stream = ctx.default_stream();
 /// let cudnn = Cudnn::new(stream.clone())?;
-/// let rn = RmsNorm::<bf16>::new(&[8, 512, 4096], 1, 1e-6)?;
+/// let rn = RmsNorm::<bf16>::new(&Layout::nchw_nd(&[8, 512, 4096])?, 1, 1e-6)?;
 /// rn.build_training_plans(&cudnn)?; // seconds, once per process
 /// let x = stream.clone_htod(&vec![bf16::from_f32(0.5); rn.len()]).unwrap();
 /// let gamma = stream.clone_htod(&vec![bf16::ONE; 4096]).unwrap();
@@ -54,7 +55,7 @@ use crate::DType;
 #[doc(alias = "CUDNN_RMS_NORM")]
 #[doc(alias = "RMSNorm")]
 pub struct RmsNorm<T: NormType> {
-    dims: Vec<i64>,
+    layout: Layout,
     normalized: usize,
     rows: usize,
     features: usize,
@@ -116,7 +117,7 @@ impl<T: NormType> fmt::Debug for RmsNorm<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RmsNorm")
             .field("dtype", &T::DTYPE)
-            .field("dims", &self.dims)
+            .field("dims", &self.layout.dims())
             .field("normalized_dims", &self.normalized)
             .field("epsilon", &self.epsilon)
             .finish()
@@ -124,13 +125,14 @@ impl<T: NormType> fmt::Debug for RmsNorm<T> {
 }
 
 impl<T: NormType> RmsNorm<T> {
-    /// RMS normalization of a packed tensor with dimensions `dims`, over its last
-    /// `normalized_dims` dimensions (1 to `dims.len()`), with epsilon `epsilon` (finite, ≥ 0;
-    /// PyTorch's and most models' 1e-6 is accepted: cuDNN's batch-norm minimum does not apply).
-    /// Host only: [`Error::InvalidArgument`] for a bad rank, dimension or epsilon,
-    /// [`Error::Overflow`] for an element count past `i64`.
-    pub fn new(dims: &[i64], normalized_dims: usize, epsilon: f64) -> Result<Self> {
-        Layout::nchw_nd(dims)?;
+    /// RMS normalization of a tensor laid out as `x` (packed row-major, as
+    /// [`Layout::nchw_nd`] builds it), over its last `normalized_dims` dimensions (1 to
+    /// `x.rank()`), with epsilon `epsilon` (finite, ≥ 0; PyTorch's and most models' 1e-6 is
+    /// accepted: cuDNN's batch-norm minimum does not apply). Host only:
+    /// [`Error::InvalidArgument`] for another layout (naming `x`), a bad `normalized_dims` or
+    /// epsilon.
+    pub fn new(x: &Layout, normalized_dims: usize, epsilon: f64) -> Result<Self> {
+        let dims = packed_dims("RMS-norm x layout", x)?;
         if normalized_dims == 0 || normalized_dims > dims.len() {
             return Err(Error::invalid(
                 "RMS-norm normalized dimensions",
@@ -150,7 +152,7 @@ impl<T: NormType> RmsNorm<T> {
         let rows: i64 = dims[..split].iter().product();
         let features: i64 = dims[split..].iter().product();
         Ok(RmsNorm {
-            dims: dims.to_vec(),
+            layout: x.clone(),
             normalized: normalized_dims,
             rows: rows as usize,
             features: features as usize,
@@ -161,9 +163,17 @@ impl<T: NormType> RmsNorm<T> {
             _t: PhantomData,
         })
     }
+    /// The layout of `x`, `y`, `dy` and `dx`.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
     /// The tensor dimensions.
     pub fn dims(&self) -> &[i64] {
-        &self.dims
+        self.layout.dims()
+    }
+    /// How many trailing dimensions are normalized.
+    pub fn normalized_dims(&self) -> usize {
+        self.normalized
     }
     /// Elements of `x`, `y`, `dy`, `dx`.
     pub fn len(&self) -> usize {

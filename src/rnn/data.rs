@@ -1,12 +1,12 @@
 //! Sequence data: the RNN data descriptor, its lengths, and their device copy.
-use std::cell::{Ref, RefCell};
-use std::ffi::{c_int, c_void};
+use std::cell::{RefCell, RefMut};
+use std::ffi::c_void;
 use std::fmt;
 
 use cudarc::driver::CudaSlice;
 use cudnn_safe_sys as sys;
 
-use super::ffi;
+use super::{ffi, int_arg};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
@@ -94,33 +94,30 @@ impl<T: DataType> fmt::Debug for SeqDataDesc<T> {
     }
 }
 
-fn int_arg(what: &'static str, v: usize) -> Result<c_int> {
-    if v == 0 {
-        return Err(Error::invalid(what, "at least 1", v));
-    }
-    c_int::try_from(v).map_err(|_| Error::Overflow {
-        what,
-        detail: format!("{v} does not fit cuDNN's 32-bit int"),
-    })
-}
-
 impl<T: DataType> SeqDataDesc<T> {
     /// A batch of `lengths.len()` sequences of `vector_size` values per step, at most `max_len`
     /// steps, in `layout`; `fill` is written into the padding of outputs.
+    ///
+    /// Sizes are dimensions, `i64` as in [`TensorDesc`](crate::TensorDesc); cuDNN takes them as
+    /// 32-bit `int`s, so a size below 1 is an [`Error::InvalidArgument`] and one above
+    /// `i32::MAX` an [`Error::Overflow`], each naming the argument.
     #[doc(alias = "cudnnCreateRNNDataDescriptor")]
     #[doc(alias = "cudnnSetRNNDataDescriptor")]
     pub fn new(
         layout: SeqLayout,
-        max_len: usize,
-        vector_size: usize,
-        lengths: &[usize],
+        max_len: i64,
+        vector_size: i64,
+        lengths: &[i64],
         fill: T,
     ) -> Result<Self> {
         let c_max = int_arg("RNN maximum sequence length", max_len)?;
-        let c_batch = int_arg("RNN batch size", lengths.len())?;
+        let c_batch = int_arg(
+            "RNN batch size",
+            lengths.len().try_into().unwrap_or(i64::MAX),
+        )?;
         let c_vector = int_arg("RNN vector size", vector_size)?;
         for (b, &len) in lengths.iter().enumerate() {
-            if len == 0 || len > max_len {
+            if len < 1 || len > max_len {
                 return Err(Error::invalid(
                     "sequence length",
                     format!("1..={max_len} (the maximum length)"),
@@ -128,6 +125,10 @@ impl<T: DataType> SeqDataDesc<T> {
                 ));
             }
         }
+        // Each in `1..=i32::MAX` from here on (checked above).
+        let c_lengths: Vec<i32> = lengths.iter().map(|&l| l as i32).collect();
+        let lengths: Vec<usize> = lengths.iter().map(|&l| l as usize).collect();
+        let (max_len, vector_size) = (c_max as usize, c_vector as usize);
         // Everything below is sized by `lengths` (the caller's own slice), never by `max_len`:
         // the sizes are checked against cuDNN's `int` before anything is allocated.
         let steps_stored: usize = if layout == SeqLayout::Packed {
@@ -186,7 +187,6 @@ impl<T: DataType> SeqDataDesc<T> {
         } else {
             Vec::new()
         };
-        let c_lengths: Vec<i32> = lengths.iter().map(|&l| l as i32).collect();
         let lib = raw::lib()?;
         let desc = ffi::OwnedRnnData::new(lib)?;
         let mut fill_value = fill;
@@ -221,18 +221,15 @@ impl<T: DataType> SeqDataDesc<T> {
     }
 
     /// `batch` sequences of `seq_len` steps each (no padding), padding value zero.
-    pub fn uniform(
-        layout: SeqLayout,
-        seq_len: usize,
-        batch: usize,
-        vector_size: usize,
-    ) -> Result<Self> {
+    pub fn uniform(layout: SeqLayout, seq_len: i64, batch: i64, vector_size: i64) -> Result<Self> {
         // Checked before the lengths are allocated from `batch`: at most one length per vector
         // of a layout cuDNN can address.
-        int_arg("RNN batch size", batch)?;
-        seq_len
-            .checked_mul(batch)
-            .and_then(|s| s.checked_mul(vector_size))
+        let n = int_arg("RNN batch size", batch)? as usize;
+        let c_len = int_arg("RNN maximum sequence length", seq_len)?;
+        let c_vector = int_arg("RNN vector size", vector_size)?;
+        (c_len as usize)
+            .checked_mul(n)
+            .and_then(|s| s.checked_mul(c_vector as usize))
             .filter(|&s| s <= i32::MAX as usize)
             .ok_or_else(|| Error::Overflow {
                 what: "RNN data size",
@@ -245,7 +242,7 @@ impl<T: DataType> SeqDataDesc<T> {
             layout,
             seq_len,
             vector_size,
-            &vec![seq_len; batch],
+            &vec![seq_len; n],
             T::default(),
         )
     }
@@ -255,23 +252,26 @@ impl<T: DataType> SeqDataDesc<T> {
         self.layout
     }
     /// Maximum sequence length (steps of storage per sequence in padded layouts).
-    pub fn max_len(&self) -> usize {
-        self.max_len
+    pub fn max_len(&self) -> i64 {
+        self.max_len as i64
     }
     /// Number of sequences.
-    pub fn batch(&self) -> usize {
-        self.lengths.len()
+    pub fn batch(&self) -> i64 {
+        self.lengths.len() as i64
     }
     /// Values per step.
-    pub fn vector_size(&self) -> usize {
-        self.vector
+    pub fn vector_size(&self) -> i64 {
+        self.vector as i64
     }
     /// Length of each sequence.
-    pub fn lengths(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
-        self.lengths.iter().map(|&l| l as usize)
+    pub fn lengths(&self) -> impl ExactSizeIterator<Item = i64> + '_ {
+        self.lengths.iter().map(|&l| i64::from(l))
     }
-    /// Length of sequence `b`; `None` for `b ≥ batch`.
-    pub fn length(&self, b: usize) -> Option<usize> {
+    /// Length of sequence `b`; `None` outside `0..batch`.
+    pub fn length(&self, b: i64) -> Option<i64> {
+        self.len_of(usize::try_from(b).ok()?).map(|l| l as i64)
+    }
+    fn len_of(&self, b: usize) -> Option<usize> {
         self.lengths.get(b).map(|&l| l as usize)
     }
     /// The value cuDNN writes into the padding of outputs.
@@ -286,8 +286,9 @@ impl<T: DataType> SeqDataDesc<T> {
     /// Where value `v` of step `t` of sequence `b` is stored, in elements; `None` outside the
     /// shape or, in the packed layout, for a step past the sequence's length (not stored).
     /// Padded layouts return the padding position for such steps.
-    pub fn offset(&self, t: usize, b: usize, v: usize) -> Option<usize> {
-        let batch = self.batch();
+    pub fn offset(&self, t: i64, b: i64, v: i64) -> Option<usize> {
+        let (t, b, v) = (index(t)?, index(b)?, index(v)?);
+        let batch = self.lengths.len();
         if t >= self.max_len || b >= batch || v >= self.vector {
             return None;
         }
@@ -295,7 +296,7 @@ impl<T: DataType> SeqDataDesc<T> {
             SeqLayout::SeqMajor => t * batch + b,
             SeqLayout::BatchMajor => b * self.max_len + t,
             SeqLayout::Packed => {
-                if t >= self.length(b)? {
+                if t >= self.len_of(b)? {
                     return None;
                 }
                 // Sorted lengths: the sequences still running at step t are 0..k, b among them.
@@ -306,8 +307,8 @@ impl<T: DataType> SeqDataDesc<T> {
         Some(slot * self.vector + v)
     }
     /// Whether step `t` of sequence `b` lies past its length (padding, or not stored); `None`
-    /// for `b ≥ batch`.
-    pub fn is_padding(&self, t: usize, b: usize) -> Option<bool> {
+    /// for `b` outside `0..batch`.
+    pub fn is_padding(&self, t: i64, b: i64) -> Option<bool> {
         Some(t >= self.length(b)?)
     }
 
@@ -324,22 +325,22 @@ impl<T: DataType> SeqDataDesc<T> {
     }
 
     /// The lengths in device memory on `cudnn`'s context, uploaded on its stream when missing.
-    pub(crate) fn device_lengths(&self, cudnn: &Cudnn) -> Result<Ref<'_, CudaSlice<i32>>> {
-        let current = matches!(
-            &*self.dev_lengths.borrow(),
+    pub(crate) fn device_lengths(&self, cudnn: &Cudnn) -> Result<RefMut<'_, CudaSlice<i32>>> {
+        let mut slot = self.dev_lengths.borrow_mut();
+        let lengths = match slot.take() {
             // Per stream (not just per context): the lengths are then only ever used on the
             // stream that uploaded them, and freed there after those uses.
-            Some(d) if d.stream().cu_stream() == cudnn.stream().cu_stream()
-        );
-        if !current {
-            let d = cudnn
+            Some(d) if d.stream().cu_stream() == cudnn.stream().cu_stream() => d,
+            _ => cudnn
                 .stream()
                 .clone_htod(&self.lengths)
-                .map_err(|e| Error::driver("uploading the sequence lengths", e))?;
-            *self.dev_lengths.borrow_mut() = Some(d);
-        }
-        Ok(Ref::map(self.dev_lengths.borrow(), |d| {
-            d.as_ref().expect("device lengths were just uploaded")
-        }))
+                .map_err(|e| Error::driver("uploading the sequence lengths", e))?,
+        };
+        Ok(RefMut::map(slot, |s| s.insert(lengths)))
     }
+}
+
+/// A position along a dimension as an index; `None` for a negative one.
+fn index(i: i64) -> Option<usize> {
+    usize::try_from(i).ok()
 }

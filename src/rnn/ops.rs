@@ -6,311 +6,25 @@
 //! the network's weight-space length); cell states only for LSTMs; the workspace grows (within
 //! its limit) to what cuDNN asks for; and a reserve comes from a training forward of the same
 //! network and descriptors, with backward data run before backward weights.
+use std::cell::RefMut;
 use std::ffi::c_void;
-use std::marker::PhantomData;
 
-use cudarc::driver::{
-    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice,
-};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
 use cudnn_safe_sys as sys;
 
-use super::{ffi, CellMode, DropoutSlot, Rnn, SeqDataDesc};
-use crate::buffer::{DeviceBuffer, DeviceBufferMut};
+use super::reserve::ReserveState;
+use super::{
+    ffi, BackwardData, BackwardWeights, CellMode, DropoutSlot, Forward, ForwardMode, Rnn,
+    RnnReserve, SeqDataDesc, StateDescs, TempSpace, WeightGradMode,
+};
 use crate::checks::{opt_ptr, opt_ptr_mut};
+use crate::dropout::Dropout;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
-use crate::stream_order::cross_use;
+use crate::stream_order::cross_use_opt;
 use crate::workspace::{Workspace, MAX_WORKSPACE_BYTES};
 
-/// Inference or training (`cudnnForwardMode_t`): training keeps what the backward calls need in
-/// a reserve space and applies dropout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ForwardMode {
-    /// No reserve space, no dropout.
-    Inference,
-    /// Fills a reserve space for the backward calls; applies dropout between layers.
-    Training,
-}
-
-impl ForwardMode {
-    fn raw(self) -> sys::cudnnForwardMode_t {
-        match self {
-            ForwardMode::Inference => sys::cudnnForwardMode_t::CUDNN_FWD_MODE_INFERENCE,
-            ForwardMode::Training => sys::cudnnForwardMode_t::CUDNN_FWD_MODE_TRAINING,
-        }
-    }
-}
-
-/// Scratch memory sizes of one RNN problem (`cudnnGetRNNTempSpaceSizes`), in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TempSpace {
-    /// Workspace for the call (the same for forward training and both backward calls).
-    pub workspace: usize,
-    /// Reserve space a training forward fills for the backward calls (0 for inference).
-    pub reserve: usize,
-}
-
-/// Whether backward weights overwrites the weight gradient or adds to it
-/// (`cudnnWgradMode_t`).
-///
-/// cuDNN's `cudnnRNNBackwardWeights_v8` documents only `CUDNN_WGRAD_MODE_ADD` as supported, so
-/// both modes run in add mode; [`WeightGradMode::Overwrite`] first zeroes the gradient buffer on
-/// the handle's stream (what PyTorch does: a zero-filled buffer, then add).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum WeightGradMode {
-    /// `dw = gradient`. The default.
-    #[default]
-    Overwrite,
-    /// `dw += gradient` (for accumulating over several batches).
-    Accumulate,
-}
-
-/// The buffers of a forward call: input `x`, output `y`, the weight space, and the optional
-/// initial states (`hx`, LSTM `cx`; zero when absent) and final states (`hy`, LSTM `cy`; not
-/// computed when absent).
-///
-/// `hx`/`hy` hold [`Rnn::hidden_state_len`] elements, `cx`/`cy` [`Rnn::cell_state_len`].
-#[must_use]
-pub struct Forward<'a, T: DataType> {
-    x_desc: &'a SeqDataDesc<T>,
-    x: CudaView<'a, T>,
-    y_desc: &'a SeqDataDesc<T>,
-    y: CudaViewMut<'a, T>,
-    weights: CudaView<'a, T>,
-    hx: Option<CudaView<'a, T>>,
-    cx: Option<CudaView<'a, T>>,
-    hy: Option<CudaViewMut<'a, T>>,
-    cy: Option<CudaViewMut<'a, T>>,
-}
-
-impl<'a, T: DataType> Forward<'a, T> {
-    /// `x` (described by `x_desc`, `input_size` values per step) → `y` (described by `y_desc`,
-    /// `output_size` values per step) with the given weight space; no initial or final states.
-    pub fn new(
-        x_desc: &'a SeqDataDesc<T>,
-        x: &'a impl DeviceBuffer<T>,
-        y_desc: &'a SeqDataDesc<T>,
-        y: &'a mut impl DeviceBufferMut<T>,
-        weights: &'a impl DeviceBuffer<T>,
-    ) -> Self {
-        Forward {
-            x_desc,
-            x: x.view(),
-            y_desc,
-            y: y.view_mut(),
-            weights: weights.view(),
-            hx: None,
-            cx: None,
-            hy: None,
-            cy: None,
-        }
-    }
-    /// Initial hidden state (zero without it).
-    pub fn hx(mut self, hx: &'a impl DeviceBuffer<T>) -> Self {
-        self.hx = Some(hx.view());
-        self
-    }
-    /// Initial LSTM cell state (zero without it).
-    pub fn cx(mut self, cx: &'a impl DeviceBuffer<T>) -> Self {
-        self.cx = Some(cx.view());
-        self
-    }
-    /// Where to write the final hidden state (each sequence's state after its last step; for
-    /// the reverse direction, after step 0).
-    pub fn hy(mut self, hy: &'a mut impl DeviceBufferMut<T>) -> Self {
-        self.hy = Some(hy.view_mut());
-        self
-    }
-    /// Where to write the final LSTM cell state.
-    pub fn cy(mut self, cy: &'a mut impl DeviceBufferMut<T>) -> Self {
-        self.cy = Some(cy.view_mut());
-        self
-    }
-}
-
-/// The buffers of a backward-data call: the forward's output `y` and the gradient `dy` with
-/// respect to it, the gradient `dx` to compute, the weight space, and the optional states:
-/// the forward's initial states (`hx`, `cx` — pass them exactly when the forward had them),
-/// gradients with respect to the final states (`dhy`, `dcy`; zero when absent), and where to
-/// write the gradients with respect to the initial states (`dhx`, `dcx`; not computed when
-/// absent).
-#[must_use]
-pub struct BackwardData<'a, T: DataType> {
-    y_desc: &'a SeqDataDesc<T>,
-    y: CudaView<'a, T>,
-    dy: CudaView<'a, T>,
-    x_desc: &'a SeqDataDesc<T>,
-    dx: CudaViewMut<'a, T>,
-    weights: CudaView<'a, T>,
-    hx: Option<CudaView<'a, T>>,
-    cx: Option<CudaView<'a, T>>,
-    dhy: Option<CudaView<'a, T>>,
-    dcy: Option<CudaView<'a, T>>,
-    dhx: Option<CudaViewMut<'a, T>>,
-    dcx: Option<CudaViewMut<'a, T>>,
-}
-
-impl<'a, T: DataType> BackwardData<'a, T> {
-    /// `dy` (laid out as `y`, by `y_desc`) → `dx` (laid out by `x_desc`), given the forward's
-    /// output `y` and the weight space.
-    pub fn new(
-        y_desc: &'a SeqDataDesc<T>,
-        y: &'a impl DeviceBuffer<T>,
-        dy: &'a impl DeviceBuffer<T>,
-        x_desc: &'a SeqDataDesc<T>,
-        dx: &'a mut impl DeviceBufferMut<T>,
-        weights: &'a impl DeviceBuffer<T>,
-    ) -> Self {
-        BackwardData {
-            y_desc,
-            y: y.view(),
-            dy: dy.view(),
-            x_desc,
-            dx: dx.view_mut(),
-            weights: weights.view(),
-            hx: None,
-            cx: None,
-            dhy: None,
-            dcy: None,
-            dhx: None,
-            dcx: None,
-        }
-    }
-    /// The initial hidden state the forward used.
-    pub fn hx(mut self, hx: &'a impl DeviceBuffer<T>) -> Self {
-        self.hx = Some(hx.view());
-        self
-    }
-    /// The initial LSTM cell state the forward used.
-    pub fn cx(mut self, cx: &'a impl DeviceBuffer<T>) -> Self {
-        self.cx = Some(cx.view());
-        self
-    }
-    /// Gradient with respect to the final hidden state.
-    pub fn dhy(mut self, dhy: &'a impl DeviceBuffer<T>) -> Self {
-        self.dhy = Some(dhy.view());
-        self
-    }
-    /// Gradient with respect to the final LSTM cell state.
-    pub fn dcy(mut self, dcy: &'a impl DeviceBuffer<T>) -> Self {
-        self.dcy = Some(dcy.view());
-        self
-    }
-    /// Where to write the gradient with respect to the initial hidden state.
-    pub fn dhx(mut self, dhx: &'a mut impl DeviceBufferMut<T>) -> Self {
-        self.dhx = Some(dhx.view_mut());
-        self
-    }
-    /// Where to write the gradient with respect to the initial LSTM cell state.
-    pub fn dcx(mut self, dcx: &'a mut impl DeviceBufferMut<T>) -> Self {
-        self.dcx = Some(dcx.view_mut());
-        self
-    }
-}
-
-/// The buffers of a backward-weights call: the forward's input `x`, initial hidden state `hx`
-/// (pass it exactly when the forward had it) and output `y`, and the weight-space gradient
-/// `dweights` to overwrite (default) or add to.
-#[must_use]
-pub struct BackwardWeights<'a, T: DataType> {
-    x_desc: &'a SeqDataDesc<T>,
-    x: CudaView<'a, T>,
-    y_desc: &'a SeqDataDesc<T>,
-    y: CudaView<'a, T>,
-    dweights: CudaViewMut<'a, T>,
-    hx: Option<CudaView<'a, T>>,
-    mode: WeightGradMode,
-}
-
-impl<'a, T: DataType> BackwardWeights<'a, T> {
-    /// Weight gradient from the forward's `x` and `y` into `dweights` (overwritten).
-    pub fn new(
-        x_desc: &'a SeqDataDesc<T>,
-        x: &'a impl DeviceBuffer<T>,
-        y_desc: &'a SeqDataDesc<T>,
-        y: &'a impl DeviceBuffer<T>,
-        dweights: &'a mut impl DeviceBufferMut<T>,
-    ) -> Self {
-        BackwardWeights {
-            x_desc,
-            x: x.view(),
-            y_desc,
-            y: y.view(),
-            dweights: dweights.view_mut(),
-            hx: None,
-            mode: WeightGradMode::Overwrite,
-        }
-    }
-    /// The initial hidden state the forward used.
-    pub fn hx(mut self, hx: &'a impl DeviceBuffer<T>) -> Self {
-        self.hx = Some(hx.view());
-        self
-    }
-    /// Overwrite (default) or accumulate.
-    pub fn mode(mut self, mode: WeightGradMode) -> Self {
-        self.mode = mode;
-        self
-    }
-    /// Shorthand for `mode(WeightGradMode::Accumulate)`.
-    pub fn accumulate(self) -> Self {
-        self.mode(WeightGradMode::Accumulate)
-    }
-}
-
-/// Where a reserve stands in the training step it belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ReserveState {
-    /// Filled by a training forward.
-    Forward,
-    /// Backward data ran on it (backward weights may follow, any number of times).
-    DataDone,
-    /// A backward-data call on it failed: its contents are unknown.
-    Failed,
-}
-
-/// The reserve space a training forward fills and the backward calls read (cuDNN's
-/// `reserveSpace`), owned so that it can only reach the backward calls of the same network and
-/// sequence descriptors, unchanged, in the order cuDNN requires (backward data, then backward
-/// weights).
-///
-/// It also records whether the forward had initial states, which the backward calls must pass
-/// again. `Send`.
-pub struct RnnReserve<T: DataType> {
-    buf: Option<CudaSlice<u8>>,
-    bytes: usize,
-    rnn: u64,
-    x_desc: u64,
-    y_desc: u64,
-    had_hx: bool,
-    had_cx: bool,
-    state: ReserveState,
-    _t: PhantomData<fn() -> T>,
-}
-
-impl<T: DataType> std::fmt::Debug for RnnReserve<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RnnReserve")
-            .field("bytes", &self.bytes)
-            .field("state", &self.state)
-            .field("had_hx", &self.had_hx)
-            .field("had_cx", &self.had_cx)
-            .finish()
-    }
-}
-
-impl<T: DataType> RnnReserve<T> {
-    /// Bytes cuDNN asked for.
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-    /// Whether backward data has run on it (so backward weights may).
-    pub fn backward_data_done(&self) -> bool {
-        self.state == ReserveState::DataDone
-    }
-}
-
-/// Checks that `buf` lives on the handle's context and holds `required` elements (exactly that
 /// many when `exact`).
 fn check_buf<T, B: DeviceSlice<T> + ?Sized>(
     cudnn: &Cudnn,
@@ -343,7 +57,7 @@ fn check_opt<T, B: DeviceSlice<T> + ?Sized>(
 }
 
 fn seq_dims<T: DataType>(d: &SeqDataDesc<T>) -> Vec<i64> {
-    vec![d.max_len() as i64, d.batch() as i64, d.vector_size() as i64]
+    vec![d.max_len(), d.batch(), d.vector_size()]
 }
 
 /// Memo tags for `Cudnn`'s workspace-size cache: far above any convolution algorithm number
@@ -360,7 +74,7 @@ impl<T: DataType> Rnn<T> {
                 a: "x",
                 a_dims: seq_dims(x_desc),
                 b: "rnn",
-                b_dims: vec![self.input_size() as i64],
+                b_dims: vec![self.input_size()],
                 rule: "the input vector size must equal the RNN's input size",
             });
         }
@@ -369,7 +83,7 @@ impl<T: DataType> Rnn<T> {
                 a: "y",
                 a_dims: seq_dims(y_desc),
                 b: "rnn",
-                b_dims: vec![self.output_size() as i64],
+                b_dims: vec![self.output_size()],
                 rule: "the output vector size must equal directions × (projection or hidden) size",
             });
         }
@@ -404,6 +118,38 @@ impl<T: DataType> Rnn<T> {
             ));
         }
         Ok(())
+    }
+
+    /// What every launch does once its buffers are checked: the workspace on the handle's
+    /// context and grown to what cuDNN asks for, and the state descriptors of the batch.
+    fn prepare(
+        &self,
+        cudnn: &Cudnn,
+        mode: ForwardMode,
+        x_desc: &SeqDataDesc<T>,
+        workspace: &mut Workspace,
+    ) -> Result<(TempSpace, RefMut<'_, StateDescs<T>>)> {
+        cudnn.check_workspace_context(workspace)?;
+        let sizes = self.temp_space_sizes(cudnn, mode, x_desc)?;
+        workspace.prepare(sizes.workspace)?;
+        Ok((sizes, self.state_descs(x_desc.batch())?))
+    }
+
+    /// The network's own dropout, borrowed for a training forward, which draws masks from (so
+    /// writes) its generator states; `None` in inference or without a dropout.
+    fn training_dropout(
+        &self,
+        cudnn: &Cudnn,
+        mode: ForwardMode,
+    ) -> Result<Option<RefMut<'_, Dropout>>> {
+        let (DropoutSlot::User(d), ForwardMode::Training) = (&self.dropout, mode) else {
+            return Ok(None);
+        };
+        let d = d
+            .try_borrow_mut()
+            .map_err(|_| Error::invalid("RNN dropout", "no other use in progress", "in use"))?;
+        d.check_context(cudnn)?;
+        Ok(Some(d))
     }
 
     /// Workspace and reserve sizes cuDNN asks for to run this network on `x_desc`'s sequences
@@ -486,8 +232,7 @@ impl<T: DataType> Rnn<T> {
         args: Forward<'_, T>,
         workspace: &mut Workspace,
     ) -> Result<()> {
-        self.forward_impl(cudnn, ForwardMode::Inference, args, workspace, None)
-            .map(|_| ())
+        self.forward_impl(cudnn, args, workspace, None)
     }
 
     /// Runs the network over `x` in training mode (dropout between layers if the network has
@@ -499,8 +244,7 @@ impl<T: DataType> Rnn<T> {
         args: Forward<'_, T>,
         workspace: &mut Workspace,
     ) -> Result<RnnReserve<T>> {
-        self.forward_impl(cudnn, ForwardMode::Training, args, workspace, None)
-            .map(|r| r.expect("training returns a reserve"))
+        self.forward_training_impl(cudnn, args, workspace, None)
     }
 
     /// [`forward_training`](Self::forward_training) reusing the memory of an earlier step's
@@ -514,18 +258,34 @@ impl<T: DataType> Rnn<T> {
         workspace: &mut Workspace,
         old: RnnReserve<T>,
     ) -> Result<RnnReserve<T>> {
-        self.forward_impl(cudnn, ForwardMode::Training, args, workspace, Some(old))
-            .map(|r| r.expect("training returns a reserve"))
+        self.forward_training_impl(cudnn, args, workspace, Some(old))
     }
 
-    fn forward_impl(
+    fn forward_training_impl(
         &self,
         cudnn: &Cudnn,
-        mode: ForwardMode,
         args: Forward<'_, T>,
         workspace: &mut Workspace,
         old: Option<RnnReserve<T>>,
-    ) -> Result<Option<RnnReserve<T>>> {
+    ) -> Result<RnnReserve<T>> {
+        let mut reserve = RnnReserve::for_forward(self.id(), &args);
+        self.forward_impl(cudnn, args, workspace, Some((&mut reserve, old)))?;
+        Ok(reserve)
+    }
+
+    /// The forward launch; `training` is the reserve to fill (given its memory here, `old`'s
+    /// when it can be reused) for a training forward, `None` for inference.
+    fn forward_impl(
+        &self,
+        cudnn: &Cudnn,
+        args: Forward<'_, T>,
+        workspace: &mut Workspace,
+        training: Option<(&mut RnnReserve<T>, Option<RnnReserve<T>>)>,
+    ) -> Result<()> {
+        let mode = match training {
+            Some(_) => ForwardMode::Training,
+            None => ForwardMode::Inference,
+        };
         let Forward {
             x_desc,
             x,
@@ -551,60 +311,14 @@ impl<T: DataType> Rnn<T> {
         check_opt(cudnn, "cx", cx, c_len)?;
         check_opt(cudnn, "hy", hy.as_deref(), h_len)?;
         check_opt(cudnn, "cy", cy.as_deref(), c_len)?;
-        cudnn.check_workspace_context(workspace)?;
-        let sizes = self.temp_space_sizes(cudnn, mode, x_desc)?;
-        workspace.prepare(sizes.workspace)?;
-        let states = self.state_descs(batch)?;
-
-        // A training forward draws dropout masks from the generator states (writing them).
-        let mut dropout = match (&self.dropout, mode) {
-            (DropoutSlot::User(d), ForwardMode::Training) => {
-                let d = d.try_borrow_mut().map_err(|_| {
-                    Error::invalid("RNN dropout", "no other use in progress", "in use")
-                })?;
-                if **d.context() != **cudnn.context() {
-                    return Err(Error::ForeignContext {
-                        name: "dropout",
-                        expected: cudnn.context().ordinal(),
-                        found: d.context().ordinal(),
-                    });
-                }
-                Some(d)
-            }
-            _ => None,
-        };
-
-        let mut reserve = match mode {
-            ForwardMode::Inference => None,
-            ForwardMode::Training => {
-                let reusable = old.and_then(|r| r.buf).filter(|b| {
-                    b.len() >= sizes.reserve && **b.stream().context() == **cudnn.context()
-                });
-                let buf = match reusable {
-                    Some(b) => Some(b),
-                    None if sizes.reserve == 0 => None,
-                    None => {
-                        // SAFETY: uninitialised bytes are sound for `u8` storage that only
-                        // cuDNN uses: the training forward writes the reserve before the
-                        // backward calls read it, and it is never read on the host.
-                        Some(
-                            unsafe { cudnn.stream().alloc::<u8>(sizes.reserve) }.map_err(|e| {
-                                Error::driver("allocating the RNN reserve space", e)
-                            })?,
-                        )
-                    }
-                };
-                Some(RnnReserve {
-                    buf,
-                    bytes: sizes.reserve,
-                    rnn: self.id(),
-                    x_desc: x_desc.id(),
-                    y_desc: y_desc.id(),
-                    had_hx: hx.is_some(),
-                    had_cx: cx.is_some(),
-                    state: ReserveState::Forward,
-                    _t: PhantomData,
-                })
+        let (sizes, states) = self.prepare(cudnn, mode, x_desc, workspace)?;
+        let mut dropout = self.training_dropout(cudnn, mode)?;
+        let mut reserve = match training {
+            None => None,
+            Some((r, old)) => {
+                r.buf = RnnReserve::take_buffer(cudnn, sizes.reserve, old)?;
+                r.bytes = sizes.reserve;
+                Some(r)
             }
         };
 
@@ -613,19 +327,10 @@ impl<T: DataType> Rnn<T> {
         let stream: &CudaStream = cudnn.stream();
         // The dropout states and a reused reserve may come from another stream: order their use.
         let dropout_stream = dropout.as_ref().map(|d| d.states_stream().clone());
-        let reserve_stream = reserve
-            .as_ref()
-            .and_then(|r| r.buf.as_ref())
-            .map(|b| b.stream().clone());
+        let reserve_stream = reserve.as_ref().and_then(|r| r.alloc_stream());
         {
-            let _od = dropout_stream
-                .as_deref()
-                .map(|a| cross_use(a, stream))
-                .transpose()?;
-            let _or = reserve_stream
-                .as_deref()
-                .map(|a| cross_use(a, stream))
-                .transpose()?;
+            let _od = cross_use_opt(dropout_stream.as_deref(), stream)?;
+            let _or = cross_use_opt(reserve_stream.as_deref(), stream)?;
             let _gd = dropout
                 .as_mut()
                 .map(|d| d.states_mut().device_ptr_mut(stream).1);
@@ -638,13 +343,7 @@ impl<T: DataType> Rnn<T> {
             let (hyp, _ghy) = opt_ptr_mut(hy, stream);
             let (cyp, _gcy) = opt_ptr_mut(cy, stream);
             let (wsp, _gws) = workspace.device_ptr_mut(cudnn.stream())?;
-            let (rp, _gr) = match reserve.as_mut().and_then(|r| r.buf.as_mut()) {
-                Some(b) => {
-                    let (p, g) = b.device_ptr_mut(stream);
-                    (p as *mut c_void, Some(g))
-                }
-                None => (std::ptr::null_mut(), None),
-            };
+            let (rp, _gr) = opt_ptr_mut(reserve.as_mut().and_then(|r| r.buf.as_mut()), stream);
             // SAFETY: live handle and descriptors (the RNN descriptor's dropout descriptor is
             // owned by `self`, its states write-guarded for training); x and y describe the same
             // sequences with the RNN's input and output widths (checked), and every buffer is on
@@ -680,18 +379,20 @@ impl<T: DataType> Rnn<T> {
                 )
             }?;
         }
-        Ok(reserve)
+        Ok(())
     }
 
-    /// Checks that `reserve` comes from a training forward of this network over these
-    /// sequence descriptors, on this handle's context.
-    fn check_reserve(
+    /// The checks both backward calls start with: [`check_io`](Self::check_io), and that
+    /// `reserve` comes from a training forward of this network over these sequence descriptors,
+    /// on this handle's context.
+    fn check_backward(
         &self,
         cudnn: &Cudnn,
         reserve: &RnnReserve<T>,
         x_desc: &SeqDataDesc<T>,
         y_desc: &SeqDataDesc<T>,
     ) -> Result<()> {
+        self.check_io(x_desc, y_desc)?;
         if reserve.rnn != self.id()
             || reserve.x_desc != x_desc.id()
             || reserve.y_desc != y_desc.id()
@@ -705,33 +406,6 @@ impl<T: DataType> Rnn<T> {
         }
         if let Some(b) = &reserve.buf {
             check_buf(cudnn, "reserve", b, reserve.bytes, false)?;
-        }
-        Ok(())
-    }
-
-    fn check_states_match(
-        &self,
-        reserve: &RnnReserve<T>,
-        hx: bool,
-        cx: Option<bool>,
-    ) -> Result<()> {
-        let mismatch = |name: &'static str, forward: bool| {
-            Error::invalid(
-                "RNN initial state",
-                format!(
-                    "`{name}` {} as in the training forward",
-                    if forward { "given" } else { "absent" }
-                ),
-                if forward { "absent" } else { "given" },
-            )
-        };
-        if hx != reserve.had_hx {
-            return Err(mismatch("hx", reserve.had_hx));
-        }
-        if let Some(cx) = cx {
-            if cx != reserve.had_cx {
-                return Err(mismatch("cx", reserve.had_cx));
-            }
         }
         Ok(())
     }
@@ -768,25 +442,8 @@ impl<T: DataType> Rnn<T> {
         let (y, dy, dx, weights) = (&y, &dy, &mut dx, &weights);
         let (hx, cx, dhy, dcy) = (hx.as_ref(), cx.as_ref(), dhy.as_ref(), dcy.as_ref());
         let (dhx, dcx) = (dhx.as_mut(), dcx.as_mut());
-        self.check_io(x_desc, y_desc)?;
-        self.check_reserve(cudnn, reserve, x_desc, y_desc)?;
-        match reserve.state {
-            ReserveState::Forward => {}
-            ReserveState::DataDone => {
-                return Err(Error::invalid(
-                    "RNN reserve space",
-                    "a reserve fresh from a training forward (backward data runs once per forward)",
-                    "a reserve backward data already used",
-                ))
-            }
-            ReserveState::Failed => {
-                return Err(Error::invalid(
-                    "RNN reserve space",
-                    "a reserve fresh from a training forward",
-                    "a reserve whose backward-data call failed",
-                ))
-            }
-        }
+        self.check_backward(cudnn, reserve, x_desc, y_desc)?;
+        reserve.state.ready_for_data()?;
         for (name, given) in [
             ("cx", cx.is_some()),
             ("dcy", dcy.is_some()),
@@ -794,7 +451,7 @@ impl<T: DataType> Rnn<T> {
         ] {
             self.check_cell_state(name, given)?;
         }
-        self.check_states_match(reserve, hx.is_some(), Some(cx.is_some()))?;
+        reserve.check_states_match(hx.is_some(), Some(cx.is_some()))?;
         let batch = x_desc.batch();
         let (h_len, c_len) = (self.hidden_state_len(batch), self.cell_state_len(batch));
         check_buf(cudnn, "y", y, y_desc.span(), false)?;
@@ -807,20 +464,14 @@ impl<T: DataType> Rnn<T> {
         check_opt(cudnn, "dcy", dcy, c_len)?;
         check_opt(cudnn, "dhx", dhx.as_deref(), h_len)?;
         check_opt(cudnn, "dcx", dcx.as_deref(), c_len)?;
-        cudnn.check_workspace_context(workspace)?;
-        let sizes = self.temp_space_sizes(cudnn, ForwardMode::Training, x_desc)?;
-        workspace.prepare(sizes.workspace)?;
-        let states = self.state_descs(batch)?;
+        let (sizes, states) = self.prepare(cudnn, ForwardMode::Training, x_desc, workspace)?;
 
         cudnn.bind()?;
         let lengths = x_desc.device_lengths(cudnn)?;
         let stream: &CudaStream = cudnn.stream();
         // The reserve was allocated on the forward's stream: order this use with it.
-        let reserve_stream = reserve.buf.as_ref().map(|b| b.stream().clone());
-        let _or = reserve_stream
-            .as_deref()
-            .map(|a| cross_use(a, stream))
-            .transpose()?;
+        let reserve_stream = reserve.alloc_stream();
+        let _or = cross_use_opt(reserve_stream.as_deref(), stream)?;
         let (lp, _gl) = lengths.device_ptr(stream);
         let (yp, _gy) = y.device_ptr(stream);
         let (dyp, _gdy) = dy.device_ptr(stream);
@@ -834,13 +485,7 @@ impl<T: DataType> Rnn<T> {
         let (dcxp, _gdcx) = opt_ptr_mut(dcx, stream);
         let (wsp, _gws) = workspace.device_ptr_mut(cudnn.stream())?;
         let reserve_bytes = reserve.bytes;
-        let (rp, _gr) = match reserve.buf.as_mut() {
-            Some(b) => {
-                let (p, g) = b.device_ptr_mut(stream);
-                (p as *mut c_void, Some(g))
-            }
-            None => (std::ptr::null_mut(), None),
-        };
+        let (rp, _gr) = opt_ptr_mut(reserve.buf.as_mut(), stream);
         // SAFETY: live handle and descriptors; x and y describe the same sequences with the
         // RNN's widths, the reserve comes from a training forward of this RNN over these
         // descriptors and has not been through backward data yet (checked); every buffer is on
@@ -906,39 +551,22 @@ impl<T: DataType> Rnn<T> {
             mode,
         } = args;
         let (x, y, dweights, hx) = (&x, &y, &mut dweights, hx.as_ref());
-        self.check_io(x_desc, y_desc)?;
-        self.check_reserve(cudnn, reserve, x_desc, y_desc)?;
-        if reserve.state != ReserveState::DataDone {
-            return Err(Error::invalid(
-                "RNN reserve space",
-                "a reserve backward data has run on (cuDNN's order: data, then weights)",
-                if reserve.state == ReserveState::Failed {
-                    "a reserve whose backward-data call failed"
-                } else {
-                    "a reserve straight from the forward"
-                },
-            ));
-        }
-        self.check_states_match(reserve, hx.is_some(), None)?;
+        self.check_backward(cudnn, reserve, x_desc, y_desc)?;
+        reserve.state.ready_for_weights()?;
+        reserve.check_states_match(hx.is_some(), None)?;
         let batch = x_desc.batch();
         check_buf(cudnn, "x", x, x_desc.span(), false)?;
         check_buf(cudnn, "y", y, y_desc.span(), false)?;
         check_buf(cudnn, "dweights", dweights, self.weight_space_len(), true)?;
         check_opt(cudnn, "hx", hx, self.hidden_state_len(batch))?;
-        cudnn.check_workspace_context(workspace)?;
-        let sizes = self.temp_space_sizes(cudnn, ForwardMode::Training, x_desc)?;
-        workspace.prepare(sizes.workspace)?;
-        let states = self.state_descs(batch)?;
+        let (sizes, states) = self.prepare(cudnn, ForwardMode::Training, x_desc, workspace)?;
 
         cudnn.bind()?;
         let lengths = x_desc.device_lengths(cudnn)?;
         let stream: &CudaStream = cudnn.stream();
         // The reserve was allocated on the forward's stream: order this use with it.
-        let reserve_stream = reserve.buf.as_ref().map(|b| b.stream().clone());
-        let _or = reserve_stream
-            .as_deref()
-            .map(|a| cross_use(a, stream))
-            .transpose()?;
+        let reserve_stream = reserve.alloc_stream();
+        let _or = cross_use_opt(reserve_stream.as_deref(), stream)?;
         let (lp, _gl) = lengths.device_ptr(stream);
         let (xp, _gx) = x.device_ptr(stream);
         let (yp, _gy) = y.device_ptr(stream);
@@ -961,13 +589,7 @@ impl<T: DataType> Rnn<T> {
         let (hxp, _ghx) = opt_ptr(hx, stream);
         let (wsp, _gws) = workspace.device_ptr_mut(cudnn.stream())?;
         let reserve_bytes = reserve.bytes;
-        let (rp, _gr) = match reserve.buf.as_mut() {
-            Some(b) => {
-                let (p, g) = b.device_ptr_mut(stream);
-                (p as *mut c_void, Some(g))
-            }
-            None => (std::ptr::null_mut(), None),
-        };
+        let (rp, _gr) = opt_ptr_mut(reserve.buf.as_mut(), stream);
         // SAFETY: live handle and descriptors; x and y describe the same sequences with the
         // RNN's widths; the reserve comes from a training forward of this RNN over these
         // descriptors and backward data has run on it (checked); every buffer is on the
