@@ -92,6 +92,19 @@ pub(crate) fn fastest_round(
     Ok(fastest)
 }
 
+/// Milliseconds per launch of one batch sized by a timed launch to last about `target_ms`,
+/// between `min` and `max` launches (a launch timed under a microsecond counts as one).
+pub(crate) fn sized_batch_ms(
+    stream: &CudaStream,
+    target_ms: f32,
+    (min, max): (usize, usize),
+    mut launch: impl FnMut() -> Result<()>,
+) -> Result<f32> {
+    let once = batch_ms(stream, 1, &mut launch)?;
+    let n = ((target_ms / once.max(1e-3)) as usize).clamp(min, max);
+    batch_ms(stream, n, &mut launch)
+}
+
 /// Milliseconds per launch of `n` back-to-back launches, between two CUDA events on
 /// `stream`.
 fn batch_ms(stream: &CudaStream, n: usize, launch: &mut impl FnMut() -> Result<()>) -> Result<f32> {
