@@ -169,6 +169,35 @@ pub(crate) fn cudnn_device(cudnn: &Cudnn) -> String {
     device_name(cudnn.context(), &format!("cudnn{}", cudnn.version()))
 }
 
+/// The fields of an entry line: its device (not empty), its problem (comma-separated integers,
+/// at least one) and the fields after them.
+pub(crate) fn entry_fields(line: &str) -> Option<(&str, Vec<i64>, std::str::Split<'_, char>)> {
+    let mut parts = line.split('\t');
+    let device = parts.next().filter(|d| !d.is_empty())?;
+    let problem = list(parts.next()?, |s| s.parse::<i64>().ok())?;
+    Some((device, problem, parts))
+}
+
+/// The comma-separated items of a field, each read by `item` (at least one); `None` when one
+/// does not read.
+pub(crate) fn list<T>(field: &str, item: impl FnMut(&str) -> Option<T>) -> Option<Vec<T>> {
+    let v = field.split(',').map(item).collect::<Option<Vec<T>>>()?;
+    (!v.is_empty()).then_some(v)
+}
+
+/// The first fields of an entry line as [`entry_fields`] reads them, and `items` joined as a
+/// list: `device<TAB>problem<TAB>item,item,...`.
+pub(crate) fn entry_line<T>(
+    device: &str,
+    problem: &[i64],
+    items: impl IntoIterator<Item = T>,
+    item: impl Fn(T) -> String,
+) -> String {
+    let problem: Vec<String> = problem.iter().map(i64::to_string).collect();
+    let items: Vec<String> = items.into_iter().map(item).collect();
+    format!("{device}\t{}\t{}", problem.join(","), items.join(","))
+}
+
 /// The convolution decisions' file.
 pub(crate) const CONV: Format = Format {
     kind: "conv",
@@ -254,24 +283,14 @@ pub(super) fn decode<A: ConvAlgorithm>(r: &Ranking) -> Vec<Candidate<A>> {
 }
 
 pub(super) fn parse_line(line: &str) -> Option<(Key, Entry)> {
-    let mut parts = line.split('\t');
-    let device = parts.next()?;
-    let problem = parts
-        .next()?
-        .split(',')
-        .map(|s| s.parse::<i64>().ok())
-        .collect::<Option<Vec<_>>>()?;
-    let ranking = parts
-        .next()?
-        .split(',')
-        .map(|c| {
-            let mut f = c.split(':');
-            let a = f.next()?.parse::<u32>().ok()?;
-            let ws = f.next()?.parse::<usize>().ok()?;
-            let ms = f.next()?.parse::<f32>().ok()?;
-            Some((a, ws, ms))
-        })
-        .collect::<Option<Vec<_>>>()?;
+    let (device, problem, mut parts) = entry_fields(line)?;
+    let ranking = list(parts.next()?, |c| {
+        let mut f = c.split(':');
+        let a = f.next()?.parse::<u32>().ok()?;
+        let ws = f.next()?.parse::<usize>().ok()?;
+        let ms = f.next()?.parse::<f32>().ok()?;
+        Some((a, ws, ms))
+    })?;
     // Optional (files written before the union search have none): the graph engine chosen.
     let graph = match parts.next() {
         None => None,
@@ -287,7 +306,7 @@ pub(super) fn parse_line(line: &str) -> Option<(Key, Entry)> {
             })
         }
     };
-    if parts.next().is_some() || device.is_empty() || problem.is_empty() || ranking.is_empty() {
+    if parts.next().is_some() {
         return None;
     }
     Some((Key::new(device.into(), problem), Entry { ranking, graph }))
@@ -295,23 +314,13 @@ pub(super) fn parse_line(line: &str) -> Option<(Key, Entry)> {
 
 /// One line of the cache file: what [`parse_line`] reads.
 pub(super) fn format_line(k: &Key, v: &Entry) -> String {
-    let problem: Vec<String> = k.problem.iter().map(i64::to_string).collect();
-    let ranking: Vec<String> = v
-        .ranking
-        .iter()
-        .map(|(a, ws, ms)| format!("{a}:{ws}:{ms}"))
-        .collect();
-    let graph = v
-        .graph
-        .as_ref()
-        .map(|g| format!("\tgraph={}:{}:{}", g.config, g.workspace, g.ms))
-        .unwrap_or_default();
-    format!(
-        "{}\t{}\t{}{graph}",
-        k.device,
-        problem.join(","),
-        ranking.join(",")
-    )
+    let line = entry_line(&k.device, &k.problem, &v.ranking, |(a, ws, ms)| {
+        format!("{a}:{ws}:{ms}")
+    });
+    match &v.graph {
+        Some(g) => format!("{line}\tgraph={}:{}:{}", g.config, g.workspace, g.ms),
+        None => line,
+    }
 }
 
 #[cfg(test)]

@@ -72,7 +72,9 @@ pub(crate) mod union;
 mod warm;
 
 pub use autotuner::{Autotuner, CACHE_ENV};
-pub(crate) use cache::{cudnn_device, device_name, or_empty, Format};
+pub(crate) use cache::{
+    cudnn_device, device_name, entry_fields, entry_line, list, or_empty, Format,
+};
 pub use policy::{
     Candidate, Choice, FixedAlgos, Policy, Source, Stats, WarmUp, DEFAULT_FINALISTS,
     DEFAULT_FINAL_SOLO_MS, DEFAULT_GRAPH_PLANS, DEFAULT_REFINE_KNOBS,

@@ -481,22 +481,17 @@ pub(super) fn fnv1a(s: &str) -> u64 {
 }
 
 pub(super) fn format_line(k: &Key, v: &[Ranked]) -> String {
-    let problem: Vec<String> = k.problem.iter().map(i64::to_string).collect();
-    let ranked: Vec<String> = v
-        .iter()
-        .map(|r| {
-            let algo: Vec<String> = r.algo.iter().map(|w| format!("{w:016x}")).collect();
-            format!(
-                "{}:{}:{}:{}:{}",
-                algo.join("-"),
-                r.workspace,
-                r.index,
-                r.waves,
-                r.ms
-            )
-        })
-        .collect();
-    let body = format!("{}\t{}\t{}", k.device, problem.join(","), ranked.join(","));
+    let body = tune::entry_line(&k.device, &k.problem, v, |r| {
+        let algo: Vec<String> = r.algo.iter().map(|w| format!("{w:016x}")).collect();
+        format!(
+            "{}:{}:{}:{}:{}",
+            algo.join("-"),
+            r.workspace,
+            r.index,
+            r.waves,
+            r.ms
+        )
+    });
     let sum = fnv1a(&body);
     format!("{body}\t{sum:016x}")
 }
@@ -506,46 +501,32 @@ pub(super) fn parse_line(line: &str) -> Option<(Key, Vec<Ranked>)> {
     if u64::from_str_radix(sum, 16).ok()? != fnv1a(body) {
         return None;
     }
-    let mut parts = body.split('\t');
-    let device = parts.next()?;
-    let problem = parts
-        .next()?
-        .split(',')
-        .map(|s| s.parse::<i64>().ok())
-        .collect::<Option<Vec<_>>>()?;
-    let ranked = parts
-        .next()?
-        .split(',')
-        .map(|c| {
-            let mut f = c.split(':');
-            let words: Vec<u64> = f
-                .next()?
-                .split('-')
-                .map(|w| u64::from_str_radix(w, 16).ok())
-                .collect::<Option<_>>()?;
-            let algo: [u64; 8] = words.try_into().ok()?;
-            let workspace = f.next()?.parse::<usize>().ok()?;
-            let index = f.next()?.parse::<usize>().ok()?;
-            let waves = f.next()?.parse::<f32>().ok()?;
-            let ms = f.next()?.parse::<f32>().ok()?;
-            if f.next().is_some() {
-                return None;
-            }
-            Some(Ranked {
-                algo,
-                workspace,
-                index,
-                waves,
-                ms,
-                algo_id: -1,
-            })
+    let (device, problem, mut parts) = tune::entry_fields(body)?;
+    let ranked = tune::list(parts.next()?, |c| {
+        let mut f = c.split(':');
+        let words: Vec<u64> = f
+            .next()?
+            .split('-')
+            .map(|w| u64::from_str_radix(w, 16).ok())
+            .collect::<Option<_>>()?;
+        let algo: [u64; 8] = words.try_into().ok()?;
+        let workspace = f.next()?.parse::<usize>().ok()?;
+        let index = f.next()?.parse::<usize>().ok()?;
+        let waves = f.next()?.parse::<f32>().ok()?;
+        let ms = f.next()?.parse::<f32>().ok()?;
+        if f.next().is_some() {
+            return None;
+        }
+        Some(Ranked {
+            algo,
+            workspace,
+            index,
+            waves,
+            ms,
+            algo_id: -1,
         })
-        .collect::<Option<Vec<_>>>()?;
-    if parts.next().is_some()
-        || device.is_empty()
-        || problem.first() != Some(&KEY_FORMAT)
-        || ranked.is_empty()
-    {
+    })?;
+    if parts.next().is_some() || problem.first() != Some(&KEY_FORMAT) {
         return None;
     }
     Some((
