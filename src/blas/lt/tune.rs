@@ -152,9 +152,11 @@ pub(super) struct Key {
 }
 
 impl BlasLt {
-    /// Persists decisions to `path` (read now if it exists; rewritten after each new decision).
-    /// Lines that do not parse or whose checksum does not match are skipped with a warning;
-    /// entries of other GPUs or cuBLASLt versions are kept in the file but never used here.
+    /// Persists decisions to `path` (read now if it exists; rewritten, merged with what another
+    /// process wrote meanwhile, after each new decision), in the cache-file format every tuner
+    /// shares ([`crate::tune`]). Lines that do not parse or whose checksum does not match are
+    /// skipped with a warning, a file of another format whole; entries of other GPUs or
+    /// cuBLASLt versions are kept in the file but never used here.
     /// An algorithm read from the file is checked with `cublasLtMatmulAlgoCheck` before its first
     /// use. The file is this crate's own: the stored algorithms are cuBLASLt's opaque 64-byte
     /// descriptors, valid only for the same GPU model and cuBLASLt version (both in the key).
