@@ -25,10 +25,10 @@ use std::sync::Arc;
 use common::*;
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::graph::{
-    autotune, Args as GraphArgs, AutotuneOptions, EngineConfig, Graph, OperationGraph, Plan,
-    PlanFilter, SdpaOptions,
+    autotune, Args as GraphArgs, EngineConfig, Graph, OperationGraph, Plan, PlanFilter, SdpaOptions,
 };
 use cudnn_safe::half::bf16;
+use cudnn_safe::tune;
 use cudnn_safe::{Cudnn, DType, Workspace};
 
 const B: i64 = 8;
@@ -105,14 +105,14 @@ fn tune(
     ws: &mut Workspace,
     what: &str,
 ) -> BoxResult<Plan> {
-    let opts = AutotuneOptions::new().rounds(3).iterations(10);
+    let opts = tune::plan::Policy::new().rounds(3).iterations(10);
     let tuned = autotune(cudnn, plans, args, ws, &opts)?;
-    for t in &tuned.timings {
+    for t in &tuned.candidates {
         eprintln!("  {what}: plan {} {:.4} ms", t.name, t.ms);
     }
     let refine = env_usize("ATTENTION_BENCH_REFINE", 2);
     let seeds: Vec<EngineConfig> = tuned
-        .timings
+        .candidates
         .iter()
         .take(refine)
         .filter_map(|t| t.name.parse().ok())
@@ -137,7 +137,7 @@ fn tune(
         return Ok(candidates.pop().expect("one plan"));
     }
     let tuned = autotune(cudnn, candidates, args, ws, &opts)?;
-    for t in tuned.timings.iter().take(4) {
+    for t in tuned.candidates.iter().take(4) {
         eprintln!(
             "  {what}: with knob neighbours: plan {} {:.4} ms",
             t.name, t.ms

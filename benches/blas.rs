@@ -339,7 +339,7 @@ fn setup() -> cudnn_safe::Result<(Arc<CudaStream>, Handles)> {
         .with_policy(Policy::Heuristic);
     let autotune = BlasLt::new(stream.clone())?
         .without_cache_file()
-        .with_policy(Policy::Autotune);
+        .with_policy(Policy::Benchmark);
     Ok((stream, [("heuristic", heuristic), ("autotune", autotune)]))
 }
 
@@ -359,7 +359,7 @@ fn main() {
         ctx.name().unwrap_or_else(|_| "unknown GPU".into()),
         ctx.compute_capability().map(|c| c.0).unwrap_or(0),
         ctx.compute_capability().map(|c| c.1).unwrap_or(0),
-        lts[0].1.workspace_limit() >> 20
+        lts[0].1.limit() >> 20
     );
     let args = Args::parse();
     let mut c = Criterion::default().configure_from_args();

@@ -39,10 +39,8 @@ use cudnn_safe::conv::{ConvAlgorithm, ConvDesc, ConvFwdAlgo, MathType};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use cudnn_safe::half::f16;
 use cudnn_safe::sys;
-use cudnn_safe::{
-    Autotuner, Choice, Cudnn, DataType, FilterDesc, FixedAlgos, Policy, TensorDesc, TensorFormat,
-    Workspace,
-};
+use cudnn_safe::tune::{Choice, FixedAlgos, Policy};
+use cudnn_safe::{Autotuner, Cudnn, DataType, FilterDesc, TensorDesc, TensorFormat, Workspace};
 
 /// `cudnnConvolutionForward` as the loaded library exports it.
 type ConvForwardFn = unsafe extern "C" fn(

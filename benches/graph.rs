@@ -110,13 +110,14 @@ use criterion::{Criterion, Throughput};
 use cudnn_safe::conv::{ConvAlgorithm, ConvDesc, ConvFwdAlgo, FusedActivation, MathType};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::graph::{
-    autotune, Args as Bindings, AutotuneOptions, ConvParams, Graph, HeurMode, OperationGraph, Plan,
-    PlanCache, PlanFilter, PlanGraph, PointwiseMode, TensorId,
+    autotune, Args as Bindings, ConvParams, Graph, HeurMode, OperationGraph, Plan, PlanCache,
+    PlanFilter, PlanGraph, PointwiseMode, TensorId,
 };
 use cudnn_safe::half::{bf16, f16};
+use cudnn_safe::tune::{Choice, Policy};
 use cudnn_safe::{
-    ActivationDesc, ActivationMode, Autotuner, Choice, Cudnn, DType, DataType, FilterDesc, Layout,
-    Policy, TensorDesc, TensorFormat, Workspace,
+    ActivationDesc, ActivationMode, Autotuner, Cudnn, DType, DataType, FilterDesc, Layout,
+    TensorDesc, TensorFormat, Workspace,
 };
 
 /// Criterion group of every benchmark here.
@@ -417,11 +418,13 @@ fn diff_note(d: &BoxResult<f64>) -> String {
 }
 
 /// Autotuning effort: a real run times every candidate 3 × 5 times; `cargo test` once.
-fn autotune_options(test: bool) -> AutotuneOptions {
+fn autotune_options(test: bool) -> cudnn_safe::tune::plan::Policy {
     if test {
-        AutotuneOptions::new().rounds(1).iterations(1)
+        cudnn_safe::tune::plan::Policy::new()
+            .rounds(1)
+            .iterations(1)
     } else {
-        AutotuneOptions::new()
+        cudnn_safe::tune::plan::Policy::new()
     }
 }
 
@@ -466,7 +469,7 @@ impl Picked {
         let t = Instant::now();
         let tuned = autotune(cudnn, list.plans, bindings, ws, &autotune_options(test))?;
         let tune_s = t.elapsed().as_secs_f64();
-        let tuned_ms = tuned.timings.first().map_or(f32::NAN, |t| t.ms);
+        let tuned_ms = tuned.candidates.first().map_or(f32::NAN, |t| t.ms);
         Ok(Picked {
             failed: tuned.failed.len(),
             plan: tuned.plan,
@@ -1596,10 +1599,12 @@ fn other_plans<T: DataType<Scalar = f32>>(
             .output(d.y, &mut d.y_graph)?;
         // The library's ranking (best of three rounds of ten executions each; a plan that fails
         // to execute is left out, as the union search leaves it out), fastest first.
-        let opts = AutotuneOptions::new().rounds(3).iterations(10);
+        let opts = cudnn_safe::tune::plan::Policy::new()
+            .rounds(3)
+            .iterations(10);
         let tuned = autotune(cudnn, plans, &b, &mut ws, &opts)?;
         timed = tuned
-            .timings
+            .candidates
             .iter()
             .filter_map(|t| {
                 let config = configs.iter().find(|(name, _)| *name == t.name)?;

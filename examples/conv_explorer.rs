@@ -32,9 +32,8 @@ use common::{bytes, drv, Rng, Timer};
 use cudnn_safe::conv::{ConvDesc, ConvFwdAlgo, MathType};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::half::f16;
-use cudnn_safe::{
-    Autotuner, Cudnn, FilterDesc, Policy, Result, TensorDesc, TensorFormat, Workspace,
-};
+use cudnn_safe::tune::Policy;
+use cudnn_safe::{Autotuner, Cudnn, FilterDesc, Result, TensorDesc, TensorFormat, Workspace};
 
 fn main() -> ExitCode {
     let Some((stream, cudnn)) = common::open_gpu("conv_explorer") else {

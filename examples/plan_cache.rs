@@ -8,7 +8,7 @@
 //! The graph is `y = conv(x, w)`, f16 NHWC `32×64×56×56 → 128`, 3×3, padding 1, f32 inside.
 //!
 //! 1. **First run**: build the graph, build a few plans (heuristics A, then the fallback list),
-//!    time them ([`autotune`]) and store the fastest in a [`PlanCache::with_file`], which
+//!    time them ([`autotune`]) and store the fastest in a [`PlanCache::try_cache_file`], which
 //!    writes the file (the engine configuration and the graph it belongs to).
 //! 2. **Next run** (a second cache on the same file, as a new process would open it):
 //!    [`PlanCache::warm_up`] at start-up rebuilds the recorded plan and executes it once on
@@ -31,8 +31,7 @@ use std::time::Instant;
 use common::{drv, Rng};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::graph::{
-    autotune, Args, AutotuneOptions, ConvParams, Graph, OperationGraph, Plan, PlanCache,
-    PlanFilter, TensorId,
+    autotune, Args, ConvParams, Graph, OperationGraph, Plan, PlanCache, PlanFilter, TensorId,
 };
 use cudnn_safe::half::f16;
 use cudnn_safe::{Cudnn, DType, Result, Workspace};
@@ -98,12 +97,12 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, file: &Path) -> Result<bool> {
     let tuned = {
         let mut args = Args::new(cudnn);
         args.input(xt, &x)?.input(wt, &w)?.output(yt, &mut y_first)?;
-        autotune(cudnn, list.plans, &args, &mut ws, &AutotuneOptions::new())?
+        autotune(cudnn, list.plans, &args, &mut ws, &cudnn_safe::tune::plan::Policy::new())?
     };
-    for t in &tuned.timings {
+    for t in &tuned.candidates {
         println!("  candidate {:<40} {:.4} ms", t.name, t.ms);
     }
-    let mut cache = PlanCache::with_file(file)?;
+    let mut cache = PlanCache::new().try_cache_file(file)?;
     let plan = cache.insert(cudnn, &og, &filter, tuned.plan)?;
     let (config, deterministic) = (plan.name(), plan.is_deterministic());
     execute(cudnn, plan, [xt, wt, yt], &x, &w, &mut y_first, &mut ws)?;
@@ -116,7 +115,7 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, file: &Path) -> Result<bool> {
 
     // 2. Next run: a fresh cache on the file, warmed up at start-up.
     let started = Instant::now();
-    let mut cache = PlanCache::with_file(file)?;
+    let mut cache = PlanCache::new().try_cache_file(file)?;
     let mut ws = Workspace::new(stream.clone());
     let warm = cache.warm_up(cudnn, &mut ws)?;
     println!(
@@ -135,8 +134,8 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, file: &Path) -> Result<bool> {
         "next run: first call (graph, cached plan, execute) {:.3} ms, running {name}; cache hits \
          {}, misses {}",
         ms_since(started),
-        cache.hits(),
-        cache.misses()
+        cache.stats().hits,
+        cache.stats().misses
     );
 
     // Same engine configuration, same inputs: the same output.

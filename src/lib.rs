@@ -15,16 +15,16 @@
 //!   reads. A failed check returns an error before anything is enqueued.
 //! * Errors carry the cuDNN status, the C function and `cudnnGetLastErrorString`.
 //! * Convolution ([`conv`]): every direction and legacy algorithm, heuristic / benchmark /
-//!   manual selection, and the [`Autotuner`] with PyTorch-style policies, a workspace limit,
-//!   fallback and a persistent cache.
+//!   manual selection, and the [`Autotuner`] ([`tune`]) with PyTorch-style policies, a
+//!   workspace limit, fallback and a persistent cache.
 //! * Layers: [`pooling`], [`activation`], [`softmax`], [`norm`] (batch, layer, group and
 //!   instance normalization), [`dropout`], [`ops`] (op-tensor) and [`reduce`], forward and
 //!   backward; [`rnn`] (RNN, LSTM, GRU on the v8 API). Values a backward pass needs from its
 //!   forward pass are owned values returned by the forward call.
 //! * cuBLAS and cuBLASLt ([`blas`]) on cudarc's bindings, with checked GEMM and fused epilogues.
 //! * The graph (backend) API ([`graph`]): a graph builder for convolutions, matmuls, pointwise
-//!   operations and reductions, engine heuristics with filters, autotuned and cached plans, and
-//!   checked execution.
+//!   operations and reductions, engine heuristics with filters, autotuned and cached plans
+//!   ([`tune::plan`]), and checked execution.
 //!
 //! ```no_run
 //! use cudnn_safe::{cuda_context, Cudnn, TensorDesc};
@@ -76,7 +76,7 @@
 //! | variable | default | effect |
 //! |---|---|---|
 //! | `CUDNN_SAFE_LIBRARY` | unset: `libcudnn.so.9`, then `libcudnn.so`, through the dynamic loader | The cuDNN library file, or the directory holding it. When set, only that location is searched, and its directory's sub-libraries are opened before any others. Read once, at the first use of cuDNN ([`sys::loader::LIBRARY_ENV`]). |
-//! | `CUDNN_SAFE_AUTOTUNE_CACHE` | unset: decisions kept in memory | File from which [`Autotuner::new`] reads convolution decisions and to which it writes new ones ([`Autotuner::cache_file`] names another, [`Autotuner::without_cache_file`] none; [`CACHE_ENV`]). |
+//! | `CUDNN_SAFE_AUTOTUNE_CACHE` | unset: decisions kept in memory | File from which [`Autotuner::new`] reads convolution decisions and to which it writes new ones ([`Autotuner::cache_file`] names another, [`Autotuner::without_cache_file`] none; [`tune::CACHE_ENV`]). |
 //! | `CUDNN_SAFE_LT_AUTOTUNE_CACHE` | unset: decisions kept in memory | The same for [`blas::BlasLt::new`]'s cuBLASLt decisions ([`blas::lt::CACHE_ENV`]). |
 //! | `CUDNN_SAFE_LIB_DIR` | unset: the linker's own search path | Build time, with the `link` feature only: the directory holding `libcudnn.so` for `-lcudnn`. |
 //!
@@ -98,7 +98,6 @@
 #![warn(missing_docs)]
 
 pub mod activation;
-mod autotune;
 pub mod blas;
 pub mod buffer;
 mod checks;
@@ -120,19 +119,17 @@ pub mod rnn;
 pub mod softmax;
 mod stream_order;
 pub mod tensor;
+mod timing;
+pub mod tune;
 mod version;
 mod workspace;
 
 pub use activation::{ActivationDesc, ActivationMode, NanPropagation};
-pub use autotune::{
-    Autotuner, Candidate, Choice, FixedAlgos, Policy, Source, TunerStats, WarmUp, CACHE_ENV,
-    DEFAULT_FINALISTS, DEFAULT_FINAL_SOLO_MS, DEFAULT_GRAPH_PLANS, DEFAULT_REFINE_KNOBS,
-};
 pub use buffer::{DeviceBuffer, DeviceBufferMut};
 pub use dropout::{Dropout, DropoutReserve};
 pub use dtype::{DType, DataType, Scalar};
 pub use error::{Error, LoadError, Result, Status, StatusFamily};
-pub use graph::{ConvApi, GraphSearch, LayerNormGrads, LayerNormOutputs};
+pub use graph::{LayerNormGrads, LayerNormOutputs};
 pub use handle::{cuda_context, Cudnn};
 pub use norm::{
     BatchNorm, BatchNormMode, BatchNormOps, GroupNorm, LayerNorm, NormMethod, NormType,
@@ -143,6 +140,7 @@ pub use reduce::ReduceOp;
 pub use rnn::{Rnn, SeqDataDesc};
 pub use softmax::{SoftmaxAlgorithm, SoftmaxMode};
 pub use tensor::{FilterDesc, Layout, TensorBuilder, TensorDesc, TensorFormat};
+pub use tune::Autotuner;
 pub use version::{format_version, versions, Versions};
 pub use workspace::{Workspace, MAX_WORKSPACE_BYTES};
 

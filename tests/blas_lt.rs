@@ -608,7 +608,7 @@ fn every_heuristic_candidate_is_correct() {
         let c16 = lt.candidates::<bf16>(&op, 8).unwrap();
         assert!(!c32.is_empty() && !c16.is_empty());
         for c in c32.iter().chain(&c16) {
-            assert!(c.workspace <= lt.workspace_limit());
+            assert!(c.workspace <= lt.limit());
             assert_eq!(c.alignment(), 16);
             assert!(c.time_ms.is_none());
         }
@@ -683,41 +683,41 @@ fn autotune_picks_a_candidate_caches_and_persists() {
     let mut lt = BlasLt::new(stream.clone())
         .unwrap()
         .without_cache_file()
-        .with_policy(Policy::Autotune)
+        .with_policy(Policy::Benchmark)
         .with_autotune_candidates(4)
         .cache_file(&path);
     assert_eq!(lt.autotune_candidates(), 4);
     let first = run_case::<bf16>(&stream, &mut lt, &mut rng, op, 1.0, 0.0, None, "tune 1");
-    assert_eq!(first.source, Source::Autotune);
+    assert_eq!(first.source, Source::Benchmark);
     assert!(first.candidate.time_ms.is_some());
     assert!(first.candidate.index < 4);
-    assert_eq!(lt.stats().autotunes, 1);
+    assert_eq!(lt.stats().benchmarks, 1);
     assert_eq!(lt.stats().misses, 1);
 
     let second = run_case::<bf16>(&stream, &mut lt, &mut rng, op, 1.0, 0.0, None, "tune 2");
     assert_eq!(second.source, Source::Cache);
     assert_eq!(second.candidate.algo_id, first.candidate.algo_id);
-    assert_eq!(lt.stats().autotunes, 1, "the second call re-tuned");
+    assert_eq!(lt.stats().benchmarks, 1, "the second call re-tuned");
     assert_eq!(lt.stats().hits, 1);
 
     // beta ≠ 0 under autotune: the trials must not accumulate into D (checked by run_case).
     let acc = run_case::<f32>(&stream, &mut lt, &mut rng, op, 0.5, 1.0, None, "tune beta");
-    assert_eq!(acc.source, Source::Autotune);
-    assert_eq!(lt.stats().autotunes, 2);
+    assert_eq!(acc.source, Source::Benchmark);
+    assert_eq!(lt.stats().benchmarks, 2);
     assert!(path.exists(), "cache file not written");
     drop(lt);
 
     let mut fresh = BlasLt::new(stream.clone())
         .unwrap()
         .without_cache_file()
-        .with_policy(Policy::Autotune)
+        .with_policy(Policy::Benchmark)
         .with_autotune_candidates(4)
         .cache_file(&path);
     assert!(fresh.cached_decisions() >= 2);
     let third = run_case::<bf16>(&stream, &mut fresh, &mut rng, op, 1.0, 0.0, None, "tune 3");
     assert_eq!(third.source, Source::Cache);
     assert_eq!(
-        fresh.stats().autotunes,
+        fresh.stats().benchmarks,
         0,
         "the persisted decision was not reused"
     );
@@ -736,8 +736,8 @@ fn workspace_limit_zero_still_runs_or_says_why() {
     let Some((stream, lt)) = gpu() else {
         return;
     };
-    let mut lt = lt.with_workspace_limit(0);
-    assert_eq!(lt.workspace_limit(), 0);
+    let mut lt = lt.workspace_limit(0);
+    assert_eq!(lt.limit(), 0);
     let mut rng = Rng::new(11);
     for e in [Epilogue::None, Epilogue::BiasGelu] {
         let op = Matmul::linear(64, 128, 96).unwrap().with_epilogue(e);

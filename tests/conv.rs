@@ -33,13 +33,16 @@ use cudnn_safe::conv::{
     FusedActivation, MathType,
 };
 use cudnn_safe::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use cudnn_safe::graph::{ConvApi, ConvParams, Graph, GraphSearch};
+use cudnn_safe::graph::{ConvParams, Graph};
 use cudnn_safe::half::{bf16, f16};
+use cudnn_safe::tune::{
+    Choice, FixedAlgos, Policy, Source, DEFAULT_FINALISTS, DEFAULT_FINAL_SOLO_MS,
+};
+use cudnn_safe::tune::{ConvApi, GraphSearch};
 use cudnn_safe::DType;
 use cudnn_safe::{
-    cuda_context, Autotuner, Choice, Cudnn, DataType, Error, FilterDesc, FixedAlgos, Policy,
-    Source, StatusFamily, TensorDesc, TensorFormat, Workspace, DEFAULT_FINALISTS,
-    DEFAULT_FINAL_SOLO_MS,
+    cuda_context, Autotuner, Cudnn, DataType, Error, FilterDesc, StatusFamily, TensorDesc,
+    TensorFormat, Workspace,
 };
 
 /// The device-0 default stream and a handle on it.
@@ -4835,7 +4838,10 @@ fn union_warm_up_replays_cached_decisions() {
     assert_eq!(c.stats().plan_builds, 0);
     // A fixed policy keeps no decisions.
     let mut d = tuner(Policy::Fixed(Default::default()));
-    assert_eq!(d.warm_up(&g.cudnn).unwrap(), cudnn_safe::WarmUp::default());
+    assert_eq!(
+        d.warm_up(&g.cudnn).unwrap(),
+        cudnn_safe::tune::WarmUp::default()
+    );
     drop((c, d));
     let _ = std::fs::remove_file(&path);
     println!(

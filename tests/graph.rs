@@ -18,16 +18,27 @@ use common::{
 };
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::graph::{
-    autotune, Args, AutotuneOptions, ConvParams, EngineConfig, Graph, HeurMode, NumericalNote,
-    OperationGraph, Plan, PlanCache, PlanFilter, PointwiseMode, TensorId,
+    autotune, Args, ConvParams, EngineConfig, Graph, HeurMode, NumericalNote, OperationGraph, Plan,
+    PlanCache, PlanFilter, PointwiseMode, TensorId,
 };
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::reduce::ReduceOp;
+use cudnn_safe::tune;
 use cudnn_safe::{Cudnn, DType, DataType, Error, Status, Workspace};
 
 // ---------------------------------------------------------------------------------------------
 // Host-only tests
 // ---------------------------------------------------------------------------------------------
+
+/// The first line of a graph plan cache file (the format's version and kind; what follows the
+/// colon describes the columns).
+const PLAN_FILE_HEADER: &str = "# cudnn-safe cache v2 graph:";
+
+/// A [`PlanCache::key`] as the cache file writes it: the device, a tab, the filter and
+/// signature.
+fn file_key(key: &str) -> String {
+    key.replacen(" | ", "\t", 1)
+}
 
 /// Whether the cuDNN library loads (host tests that finalize descriptors need it).
 fn have_cudnn() -> bool {
@@ -1023,14 +1034,15 @@ fn gpu_configs_outside_their_engine_are_refused() {
     let key = PlanCache::key(&f.cudnn, &f.og, &filter);
     let record = f.og.graph().to_json().unwrap();
     let tampered = bad.last().unwrap();
-    std::fs::write(&path, format!("{tampered}\t{key}\t{record}\n")).unwrap();
-    let mut cache = PlanCache::with_file(&path).unwrap();
+    let line = format!("{}\t{tampered}\t{record}", file_key(&key));
+    std::fs::write(&path, format!("{PLAN_FILE_HEADER}\n{line}\n")).unwrap();
+    let mut cache = PlanCache::new().try_cache_file(&path).unwrap();
     let warm = cache.warm_up(&f.cudnn, &mut f.ws).unwrap();
     assert_eq!((warm.replayed, warm.skipped.len()), (0, 1), "{warm:?}");
     let plan = cache.get_or_build(&f.cudnn, &f.og, &filter).unwrap();
     assert!(!bad.contains(plan.config()), "{}", plan.config());
     let text = std::fs::read_to_string(&path).unwrap();
-    assert!(!text.contains(&format!("{tampered}\t")), "{text}");
+    assert!(!text.contains(&format!("\t{tampered}\t")), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -2272,14 +2284,14 @@ fn gpu_autotune_json_and_config_rebuild() {
             plans,
             &args,
             &mut ws,
-            &AutotuneOptions::new().rounds(2).iterations(3),
+            &tune::plan::Policy::new().rounds(2).iterations(3),
         )
         .unwrap()
     };
     assert!(names.contains(&tuned.plan.name()));
-    assert!(!tuned.timings.is_empty());
-    assert!(tuned.timings.windows(2).all(|t| t[0].ms <= t[1].ms));
-    assert_eq!(tuned.timings[0].name, tuned.plan.name());
+    assert!(!tuned.candidates.is_empty());
+    assert!(tuned.candidates.windows(2).all(|t| t[0].ms <= t[1].ms));
+    assert_eq!(tuned.candidates[0].name, tuned.plan.name());
     c.run_check(&s, &cudnn, &tuned.plan, &mut ws, "autotuned");
 
     let json = tuned.plan.json(&cudnn).unwrap();
@@ -2305,7 +2317,10 @@ fn gpu_plan_cache_hits_and_persists() {
     let first = cache.get_or_build(&cudnn, &c.og, &filter).unwrap().as_raw() as usize;
     let again = cache.get_or_build(&cudnn, &c.og, &filter).unwrap().as_raw() as usize;
     assert_eq!(first, again, "a hit returns the same plan");
-    assert_eq!((cache.hits(), cache.misses(), cache.len()), (1, 1, 1));
+    assert_eq!(
+        (cache.stats().hits, cache.stats().misses, cache.len()),
+        (1, 1, 1)
+    );
     // Another graph with the same signature hits too; another filter misses.
     // It runs with the twin's own tensor ids and buffers.
     let twin = conv_case(&s, &cudnn, 26);
@@ -2353,7 +2368,7 @@ fn gpu_plan_cache_hits_and_persists() {
         std::env::temp_dir().join(format!("cudnn-safe-graph-cache-{}.txt", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let name = {
-        let mut persisted = PlanCache::with_file(&path).unwrap();
+        let mut persisted = PlanCache::new().try_cache_file(&path).unwrap();
         let mut ws = Workspace::new(s.clone());
         let mut scratch = poisoned::<f32>(&s, &c.og, c.y);
         let mut args = Args::new(&cudnn);
@@ -2370,15 +2385,16 @@ fn gpu_plan_cache_hits_and_persists() {
                 &filter,
                 &args,
                 &mut ws,
-                &AutotuneOptions::new(),
+                &tune::plan::Policy::new(),
             )
             .unwrap()
             .name()
     };
     drop(ws);
     let text = std::fs::read_to_string(&path).unwrap();
-    assert!(text.starts_with(&name), "{text}");
-    let mut fresh = PlanCache::with_file(&path).unwrap();
+    let first = text.lines().nth(1).and_then(|l| l.split('\t').nth(2));
+    assert_eq!(first, Some(name.as_str()), "{text}");
+    let mut fresh = PlanCache::new().try_cache_file(&path).unwrap();
     let plan_name = fresh.get_or_build(&cudnn, &c.og, &filter).unwrap().name();
     assert_eq!(plan_name, name);
     let mut ws = Workspace::new(s.clone());
@@ -2397,34 +2413,42 @@ fn gpu_plan_cache_warm_up_replays_recorded_graphs() {
     let c = conv_case(&s, &cudnn, 31);
     let half = conv_graph(DType::F16, true).0.build(&cudnn).unwrap();
     let name = {
-        let mut cache = PlanCache::with_file(&path).unwrap();
+        let mut cache = PlanCache::new().try_cache_file(&path).unwrap();
         let name = cache.get_or_build(&cudnn, &c.og, &filter).unwrap().name();
         cache.get_or_build(&cudnn, &half, &filter).unwrap();
         name
     };
-    // Every line carries its graph.
+    // Every line (after the header) carries its graph.
     let text = std::fs::read_to_string(&path).unwrap();
-    assert_eq!(text.lines().count(), 2, "{text}");
+    assert_eq!(text.lines().count(), 3, "{text}");
     let key = PlanCache::key(&cudnn, &c.og, &filter);
     let line = text
         .lines()
-        .find(|l| l.split('\t').nth(1) == Some(key.as_str()))
+        .find(|l| l.starts_with(&format!("{}\t", file_key(&key))))
         .expect("the f32 graph's line");
     let fields: Vec<&str> = line.split('\t').collect();
-    assert_eq!(fields.len(), 3, "{line}");
-    assert_eq!(fields[0], name);
-    assert_eq!(fields[2], c.og.graph().to_json().unwrap());
+    assert_eq!(fields.len(), 4, "{line}");
+    assert_eq!(fields[2], name);
+    assert_eq!(fields[3], c.og.graph().to_json().unwrap());
     // Lines the warm-up leaves alone (another GPU) or skips (a choice without its graph; a
     // recorded graph that is not its key's).
     let (_, rest) = key.split_once(" | ").unwrap();
-    let other_gpu = format!("{name}\tOther GPU sm00 cudnn1 | {rest}\t{}", fields[2]);
+    let other_gpu = format!("Other GPU|sm00|cudnn1\t{rest}\t{name}\t{}", fields[3]);
     let no_graph = format!(
-        "{name}\t{}",
-        PlanCache::key(&cudnn, &c.og, &filter.clone().deterministic(true))
+        "{}\t{name}",
+        file_key(&PlanCache::key(
+            &cudnn,
+            &c.og,
+            &filter.clone().deterministic(true)
+        ))
     );
     let mismatched = format!(
-        "{name}\t{}\t{}",
-        PlanCache::key(&cudnn, &c.og, &filter.clone().no_tensor_cores(true)),
+        "{}\t{name}\t{}",
+        file_key(&PlanCache::key(
+            &cudnn,
+            &c.og,
+            &filter.clone().no_tensor_cores(true)
+        )),
         half.graph().to_json().unwrap()
     );
     std::fs::write(
@@ -2437,7 +2461,7 @@ fn gpu_plan_cache_warm_up_replays_recorded_graphs() {
     let cudnn2 = Cudnn::new(s.clone()).unwrap();
     let mut ws = Workspace::new(s.clone());
     // Within a limit below their scratch memory, both are skipped (sizes named), nothing held.
-    let mut tight = PlanCache::with_file(&path).unwrap();
+    let mut tight = PlanCache::new().try_cache_file(&path).unwrap();
     let w = tight.warm_up_within(&cudnn2, &mut ws, 64).unwrap();
     eprintln!("{w:?}");
     assert_eq!(
@@ -2450,7 +2474,7 @@ fn gpu_plan_cache_warm_up_replays_recorded_graphs() {
         .iter()
         .filter(|k| k.reason.contains("at most 64 bytes"));
     assert_eq!(over.count(), 2, "{w:?}");
-    let mut fresh = PlanCache::with_file(&path).unwrap();
+    let mut fresh = PlanCache::new().try_cache_file(&path).unwrap();
     let w = fresh.warm_up(&cudnn2, &mut ws).unwrap();
     eprintln!("{w:?}");
     assert_eq!((w.replayed, w.held, w.other), (2, 0, 1), "{w:?}");
@@ -2473,7 +2497,7 @@ fn gpu_plan_cache_warm_up_replays_recorded_graphs() {
         .expect("a warmed-up plan");
     assert_eq!(plan.name(), name);
     c2.run_check(&s, &cudnn2, plan, &mut ws, "warmed-up plan");
-    assert_eq!((fresh.hits(), fresh.misses()), (1, 0));
+    assert_eq!((fresh.stats().hits, fresh.stats().misses), (1, 0));
     // Held plans are not rebuilt.
     let again = fresh.warm_up(&cudnn2, &mut ws).unwrap();
     assert_eq!((again.replayed, again.held, again.skipped.len()), (0, 2, 2));
@@ -2485,9 +2509,9 @@ fn gpu_plan_cache_warm_up_replays_recorded_graphs() {
     let key2 = PlanCache::key(&cudnn2, &c2.og, &filter.clone().deterministic(true));
     let line = text
         .lines()
-        .find(|l| l.split('\t').nth(1) == Some(key2.as_str()))
+        .find(|l| l.starts_with(&format!("{}\t", file_key(&key2))))
         .unwrap();
-    assert_eq!(line.split('\t').count(), 3, "{line}");
+    assert_eq!(line.split('\t').count(), 4, "{line}");
     let _ = std::fs::remove_file(&path);
 }
 

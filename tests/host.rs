@@ -862,7 +862,8 @@ mod cache_files {
     use std::path::{Path, PathBuf};
 
     use cudnn_safe::graph::PlanCache;
-    use cudnn_safe::{Autotuner, Error, Policy};
+    use cudnn_safe::tune::Policy;
+    use cudnn_safe::{Autotuner, Error};
 
     /// A fresh empty directory for one test.
     fn scratch(name: &str) -> PathBuf {
@@ -908,11 +909,14 @@ mod cache_files {
     fn saves_into_a_directory_that_cannot_exist_are_io_errors() {
         let dir = scratch("nodir");
         let path = dir.join("sub").join("cache.txt");
-        let (t, plans) = (tuner(&path), PlanCache::with_file(&path).unwrap());
+        let (t, plans) = (
+            tuner(&path),
+            PlanCache::new().try_cache_file(&path).unwrap(),
+        );
         std::fs::write(dir.join("sub"), b"not a directory").unwrap();
         assert_io_error(t.save(), &path);
         assert_io_error(plans.save(), &path);
-        assert_io_error(PlanCache::with_file(&path).map(|_| ()), &path);
+        assert_io_error(PlanCache::new().try_cache_file(&path).map(|_| ()), &path);
         assert!(temporaries(&dir).is_empty(), "{:?}", temporaries(&dir));
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -932,7 +936,7 @@ mod cache_files {
             .try_cache_file(&path)
             .map(|_| ());
         assert_io_error(r, &path);
-        assert_io_error(PlanCache::with_file(&path).map(|_| ()), &path);
+        assert_io_error(PlanCache::new().try_cache_file(&path).map(|_| ()), &path);
         assert!(temporaries(&dir).is_empty(), "{:?}", temporaries(&dir));
         assert!(path.join("keep").is_dir());
         std::fs::remove_dir_all(&dir).unwrap();
@@ -951,7 +955,10 @@ mod cache_files {
             eprintln!("skipping: the read-only directory is writable here (running as root)");
         } else {
             assert_io_error(tuner(&path).save(), &path);
-            assert_io_error(PlanCache::with_file(&path).unwrap().save(), &path);
+            assert_io_error(
+                PlanCache::new().try_cache_file(&path).unwrap().save(),
+                &path,
+            );
             assert!(temporaries(&locked).is_empty());
         }
         std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -968,7 +975,11 @@ mod cache_files {
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.starts_with('#'), "{text}");
         let plans = dir.join("plans.txt");
-        PlanCache::with_file(&plans).unwrap().save().unwrap();
+        PlanCache::new()
+            .try_cache_file(&plans)
+            .unwrap()
+            .save()
+            .unwrap();
         assert!(plans.is_file());
         assert!(temporaries(&dir).is_empty(), "{:?}", temporaries(&dir));
 

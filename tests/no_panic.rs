@@ -23,9 +23,10 @@ use cudnn_safe::pooling::{PoolingDesc, PoolingMode};
 use cudnn_safe::rnn::{
     BiasMode, CellMode, DirectionMode, InputMode, Rnn, RnnAlgo, SeqDataDesc, SeqLayout,
 };
+use cudnn_safe::tune::Policy;
 use cudnn_safe::{
     sys, Autotuner, BatchNorm, DType, Dropout, Error, FilterDesc, GroupNorm, LayerNorm, Layout,
-    Policy, ReduceOp, TensorBuilder, TensorDesc, TensorFormat,
+    ReduceOp, TensorBuilder, TensorDesc, TensorFormat,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -1361,7 +1362,7 @@ fn cache_files_never_panic() {
         prop_assert_eq!(again.cached_decisions(), n);
 
         std::fs::write(&path, &bytes).unwrap();
-        let cache = PlanCache::with_file(&path);
+        let cache = PlanCache::new().try_cache_file(&path);
         prop_assert!(cache.is_ok(), "{cache:?}");
         prop_assert!(cache.unwrap().save().is_ok());
         Ok(())

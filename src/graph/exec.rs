@@ -1,17 +1,13 @@
 //! Execution: buffers bound to tensors ([`Args`]), checked execution with a reused variant pack,
 //! autotuning by timing, and the plan cache.
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 
 use super::backend::{attr, ffi, kind, Desc};
-use super::build::{GraphInner, OperationGraph};
-use super::engine::{EngineConfig, Plan, PlanFilter, Skipped};
+use super::build::{GraphInner, TensorMeta};
+use super::engine::{EngineConfig, Plan};
 use super::{Graph, TensorId};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DType, DataType};
@@ -38,7 +34,7 @@ struct Entry<'a> {
     _owned: Option<CudaSlice<i32>>,
 }
 
-/// Buffers bound to the tensors of a graph for [`Cudnn::execute`] and [`autotune`].
+/// Buffers bound to the tensors of a graph for [`Cudnn::execute`] and [`autotune`](crate::tune::plan::autotune).
 ///
 /// Binding takes the device pointer through cudarc (keeping its guard until `Args` is dropped, so
 /// frees and other streams are ordered after the work enqueued with it). Every check against the
@@ -221,73 +217,7 @@ impl<'a> Args<'a> {
                     "none",
                 ));
             };
-            if let Some(found) = e.foreign {
-                return Err(Error::ForeignContext {
-                    name: m.name,
-                    expected: cudnn.context().ordinal(),
-                    found,
-                });
-            }
-            if e.dtype != m.dtype {
-                return Err(Error::UnsupportedDataType {
-                    op: "graph execution",
-                    detail: format!(
-                        "tensor `{}` is {}, the buffer bound to it holds {}",
-                        m.name, m.dtype, e.dtype
-                    ),
-                });
-            }
-            if m.is_output && !e.output {
-                return Err(Error::invalid(
-                    "graph buffer binding",
-                    format!("output `{}` bound with Args::output", m.name),
-                    "bound with Args::input",
-                ));
-            }
-            if !m.is_output && e.output {
-                return Err(Error::invalid(
-                    "graph buffer binding",
-                    format!("input `{}` bound with Args::input", m.name),
-                    "bound with Args::output",
-                ));
-            }
-            let layout = m.layout.as_ref().expect("bound tensors have a layout");
-            if m.is_output {
-                layout.check_output(m.name)?;
-            }
-            if e.len < layout.span() {
-                return Err(Error::BufferTooSmall {
-                    name: m.name,
-                    len: e.len,
-                    required: layout.span(),
-                });
-            }
-            if let Some(bound) = m.bound {
-                match e.values {
-                    Some((lo, hi)) if lo >= 0 && hi <= bound => {}
-                    Some((lo, hi)) => {
-                        return Err(Error::invalid(
-                            "graph lengths",
-                            format!("`{}`: every value in 0..={bound}", m.name),
-                            format!("values from {lo} to {hi}"),
-                        ))
-                    }
-                    None => {
-                        return Err(Error::invalid(
-                            "graph buffer binding",
-                            format!("lengths `{}` bound with Args::lengths", m.name),
-                            "a device buffer whose values the host has not checked",
-                        ))
-                    }
-                }
-            }
-            if e.ptr % ALIGNMENT != 0 {
-                return Err(Error::invalid(
-                    "graph buffer alignment",
-                    format!("`{}` at a multiple of {ALIGNMENT} bytes", m.name),
-                    format!("address {:#x}", e.ptr),
-                ));
-            }
+            check_binding(cudnn, e, m)?;
             ptrs.push(e.ptr as usize);
         }
         for e in &self.entries {
@@ -320,6 +250,81 @@ impl<'a> Args<'a> {
         ptrs.extend(g.scalars.iter().map(|w| w as *const u64 as usize));
         Ok(ptrs)
     }
+}
+
+/// The checks of one buffer bound to the graph tensor `m`: on the handle's context, of the
+/// tensor's data type, bound as input or output as the tensor is, at least the tensor's span
+/// (an output's layout not overlapping itself), lengths checked on the host within their bound,
+/// and aligned as the backend requires.
+fn check_binding(cudnn: &Cudnn, e: &Entry<'_>, m: &TensorMeta) -> Result<()> {
+    if let Some(found) = e.foreign {
+        return Err(Error::ForeignContext {
+            name: m.name,
+            expected: cudnn.context().ordinal(),
+            found,
+        });
+    }
+    if e.dtype != m.dtype {
+        return Err(Error::UnsupportedDataType {
+            op: "graph execution",
+            detail: format!(
+                "tensor `{}` is {}, the buffer bound to it holds {}",
+                m.name, m.dtype, e.dtype
+            ),
+        });
+    }
+    if m.is_output && !e.output {
+        return Err(Error::invalid(
+            "graph buffer binding",
+            format!("output `{}` bound with Args::output", m.name),
+            "bound with Args::input",
+        ));
+    }
+    if !m.is_output && e.output {
+        return Err(Error::invalid(
+            "graph buffer binding",
+            format!("input `{}` bound with Args::input", m.name),
+            "bound with Args::output",
+        ));
+    }
+    let layout = m.layout.as_ref().expect("bound tensors have a layout");
+    if m.is_output {
+        layout.check_output(m.name)?;
+    }
+    if e.len < layout.span() {
+        return Err(Error::BufferTooSmall {
+            name: m.name,
+            len: e.len,
+            required: layout.span(),
+        });
+    }
+    if let Some(bound) = m.bound {
+        match e.values {
+            Some((lo, hi)) if lo >= 0 && hi <= bound => {}
+            Some((lo, hi)) => {
+                return Err(Error::invalid(
+                    "graph lengths",
+                    format!("`{}`: every value in 0..={bound}", m.name),
+                    format!("values from {lo} to {hi}"),
+                ))
+            }
+            None => {
+                return Err(Error::invalid(
+                    "graph buffer binding",
+                    format!("lengths `{}` bound with Args::lengths", m.name),
+                    "a device buffer whose values the host has not checked",
+                ))
+            }
+        }
+    }
+    if e.ptr % ALIGNMENT != 0 {
+        return Err(Error::invalid(
+            "graph buffer alignment",
+            format!("`{}` at a multiple of {ALIGNMENT} bytes", m.name),
+            format!("address {:#x}", e.ptr),
+        ));
+    }
+    Ok(())
 }
 
 /// The variant pack of a plan's last execution and the pointers it holds.
@@ -410,542 +415,9 @@ impl Cudnn {
     }
 }
 
-/// How [`autotune`] times candidates.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct AutotuneOptions {
-    rounds: usize,
-    iterations: usize,
-}
-
-impl Default for AutotuneOptions {
-    fn default() -> Self {
-        AutotuneOptions {
-            rounds: 3,
-            iterations: 5,
-        }
-    }
-}
-
-impl AutotuneOptions {
-    /// Defaults: 3 rounds of 5 executions, after one warm-up execution.
-    pub fn new() -> Self {
-        Self::default()
-    }
-    /// Timed rounds per candidate (the best round counts), at least 1.
-    #[must_use]
-    pub fn rounds(mut self, n: usize) -> Self {
-        self.rounds = n.max(1);
-        self
-    }
-    /// Executions per round, at least 1.
-    #[must_use]
-    pub fn iterations(mut self, n: usize) -> Self {
-        self.iterations = n.max(1);
-        self
-    }
-}
-
-/// The measured time of one candidate.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Timing {
-    /// The plan's name ([`Plan::name`]).
-    pub name: String,
-    /// Milliseconds per execution, best round.
-    pub ms: f32,
-}
-
-/// The result of [`autotune`].
-#[derive(Debug)]
-pub struct Tuned {
-    /// The fastest plan.
-    pub plan: Plan,
-    /// Every candidate that ran, fastest first.
-    pub timings: Vec<Timing>,
-    /// Candidates that could not run (workspace limit, execution error).
-    pub failed: Vec<Skipped>,
-}
-
-/// Times each plan on the bound buffers (CUDA events around `iterations` executions, best of
-/// `rounds`, after a warm-up) and returns the fastest.
-///
-/// The outputs bound in `args` are overwritten by every candidate: bind scratch buffers if their
-/// contents matter. A candidate whose workspace does not fit `ws`'s limit, or that fails to
-/// execute, is skipped; [`Error::NoAlgorithm`] when none runs.
-pub fn autotune(
-    cudnn: &Cudnn,
-    plans: Vec<Plan>,
-    args: &Args<'_>,
-    ws: &mut Workspace,
-    opts: &AutotuneOptions,
-) -> Result<Tuned> {
-    let stream = cudnn.stream();
-    let event = || {
-        stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(|e| Error::driver("recording a graph autotune event", e))
-    };
-    let mut best: Option<(f32, Plan)> = None;
-    let mut timings = Vec::new();
-    let mut failed = Vec::new();
-    for plan in plans {
-        let name = plan.name();
-        let run = |ws: &mut Workspace| -> Result<f32> {
-            cudnn.execute(&plan, args, ws)?;
-            let mut fastest = f32::INFINITY;
-            for _ in 0..opts.rounds {
-                let start = event()?;
-                for _ in 0..opts.iterations {
-                    cudnn.execute(&plan, args, ws)?;
-                }
-                let end = event()?;
-                let ms = start
-                    .elapsed_ms(&end)
-                    .map_err(|e| Error::driver("timing a graph plan", e))?;
-                fastest = fastest.min(ms / opts.iterations as f32);
-            }
-            Ok(fastest)
-        };
-        match run(ws) {
-            Ok(ms) => {
-                log::debug!("graph autotune: {name} {ms:.4} ms");
-                timings.push(Timing { name, ms });
-                if best.as_ref().map_or(true, |(b, _)| ms < *b) {
-                    best = Some((ms, plan));
-                }
-            }
-            Err(e) => {
-                // An argument error is the caller's, not the candidate's: report it.
-                if matches!(
-                    e,
-                    Error::BufferTooSmall { .. }
-                        | Error::ForeignContext { .. }
-                        | Error::OverlappingOutput { .. }
-                        | Error::UnsupportedDataType { .. }
-                ) || matches!(e, Error::InvalidArgument { what, .. } if what.starts_with("graph") || what == "cuDNN handle")
-                {
-                    return Err(e);
-                }
-                log::debug!("graph autotune: {name} failed: {e}");
-                failed.push(Skipped {
-                    name,
-                    reason: e.to_string(),
-                });
-            }
-        }
-    }
-    timings.sort_by(|a, b| a.ms.total_cmp(&b.ms));
-    match best {
-        Some((_, plan)) => Ok(Tuned {
-            plan,
-            timings,
-            failed,
-        }),
-        None => Err(Error::NoAlgorithm {
-            op: "graph autotune",
-            detail: failed
-                .iter()
-                .map(|s| format!("{}: {}", s.name, s.reason))
-                .collect::<Vec<_>>()
-                .join("; "),
-        }),
-    }
-}
-
-/// Plans kept by graph signature, filter, GPU and cuDNN version, so that a graph seen before
-/// reuses its plan instead of asking the heuristics (or autotuning) again.
-///
-/// Plans run only on the handle they were built on: an entry built on another handle counts as
-/// a miss and is replaced. With a file ([`PlanCache::with_file`]) the chosen engine
-/// configurations persist with their graphs ([`Graph::to_json`]), and a new process rebuilds
-/// only the chosen plan ([`OperationGraph::plan_from_config`]). [`PlanCache::warm_up`] does that
-/// at start-up for every graph in the file and executes each plan once, so that the first call
-/// of the process finds its plan held and its kernel loaded.
-///
-/// ```no_run
-/// # use cudnn_safe::graph::{Graph, PlanCache, PlanFilter};
-/// # fn f(cudnn: &cudnn_safe::Cudnn, g: &Graph) -> cudnn_safe::Result<()> {
-/// let mut cache = PlanCache::with_file("/tmp/graph-plans.txt")?;
-/// let og = g.build(cudnn)?;
-/// let plan = cache.get_or_build(cudnn, &og, &PlanFilter::default())?;
-/// println!("{} needs {} workspace bytes", plan.name(), plan.workspace_size());
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Default)]
-pub struct PlanCache {
-    plans: HashMap<String, Plan>,
-    configs: HashMap<String, EngineConfig>,
-    /// The graph of each persisted configuration ([`Graph::to_json`]), where it could be written.
-    graphs: HashMap<String, String>,
-    path: Option<PathBuf>,
-    hits: u64,
-    misses: u64,
-}
-
-/// What [`PlanCache::warm_up`] did.
-#[derive(Debug, Clone, Default)]
-pub struct PlanWarmUp {
-    /// Entries whose plan was rebuilt from the recorded graph, executed once on scratch buffers
-    /// and is now held by the cache.
-    pub replayed: usize,
-    /// Entries of this GPU and cuDNN version whose plan was already held on this handle.
-    pub held: usize,
-    /// Entries of this GPU and cuDNN version not replayed, with why (no recorded graph, a record
-    /// that does not read back, a plan that no longer builds or runs).
-    pub skipped: Vec<Skipped>,
-    /// Entries of other GPUs or cuDNN versions (left alone).
-    pub other: usize,
-    /// Largest workspace a replayed plan needs (the workspace was grown to it).
-    pub workspace: usize,
-    /// Wall time of the warm-up, the GPU work included.
-    pub elapsed: Duration,
-}
-
-impl PlanCache {
-    /// An empty in-memory cache.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// A cache persisting its choices to `path` (read now if it exists; written after each new
-    /// choice). Lines are `<engine config>\t<key>\t<graph>` (the graph as [`Graph::to_json`]
-    /// writes it; lines without one are still read, for their choice only); malformed lines are
-    /// ignored. A configuration read from the file is checked against its engine's knobs when
-    /// its plan is built ([`OperationGraph::plan_from_config`]); one that fails is logged and
-    /// replaced.
-    ///
-    /// Errors: [`Error::Io`] (the path and the operating system's error) when the file exists
-    /// but cannot be read (not a regular file, no permission, larger than 64 MiB).
-    pub fn with_file(path: impl Into<PathBuf>) -> Result<Self> {
-        let path = path.into();
-        let mut configs = HashMap::new();
-        let mut graphs = HashMap::new();
-        let bytes = crate::persist::read(&path)?.unwrap_or_default();
-        for (_, line) in crate::persist::lines(&bytes) {
-            let Some(line) = line else { continue };
-            let mut fields = line.splitn(3, '\t');
-            let (Some(cfg), Some(key)) = (fields.next(), fields.next()) else {
-                continue;
-            };
-            let Ok(c) = cfg.parse::<EngineConfig>() else {
-                continue;
-            };
-            configs.insert(key.to_string(), c);
-            if let Some(g) = fields.next().filter(|g| !g.is_empty()) {
-                graphs.insert(key.to_string(), g.to_string());
-            }
-        }
-        Ok(PlanCache {
-            configs,
-            graphs,
-            path: Some(path),
-            ..Default::default()
-        })
-    }
-
-    /// The start of every key of this handle's GPU and cuDNN version.
-    fn key_prefix(cudnn: &Cudnn) -> String {
-        let ctx = cudnn.context();
-        let name = ctx
-            .name()
-            .unwrap_or_else(|_| format!("device{}", ctx.ordinal()));
-        let (major, minor) = ctx.compute_capability().unwrap_or((0, 0));
-        format!(
-            "{} sm{major}{minor} cudnn{} | ",
-            name.replace(['\t', '\n'], " "),
-            cudnn.version()
-        )
-    }
-
-    /// The key of a graph under a filter on this handle's GPU and cuDNN version.
-    pub fn key(cudnn: &Cudnn, og: &OperationGraph, filter: &PlanFilter) -> String {
-        format!("{}{filter:?} | {}", Self::key_prefix(cudnn), og.signature())
-    }
-
-    /// The cached plan for this graph and filter on this handle, if any (counts a hit or a miss).
-    /// A plan found for another graph of the same signature is shared with `og`
-    /// ([`Plan::share_with`]), so it executes with `og`'s tensor ids.
-    pub fn get(
-        &mut self,
-        cudnn: &Cudnn,
-        og: &OperationGraph,
-        filter: &PlanFilter,
-    ) -> Option<&Plan> {
-        let key = Self::key(cudnn, og, filter);
-        let hit = self
-            .plans
-            .get(&key)
-            .is_some_and(|p| p.graph.check_handle(cudnn).is_ok() && p.share_with(og).is_ok());
-        if hit {
-            self.hits += 1;
-            self.plans.get(&key)
-        } else {
-            self.misses += 1;
-            None
-        }
-    }
-
-    /// Stores a plan for this graph and filter (replacing any), persisting its configuration and
-    /// graph when the cache has a file.
-    pub fn insert(
-        &mut self,
-        cudnn: &Cudnn,
-        og: &OperationGraph,
-        filter: &PlanFilter,
-        plan: Plan,
-    ) -> Result<&Plan> {
-        if plan.signature() != og.signature() {
-            return Err(Error::invalid(
-                "graph plan cache entry",
-                "a plan of the graph it is stored under",
-                "a plan of another graph",
-            ));
-        }
-        let key = Self::key(cudnn, og, filter);
-        let record = match og.graph().to_json() {
-            Ok(r) => Some(r),
-            Err(e) => {
-                log::debug!("graph plan cache: the graph is kept without its record: {e}");
-                None
-            }
-        };
-        let changed = self.configs.get(&key) != Some(plan.config())
-            || self.graphs.get(&key) != record.as_ref();
-        self.configs.insert(key.clone(), plan.config().clone());
-        match record {
-            Some(r) => self.graphs.insert(key.clone(), r),
-            None => self.graphs.remove(&key),
-        };
-        if changed {
-            self.save()?;
-        }
-        self.plans.insert(key.clone(), plan);
-        Ok(&self.plans[&key])
-    }
-
-    /// The cached plan, or the persisted configuration's plan, or the first plan the filter
-    /// yields (the heuristics' favourite), stored for next time.
-    pub fn get_or_build(
-        &mut self,
-        cudnn: &Cudnn,
-        og: &OperationGraph,
-        filter: &PlanFilter,
-    ) -> Result<&Plan> {
-        self.get_or_make(cudnn, og, filter, || {
-            Ok(og
-                .plans(cudnn, &filter.clone().max_plans(Some(1)))?
-                .plans
-                .swap_remove(0))
-        })
-    }
-
-    /// The cached plan, or the persisted configuration's plan, or the fastest of the filter's
-    /// plans timed by [`autotune`] on `args` (whose outputs are overwritten), stored for next
-    /// time.
-    pub fn get_or_autotune(
-        &mut self,
-        cudnn: &Cudnn,
-        og: &OperationGraph,
-        filter: &PlanFilter,
-        args: &Args<'_>,
-        ws: &mut Workspace,
-        opts: &AutotuneOptions,
-    ) -> Result<&Plan> {
-        self.get_or_make(cudnn, og, filter, || {
-            Ok(autotune(cudnn, og.plans(cudnn, filter)?.plans, args, ws, opts)?.plan)
-        })
-    }
-
-    /// The cached plan, or the persisted configuration's plan, or the plan of `make`, stored
-    /// for next time.
-    fn get_or_make(
-        &mut self,
-        cudnn: &Cudnn,
-        og: &OperationGraph,
-        filter: &PlanFilter,
-        make: impl FnOnce() -> Result<Plan>,
-    ) -> Result<&Plan> {
-        let key = Self::key(cudnn, og, filter);
-        if self.get(cudnn, og, filter).is_some() {
-            return Ok(&self.plans[&key]);
-        }
-        let plan = match self.persisted(cudnn, og, &key) {
-            Some(p) => p,
-            None => make()?,
-        };
-        self.insert(cudnn, og, filter, plan)
-    }
-
-    /// The plan of the persisted configuration for `key`, if there is one and it still builds.
-    fn persisted(&self, cudnn: &Cudnn, og: &OperationGraph, key: &str) -> Option<Plan> {
-        let cfg = self.configs.get(key)?;
-        match og.plan_from_config(cudnn, cfg) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                log::warn!("graph plan cache: persisted {cfg} no longer builds: {e}");
-                None
-            }
-        }
-    }
-
-    /// Start-up work for a cache read from a file: for every persisted entry of this handle's
-    /// GPU and cuDNN version, reads its graph back ([`Graph::from_json`], checked), builds it,
-    /// builds the chosen plan ([`OperationGraph::plan_from_config`]) and executes it once on
-    /// zero-filled scratch buffers (one per tensor, of its span; freed afterwards) with `ws`
-    /// (grown to the plan's workspace size), then holds the plan. A later [`PlanCache::get`] of a
-    /// graph with the same signature finds it, and its first execution finds its kernel loaded:
-    /// CUDA loads a kernel lazily at its first launch, so without this warm-up the first real
-    /// call pays for it (after [`super::preload`], that is what remains of a new process's first
-    /// call).
-    ///
-    /// The file is trusted for the choice and the graph description only: the graph passes the
-    /// record checks and cuDNN's validation, a key whose signature is not its graph's is
-    /// skipped, and the scratch execution is checked like every [`Cudnn::execute`]. An entry
-    /// that fails is reported in [`PlanWarmUp::skipped`] (and logged) and left for
-    /// [`PlanCache::get_or_build`]. Each entry is logged at `info` level as it finishes (plans
-    /// of runtime-compiled engines take up to about a second each to build).
-    ///
-    /// ```no_run
-    /// # use cudnn_safe::graph::PlanCache;
-    /// # fn f(cudnn: &cudnn_safe::Cudnn) -> cudnn_safe::Result<()> {
-    /// cudnn_safe::graph::preload(cudnn)?;
-    /// let mut cache = PlanCache::with_file("/tmp/graph-plans.txt")?;
-    /// let mut ws = cudnn_safe::Workspace::new(cudnn.stream().clone());
-    /// let w = cache.warm_up(cudnn, &mut ws)?;
-    /// println!("{} plans ready in {:?}, {} skipped", w.replayed, w.elapsed, w.skipped.len());
-    /// # Ok(()) }
-    /// ```
-    pub fn warm_up(&mut self, cudnn: &Cudnn, ws: &mut Workspace) -> Result<PlanWarmUp> {
-        self.warm_up_within(cudnn, ws, usize::MAX)
-    }
-
-    /// [`PlanCache::warm_up`] within a memory limit: an entry whose scratch memory (the
-    /// buffers of all its graph's tensors plus its plan's workspace, in bytes) would exceed
-    /// `max_scratch_bytes` is skipped (reported in [`PlanWarmUp::skipped`] with its size, and
-    /// left for [`PlanCache::get_or_build`]) instead of allocated (a bf16 attention graph of
-    /// 8×16×4096×128 needs about 0.5 GB of scratch forward and 1.4 GB backward). The buffers
-    /// are checked before the plan is built, the workspace after.
-    ///
-    /// ```no_run
-    /// # use cudnn_safe::graph::PlanCache;
-    /// # fn f(cudnn: &cudnn_safe::Cudnn) -> cudnn_safe::Result<()> {
-    /// let mut cache = PlanCache::with_file("/tmp/graph-plans.txt")?;
-    /// let mut ws = cudnn_safe::Workspace::new(cudnn.stream().clone());
-    /// // Replay only graphs that fit in 256 MiB of scratch.
-    /// let w = cache.warm_up_within(cudnn, &mut ws, 256 << 20)?;
-    /// for s in &w.skipped {
-    ///     println!("not warmed up: {} ({})", s.name, s.reason);
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub fn warm_up_within(
-        &mut self,
-        cudnn: &Cudnn,
-        ws: &mut Workspace,
-        max_scratch_bytes: usize,
-    ) -> Result<PlanWarmUp> {
-        let started = Instant::now();
-        let mut done = PlanWarmUp::default();
-        let prefix = Self::key_prefix(cudnn);
-        let mut keys: Vec<String> = self.configs.keys().cloned().collect();
-        keys.sort();
-        let total = keys.iter().filter(|k| k.starts_with(&prefix)).count();
-        let mut seen = 0;
-        for key in keys {
-            if !key.starts_with(&prefix) {
-                done.other += 1;
-                continue;
-            }
-            seen += 1;
-            let cfg = self.configs[&key].clone();
-            if self
-                .plans
-                .get(&key)
-                .is_some_and(|p| p.graph.check_handle(cudnn).is_ok())
-            {
-                done.held += 1;
-                continue;
-            }
-            let t = Instant::now();
-            let outcome = match self.graphs.get(&key) {
-                Some(record) => replay(cudnn, ws, &key, &cfg, record, max_scratch_bytes),
-                None => Err(Error::invalid(
-                    "graph plan cache entry",
-                    "a recorded graph",
-                    "a configuration only (written before graphs were recorded, or a graph \
-                     JSON cannot hold)",
-                )),
-            };
-            match outcome {
-                Ok(plan) => {
-                    log::info!(
-                        "graph plan cache warm-up [{seen}/{total}]: {cfg} ready in {:.1} ms",
-                        t.elapsed().as_secs_f64() * 1e3
-                    );
-                    done.replayed += 1;
-                    done.workspace = done.workspace.max(plan.workspace_size());
-                    self.plans.insert(key, plan);
-                }
-                Err(e) => {
-                    log::info!("graph plan cache warm-up [{seen}/{total}]: {cfg} skipped: {e}");
-                    done.skipped.push(Skipped {
-                        name: cfg.to_string(),
-                        reason: e.to_string(),
-                    });
-                }
-            }
-        }
-        cudnn
-            .stream()
-            .synchronize()
-            .map_err(|e| Error::driver("synchronizing after the plan cache warm-up", e))?;
-        done.elapsed = started.elapsed();
-        log::info!(
-            "graph plan cache warm-up: {} plans replayed, {} held, {} skipped, {} of other \
-             devices or versions, {:.1} ms",
-            done.replayed,
-            done.held,
-            done.skipped.len(),
-            done.other,
-            done.elapsed.as_secs_f64() * 1e3
-        );
-        Ok(done)
-    }
-
-    /// Writes the persisted configurations (no-op without a file), atomically: readers see the
-    /// old file or the new one. Errors: [`Error::Io`] (the path and the operating system's
-    /// error) when it cannot be written; the file is then left as it was.
-    pub fn save(&self) -> Result<()> {
-        let Some(path) = &self.path else {
-            return Ok(());
-        };
-        save_configs(path, &self.configs, &self.graphs)
-    }
-
-    /// Number of plans held in memory.
-    pub fn len(&self) -> usize {
-        self.plans.len()
-    }
-    /// Whether no plan is held in memory.
-    pub fn is_empty(&self) -> bool {
-        self.plans.is_empty()
-    }
-    /// Lookups that found a plan.
-    pub fn hits(&self) -> u64 {
-        self.hits
-    }
-    /// Lookups that found none.
-    pub fn misses(&self) -> u64 {
-        self.misses
-    }
-    /// Drops the plans held in memory (persisted configurations stay).
-    pub fn clear(&mut self) {
-        self.plans.clear();
-    }
-}
-
 /// One entry of [`PlanCache::warm_up`]: the recorded graph read back and built, checked against
 /// its key, the chosen plan built and executed once on zero-filled scratch buffers.
-fn replay(
+pub(crate) fn replay(
     cudnn: &Cudnn,
     ws: &mut Workspace,
     key: &str,
@@ -1009,28 +481,4 @@ fn replay(
     }
     cudnn.execute(&plan, &args, ws)?;
     Ok(plan)
-}
-
-fn save_configs(
-    path: &Path,
-    configs: &HashMap<String, EngineConfig>,
-    graphs: &HashMap<String, String>,
-) -> Result<()> {
-    use std::fmt::Write;
-    let mut lines: Vec<String> = configs
-        .iter()
-        .map(|(k, c)| {
-            let key = k.replace(['\n', '\t'], " ");
-            match graphs.get(k) {
-                Some(g) => format!("{c}\t{key}\t{}", g.replace(['\n', '\t'], " ")),
-                None => format!("{c}\t{key}"),
-            }
-        })
-        .collect();
-    lines.sort();
-    let mut text = String::new();
-    for l in lines {
-        let _ = writeln!(text, "{l}");
-    }
-    crate::persist::write_atomic(path, text.as_bytes())
 }

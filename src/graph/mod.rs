@@ -64,7 +64,7 @@ mod build;
 mod conv;
 mod cuda_graph;
 mod engine;
-mod exec;
+pub(crate) mod exec;
 mod matmul;
 mod model;
 // Normalization ops live with the rest of normalization (src/norm/graph/); compiled here, as
@@ -79,8 +79,11 @@ mod record;
 mod reduction;
 mod rng;
 mod select;
-pub(crate) mod union;
 
+pub use crate::tune::plan::{autotune, PlanCache};
+/// The union search's graph side, where the convolution directions' graph builders find it.
+#[allow(unused_imports)]
+pub(crate) use crate::tune::union;
 pub use attention::{
     alibi_slopes, DiagonalAlignment, Sdpa, SdpaBackward, SdpaDropout, SdpaForward, SdpaGrads,
     SdpaInputs, SdpaLayout, SdpaOptions, SdpaOutputs,
@@ -91,14 +94,13 @@ pub use engine::{
     BehaviorNote, EngineConfig, HeurMode, KnobRange, NumericalNote, PlanFilter, PlanList, Skipped,
     MAX_KNOB_VALUES,
 };
-pub use exec::{autotune, Args, AutotuneOptions, PlanCache, PlanWarmUp, Timing, Tuned};
+pub use exec::Args;
 pub use norm::{
     BatchNormOutputs, BatchNormRunning, GroupNormMethod, GroupNormOutputs, LayerNormGrads,
     LayerNormOutputs, RmsNormGrads, RmsNormOutputs,
 };
 pub use plan::Plan;
 pub use preload::{preload, Preloaded};
-pub use union::{ConvApi, GraphSearch};
 
 pub use conv::ConvParams;
 pub(crate) use model::{stride_order, strides_in_order, TensorInfo};

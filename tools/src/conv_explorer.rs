@@ -74,14 +74,10 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::Instant;
 
 use cudnn_safe::conv::{AlgoPerf, ConvAlgorithm, ConvFwdAlgo, MathType};
-use cudnn_safe::graph::{
-    Args, ConvApi, ConvParams, Graph, GraphSearch, HeurMode, NumericalNote, PlanFilter,
-};
+use cudnn_safe::graph::{Args, ConvParams, Graph, HeurMode, NumericalNote, PlanFilter};
 use cudnn_safe::half::{bf16, f16};
-use cudnn_safe::{
-    cuda_context, format_version, Autotuner, Cudnn, DType, FixedAlgos, Policy, Result, Source,
-    Workspace, CACHE_ENV,
-};
+use cudnn_safe::tune::{ConvApi, FixedAlgos, GraphSearch, Policy, Source, CACHE_ENV};
+use cudnn_safe::{cuda_context, format_version, Autotuner, Cudnn, DType, Result, Workspace};
 
 #[path = "common/mod.rs"]
 mod common;

@@ -10,7 +10,7 @@
 //!
 //! 1. **Parent**: builds the graph, builds up to `--max-plans` plans (heuristics A then fallback),
 //!    times each on the GPU ([`autotune`], one plan at a time so that progress shows), stores the
-//!    fastest in a [`PlanCache::with_file`] (which writes the file), and executes it once for the
+//!    fastest in a [`PlanCache::cache_file`] (which writes the file), and executes it once for the
 //!    reference output (checked against an f64 CPU reference on 64 sampled points).
 //! 2. **Children**: runs this program again (`std::env::current_exe()` with `--child`) once
 //!    per mode below, each a fresh process measuring with [`Instant`] what its first
@@ -76,13 +76,12 @@ use common::{device_line, drv, open_gpu, options};
 use cudnn_safe::conv::ConvDesc;
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::graph::{
-    autotune, Args, AutotuneOptions, ConvParams, Graph, OperationGraph, Plan, PlanCache,
-    PlanFilter, TensorId,
+    autotune, Args, ConvParams, Graph, OperationGraph, Plan, PlanCache, PlanFilter, TensorId,
 };
 use cudnn_safe::half::f16;
+use cudnn_safe::tune::Policy;
 use cudnn_safe::{
-    cuda_context, Autotuner, Cudnn, DType, FilterDesc, Policy, Result, TensorDesc, TensorFormat,
-    Workspace,
+    cuda_context, Autotuner, Cudnn, DType, FilterDesc, Result, TensorDesc, TensorFormat, Workspace,
 };
 
 const USAGE: &str = "usage: plan_cache [--max-plans N] [--no-runtime-compilation] [--keep]
@@ -475,9 +474,15 @@ fn parent_in(stream: &Arc<CudaStream>, cudnn: &Cudnn, opts: &Opts, dir: &Path) -
         for (i, plan) in list.plans.into_iter().enumerate() {
             let name = plan.name();
             let t = Instant::now();
-            match autotune(cudnn, vec![plan], &args, &mut ws, &AutotuneOptions::new()) {
+            match autotune(
+                cudnn,
+                vec![plan],
+                &args,
+                &mut ws,
+                &cudnn_safe::tune::plan::Policy::new(),
+            ) {
                 Ok(tuned) => {
-                    let ms = tuned.timings.first().map_or(f32::INFINITY, |t| t.ms);
+                    let ms = tuned.candidates.first().map_or(f32::INFINITY, |t| t.ms);
                     eprintln!(
                         "  [{}/{n}] {name}: {ms:.4} ms per call (timed in {:.2} s)",
                         i + 1,
@@ -493,7 +498,7 @@ fn parent_in(stream: &Arc<CudaStream>, cudnn: &Cudnn, opts: &Opts, dir: &Path) -
     }
     let (best_ms, plan) = best.ok_or("no plan ran")?;
     let cache_path = dir.join("plans.txt");
-    let mut cache = PlanCache::with_file(&cache_path)?;
+    let mut cache = PlanCache::new().try_cache_file(&cache_path)?;
     let plan = cache.insert(cudnn, &og, &filter(opts.no_rtc), plan)?;
     let config = plan.name();
     let saved = std::fs::read_to_string(&cache_path)?;
@@ -693,7 +698,7 @@ fn child_run(args: &[String]) -> BoxResult<()> {
     let mut warmed = None;
     if mode.ends_with("+warm_up") {
         let t = Instant::now();
-        let mut cache = PlanCache::with_file(cache)?;
+        let mut cache = PlanCache::new().try_cache_file(cache)?;
         let mut ws = Workspace::new(stream.clone());
         let w = cache.warm_up(&cudnn, &mut ws)?;
         report("warm_up", t);
@@ -717,7 +722,7 @@ fn child_run(args: &[String]) -> BoxResult<()> {
         Some((cache, ws)) => (cache, Some(ws)),
         None => {
             let t = Instant::now();
-            let cache = PlanCache::with_file(cache)?;
+            let cache = PlanCache::new().try_cache_file(cache)?;
             report("cache_open", t);
             (cache, None)
         }
@@ -765,7 +770,7 @@ fn child_run(args: &[String]) -> BoxResult<()> {
     report("repacked_execute", t);
     println!("engine {} {}", plan.name(), plan.is_deterministic());
     println!("notes {} {:?}", plan.name(), plan.behavior_notes());
-    if warmed_up && (cache.hits(), cache.misses()) != (1, 0) {
+    if warmed_up && (cache.stats().hits, cache.stats().misses) != (1, 0) {
         return Err("the warmed-up cache missed the graph".into());
     }
 
@@ -779,7 +784,7 @@ fn tuner_forward(
     x: &CudaSlice<f16>,
     w: &CudaSlice<f16>,
     y: &mut CudaSlice<f16>,
-) -> Result<cudnn_safe::Choice<cudnn_safe::conv::ConvFwdAlgo>> {
+) -> Result<cudnn_safe::tune::Choice<cudnn_safe::conv::ConvFwdAlgo>> {
     let x_d = TensorDesc::<f16>::nhwc_nd(&X)?;
     let w_d = FilterDesc::<f16>::new(&[K, X[1], R, R], TensorFormat::Nhwc)?;
     let conv = ConvDesc::builder(2).pads(&[R / 2, R / 2]).build::<f16>()?;

@@ -37,10 +37,10 @@ use std::time::Instant;
 use common::{device_line, drv, open_gpu, options, out_dir, Rng, Timer};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::graph::{
-    autotune, Args, AutotuneOptions, Graph, OperationGraph, Plan, PlanFilter, PointwiseMode,
-    SdpaOptions, TensorId,
+    autotune, Args, Graph, OperationGraph, Plan, PlanFilter, PointwiseMode, SdpaOptions, TensorId,
 };
 use cudnn_safe::half::bf16;
+use cudnn_safe::tune;
 use cudnn_safe::{Cudnn, DType, Error, Result, Workspace};
 
 const USAGE: &str = "usage: transformer_block [--size small|realistic|both]
@@ -497,7 +497,7 @@ impl Block {
                     list.plans,
                     args,
                     &mut self.ws,
-                    &AutotuneOptions::new(),
+                    &tune::plan::Policy::new(),
                 )
             })?;
             println!(

@@ -51,7 +51,7 @@ use crate::workspace::Workspace;
 /// # Algorithms
 ///
 /// Under [`Policy::Heuristic`] (the default) the call runs cuBLASLt's first heuristic choice;
-/// under [`Policy::Autotune`] the top candidates (8 by default) are each timed on the call's own
+/// under [`Policy::Benchmark`] the top candidates (8 by default) are each timed on the call's own
 /// buffers with CUDA events and the fastest is kept. Either decision is cached per problem (shape,
 /// transposes, dtype, compute type, epilogue, pointer alignments, workspace limit, policy, GPU
 /// model and cuBLASLt version) in memory and, optionally, in a file
@@ -94,8 +94,8 @@ use crate::workspace::Workspace;
 /// # fn main() -> cudnn_safe::Result<()> {
 /// let ctx = cudnn_safe::cuda_context(0)?;
 /// let lt = BlasLt::new(ctx.default_stream())?
-///     .with_workspace_limit(64 << 20)
-///     .with_policy(Policy::Autotune)
+///     .workspace_limit(64 << 20)
+///     .with_policy(Policy::Benchmark)
 ///     .cache_file("lt-autotune.txt");
 /// println!("cuBLASLt {}", lt.version());
 /// # Ok(()) }
@@ -166,12 +166,12 @@ impl BlasLt {
     /// Limits the workspace any algorithm may use (bytes; 0 = algorithms without workspace
     /// only). Part of the cache key.
     #[must_use]
-    pub fn with_workspace_limit(mut self, bytes: usize) -> Self {
+    pub fn workspace_limit(mut self, bytes: usize) -> Self {
         self.set_workspace_limit(bytes);
         self
     }
 
-    /// As [`with_workspace_limit`](Self::with_workspace_limit), in place (frees the workspace).
+    /// As [`workspace_limit`](Self::workspace_limit), in place (frees the workspace).
     pub fn set_workspace_limit(&mut self, bytes: usize) {
         self.workspace = Workspace::new(self.stream.clone()).with_limit(bytes);
     }
@@ -226,7 +226,7 @@ impl BlasLt {
         self.policy
     }
     /// The workspace limit in bytes.
-    pub fn workspace_limit(&self) -> usize {
+    pub fn limit(&self) -> usize {
         self.workspace.limit()
     }
     /// Bytes of workspace currently allocated (grown on demand up to the limit).
@@ -246,7 +246,7 @@ impl BlasLt {
         self.path.as_deref()
     }
     /// Forgets every decision in memory (the file is left as it is).
-    pub fn clear_cache(&mut self) {
+    pub fn clear(&mut self) {
         self.cache.clear();
     }
     /// The raw handle, for cuBLASLt functions this crate does not wrap. It stays owned by `self`.

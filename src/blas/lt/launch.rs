@@ -114,7 +114,7 @@ impl BlasLt {
     /// the handle's context. With `beta = 0`, `D` is not read (it may hold NaN).
     ///
     /// An algorithm cuBLASLt refuses at launch is dropped from the cached ranking and the next
-    /// one runs. Under [`Policy::Autotune`] the first call of a problem writes `D` (or a
+    /// one runs. Under [`Policy::Benchmark`] the first call of a problem writes `D` (or a
     /// scratch copy when `beta ≠ 0`) and the epilogue outputs several times while timing.
     #[doc(alias = "cublasLtMatmul")]
     #[doc(alias = "cublasLtMatmulAlgoGetHeuristic")]

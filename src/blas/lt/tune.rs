@@ -1,12 +1,10 @@
 //! The tuner of [`BlasLt`]: the policy, what a call ran ([`Choice`], [`Source`],
 //! [`Candidate`]), the counters, the decision cache with its file, and the timing of candidates.
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaStream, DevicePtrMut};
 
 use super::desc::{Alignments, Descs};
@@ -14,6 +12,8 @@ use super::launch::{algo_id, alignment_of, launch, Call, Ptrs};
 use super::{BlasLt, Element, Matmul};
 use crate::blas::require_cublaslt;
 use crate::error::{Error, Result};
+use crate::timing;
+use crate::tune::{self, Format};
 
 /// Device time an autotune spends timing one candidate (after one warm-up launch), in ms.
 pub(super) const AUTOTUNE_BATCH_MS: f32 = 2.0;
@@ -22,7 +22,11 @@ pub(super) const AUTOTUNE_ROUNDS: usize = 3;
 /// Another candidate replaces the heuristic's first only when at least 2 % faster.
 pub(super) const AUTOTUNE_MARGIN: f32 = 0.98;
 
-pub(super) const FILE_HEADER: &str = "# cudnn-safe cuBLASLt autotune cache v1: device<TAB>problem<TAB>algo:workspace:index:waves:ms,...<TAB>checksum";
+/// The cuBLASLt decisions' cache file (the format every tuner shares).
+pub(super) const FORMAT: Format = Format {
+    kind: "cublaslt",
+    columns: "device<TAB>problem<TAB>algo:workspace:index:waves:ms,...<TAB>checksum",
+};
 
 /// Version of the problem-key layout (first element of every key), so that a changed layout
 /// never matches old file entries.
@@ -35,21 +39,21 @@ pub enum Policy {
     #[default]
     Heuristic,
     /// Time the top heuristic candidates on the call's buffers and keep the fastest.
-    Autotune,
+    Benchmark,
 }
 
 impl Policy {
-    /// `"heuristic"` or `"autotune"`.
+    /// `"heuristic"` or `"benchmark"`.
     pub fn name(self) -> &'static str {
         match self {
             Policy::Heuristic => "heuristic",
-            Policy::Autotune => "autotune",
+            Policy::Benchmark => "benchmark",
         }
     }
     pub(super) fn code(self) -> i64 {
         match self {
             Policy::Heuristic => 0,
-            Policy::Autotune => 1,
+            Policy::Benchmark => 1,
         }
     }
 }
@@ -68,7 +72,7 @@ pub struct Candidate {
     pub workspace: usize,
     /// cuBLASLt's `wavesCount` estimate (≤ 0 when it gave none).
     pub waves_count: f32,
-    /// Measured ms per call (autotune), `None` otherwise.
+    /// Measured ms per call ([`Policy::Benchmark`]), `None` otherwise.
     pub time_ms: Option<f32>,
     /// `CUBLASLT_ALGO_CONFIG_ID` of the algorithm (−1 if cuBLASLt did not report it).
     pub algo_id: i32,
@@ -90,8 +94,8 @@ impl Candidate {
 pub enum Source {
     /// cuBLASLt's heuristic, queried by this call.
     Heuristic,
-    /// An autotune run by this call.
-    Autotune,
+    /// A benchmark (candidates timed) run by this call.
+    Benchmark,
     /// The handle's cache (decided earlier in the process, or read from the cache file).
     Cache,
     /// The caller's [`Candidate`].
@@ -114,10 +118,10 @@ pub struct Choice {
 pub struct Stats {
     /// Calls served from the cache.
     pub hits: u64,
-    /// Decisions made (heuristic or autotune).
+    /// Decisions made (heuristic or benchmark).
     pub misses: u64,
-    /// Autotunes run.
-    pub autotunes: u64,
+    /// Benchmarks run (candidates timed on the call's buffers).
+    pub benchmarks: u64,
     /// Times a later candidate ran because an earlier one was refused at launch.
     pub fallbacks: u64,
 }
@@ -148,27 +152,24 @@ pub(super) struct Key {
 }
 
 impl BlasLt {
-    /// Persists decisions to `path` (read now if it exists; rewritten after each new decision).
-    /// Lines that do not parse or whose checksum does not match are skipped with a warning;
-    /// entries of other GPUs or cuBLASLt versions are kept in the file but never used here.
+    /// Persists decisions to `path` (read now if it exists; rewritten, merged with what another
+    /// process wrote meanwhile, after each new decision), in the cache-file format every tuner
+    /// shares ([`crate::tune`]). Lines that do not parse or whose checksum does not match are
+    /// skipped with a warning, a file of another format whole; entries of other GPUs or
+    /// cuBLASLt versions are kept in the file but never used here.
     /// An algorithm read from the file is checked with `cublasLtMatmulAlgoCheck` before its first
     /// use. The file is this crate's own: the stored algorithms are cuBLASLt's opaque 64-byte
     /// descriptors, valid only for the same GPU model and cuBLASLt version (both in the key).
     ///
     /// A file that exists but cannot be read is logged and left alone: the tuner starts without
-    /// its entries and [`save_cache`](Self::save_cache) reports the error ([`Error::Io`])
+    /// its entries and [`save`](Self::save) reports the error ([`Error::Io`])
     /// instead of overwriting it. [`try_cache_file`](Self::try_cache_file) returns that error at
     /// once.
     #[must_use]
     pub fn cache_file(self, path: impl Into<PathBuf>) -> Self {
         let path = path.into();
-        match load_file(&path) {
-            Ok(loaded) => self.with_loaded(path, loaded),
-            Err(e) => {
-                log::warn!("cuBLASLt autotune cache not read: {e}");
-                self.with_loaded(path, HashMap::new())
-            }
-        }
+        let loaded = tune::or_empty("cuBLASLt autotune", load_file(&path));
+        self.with_loaded(path, loaded)
     }
 
     /// [`cache_file`](Self::cache_file), returning [`Error::Io`] (with the path and the
@@ -209,13 +210,8 @@ impl BlasLt {
         if let Some(d) = &self.device {
             return d.clone();
         }
-        let ctx = self.stream.context();
-        let ordinal = ctx.ordinal();
-        let name = ctx.name().unwrap_or_else(|_| format!("device{ordinal}"));
-        let (major, minor) = ctx.compute_capability().unwrap_or((0, 0));
-        let fp: Arc<str> = format!("{name}|sm{major}{minor}|cublasLt{}", self.version)
-            .replace(['\t', '\n'], " ")
-            .into();
+        let library = format!("cublasLt{}", self.version);
+        let fp: Arc<str> = tune::device_name(self.stream.context(), &library).into();
         self.device = Some(fp.clone());
         fp
     }
@@ -234,7 +230,7 @@ impl BlasLt {
         // The candidate count only matters to an autotune.
         problem.push(match self.policy {
             Policy::Heuristic => 0,
-            Policy::Autotune => self.top_n as i64,
+            Policy::Benchmark => self.top_n as i64,
         });
         Key {
             device: self.device(),
@@ -283,15 +279,15 @@ impl BlasLt {
         let started = Instant::now();
         let count = match self.policy {
             Policy::Heuristic => 1,
-            Policy::Autotune => self.top_n,
+            Policy::Benchmark => self.top_n,
         };
         let mut ranked = self.heuristic(op, descs, align, count)?;
         let source = match self.policy {
             Policy::Heuristic => Source::Heuristic,
-            Policy::Autotune => {
-                self.stats.autotunes += 1;
+            Policy::Benchmark => {
+                self.stats.benchmarks += 1;
                 ranked = self.autotune::<T>(op, descs, &ranked, ptrs, alpha, beta)?;
-                Source::Autotune
+                Source::Benchmark
             }
         };
         let best = &ranked[0];
@@ -318,7 +314,7 @@ impl BlasLt {
             },
         );
         if self.path.is_some() {
-            if let Err(e) = self.save_cache() {
+            if let Err(e) = self.save() {
                 log::warn!("cuBLASLt autotune cache not saved: {e}");
             }
         }
@@ -385,12 +381,8 @@ impl BlasLt {
             .iter()
             .zip(samples)
             .filter_map(|(r, times)| {
-                let mut t = times?;
-                t.sort_by(f32::total_cmp);
-                Some(Ranked {
-                    ms: t[t.len() / 2],
-                    ..*r
-                })
+                let ms = timing::median(&times?)?;
+                Some(Ranked { ms, ..*r })
             })
             .collect();
         if timed.is_empty() {
@@ -432,26 +424,9 @@ impl BlasLt {
             beta,
             ptrs,
         };
-        let mut timed = |reps: usize| -> Result<f32> {
-            // CU_EVENT_DEFAULT: cudarc's default (None) creates events with timing disabled.
-            let event = || {
-                stream
-                    .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                    .map_err(|e| Error::driver("recording an autotune event", e))
-            };
-            let start = event()?;
-            for _ in 0..reps {
-                launch(raw, ws, &call, r)?;
-            }
-            let end = event()?;
-            let ms = start
-                .elapsed_ms(&end)
-                .map_err(|e| Error::driver("timing an autotune candidate", e))?;
-            Ok(ms / reps as f32)
-        };
-        let once = timed(1)?;
-        let reps = ((AUTOTUNE_BATCH_MS / once.max(1e-3)) as usize).clamp(3, 200);
-        timed(reps)
+        timing::sized_batch_ms(stream, AUTOTUNE_BATCH_MS, (3, 200), || {
+            launch(raw, ws, &call, r)
+        })
     }
 
     /// Writes every decision to the cache file (merged with entries another process wrote
@@ -460,22 +435,12 @@ impl BlasLt {
     ///
     /// Errors: [`Error::Io`] (the path and the operating system's error) when the file cannot
     /// be read for the merge or cannot be written; the file is then left as it was.
-    pub fn save_cache(&self) -> Result<()> {
+    pub fn save(&self) -> Result<()> {
         let Some(path) = &self.path else {
             return Ok(());
         };
-        let mut all = load_file(path)?;
-        for (k, e) in &self.cache {
-            all.insert(k.clone(), e.ranked.clone());
-        }
-        let mut text = String::from(FILE_HEADER);
-        text.push('\n');
-        let mut lines: Vec<String> = all.iter().map(|(k, v)| format_line(k, v)).collect();
-        lines.sort();
-        for l in lines {
-            let _ = writeln!(text, "{l}");
-        }
-        crate::persist::write_atomic(path, text.as_bytes())
+        let lines = self.cache.iter().map(|(k, e)| format_line(k, &e.ranked));
+        FORMAT.save(path, lines, |l| parse_line(l).is_some())
     }
 }
 
@@ -518,22 +483,17 @@ pub(super) fn fnv1a(s: &str) -> u64 {
 }
 
 pub(super) fn format_line(k: &Key, v: &[Ranked]) -> String {
-    let problem: Vec<String> = k.problem.iter().map(i64::to_string).collect();
-    let ranked: Vec<String> = v
-        .iter()
-        .map(|r| {
-            let algo: Vec<String> = r.algo.iter().map(|w| format!("{w:016x}")).collect();
-            format!(
-                "{}:{}:{}:{}:{}",
-                algo.join("-"),
-                r.workspace,
-                r.index,
-                r.waves,
-                r.ms
-            )
-        })
-        .collect();
-    let body = format!("{}\t{}\t{}", k.device, problem.join(","), ranked.join(","));
+    let body = tune::entry_line(&k.device, &k.problem, v, |r| {
+        let algo: Vec<String> = r.algo.iter().map(|w| format!("{w:016x}")).collect();
+        format!(
+            "{}:{}:{}:{}:{}",
+            algo.join("-"),
+            r.workspace,
+            r.index,
+            r.waves,
+            r.ms
+        )
+    });
     let sum = fnv1a(&body);
     format!("{body}\t{sum:016x}")
 }
@@ -543,46 +503,32 @@ pub(super) fn parse_line(line: &str) -> Option<(Key, Vec<Ranked>)> {
     if u64::from_str_radix(sum, 16).ok()? != fnv1a(body) {
         return None;
     }
-    let mut parts = body.split('\t');
-    let device = parts.next()?;
-    let problem = parts
-        .next()?
-        .split(',')
-        .map(|s| s.parse::<i64>().ok())
-        .collect::<Option<Vec<_>>>()?;
-    let ranked = parts
-        .next()?
-        .split(',')
-        .map(|c| {
-            let mut f = c.split(':');
-            let words: Vec<u64> = f
-                .next()?
-                .split('-')
-                .map(|w| u64::from_str_radix(w, 16).ok())
-                .collect::<Option<_>>()?;
-            let algo: [u64; 8] = words.try_into().ok()?;
-            let workspace = f.next()?.parse::<usize>().ok()?;
-            let index = f.next()?.parse::<usize>().ok()?;
-            let waves = f.next()?.parse::<f32>().ok()?;
-            let ms = f.next()?.parse::<f32>().ok()?;
-            if f.next().is_some() {
-                return None;
-            }
-            Some(Ranked {
-                algo,
-                workspace,
-                index,
-                waves,
-                ms,
-                algo_id: -1,
-            })
+    let (device, problem, mut parts) = tune::entry_fields(body)?;
+    let ranked = tune::list(parts.next()?, |c| {
+        let mut f = c.split(':');
+        let words: Vec<u64> = f
+            .next()?
+            .split('-')
+            .map(|w| u64::from_str_radix(w, 16).ok())
+            .collect::<Option<_>>()?;
+        let algo: [u64; 8] = words.try_into().ok()?;
+        let workspace = f.next()?.parse::<usize>().ok()?;
+        let index = f.next()?.parse::<usize>().ok()?;
+        let waves = f.next()?.parse::<f32>().ok()?;
+        let ms = f.next()?.parse::<f32>().ok()?;
+        if f.next().is_some() {
+            return None;
+        }
+        Some(Ranked {
+            algo,
+            workspace,
+            index,
+            waves,
+            ms,
+            algo_id: -1,
         })
-        .collect::<Option<Vec<_>>>()?;
-    if parts.next().is_some()
-        || device.is_empty()
-        || problem.first() != Some(&KEY_FORMAT)
-        || ranked.is_empty()
-    {
+    })?;
+    if parts.next().is_some() || problem.first() != Some(&KEY_FORMAT) {
         return None;
     }
     Some((
@@ -598,27 +544,11 @@ pub(super) fn parse_line(line: &str) -> Option<(Key, Vec<Ranked>)> {
 /// skipped with a warning. [`Error::Io`] when the file exists but cannot be read.
 pub(super) fn load_file(path: &Path) -> Result<HashMap<Key, Vec<Ranked>>> {
     let mut map = HashMap::new();
-    let Some(bytes) = crate::persist::read(path)? else {
-        return Ok(map);
-    };
-    for (no, line) in crate::persist::lines(&bytes) {
-        let parsed = match line {
-            Some(l) if l.starts_with('#') || l.trim().is_empty() => continue,
-            Some(l) => parse_line(l),
-            None => None,
-        };
-        match parsed {
-            Some((k, mut v)) => {
-                for r in &mut v {
-                    r.algo_id = algo_id_if_loaded(&r.algo);
-                }
-                map.insert(k, v);
-            }
-            None => log::warn!(
-                "cuBLASLt autotune cache {}:{no}: unreadable line skipped",
-                path.display()
-            ),
+    for (k, mut v) in FORMAT.load(path, parse_line)? {
+        for r in &mut v {
+            r.algo_id = algo_id_if_loaded(&r.algo);
         }
+        map.insert(k, v);
     }
     Ok(map)
 }
@@ -665,7 +595,7 @@ mod tests {
         let path = dir.join("lt.txt");
         std::fs::write(
             &path,
-            format!("{FILE_HEADER}\n{line}\nbad line\n{tampered}\n"),
+            format!("{}\n{line}\nbad line\n{tampered}\n", FORMAT.header()),
         )
         .unwrap();
         let loaded = load_file(&path).unwrap();
@@ -695,7 +625,9 @@ mod tests {
                 .join(format!("cudnn-safe-lt-fuzz-{}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
             let path = dir.join("lt.txt");
-            let mut all = bytes.clone();
+            // After the header, so that the lines are read.
+            let mut all = format!("{}\n", FORMAT.header()).into_bytes();
+            all.extend_from_slice(&bytes);
             all.push(b'\n');
             all.extend_from_slice(forged.as_bytes());
             std::fs::write(&path, &all).unwrap();

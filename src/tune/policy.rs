@@ -1,0 +1,192 @@
+//! The tuner's public vocabulary: how it chooses ([`Policy`]), what it chose ([`Choice`],
+//! [`Candidate`], [`Source`]), what it counted ([`Stats`]) and what a warm-up did ([`WarmUp`]).
+use std::time::Duration;
+
+use super::ConvApi;
+use crate::conv::{ConvBwdDataAlgo, ConvBwdFilterAlgo, ConvFwdAlgo};
+
+/// Most graph plans in a union search's finals by default (the fastest of the first pass; see
+/// [`Autotuner::finalists`](super::Autotuner::finalists)).
+pub const DEFAULT_FINALISTS: usize = 6;
+
+/// Wall-clock milliseconds each finalist runs alone before it is timed in a sweep, by default
+/// (at the power limit, a plan's sustained speed depends on its own power draw, which
+/// interleaved short rounds cannot see; see [`Autotuner::final_solo_ms`](super::Autotuner::final_solo_ms)).
+pub const DEFAULT_FINAL_SOLO_MS: f32 = 25.0;
+
+/// Graph plans a union search builds and times per source by default (heuristics A, B when
+/// [`Autotuner::heuristics_b`](super::Autotuner::heuristics_b) asks for it, the fallback list, every engine with its default
+/// knobs). See [`Autotuner::graph_plans`](super::Autotuner::graph_plans).
+pub const DEFAULT_GRAPH_PLANS: usize = 24;
+
+/// Fastest graph plans of a union search's first pass whose knob neighbourhoods are searched by
+/// default. See [`Autotuner::refine_knobs`](super::Autotuner::refine_knobs).
+pub const DEFAULT_REFINE_KNOBS: usize = 2;
+
+/// How an [`Autotuner`](super::Autotuner) picks a convolution algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Policy {
+    /// cuDNN's heuristic ranking (`cudnnGetConvolution*Algorithm_v7`): nothing is timed, the
+    /// first call is cheap, the pick can be far from the fastest.
+    #[default]
+    Heuristic,
+    /// Run and time every algorithm once per problem (`cudnnFindConvolution*AlgorithmEx`) and
+    /// use the fastest that fits the workspace limit.
+    Benchmark,
+    /// As `Benchmark`, among the algorithms cuDNN flags deterministic (bitwise reproducible).
+    Deterministic,
+    /// Always the named algorithms; an error when cuDNN cannot run one for a case.
+    Fixed(FixedAlgos),
+}
+
+impl Policy {
+    pub(super) fn code(self) -> i64 {
+        match self {
+            Policy::Heuristic => 0,
+            Policy::Benchmark => 1,
+            Policy::Deterministic => 2,
+            Policy::Fixed(_) => 3,
+        }
+    }
+    /// Short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Heuristic => "heuristic",
+            Policy::Benchmark => "benchmark",
+            Policy::Deterministic => "deterministic",
+            Policy::Fixed(_) => "fixed",
+        }
+    }
+}
+
+/// The algorithms [`Policy::Fixed`] uses, one per direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FixedAlgos {
+    /// Forward algorithm.
+    pub forward: ConvFwdAlgo,
+    /// Backward-data algorithm.
+    pub backward_data: ConvBwdDataAlgo,
+    /// Backward-filter algorithm.
+    pub backward_filter: ConvBwdFilterAlgo,
+}
+
+impl Default for FixedAlgos {
+    /// Algorithms that support nearly every case and are deterministic.
+    fn default() -> Self {
+        FixedAlgos {
+            forward: ConvFwdAlgo::ImplicitGemm,
+            backward_data: ConvBwdDataAlgo::Algo1,
+            backward_filter: ConvBwdFilterAlgo::Algo1,
+        }
+    }
+}
+
+/// One ranked candidate of a decision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate<A> {
+    /// The algorithm.
+    pub algo: A,
+    /// Workspace it asked for, in bytes.
+    pub workspace: usize,
+    /// Measured time in ms (benchmark policies), cuDNN's estimate or −1 otherwise.
+    pub time_ms: f32,
+}
+
+/// Where a decision came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// This tuner's cache (made earlier in the process, or read from the cache file).
+    Cache,
+    /// cuDNN's heuristics, just now.
+    Heuristic,
+    /// A benchmark, just now.
+    Benchmark,
+    /// The policy's fixed algorithm.
+    Fixed,
+}
+
+impl Source {
+    /// Short name (`"cache"`, `"heuristic"`, `"benchmark"`, `"fixed"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Cache => "cache",
+            Source::Heuristic => "heuristic",
+            Source::Benchmark => "benchmark",
+            Source::Fixed => "fixed",
+        }
+    }
+}
+
+/// What an [`Autotuner`](super::Autotuner) call ran.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice<A> {
+    /// The legacy algorithm that ran; when a graph engine ran instead ([`Choice::api`] is
+    /// [`ConvApi::Graph`]), the legacy algorithm ranked first for the problem (the one that runs
+    /// whenever the graph path does not apply, e.g. with `beta ≠ 0`).
+    pub algo: A,
+    /// Where the ranking came from.
+    pub source: Source,
+    /// Its position in the ranking (0 unless earlier candidates could not run).
+    pub rank: usize,
+    /// Bytes of workspace the tuner holds after the call: at least what the algorithm used (the
+    /// workspace only grows, so an earlier, larger request can make it bigger).
+    pub workspace: usize,
+    /// The API that ran: [`ConvApi::Legacy`] (`algo`), or [`ConvApi::Graph`] with the engine
+    /// configuration of the graph plan a union search chose ([`Autotuner::graph_search`](super::Autotuner::graph_search)).
+    pub api: ConvApi,
+}
+
+impl<A: std::fmt::Display> Choice<A> {
+    /// What ran, in words: `legacy IMPLICIT_PRECOMP_GEMM` or `graph eng12_k2=1`.
+    pub fn describe(&self) -> String {
+        match &self.api {
+            ConvApi::Graph(c) => format!("graph {c}"),
+            _ => format!("legacy {}", self.algo),
+        }
+    }
+}
+
+/// Counters of an [`Autotuner`](super::Autotuner).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Decisions served from the cache.
+    pub hits: u64,
+    /// Decisions made (heuristic or benchmark).
+    pub misses: u64,
+    /// Benchmarks run (a union search of a problem whose legacy ranking was known counts too).
+    pub benchmarks: u64,
+    /// Times a later candidate ran because an earlier one could not (including a graph plan
+    /// that could not run, replaced by the legacy ranking).
+    pub fallbacks: u64,
+    /// Graph plans rebuilt from a remembered engine configuration (a decision read from the cache
+    /// file, or used on another handle) without timing anything.
+    pub plan_builds: u64,
+    /// Union searches run (graph plans built and timed against the legacy favourite).
+    pub graph_searches: u64,
+    /// Graph plans the union searches built (and timed), knob refinements included.
+    pub graph_plans: u64,
+    /// Wall time the union searches spent asking the heuristics and building plans (engines
+    /// that compile at run time make this the larger part of a search).
+    pub graph_build: Duration,
+    /// Wall time of the union searches in all: graph built, plans built, every candidate timed.
+    pub graph_search: Duration,
+    /// Candidates the union searches' finals timed again (graph plans and legacy favourites;
+    /// each counts once per search, whatever the number of sweeps). 0 when no search was
+    /// contested or [`Autotuner::finalists`](super::Autotuner::finalists) is 0.
+    pub finalists: u64,
+}
+
+/// What [`Autotuner::warm_up`](super::Autotuner::warm_up) did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WarmUp {
+    /// Decisions replayed: plans rebuilt and held, kernels loaded.
+    pub replayed: usize,
+    /// Of those, how many run a graph plan.
+    pub graph: usize,
+    /// Remembered decisions of this GPU and cuDNN version not replayed (another policy, limit or
+    /// search mode, a fused bias-activation call, a data type the replay does not cover, or a
+    /// replay that failed).
+    pub skipped: usize,
+    /// Wall time of the warm-up, the GPU work included.
+    pub elapsed: Duration,
+}

@@ -1,0 +1,416 @@
+//! The tuner's unit tests: knobs, the cache file, keys, the warm-up's key reading, graph
+//! refusals.
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::autotuner::MAX_FINAL_SOLO_MS;
+use super::cache::{decode, format_line, parse_line, Entry, GraphPick};
+use super::key::{
+    dtype_code, format_code, format_from_code, problem_key, with_search, Key, KeyProblem,
+};
+use super::search::{final_ms, is_graph_only_refusal};
+use super::*;
+use crate::conv::{ConvDesc, ConvDirection, ConvFwdAlgo, ConvMode, MathType};
+use crate::dtype::{DType, DataType};
+use crate::error::Error;
+use crate::tensor::{FilterDesc, TensorDesc, TensorFormat};
+
+fn key(device: &str, problem: Vec<i64>) -> Key {
+    Key::new(device.into(), problem)
+}
+
+fn pick(config: &str, workspace: usize, ms: f32) -> GraphPick {
+    GraphPick {
+        config: Arc::new(config.parse().unwrap()),
+        workspace,
+        ms,
+    }
+}
+
+#[test]
+fn finals_knobs_take_sane_values() {
+    let t = Autotuner::new(Policy::Benchmark).without_cache_file();
+    assert_eq!(
+        (t.finalists, t.final_solo_ms),
+        (DEFAULT_FINALISTS, DEFAULT_FINAL_SOLO_MS)
+    );
+    let t = t.finalists(0).final_solo_ms(100.0);
+    assert_eq!((t.finalists, t.final_solo_ms), (0, 100.0));
+    for (asked, kept) in [
+        (-1.0, 0.0),
+        (f32::NAN, 0.0),
+        (f32::INFINITY, MAX_FINAL_SOLO_MS),
+        (0.5, 0.5),
+    ] {
+        let t = Autotuner::new(Policy::Benchmark)
+            .without_cache_file()
+            .final_solo_ms(asked);
+        assert_eq!(t.final_solo_ms, kept, "final_solo_ms({asked})");
+    }
+}
+
+#[test]
+fn finals_keep_the_mean_of_their_sweeps() {
+    // Two sweeps in opposite orders: a drift of the clocks weighs on every finalist alike.
+    assert_eq!(final_ms(&[0.25, 0.75]), Some(0.5));
+    assert_eq!(final_ms(&[0.5]), Some(0.5));
+    assert_eq!(final_ms(&[]), None);
+}
+
+#[test]
+fn cache_lines_round_trip_and_bad_lines_are_skipped() {
+    let dir = std::env::temp_dir().join(format!("cudnn-safe-tune-{}", std::process::id()));
+    let path = dir.join("cache.txt");
+    let _ = std::fs::remove_file(&path);
+    let mut t = Autotuner::new(Policy::Benchmark)
+        .without_cache_file()
+        .cache_file(&path);
+    assert_eq!(t.cached_decisions(), 0);
+    let k = key("GPU X|sm90|cudnn91400", vec![0, 1, 2, -3]);
+    t.cache.insert(
+        k.clone(),
+        Arc::new(Entry::legacy(vec![(7, 1024, 0.25), (1, 0, 0.5)])),
+    );
+    let graph_key = key("GPU X|sm90|cudnn91400", vec![0, 1, 2, -4]);
+    let p = pick("eng12_k2=1_k5=0", 4096, 0.125);
+    t.cache.insert(
+        graph_key.clone(),
+        Arc::new(Entry {
+            ranking: vec![(1, 0, 0.5)],
+            graph: Some(p.clone()),
+        }),
+    );
+    t.save().unwrap();
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains("\tgraph=eng12_k2=1_k5=0:4096:0.125\n"),
+        "{text}"
+    );
+    // A line as written before the union search (three fields) still reads; a bad graph
+    // field makes the line unreadable.
+    text.push_str("garbage line\nGPU\t1,x\t1:2:3\nGPU Y\t5,6\t1:0:0.5\n");
+    text.push_str("GPU Z\t5,6\t1:0:0.5\tgraph=engX:1:1\n");
+    std::fs::write(&path, text).unwrap();
+    let t2 = Autotuner::new(Policy::Benchmark).cache_file(&path);
+    assert_eq!(t2.cached_decisions(), 3);
+    assert_eq!(
+        *t2.cache[&k],
+        Entry::legacy(vec![(7, 1024, 0.25), (1, 0, 0.5)])
+    );
+    assert_eq!(t2.cache[&graph_key].graph, Some(p));
+    let old = key("GPU Y", vec![5, 6]);
+    assert_eq!(*t2.cache[&old], Entry::legacy(vec![(1, 0, 0.5)]));
+    let r: Vec<Candidate<ConvFwdAlgo>> = decode(&t2.cache[&k].ranking);
+    assert_eq!(r[0].algo, ConvFwdAlgo::WinogradNonfused);
+    assert_eq!(r[1].algo, ConvFwdAlgo::ImplicitPrecompGemm);
+    let first: Option<Candidate<ConvFwdAlgo>> = t2.cache[&k].first();
+    assert_eq!(first.map(|c| c.algo), Some(ConvFwdAlgo::WinogradNonfused));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn graph_picks_of_every_call_kind_round_trip() {
+    // Backward-data (1), backward-filter (2) and fused (16, 17) decisions with graph engines,
+    // under the union (no suffix) and prefer (-2) search modes: one line each, read back
+    // equal.
+    let dev = "GPU X|sm90|cudnn91400";
+    let entries = [
+        (
+            key(dev, vec![1, 2, 2, 0, 8, 1]),
+            Entry {
+                ranking: vec![(1, 0, 0.5), (0, 0, 0.75)],
+                graph: Some(pick("eng9_k3=2", 0, 0.0625)),
+            },
+        ),
+        (
+            key(dev, vec![2, 2, 2, 0, 8, 1, -2]),
+            Entry {
+                ranking: vec![(1, 128, 0.5)],
+                graph: Some(pick("eng0", 1 << 20, 1.5)),
+            },
+        ),
+        (
+            key(dev, vec![16, 2, 2, 0, 8, 1, 2, 1, 4, 1, 1, 4, 1, 1, 1]),
+            Entry {
+                ranking: vec![(1, 0, 0.5)],
+                graph: Some(pick("eng4_k1=0_k2=3_k11=-1", 64, 0.03125)),
+            },
+        ),
+        (
+            key(dev, vec![17, 2, 2, 0, 8, 1]),
+            Entry::legacy(vec![(1, 0, -1.0)]),
+        ),
+    ];
+    for (k, e) in &entries {
+        let line = format_line(k, e);
+        let (k2, e2) = parse_line(&line).unwrap_or_else(|| panic!("unreadable: {line}"));
+        assert_eq!(&k2, k, "{line}");
+        assert_eq!(k2.hash, k.hash, "{line}");
+        assert_eq!(&e2, e, "{line}");
+    }
+}
+
+#[test]
+fn keys_hash_once_and_compare_whole() {
+    let a = key("GPU", vec![1, 2, 3]);
+    let b = key("GPU", vec![1, 2, 3]);
+    let c = key("GPU", vec![1, 2, 4]);
+    let d = key("GPU 2", vec![1, 2, 3]);
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    assert_ne!(a, d);
+    let mut m = HashMap::new();
+    m.insert(a.clone(), 1);
+    assert_eq!(m.get(&b), Some(&1));
+    assert_eq!(m.get(&c), None);
+    // A key with a forged hash still compares its fields.
+    let forged = Key {
+        hash: a.hash,
+        ..c.clone()
+    };
+    assert_ne!(forged, a);
+}
+
+#[test]
+fn search_modes_mark_keys_under_the_benchmark_policies_only() {
+    let base = vec![0, 5];
+    assert_eq!(
+        with_search(base.clone(), Policy::Benchmark, GraphSearch::Union),
+        base
+    );
+    assert_eq!(
+        with_search(base.clone(), Policy::Deterministic, GraphSearch::Off),
+        vec![0, 5, -1]
+    );
+    assert_eq!(
+        with_search(base.clone(), Policy::Benchmark, GraphSearch::Prefer),
+        vec![0, 5, -2]
+    );
+    assert_eq!(
+        with_search(base.clone(), Policy::Heuristic, GraphSearch::Prefer),
+        base
+    );
+}
+
+#[test]
+fn graph_plan_cap_is_configurable() {
+    let t = Autotuner::new(Policy::Benchmark).without_cache_file();
+    assert_eq!(t.graph_plans_per_mode(), DEFAULT_GRAPH_PLANS);
+    assert_eq!(DEFAULT_GRAPH_PLANS, 24);
+    assert!(t.union_on());
+    let t = t.graph_plans(4);
+    assert_eq!(t.graph_plans_per_mode(), 4);
+    assert_eq!(t.graph_plans(0).graph_plans_per_mode(), 1);
+    let t = Autotuner::new(Policy::Benchmark).without_cache_file();
+    assert_eq!(t.refine_knobs_count(), DEFAULT_REFINE_KNOBS);
+    assert_eq!(t.refine_knobs(0).refine_knobs_count(), 0);
+    let t = Autotuner::new(Policy::Benchmark).without_cache_file();
+    assert!(!t.uses_heuristics_b());
+    assert!(t.heuristics_b(true).uses_heuristics_b());
+    let off = Autotuner::new(Policy::Benchmark)
+        .without_cache_file()
+        .graph_search(GraphSearch::Off);
+    assert!(!off.union_on());
+    let heuristic = Autotuner::new(Policy::Heuristic).without_cache_file();
+    assert!(!heuristic.union_on());
+    assert_eq!(heuristic.stats(), Stats::default());
+}
+
+/// Rebuilds the descriptors of a decoded key and computes the key again.
+fn rekey<T: DataType>(p: &KeyProblem, policy: Policy, limit: usize, g: GraphSearch) -> Vec<i64> {
+    p.key(&p.descriptors::<T>().unwrap(), policy, limit, g)
+}
+
+#[test]
+fn warm_up_reads_problems_back_from_their_keys() {
+    let Some(()) = crate::checks::lib_or_skip() else {
+        return;
+    };
+    use half::f16;
+    // A grouped, strided, dilated f16 NHWC problem with an odd layout for b.
+    let conv = ConvDesc::builder(2)
+        .pads(&[1, 2])
+        .strides(&[2, 1])
+        .dilations(&[1, 2])
+        .groups(2)
+        .mode(ConvMode::Convolution)
+        .math(MathType::TensorOp)
+        .build::<f16>()
+        .unwrap();
+    let x = TensorDesc::<f16>::nhwc(2, 8, 9, 10).unwrap();
+    let w = FilterDesc::<f16>::new(&[16, 4, 3, 3], TensorFormat::Nhwc).unwrap();
+    let y_dims = conv.output_dims(x.dims(), w.dims()).unwrap();
+    let y = TensorDesc::<f16>::nchw_nd(&y_dims).unwrap();
+    for dir in [
+        ConvDirection::Forward,
+        ConvDirection::BackwardData,
+        ConvDirection::BackwardFilter,
+    ] {
+        for (policy, g) in [
+            (Policy::Benchmark, GraphSearch::Union),
+            (Policy::Benchmark, GraphSearch::Prefer),
+            (Policy::Deterministic, GraphSearch::Off),
+            (Policy::Heuristic, GraphSearch::Union),
+        ] {
+            let key = with_search(
+                problem_key(
+                    dir,
+                    (x.layout(), DType::F16),
+                    &w,
+                    (y.layout(), DType::F16),
+                    &conv,
+                    policy,
+                    1 << 20,
+                ),
+                policy,
+                g,
+            );
+            let p = KeyProblem::decode(&key).unwrap_or_else(|| panic!("{dir:?}: {key:?}"));
+            assert_eq!(p.dir, dir);
+            assert_eq!(
+                (p.a_t, p.b_t, p.compute),
+                (DType::F16, DType::F16, DType::F32)
+            );
+            assert_eq!(
+                (p.math, p.mode, p.groups),
+                (MathType::TensorOp, ConvMode::Convolution, 2)
+            );
+            assert_eq!(
+                (p.pads.as_slice(), p.strides.as_slice()),
+                (&[1, 2][..], &[2, 1][..])
+            );
+            assert_eq!(p.a_strides, x.layout().strides());
+            assert_eq!(p.w_format, TensorFormat::Nhwc);
+            assert_eq!(p.b_dims, y_dims);
+            assert_eq!(
+                rekey::<f16>(&p, policy, 1 << 20, g),
+                key,
+                "{dir:?} {policy:?} {g:?}"
+            );
+            // Another policy or limit computes another key: not replayed by that tuner.
+            assert_ne!(rekey::<f16>(&p, policy, 1 << 21, g), key);
+        }
+    }
+}
+
+#[test]
+fn warm_up_leaves_keys_it_cannot_read() {
+    // [dir, a, b, compute, math, mode, groups, spatial 1, rank 3, pad, stride, dilation,
+    //  a dims ×3, a strides ×3, filter format, w dims ×3, b dims ×3, b strides ×3, policy, limit]
+    let f32c = dtype_code(DType::F32);
+    let good: Vec<i64> = vec![
+        0, f32c, f32c, f32c, 0, 0, 1, 1, 3, 0, 1, 1, 1, 4, 8, 32, 8, 1, 0, 2, 4, 3, 1, 2, 8, 16, 8,
+        1, 2, 0,
+    ];
+    let p = KeyProblem::decode(&good).expect("a plain forward key");
+    assert_eq!((p.spatial, p.w_dims.as_slice()), (1, &[2, 4, 3][..]));
+    assert_eq!(p.b_strides, [16, 8, 1]);
+    let mut suffixed = good.clone();
+    suffixed.push(-1);
+    assert!(KeyProblem::decode(&suffixed).is_some());
+    let mut fused = good.clone();
+    fused[0] = 17;
+    assert_eq!(
+        KeyProblem::decode(&fused),
+        None,
+        "fused bias-activation keys"
+    );
+    assert_eq!(KeyProblem::decode(&good[..good.len() - 1]), None, "short");
+    let mut long = suffixed.clone();
+    long.push(0);
+    assert_eq!(KeyProblem::decode(&long), None, "long");
+    let mut rank = good.clone();
+    rank[8] = 4;
+    assert_eq!(KeyProblem::decode(&rank), None, "rank not spatial + 2");
+    let mut dtype = good.clone();
+    dtype[1] = dtype_code(DType::F64);
+    assert_eq!(KeyProblem::decode(&dtype), None, "f64 is not replayed");
+    let mut math = good.clone();
+    math[4] = 9;
+    assert_eq!(KeyProblem::decode(&math), None, "unknown math type");
+    assert_eq!(KeyProblem::decode(&[]), None);
+    assert_eq!(
+        format_from_code(format_code(TensorFormat::NchwVectC { width: 32 })),
+        Some(TensorFormat::NchwVectC { width: 32 })
+    );
+    assert_eq!(format_from_code(2), None, "filters are never strided");
+}
+
+/// A graph plan refused for one call's buffers (a view off the graph's 16-byte alignment)
+/// leaves the decision's graph engine in memory and in the cache file; a refusal of the plan
+/// itself drops it from both; an argument error leaves the decision and is returned.
+#[test]
+fn only_a_refused_plan_loses_its_graph_decision() {
+    let dir = std::env::temp_dir().join(format!("cudnn-safe-tune-align-{}", std::process::id()));
+    let path = dir.join("cache.txt");
+    let _ = std::fs::remove_file(&path);
+    let mut t = Autotuner::new(Policy::Benchmark)
+        .without_cache_file()
+        .cache_file(&path);
+    let k = Arc::new(key("GPU X|sm90|cudnn91400", vec![0, 1, 2, 3]));
+    let p = pick("eng12_k2=1_k5=0", 4096, 0.125);
+    t.cache.insert(
+        (*k).clone(),
+        Arc::new(Entry {
+            ranking: vec![(1, 0, 0.5)],
+            graph: Some(p.clone()),
+        }),
+    );
+    t.save().unwrap();
+    let graph_in_file = || {
+        let fresh = Autotuner::new(Policy::Benchmark)
+            .without_cache_file()
+            .cache_file(&path);
+        fresh.cache.get(&*k).and_then(|e| e.graph.clone())
+    };
+    assert_eq!(graph_in_file(), Some(p.clone()));
+
+    let misaligned = Error::invalid("graph buffer alignment", "16 bytes", "address 0x4");
+    assert!(is_graph_only_refusal(&misaligned));
+    let r = t.graph_failed(&k, "forward", &p.config, misaligned);
+    assert!(matches!(r, Ok(None)), "{r:?}");
+    assert_eq!(t.cache[&*k].graph, Some(p.clone()));
+    assert_eq!(graph_in_file(), Some(p.clone()));
+    assert_eq!(t.stats().fallbacks, 1);
+
+    let short = Error::BufferTooSmall {
+        name: "y",
+        len: 1,
+        required: 2,
+    };
+    let r = t.graph_failed(&k, "forward", &p.config, short);
+    assert!(matches!(r, Err(Error::BufferTooSmall { .. })), "{r:?}");
+    assert_eq!(t.cache[&*k].graph, Some(p.clone()));
+
+    let refused = Error::Cudnn {
+        status: crate::Status::NOT_SUPPORTED,
+        function: "cudnnBackendExecute",
+        message: String::new(),
+    };
+    let r = t.graph_failed(&k, "forward", &p.config, refused);
+    assert!(matches!(r, Ok(None)), "{r:?}");
+    assert_eq!(t.cache[&*k].graph, None);
+    assert_eq!(t.cache[&*k].ranking, vec![(1, 0, 0.5)]);
+    assert_eq!(graph_in_file(), None);
+    assert_eq!(t.stats().fallbacks, 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn tuner_is_send() {
+    fn send<T: Send>() {}
+    send::<Autotuner>();
+    send::<Choice<ConvFwdAlgo>>();
+}
+
+#[test]
+fn policies_have_distinct_codes() {
+    let all = [
+        Policy::Heuristic,
+        Policy::Benchmark,
+        Policy::Deterministic,
+        Policy::Fixed(FixedAlgos::default()),
+    ];
+    let codes: std::collections::HashSet<i64> = all.iter().map(|p| p.code()).collect();
+    assert_eq!(codes.len(), all.len());
+}

@@ -1,0 +1,127 @@
+//! [`Autotuner::warm_up`]: remembered decisions replayed at start-up, so that the first call of
+//! each problem builds no plan and loads no kernel.
+use std::time::Instant;
+
+use super::key::KeyProblem;
+use super::run::alloc;
+use super::{Autotuner, Policy, WarmUp};
+use crate::conv::ConvDirection;
+use crate::dtype::{DType, DataType, Scalar};
+use crate::error::{Error, Result};
+use crate::handle::Cudnn;
+
+impl Autotuner {
+    /// Replays every remembered convolution decision of this GPU and cuDNN version that this
+    /// tuner's policy, workspace limit and search mode would look up (typically those read from
+    /// the cache file), once, on scratch buffers of the problem's size: each graph decision's
+    /// plan is rebuilt and held, and the kernels of every decision are loaded. Call it at
+    /// start-up, after [`crate::graph::preload`]: the first real call of each problem then builds
+    /// nothing and loads nothing. Without it, the first execution of a cached plan in a new
+    /// process pays for CUDA's lazy loading of its kernel; after the warm-up it costs what the
+    /// steady state does.
+    ///
+    /// Decisions of fused bias-activation calls and of data types the graph path does not cover
+    /// (f64, int8) are left for their first call ([`WarmUp::skipped`]), as are those of other
+    /// policies, limits and search modes. A replay that fails is logged and counted as skipped;
+    /// the decision stays as it was. Replays count as cache hits in [`Autotuner::stats`].
+    ///
+    /// ```no_run
+    /// # fn f(cudnn: &cudnn_safe::Cudnn) -> cudnn_safe::Result<()> {
+    /// use cudnn_safe::Autotuner;
+    /// use cudnn_safe::tune::Policy;
+    /// cudnn_safe::graph::preload(cudnn)?;
+    /// let mut tuner = Autotuner::new(Policy::Benchmark).cache_file("/var/cache/app/conv.txt");
+    /// let w = tuner.warm_up(cudnn)?;
+    /// println!("{} decisions ready ({} graph plans) in {:?}", w.replayed, w.graph, w.elapsed);
+    /// # Ok(()) }
+    /// ```
+    pub fn warm_up(&mut self, cudnn: &Cudnn) -> Result<WarmUp> {
+        let started = Instant::now();
+        let mut done = WarmUp::default();
+        if let Policy::Fixed(_) = self.policy {
+            return Ok(done);
+        }
+        let device = self.device(cudnn);
+        let mut problems: Vec<Vec<i64>> = self
+            .cache
+            .keys()
+            .filter(|k| k.device == device)
+            .map(|k| k.problem.clone())
+            .collect();
+        problems.sort();
+        for p in problems {
+            match self.replay(cudnn, &p) {
+                Ok(Some(graph)) => {
+                    done.replayed += 1;
+                    done.graph += usize::from(graph);
+                }
+                Ok(None) => done.skipped += 1,
+                Err(e) => {
+                    log::info!("autotune warm-up: a remembered decision was not replayed: {e}");
+                    done.skipped += 1;
+                }
+            }
+        }
+        cudnn
+            .stream()
+            .synchronize()
+            .map_err(|e| Error::driver("synchronizing after the autotune warm-up", e))?;
+        done.elapsed = started.elapsed();
+        log::info!(
+            "autotune warm-up: {} decisions replayed ({} graph plans), {} skipped, {:.1} ms",
+            done.replayed,
+            done.graph,
+            done.skipped,
+            done.elapsed.as_secs_f64() * 1e3
+        );
+        Ok(done)
+    }
+
+    /// One decision of [`Autotuner::warm_up`]: `Some(ran a graph plan)`, or `None` when the key
+    /// is not one this tuner replays.
+    fn replay(&mut self, cudnn: &Cudnn, key: &[i64]) -> Result<Option<bool>> {
+        let Some(p) = KeyProblem::decode(key) else {
+            return Ok(None);
+        };
+        match (p.a_t, p.b_t) {
+            (DType::F32, DType::F32) => self.replay_as::<f32>(cudnn, &p, key),
+            (DType::F16, DType::F16) => self.replay_as::<half::f16>(cudnn, &p, key),
+            (DType::BF16, DType::BF16) => self.replay_as::<half::bf16>(cudnn, &p, key),
+            _ => Ok(None),
+        }
+    }
+
+    fn replay_as<T: DataType>(
+        &mut self,
+        cudnn: &Cudnn,
+        p: &KeyProblem,
+        key: &[i64],
+    ) -> Result<Option<bool>> {
+        let descs = p.descriptors::<T>()?;
+        // Only a problem whose key this tuner computes the same way is a cache hit.
+        if p.key(&descs, self.policy, self.limit, self.graph) != key {
+            return Ok(None);
+        }
+        let (conv, a_d, w_d, b_d) = descs;
+        let (one, zero) = (T::Scalar::from_f64(1.0), T::Scalar::from_f64(0.0));
+        let a = alloc::<T>(cudnn, a_d.span())?;
+        let mut w = alloc::<T>(cudnn, w_d.span())?;
+        let mut b = alloc::<T>(cudnn, b_d.span())?;
+        let api = match p.dir {
+            ConvDirection::Forward => {
+                self.forward(cudnn, one, &a_d, &a, &w_d, &w, &conv, zero, &b_d, &mut b)?
+                    .api
+            }
+            ConvDirection::BackwardData => {
+                let mut dx = a;
+                self.backward_data(cudnn, one, &w_d, &w, &b_d, &b, &conv, zero, &a_d, &mut dx)?
+                    .api
+            }
+            ConvDirection::BackwardFilter => {
+                self.backward_filter(cudnn, one, &a_d, &a, &b_d, &b, &conv, zero, &w_d, &mut w)?
+                    .api
+            }
+        };
+        Ok(Some(api.is_graph()))
+    }
+}
