@@ -7,6 +7,7 @@ use std::marker::PhantomData;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use cudnn_safe_sys as sys;
 
+use super::saved::check_origin_at;
 use super::{check_epsilon, ffi, scalar_ptr, NormType};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::checks::opt_ptr_mut;
@@ -509,19 +510,16 @@ pub(super) fn check_origin<T: NormType>(
     saved: &BatchNormSaved<'_, T>,
     x: u64,
 ) -> Result<()> {
-    if saved.bn != bn.id {
-        return Err(mismatch(
+    check_origin_at(
+        (
+            "batch-norm saved statistics",
             "the value returned by a training forward of this BatchNorm",
-            "statistics saved by another BatchNorm object".into(),
-        ));
-    }
-    if saved.x != x {
-        return Err(mismatch(
-            "x to be the buffer the training forward read",
-            format!("x at {x:#x}, the forward read x at {:#x}", saved.x),
-        ));
-    }
-    Ok(())
+            "statistics saved by another BatchNorm object",
+        ),
+        (saved.bn, saved.x),
+        bn.id,
+        x,
+    )
 }
 
 impl Cudnn {
