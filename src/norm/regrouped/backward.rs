@@ -347,6 +347,30 @@ impl<T: NormType> Regrouped<T> {
         Ok(())
     }
 
+    /// `out = dy·x̂` elementwise (tensor-sized buffers).
+    fn dy_times_xhat(
+        &self,
+        cudnn: &Cudnn,
+        dy: &impl DeviceBuffer<T>,
+        xhat: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let one = <T::Scalar as Scalar>::from_f64(1.0);
+        let zero = <T::Scalar as Scalar>::from_f64(0.0);
+        cudnn.op_tensor(
+            OpTensorOp::Mul,
+            one,
+            &self.full,
+            dy,
+            one,
+            &self.full,
+            xhat,
+            zero,
+            &self.full,
+            out,
+        )
+    }
+
     /// `dβ = Σ dy` and `dγ = Σ dy·x̂` (over every axis but the feature one) by the method's
     /// [`GradsPlan`], using the object's tensor-sized scratch for the product.
     #[allow(clippy::too_many_arguments)] // the gradients and their inputs
@@ -382,18 +406,7 @@ impl<T: NormType> Regrouped<T> {
                     dbeta,
                     workspace,
                 )?;
-                cudnn.op_tensor(
-                    OpTensorOp::Mul,
-                    one,
-                    &self.full,
-                    dy,
-                    one,
-                    &self.full,
-                    xhat,
-                    zero,
-                    &self.full,
-                    tmp,
-                )?;
+                self.dy_times_xhat(cudnn, dy, xhat, tmp)?;
                 cudnn.reduce_tensor(
                     ReduceOp::Add,
                     one,
@@ -414,18 +427,7 @@ impl<T: NormType> Regrouped<T> {
                 let t = self.ensure_two_stage_scratch(cudnn, ts, two_stage)?;
                 // dβ = Σ dy; dγ = Σ dy·x̂, the product in the tensor-sized scratch.
                 self.sum_two_stage(cudnn, ts, t, dy, dbeta, workspace)?;
-                cudnn.op_tensor(
-                    OpTensorOp::Mul,
-                    one,
-                    &self.full,
-                    dy,
-                    one,
-                    &self.full,
-                    xhat,
-                    zero,
-                    &self.full,
-                    tmp,
-                )?;
+                self.dy_times_xhat(cudnn, dy, xhat, tmp)?;
                 self.sum_two_stage(cudnn, ts, t, &*tmp, dgamma, workspace)?;
             }
         }
