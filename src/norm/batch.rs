@@ -570,21 +570,13 @@ impl Cudnn {
         // alpha/beta are `T::Scalar`; the guards keep the buffers alive and ordered until the
         // call is enqueued.
         unsafe {
-            ffi::cudnnBatchNormalizationForwardInference(
-                self.lib(),
-                self.as_raw(),
+            batch_norm_inference_raw::<T>(
+                self,
                 inference_mode.raw(),
-                scalar_ptr(&alpha),
-                scalar_ptr(&beta),
-                bn.x.as_raw(),
-                xp as *const c_void,
-                bn.x.as_raw(),
-                yp as *mut c_void,
-                bn.param.as_raw(),
-                sp as *const c_void,
-                bp as *const c_void,
-                mp as *const c_void,
-                vp as *const c_void,
+                [alpha, beta],
+                (bn.x.as_raw(), bn.param.as_raw()),
+                [xp, yp],
+                [sp, bp, mp, vp],
                 bn.epsilon,
             )
         }
@@ -647,25 +639,15 @@ impl Cudnn {
             // alpha/beta are `T::Scalar`; the guards keep every buffer alive and ordered until
             // the call is enqueued.
             unsafe {
-                ffi::cudnnBatchNormalizationForwardTraining(
-                    self.lib(),
-                    self.as_raw(),
+                batch_norm_training_raw::<T>(
+                    self,
                     bn.mode.raw(),
-                    scalar_ptr(&alpha),
-                    scalar_ptr(&beta),
-                    bn.x.as_raw(),
-                    xp as *const c_void,
-                    bn.x.as_raw(),
-                    yp as *mut c_void,
-                    bn.param.as_raw(),
-                    sp as *const c_void,
-                    bp as *const c_void,
-                    factor,
-                    rmp,
-                    rvp,
+                    [alpha, beta],
+                    (bn.x.as_raw(), bn.param.as_raw()),
+                    [xp, yp, sp, bp],
+                    (factor, rmp, rvp),
                     bn.epsilon,
-                    mp as *mut c_void,
-                    ip as *mut c_void,
+                    (mp as *mut c_void, ip as *mut c_void),
                 )
             }?;
         }
@@ -752,6 +734,92 @@ impl Cudnn {
                 (&saved.mean, &saved.inv_variance),
             )
         }
+    }
+}
+
+/// `cudnnBatchNormalizationForwardInference` with `[alpha, beta]`, `x` and `y` described by
+/// `data`, and `[scale, bias, mean, variance]` by `param`, every buffer by its device address.
+///
+/// # Safety
+/// The handle is bound; `data` and `param` are live descriptors for `mode`; every address holds
+/// its descriptor's span on the handle's context (the parameters of `T::Param`), kept alive and
+/// ordered on the handle's stream by the caller until this returns; `y` overlaps no input
+/// (unless it is `x` itself).
+pub(super) unsafe fn batch_norm_inference_raw<T: NormType>(
+    cudnn: &Cudnn,
+    mode: sys::cudnnBatchNormMode_t,
+    [alpha, beta]: [T::Scalar; 2],
+    (data, param): (sys::cudnnTensorDescriptor_t, sys::cudnnTensorDescriptor_t),
+    [x, y]: [u64; 2],
+    [scale, bias, mean, variance]: [u64; 4],
+    epsilon: f64,
+) -> Result<()> {
+    // SAFETY: the caller's contract; the scalars live on this frame.
+    unsafe {
+        ffi::cudnnBatchNormalizationForwardInference(
+            cudnn.lib(),
+            cudnn.as_raw(),
+            mode,
+            scalar_ptr(&alpha),
+            scalar_ptr(&beta),
+            data,
+            x as *const c_void,
+            data,
+            y as *mut c_void,
+            param,
+            scale as *const c_void,
+            bias as *const c_void,
+            mean as *const c_void,
+            variance as *const c_void,
+            epsilon,
+        )
+    }
+}
+
+/// `cudnnBatchNormalizationForwardTraining` with `[alpha, beta]`, `x` and `y` described by
+/// `data`, the scale, bias, running statistics (`(factor, mean, variance)`, null pointers for
+/// none) and saved statistics (`(mean, inverse standard deviation)`, null pointers for none)
+/// by `param`.
+///
+/// # Safety
+/// The handle is bound; `data` and `param` are live descriptors for `mode`; `[x, y, scale,
+/// bias]` are device addresses and every non-null pointer holds its descriptor's span on the
+/// handle's context (the parameters of `T::Param`), kept alive and ordered on the handle's
+/// stream by the caller until this returns; each pair of pointers is both null or both given;
+/// the outputs overlap neither themselves nor an input (`y` may be `x` itself).
+#[allow(clippy::too_many_arguments)] // mirrors the C call
+pub(super) unsafe fn batch_norm_training_raw<T: NormType>(
+    cudnn: &Cudnn,
+    mode: sys::cudnnBatchNormMode_t,
+    [alpha, beta]: [T::Scalar; 2],
+    (data, param): (sys::cudnnTensorDescriptor_t, sys::cudnnTensorDescriptor_t),
+    [x, y, scale, bias]: [u64; 4],
+    (factor, running_mean, running_var): (f64, *mut c_void, *mut c_void),
+    epsilon: f64,
+    (mean, inv_std): (*mut c_void, *mut c_void),
+) -> Result<()> {
+    // SAFETY: the caller's contract; the scalars live on this frame.
+    unsafe {
+        ffi::cudnnBatchNormalizationForwardTraining(
+            cudnn.lib(),
+            cudnn.as_raw(),
+            mode,
+            scalar_ptr(&alpha),
+            scalar_ptr(&beta),
+            data,
+            x as *const c_void,
+            data,
+            y as *mut c_void,
+            param,
+            scale as *const c_void,
+            bias as *const c_void,
+            factor,
+            running_mean,
+            running_var,
+            epsilon,
+            mean,
+            inv_std,
+        )
     }
 }
 
