@@ -56,6 +56,48 @@ impl Graph {
         Ok(())
     }
 
+    /// The checks of a forward operation's `x`, `scale` and optional `bias` (of the parameter
+    /// dimensions of `shapes`, else of the mode's own). Returns x's index and the parameter and
+    /// statistics dimensions.
+    fn norm_check_affine(
+        &self,
+        mode: NormMode,
+        op: &'static str,
+        x: TensorId,
+        scale: TensorId,
+        bias: Option<TensorId>,
+        shapes: Option<Shapes>,
+    ) -> Result<(usize, Shapes)> {
+        let xi = self.index(x)?;
+        let si = self.index(scale)?;
+        let bi = bias.map(|b| self.index(b)).transpose()?;
+        self.norm_check_x(mode, op, xi)?;
+        let (param, stats_dims) = shapes.unwrap_or_else(|| {
+            let d = &self.tensors[xi].dims;
+            (mode.param_dims(d), mode.stats_dims(d))
+        });
+        self.norm_check_dims(xi, si, &param, param_rule(mode))?;
+        if let Some(bi) = bi {
+            self.norm_check_dims(xi, bi, &param, param_rule(mode))?;
+        }
+        Ok((xi, (param, stats_dims)))
+    }
+
+    /// `x`, `scale` and the optional `bias` as operands of the forward operation `op` (once
+    /// [`norm_check_affine`](Self::norm_check_affine) passed): their indices.
+    fn norm_affine_operands(
+        &mut self,
+        op: &'static str,
+        x: TensorId,
+        scale: TensorId,
+        bias: Option<TensorId>,
+    ) -> Result<(usize, usize, Option<usize>)> {
+        let xi = self.operand(x, None, op)?;
+        let si = self.operand(scale, None, op)?;
+        let bi = bias.map(|b| self.operand(b, None, op)).transpose()?;
+        Ok((xi, si, bi))
+    }
+
     /// Adds a forward operation in the training phase (or the inference phase of layer, RMS
     /// and instance norm). Every check runs before the graph changes, so a rejected call
     /// leaves it as it was.
@@ -73,18 +115,7 @@ impl Graph {
     ) -> Result<FwdOut> {
         let n = names(mode);
         let op = n.fwd;
-        let xi = self.index(x)?;
-        let si = self.index(scale)?;
-        let bi = bias.map(|b| self.index(b)).transpose()?;
-        self.norm_check_x(mode, op, xi)?;
-        let (param, stats_dims) = shapes.unwrap_or_else(|| {
-            let d = &self.tensors[xi].dims;
-            (mode.param_dims(d), mode.stats_dims(d))
-        });
-        self.norm_check_dims(xi, si, &param, param_rule(mode))?;
-        if let Some(bi) = bi {
-            self.norm_check_dims(xi, bi, &param, param_rule(mode))?;
-        }
+        let (xi, (_, stats_dims)) = self.norm_check_affine(mode, op, x, scale, bias, shapes)?;
         Self::norm_check_epsilon(mode, epsilon)?;
         if let Some(r) = running {
             let (mi, vi) = (self.index(r.mean)?, self.index(r.var)?);
@@ -102,9 +133,7 @@ impl Graph {
         let dims = self.tensors[xi].dims.clone();
         let order = stride_order(&self.tensors[xi].strides);
         let eps = self.scalar(n.epsilon, epsilon, DType::F32)?;
-        let xi = self.operand(x, None, op)?;
-        let si = self.operand(scale, None, op)?;
-        let bi = bias.map(|b| self.operand(b, None, op)).transpose()?;
+        let (xi, si, bi) = self.norm_affine_operands(op, x, scale, bias)?;
         let ei = self.operand(eps, Some(r), op)?;
         let running_in = match running {
             Some(run) => {
@@ -539,20 +568,13 @@ impl Graph {
     ) -> Result<TensorId> {
         const OP: &str = "batch norm forward";
         let mode = NormMode::Batch;
-        let xi = self.index(x)?;
-        let (si, bi) = (self.index(scale)?, self.index(bias)?);
+        let (xi, (param, _)) = self.norm_check_affine(mode, OP, x, scale, Some(bias), None)?;
         let (mi, vi) = (self.index(mean)?, self.index(inv_var)?);
-        self.norm_check_x(mode, OP, xi)?;
-        let dims = self.tensors[xi].dims.clone();
-        let param = mode.param_dims(&dims);
-        self.norm_check_dims(xi, si, &param, param_rule(mode))?;
-        self.norm_check_dims(xi, bi, &param, param_rule(mode))?;
         self.norm_check_dims(xi, mi, &param, stats_rule(mode))?;
         self.norm_check_dims(xi, vi, &param, stats_rule(mode))?;
+        let dims = self.tensors[xi].dims.clone();
         let order = stride_order(&self.tensors[xi].strides);
-        let xi = self.operand(x, None, OP)?;
-        let si = self.operand(scale, None, OP)?;
-        let bi = self.operand(bias, None, OP)?;
+        let (xi, si, bi) = self.norm_affine_operands(OP, x, scale, Some(bias))?;
         let mi = self.operand(mean, None, OP)?;
         let vi = self.operand(inv_var, None, OP)?;
         let y = self.output("batch_norm.y", dims, &order, self.ops.len())?;
@@ -560,7 +582,7 @@ impl Graph {
             mode,
             x: xi,
             scale: si,
-            bias: Some(bi),
+            bias: bi,
             epsilon: None,
             y: y.index,
             training: false,
