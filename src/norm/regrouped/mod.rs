@@ -24,7 +24,10 @@ use crate::ops::OpTensorOp;
 use crate::raw;
 use crate::tensor::{Layout, TensorDesc};
 
+mod api;
 mod backward;
+
+pub(super) use api::{regrouped_accessors, regrouped_launches};
 
 /// Where the view's batch-norm writes the per-group mean and inverse standard deviation.
 type StatsMut<'a, P> = (&'a mut CudaSlice<P>, &'a mut CudaSlice<P>);
