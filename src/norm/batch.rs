@@ -697,15 +697,7 @@ impl Cudnn {
                 format!("statistics of a {ops:?} forward (use batch_norm_backward_ex)"),
             ));
         }
-        let (data, param) = (bn.x.layout(), bn.param.layout());
-        self.check_tensor("x", data, x, false)?;
-        self.check_tensor("dy", data, dy, false)?;
-        self.check_tensor("dx", data, dx, true)?;
-        self.check_tensor("scale", param, scale, false)?;
-        self.check_tensor("dscale", param, dscale, true)?;
-        self.check_tensor("dbias", param, dbias, true)?;
-        self.check_tensor("saved mean", param, &saved.mean, false)?;
-        self.check_tensor("saved inverse variance", param, &saved.inv_variance, false)?;
+        self.check_backward_bufs(bn, saved, x, dy, &*dx, scale, &*dscale, &*dbias)?;
         self.bind()?;
         let stream: &CudaStream = self.stream();
         let (xp, _gx) = x.device_ptr(stream);
@@ -743,8 +735,7 @@ impl Cudnn {
 /// # Safety
 /// The handle is bound; `data` and `param` are live descriptors for `mode`; every address holds
 /// its descriptor's span on the handle's context (the parameters of `T::Param`), kept alive and
-/// ordered on the handle's stream by the caller until this returns; `y` overlaps no input
-/// (unless it is `x` itself).
+/// ordered on the handle's stream by the caller until this returns; `y` overlaps no input.
 pub(super) unsafe fn batch_norm_inference_raw<T: NormType>(
     cudnn: &Cudnn,
     mode: sys::cudnnBatchNormMode_t,
@@ -786,7 +777,7 @@ pub(super) unsafe fn batch_norm_inference_raw<T: NormType>(
 /// bias]` are device addresses and every non-null pointer holds its descriptor's span on the
 /// handle's context (the parameters of `T::Param`), kept alive and ordered on the handle's
 /// stream by the caller until this returns; each pair of pointers is both null or both given;
-/// the outputs overlap neither themselves nor an input (`y` may be `x` itself).
+/// the outputs overlap neither themselves nor an input.
 #[allow(clippy::too_many_arguments)] // mirrors the C call
 pub(super) unsafe fn batch_norm_training_raw<T: NormType>(
     cudnn: &Cudnn,
@@ -820,6 +811,34 @@ pub(super) unsafe fn batch_norm_training_raw<T: NormType>(
             mean,
             inv_std,
         )
+    }
+}
+
+impl Cudnn {
+    /// The buffers every batch-norm backward reads or writes, against `bn`'s descriptors: `x`,
+    /// `dy`, `dx` of the data layout, `scale`, `dscale`, `dbias` and the saved statistics of
+    /// the parameter layout.
+    #[allow(clippy::too_many_arguments)] // the call's buffers
+    pub(super) fn check_backward_bufs<T: NormType>(
+        &self,
+        bn: &BatchNorm<T>,
+        saved: &BatchNormSaved<'_, T>,
+        x: &impl DeviceBuffer<T>,
+        dy: &impl DeviceBuffer<T>,
+        dx: &impl DeviceBufferMut<T>,
+        scale: &impl DeviceBuffer<T::Param>,
+        dscale: &impl DeviceBufferMut<T::Param>,
+        dbias: &impl DeviceBufferMut<T::Param>,
+    ) -> Result<()> {
+        let (data, param) = (bn.x.layout(), bn.param.layout());
+        self.check_tensor("x", data, x, false)?;
+        self.check_tensor("dy", data, dy, false)?;
+        self.check_tensor("dx", data, dx, true)?;
+        self.check_tensor("scale", param, scale, false)?;
+        self.check_tensor("dscale", param, dscale, true)?;
+        self.check_tensor("dbias", param, dbias, true)?;
+        self.check_tensor("saved mean", param, &saved.mean, false)?;
+        self.check_tensor("saved inverse variance", param, &saved.inv_variance, false)
     }
 }
 
