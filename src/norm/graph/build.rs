@@ -8,6 +8,39 @@ use super::{
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
+/// A [`Graph`] builder method of a normalization with a mean and a bias (layer, instance and
+/// batch norm): `forward` adds the forward operation (x, scale, bias, epsilon, training phase;
+/// [`LayerNormOutputs`]), `backward` the backward one (dy, x, scale, mean, inverse standard
+/// deviation; [`LayerNormGrads`]), of the mode named. Documented by the attributes given.
+macro_rules! stats_norm_op {
+    ($(#[$m:meta])* fn $name:ident = forward $mode:ident;) => {
+        $(#[$m])*
+        pub fn $name(
+            &mut self,
+            x: TensorId,
+            scale: TensorId,
+            bias: TensorId,
+            epsilon: f64,
+            training: bool,
+        ) -> Result<LayerNormOutputs> {
+            self.norm_forward_stats(NormMode::$mode, x, scale, bias, epsilon, training)
+        }
+    };
+    ($(#[$m:meta])* fn $name:ident = backward $mode:ident;) => {
+        $(#[$m])*
+        pub fn $name(
+            &mut self,
+            dy: TensorId,
+            x: TensorId,
+            scale: TensorId,
+            mean: TensorId,
+            inv_var: TensorId,
+        ) -> Result<LayerNormGrads> {
+            self.norm_backward_grads(NormMode::$mode, dy, x, scale, mean, inv_var)
+        }
+    };
+}
+
 impl Graph {
     /// `x` must be an ordinary tensor of rank 4 or 5.
     pub(super) fn norm_check_x(&self, mode: NormMode, op: &'static str, xi: usize) -> Result<()> {
@@ -296,94 +329,80 @@ impl Graph {
         })
     }
 
-    /// Layer normalization forward (`CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR`,
-    /// `CUDNN_LAYER_NORM`): each row `x[n, ...]` is normalized over all its other dimensions,
-    /// `y = (x − mean) · inv_var · scale + bias` with `inv_var = 1 / √(var + epsilon)` (biased
-    /// variance).
-    ///
-    /// x is `[N, D, 1, 1]` (or any rank-4/5 `[N, ...]`); `scale` and `bias` are `[1, D, 1, 1]`
-    /// (x's dimensions with N = 1). cudnn-frontend's samples describe x channels-last
-    /// ([`Graph::tensor_nhwc`], strides `[D, 1, D, D]`), with f32 scale and bias also for f16 /
-    /// bf16 x, and f32 statistics. `epsilon` (finite, ≥ 0) is handed to cuDNN as an f32 by-value
-    /// scalar, as cudnn-frontend does.
-    ///
-    /// With `training`, the phase is `CUDNN_NORM_FWD_TRAINING` and the per-row mean and inverse
-    /// standard deviation `[N, 1, 1, 1]` are outputs too (mark them, typically as f32, or feed
-    /// them to [`Graph::layer_norm_backward`]); otherwise the phase is `CUDNN_NORM_FWD_INFERENCE`
-    /// and only y is written. y has x's dimensions and memory order.
-    ///
-    /// Speed: give f16 / bf16 x a scale and bias of x's own type. With f32 scale and bias,
-    /// cuDNN 9.14 and 9.19 offer such a layer norm one generic engine only; with scale and bias
-    /// of x's type, their fused normalization engines.
-    ///
-    /// Data types: f32, f16 or bf16 for every tensor of the operation; [`Graph::build`] and
-    /// [`Graph::check`] return [`Error::UnsupportedDataType`] for f64 (cuDNN has no f64 norm
-    /// engine).
-    ///
-    /// ```no_run
-    /// use cudnn_safe::graph::{Args, Graph, PlanFilter};
-    /// use cudnn_safe::{cuda_context, Cudnn, DType, Workspace};
-    /// # fn main() -> cudnn_safe::Result<()> {
-    /// let ctx = cuda_context(0)?;
-    /// let stream = ctx.default_stream();
-    /// let cudnn = Cudnn::new(stream.clone())?;
-    /// // Rows of length 1024: half data, f32 scale, bias and statistics.
-    /// let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
-    /// let x = g.tensor_nhwc("x", &[4096, 1024, 1, 1], DType::F16)?;
-    /// let scale = g.tensor_nhwc("scale", &[1, 1024, 1, 1], DType::F32)?;
-    /// let bias = g.tensor_nhwc("bias", &[1, 1024, 1, 1], DType::F32)?;
-    /// let out = g.layer_norm(x, scale, bias, 1e-5, true)?;
-    /// let (mean, inv_var) = out.stats.expect("training phase");
-    /// g.mark_output(out.y)?;
-    /// g.mark_output_as(mean, DType::F32)?;
-    /// g.mark_output_as(inv_var, DType::F32)?;
-    /// let og = g.build(&cudnn)?;
-    /// let plan = og.plans(&cudnn, &PlanFilter::default())?.plans.remove(0);
-    ///
-    /// let xb = stream.alloc_zeros::<half::f16>(og.span(x)?).unwrap();
-    /// let sb = stream.alloc_zeros::<f32>(og.span(scale)?).unwrap();
-    /// let bb = stream.alloc_zeros::<f32>(og.span(bias)?).unwrap();
-    /// let mut yb = stream.alloc_zeros::<half::f16>(og.span(out.y)?).unwrap();
-    /// let mut mb = stream.alloc_zeros::<f32>(og.span(mean)?).unwrap();
-    /// let mut vb = stream.alloc_zeros::<f32>(og.span(inv_var)?).unwrap();
-    /// let mut ws = Workspace::new(stream.clone());
-    /// let mut args = Args::new(&cudnn);
-    /// args.input(x, &xb)?.input(scale, &sb)?.input(bias, &bb)?;
-    /// args.output(out.y, &mut yb)?.output(mean, &mut mb)?.output(inv_var, &mut vb)?;
-    /// cudnn.execute(&plan, &args, &mut ws)?;
-    /// # Ok(()) }
-    /// ```
-    #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR")]
-    #[doc(alias = "CUDNN_LAYER_NORM")]
-    pub fn layer_norm(
-        &mut self,
-        x: TensorId,
-        scale: TensorId,
-        bias: TensorId,
-        epsilon: f64,
-        training: bool,
-    ) -> Result<LayerNormOutputs> {
-        self.norm_forward_stats(NormMode::Layer, x, scale, bias, epsilon, training)
+    stats_norm_op! {
+        /// Layer normalization forward (`CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR`,
+        /// `CUDNN_LAYER_NORM`): each row `x[n, ...]` is normalized over all its other dimensions,
+        /// `y = (x − mean) · inv_var · scale + bias` with `inv_var = 1 / √(var + epsilon)` (biased
+        /// variance).
+        ///
+        /// x is `[N, D, 1, 1]` (or any rank-4/5 `[N, ...]`); `scale` and `bias` are `[1, D, 1, 1]`
+        /// (x's dimensions with N = 1). cudnn-frontend's samples describe x channels-last
+        /// ([`Graph::tensor_nhwc`], strides `[D, 1, D, D]`), with f32 scale and bias also for f16 /
+        /// bf16 x, and f32 statistics. `epsilon` (finite, ≥ 0) is handed to cuDNN as an f32 by-value
+        /// scalar, as cudnn-frontend does.
+        ///
+        /// With `training`, the phase is `CUDNN_NORM_FWD_TRAINING` and the per-row mean and inverse
+        /// standard deviation `[N, 1, 1, 1]` are outputs too (mark them, typically as f32, or feed
+        /// them to [`Graph::layer_norm_backward`]); otherwise the phase is `CUDNN_NORM_FWD_INFERENCE`
+        /// and only y is written. y has x's dimensions and memory order.
+        ///
+        /// Speed: give f16 / bf16 x a scale and bias of x's own type. With f32 scale and bias,
+        /// cuDNN 9.14 and 9.19 offer such a layer norm one generic engine only; with scale and bias
+        /// of x's type, their fused normalization engines.
+        ///
+        /// Data types: f32, f16 or bf16 for every tensor of the operation; [`Graph::build`] and
+        /// [`Graph::check`] return [`Error::UnsupportedDataType`] for f64 (cuDNN has no f64 norm
+        /// engine).
+        ///
+        /// ```no_run
+        /// use cudnn_safe::graph::{Args, Graph, PlanFilter};
+        /// use cudnn_safe::{cuda_context, Cudnn, DType, Workspace};
+        /// # fn main() -> cudnn_safe::Result<()> {
+        /// let ctx = cuda_context(0)?;
+        /// let stream = ctx.default_stream();
+        /// let cudnn = Cudnn::new(stream.clone())?;
+        /// // Rows of length 1024: half data, f32 scale, bias and statistics.
+        /// let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
+        /// let x = g.tensor_nhwc("x", &[4096, 1024, 1, 1], DType::F16)?;
+        /// let scale = g.tensor_nhwc("scale", &[1, 1024, 1, 1], DType::F32)?;
+        /// let bias = g.tensor_nhwc("bias", &[1, 1024, 1, 1], DType::F32)?;
+        /// let out = g.layer_norm(x, scale, bias, 1e-5, true)?;
+        /// let (mean, inv_var) = out.stats.expect("training phase");
+        /// g.mark_output(out.y)?;
+        /// g.mark_output_as(mean, DType::F32)?;
+        /// g.mark_output_as(inv_var, DType::F32)?;
+        /// let og = g.build(&cudnn)?;
+        /// let plan = og.plans(&cudnn, &PlanFilter::default())?.plans.remove(0);
+        ///
+        /// let xb = stream.alloc_zeros::<half::f16>(og.span(x)?).unwrap();
+        /// let sb = stream.alloc_zeros::<f32>(og.span(scale)?).unwrap();
+        /// let bb = stream.alloc_zeros::<f32>(og.span(bias)?).unwrap();
+        /// let mut yb = stream.alloc_zeros::<half::f16>(og.span(out.y)?).unwrap();
+        /// let mut mb = stream.alloc_zeros::<f32>(og.span(mean)?).unwrap();
+        /// let mut vb = stream.alloc_zeros::<f32>(og.span(inv_var)?).unwrap();
+        /// let mut ws = Workspace::new(stream.clone());
+        /// let mut args = Args::new(&cudnn);
+        /// args.input(x, &xb)?.input(scale, &sb)?.input(bias, &bb)?;
+        /// args.output(out.y, &mut yb)?.output(mean, &mut mb)?.output(inv_var, &mut vb)?;
+        /// cudnn.execute(&plan, &args, &mut ws)?;
+        /// # Ok(()) }
+        /// ```
+        #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR")]
+        #[doc(alias = "CUDNN_LAYER_NORM")]
+        fn layer_norm = forward Layer;
     }
 
-    /// Layer normalization backward (`CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR`,
-    /// `CUDNN_LAYER_NORM`): from the gradient `dy`, the forward input `x`, the `scale` and the
-    /// saved `mean` and `inv_var` of the training forward pass, the gradients dx (x's
-    /// dimensions, laid out like dy), dscale and dbias (the scale's dimensions and layout).
-    ///
-    /// Shapes as in [`Graph::layer_norm`]: dy and x `[N, D, 1, 1]`, scale `[1, D, 1, 1]`, mean
-    /// and inv_var `[N, 1, 1, 1]`. cudnn-frontend's sample binds f32 scale, statistics, dscale
-    /// and dbias with f16 x, dy and dx. No epsilon is needed: inv_var already holds it.
-    #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR")]
-    pub fn layer_norm_backward(
-        &mut self,
-        dy: TensorId,
-        x: TensorId,
-        scale: TensorId,
-        mean: TensorId,
-        inv_var: TensorId,
-    ) -> Result<LayerNormGrads> {
-        self.norm_backward_grads(NormMode::Layer, dy, x, scale, mean, inv_var)
+    stats_norm_op! {
+        /// Layer normalization backward (`CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR`,
+        /// `CUDNN_LAYER_NORM`): from the gradient `dy`, the forward input `x`, the `scale` and the
+        /// saved `mean` and `inv_var` of the training forward pass, the gradients dx (x's
+        /// dimensions, laid out like dy), dscale and dbias (the scale's dimensions and layout).
+        ///
+        /// Shapes as in [`Graph::layer_norm`]: dy and x `[N, D, 1, 1]`, scale `[1, D, 1, 1]`, mean
+        /// and inv_var `[N, 1, 1, 1]`. cudnn-frontend's sample binds f32 scale, statistics, dscale
+        /// and dbias with f16 x, dy and dx. No epsilon is needed: inv_var already holds it.
+        #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR")]
+        fn layer_norm_backward = backward Layer;
     }
 
     /// RMS normalization forward (`CUDNN_RMS_NORM`): each row `x[n, ...]` is scaled by its
@@ -458,41 +477,27 @@ impl Graph {
         Ok(RmsNormGrads { dx, dscale, dbias })
     }
 
-    /// Instance normalization forward (`CUDNN_INSTANCE_NORM`): each plane `x[n, c, ...]` is
-    /// normalized over its spatial dimensions, `y = (x − mean) · inv_var · scale[c] + bias[c]`
-    /// with `inv_var = 1 / √(var + epsilon)` (biased variance).
-    ///
-    /// x is `[N, C, spatial...]` (rank 4 or 5); `scale` and `bias` are `[1, C, 1, 1]`. With
-    /// `training` the per-plane mean and inverse standard deviation `[N, C, 1, 1]` are outputs
-    /// too. cudnn-frontend's tests run channels-last f16 / bf16 x, scale and bias in x's type or
-    /// f32, and f32 statistics.
-    #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR")]
-    #[doc(alias = "CUDNN_INSTANCE_NORM")]
-    pub fn instance_norm(
-        &mut self,
-        x: TensorId,
-        scale: TensorId,
-        bias: TensorId,
-        epsilon: f64,
-        training: bool,
-    ) -> Result<LayerNormOutputs> {
-        self.norm_forward_stats(NormMode::Instance, x, scale, bias, epsilon, training)
+    stats_norm_op! {
+        /// Instance normalization forward (`CUDNN_INSTANCE_NORM`): each plane `x[n, c, ...]` is
+        /// normalized over its spatial dimensions, `y = (x − mean) · inv_var · scale[c] + bias[c]`
+        /// with `inv_var = 1 / √(var + epsilon)` (biased variance).
+        ///
+        /// x is `[N, C, spatial...]` (rank 4 or 5); `scale` and `bias` are `[1, C, 1, 1]`. With
+        /// `training` the per-plane mean and inverse standard deviation `[N, C, 1, 1]` are outputs
+        /// too. cudnn-frontend's tests run channels-last f16 / bf16 x, scale and bias in x's type or
+        /// f32, and f32 statistics.
+        #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR")]
+        #[doc(alias = "CUDNN_INSTANCE_NORM")]
+        fn instance_norm = forward Instance;
     }
 
-    /// Instance normalization backward (`CUDNN_INSTANCE_NORM`): from `dy`, the forward input
-    /// `x`, the `scale` `[1, C, 1, 1]` and the saved `mean` and `inv_var` `[N, C, 1, 1]`, the
-    /// gradients dx (laid out like dy), dscale and dbias (the scale's dimensions and layout).
-    #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR")]
-    #[doc(alias = "CUDNN_INSTANCE_NORM")]
-    pub fn instance_norm_backward(
-        &mut self,
-        dy: TensorId,
-        x: TensorId,
-        scale: TensorId,
-        mean: TensorId,
-        inv_var: TensorId,
-    ) -> Result<LayerNormGrads> {
-        self.norm_backward_grads(NormMode::Instance, dy, x, scale, mean, inv_var)
+    stats_norm_op! {
+        /// Instance normalization backward (`CUDNN_INSTANCE_NORM`): from `dy`, the forward input
+        /// `x`, the `scale` `[1, C, 1, 1]` and the saved `mean` and `inv_var` `[N, C, 1, 1]`, the
+        /// gradients dx (laid out like dy), dscale and dbias (the scale's dimensions and layout).
+        #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR")]
+        #[doc(alias = "CUDNN_INSTANCE_NORM")]
+        fn instance_norm_backward = backward Instance;
     }
 
     /// Batch normalization forward, training phase (`CUDNN_BATCH_NORM`,
@@ -593,20 +598,13 @@ impl Graph {
         Ok(y)
     }
 
-    /// Batch normalization backward (`CUDNN_BATCH_NORM`): from `dy`, the forward input `x`, the
-    /// `scale` and the saved batch `mean` and `inv_var` `[1, C, 1, 1]` of the training forward
-    /// pass, the gradients dx (laid out like dy), dscale and dbias (the scale's dimensions and
-    /// layout).
-    #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR")]
-    #[doc(alias = "CUDNN_BATCH_NORM")]
-    pub fn batch_norm_backward(
-        &mut self,
-        dy: TensorId,
-        x: TensorId,
-        scale: TensorId,
-        mean: TensorId,
-        inv_var: TensorId,
-    ) -> Result<LayerNormGrads> {
-        self.norm_backward_grads(NormMode::Batch, dy, x, scale, mean, inv_var)
+    stats_norm_op! {
+        /// Batch normalization backward (`CUDNN_BATCH_NORM`): from `dy`, the forward input `x`, the
+        /// `scale` and the saved batch `mean` and `inv_var` `[1, C, 1, 1]` of the training forward
+        /// pass, the gradients dx (laid out like dy), dscale and dbias (the scale's dimensions and
+        /// layout).
+        #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR")]
+        #[doc(alias = "CUDNN_BATCH_NORM")]
+        fn batch_norm_backward = backward Batch;
     }
 }
