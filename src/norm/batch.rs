@@ -888,9 +888,43 @@ where
     let (dbp, _gdb) = bufs.dbias.device_ptr_mut(stream);
     let (mp, _gm) = mean.device_ptr(stream);
     let (ip, _gi) = inv_std.device_ptr(stream);
-    let [alpha_data, beta_data, alpha_param, beta_param] = alphas;
     // SAFETY: the caller's contract; the guards keep every other buffer alive and ordered until
-    // the call is enqueued; the scalars live on this frame.
+    // the call is enqueued.
+    unsafe {
+        batch_norm_backward_at::<T>(
+            cudnn,
+            mode,
+            alphas,
+            (data, param),
+            [bufs.x, dyp, dxp],
+            [sp, dsp, dbp],
+            epsilon,
+            [mp, ip],
+        )
+    }
+}
+
+/// `cudnnBatchNormalizationBackward` as [`batch_norm_backward_raw`], every buffer given by its
+/// device address: `[x, dy, dx]` described by `data`, `[scale, dscale, dbias]` and
+/// `[saved mean, saved inverse standard deviation]` by `param`.
+///
+/// # Safety
+/// As [`batch_norm_backward_raw`], for the buffers at these addresses (the parameters of
+/// `T::Param`), which the caller keeps alive and ordered on the handle's stream until this
+/// returns.
+#[allow(clippy::too_many_arguments)] // mirrors the C call
+pub(super) unsafe fn batch_norm_backward_at<T: NormType>(
+    cudnn: &Cudnn,
+    mode: sys::cudnnBatchNormMode_t,
+    alphas: [T::Scalar; 4],
+    (data, param): (sys::cudnnTensorDescriptor_t, sys::cudnnTensorDescriptor_t),
+    [x, dy, dx]: [u64; 3],
+    [scale, dscale, dbias]: [u64; 3],
+    epsilon: f64,
+    [mean, inv_std]: [u64; 2],
+) -> Result<()> {
+    let [alpha_data, beta_data, alpha_param, beta_param] = alphas;
+    // SAFETY: the caller's contract; the scalars live on this frame.
     unsafe {
         ffi::cudnnBatchNormalizationBackward(
             cudnn.lib(),
@@ -901,18 +935,18 @@ where
             scalar_ptr(&alpha_param),
             scalar_ptr(&beta_param),
             data,
-            bufs.x as *const c_void,
+            x as *const c_void,
             data,
-            dyp as *const c_void,
+            dy as *const c_void,
             data,
-            dxp as *mut c_void,
+            dx as *mut c_void,
             param,
-            sp as *const c_void,
-            dsp as *mut c_void,
-            dbp as *mut c_void,
+            scale as *const c_void,
+            dscale as *mut c_void,
+            dbias as *mut c_void,
             epsilon,
-            mp as *const c_void,
-            ip as *const c_void,
+            mean as *const c_void,
+            inv_std as *const c_void,
         )
     }
 }

@@ -1,6 +1,5 @@
 //! The backward path of the regrouped normalizations: `dγ`, `dβ` by the method's reductions
 //! or batch-norm calls, then `dx` by the batch-norm backward of the statistics view.
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
@@ -13,10 +12,10 @@ use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::Scalar;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
-use crate::norm::batch::{batch_norm_backward_raw, BnBackwardBufs};
+use crate::norm::batch::{batch_norm_backward_at, batch_norm_backward_raw, BnBackwardBufs};
 use crate::norm::method::NormAffine;
 use crate::norm::saved::{check_saved_origin, NormSaved};
-use crate::norm::{ffi, scalar_ptr, NormType};
+use crate::norm::NormType;
 use crate::ops::OpTensorOp;
 use crate::reduce::ReduceOp;
 use crate::workspace::Workspace;
@@ -182,27 +181,15 @@ impl<T: NormType> Regrouped<T> {
             // `&mut`s; scalars are `T::Scalar`; the guards keep every buffer alive and ordered
             // until the call is enqueued.
             unsafe {
-                ffi::cudnnBatchNormalizationBackward(
-                    cudnn.lib(),
-                    cudnn.as_raw(),
+                batch_norm_backward_at::<T>(
+                    cudnn,
                     sys::cudnnBatchNormMode_t::CUDNN_BATCHNORM_SPATIAL,
-                    scalar_ptr(&one),
-                    scalar_ptr(&zero),
-                    scalar_ptr(&one),
-                    scalar_ptr(&zero),
-                    self.feature.as_raw(),
-                    xp as *const c_void,
-                    self.feature.as_raw(),
-                    dyp as *const c_void,
-                    self.feature.as_raw(),
-                    dxp as *mut c_void,
-                    self.feature_param.as_raw(),
-                    sp as *const c_void,
-                    dgp as *mut c_void,
-                    dbp as *mut c_void,
+                    [one, zero, one, zero],
+                    (self.feature.as_raw(), self.feature_param.as_raw()),
+                    [xp, dyp, dxp],
+                    [sp, dgp, dbp],
                     0.0,
-                    mp as *const c_void,
-                    ip as *const c_void,
+                    [mp, ip],
                 )
             }?;
         }
