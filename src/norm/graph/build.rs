@@ -14,29 +14,18 @@ use crate::error::{Error, Result};
 /// deviation; [`LayerNormGrads`]), of the mode named. Documented by the attributes given.
 macro_rules! stats_norm_op {
     ($(#[$m:meta])* fn $name:ident = forward $mode:ident;) => {
-        $(#[$m])*
-        pub fn $name(
-            &mut self,
-            x: TensorId,
-            scale: TensorId,
-            bias: TensorId,
-            epsilon: f64,
-            training: bool,
-        ) -> Result<LayerNormOutputs> {
-            self.norm_forward_stats(NormMode::$mode, x, scale, bias, epsilon, training)
-        }
+        stats_norm_op!(@fn $(#[$m])* $name = norm_forward_stats($mode) -> LayerNormOutputs;
+            x: TensorId, scale: TensorId, bias: TensorId, epsilon: f64, training: bool);
     };
     ($(#[$m:meta])* fn $name:ident = backward $mode:ident;) => {
+        stats_norm_op!(@fn $(#[$m])* $name = norm_backward_grads($mode) -> LayerNormGrads;
+            dy: TensorId, x: TensorId, scale: TensorId, mean: TensorId, inv_var: TensorId);
+    };
+    (@fn $(#[$m:meta])* $name:ident = $add:ident($mode:ident) -> $out:ty;
+        $($arg:ident: $ty:ty),*) => {
         $(#[$m])*
-        pub fn $name(
-            &mut self,
-            dy: TensorId,
-            x: TensorId,
-            scale: TensorId,
-            mean: TensorId,
-            inv_var: TensorId,
-        ) -> Result<LayerNormGrads> {
-            self.norm_backward_grads(NormMode::$mode, dy, x, scale, mean, inv_var)
+        pub fn $name(&mut self, $($arg: $ty),*) -> Result<$out> {
+            self.$add(NormMode::$mode, $($arg),*)
         }
     };
 }
