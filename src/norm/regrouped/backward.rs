@@ -12,7 +12,7 @@ use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::Scalar;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
-use crate::norm::batch::{batch_norm_backward_at, batch_norm_backward_raw, BnBackwardBufs};
+use crate::norm::launch::{batch_norm_backward_at, batch_norm_backward_raw, BnBackwardBufs};
 use crate::norm::method::NormAffine;
 use crate::norm::saved::{check_saved_origin, NormSaved};
 use crate::norm::NormType;

@@ -10,11 +10,11 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
 use cudnn_safe_sys as sys;
 
+use super::launch::{batch_norm_inference_raw, batch_norm_training_raw};
 use super::method::{
     near_square, two_stage_split, FeatureLayout, NormAffine, NormMethod, NormParamGrads, NormStats,
 };
 use super::saved::NormSaved;
-use super::batch::{batch_norm_inference_raw, batch_norm_training_raw};
 use super::{check_epsilon, NormType};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DataType, Scalar};
