@@ -163,9 +163,12 @@ where
 /// `[saved mean, saved inverse standard deviation]` by `param`.
 ///
 /// # Safety
-/// As [`batch_norm_backward_raw`], for the buffers at these addresses (the parameters of
-/// `T::Param`), which the caller keeps alive and ordered on the handle's stream until this
-/// returns.
+/// The handle is bound; `data` and `param` are live descriptors for `mode`; every address holds
+/// its descriptor's span on the handle's context (the parameters of `T::Param`) and the outputs
+/// overlap neither themselves nor an input; the saved statistics are those of a training
+/// forward with the same descriptors, mode and epsilon on this `x`, or values the caller
+/// chose for their effect on the formula; the caller keeps every buffer alive and ordered on
+/// the handle's stream until this returns.
 #[allow(clippy::too_many_arguments)] // mirrors the C call
 pub(super) unsafe fn batch_norm_backward_at<T: NormType>(
     cudnn: &Cudnn,
