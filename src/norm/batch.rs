@@ -4,10 +4,14 @@ use std::ffi::{c_int, c_void};
 use std::fmt;
 use std::marker::PhantomData;
 
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtrMut};
 use cudnn_safe_sys as sys;
 
-use super::{check_epsilon, ffi, scalar_ptr, NormType};
+use super::launch::{
+    batch_norm_backward_raw, batch_norm_inference_raw, batch_norm_training_raw, BnBackwardBufs,
+};
+use super::saved::check_origin_at;
+use super::{check_epsilon, ffi, NormType};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::checks::opt_ptr_mut;
 use crate::dtype::DataType;
@@ -509,19 +513,16 @@ pub(super) fn check_origin<T: NormType>(
     saved: &BatchNormSaved<'_, T>,
     x: u64,
 ) -> Result<()> {
-    if saved.bn != bn.id {
-        return Err(mismatch(
+    check_origin_at(
+        (
+            "batch-norm saved statistics",
             "the value returned by a training forward of this BatchNorm",
-            "statistics saved by another BatchNorm object".into(),
-        ));
-    }
-    if saved.x != x {
-        return Err(mismatch(
-            "x to be the buffer the training forward read",
-            format!("x at {x:#x}, the forward read x at {:#x}", saved.x),
-        ));
-    }
-    Ok(())
+            "statistics saved by another BatchNorm object",
+        ),
+        (saved.bn, saved.x),
+        bn.id,
+        x,
+    )
 }
 
 impl Cudnn {
@@ -572,21 +573,13 @@ impl Cudnn {
         // alpha/beta are `T::Scalar`; the guards keep the buffers alive and ordered until the
         // call is enqueued.
         unsafe {
-            ffi::cudnnBatchNormalizationForwardInference(
-                self.lib(),
-                self.as_raw(),
+            batch_norm_inference_raw::<T>(
+                self,
                 inference_mode.raw(),
-                scalar_ptr(&alpha),
-                scalar_ptr(&beta),
-                bn.x.as_raw(),
-                xp as *const c_void,
-                bn.x.as_raw(),
-                yp as *mut c_void,
-                bn.param.as_raw(),
-                sp as *const c_void,
-                bp as *const c_void,
-                mp as *const c_void,
-                vp as *const c_void,
+                [alpha, beta],
+                (bn.x.as_raw(), bn.param.as_raw()),
+                [xp, yp],
+                [sp, bp, mp, vp],
                 bn.epsilon,
             )
         }
@@ -649,25 +642,15 @@ impl Cudnn {
             // alpha/beta are `T::Scalar`; the guards keep every buffer alive and ordered until
             // the call is enqueued.
             unsafe {
-                ffi::cudnnBatchNormalizationForwardTraining(
-                    self.lib(),
-                    self.as_raw(),
+                batch_norm_training_raw::<T>(
+                    self,
                     bn.mode.raw(),
-                    scalar_ptr(&alpha),
-                    scalar_ptr(&beta),
-                    bn.x.as_raw(),
-                    xp as *const c_void,
-                    bn.x.as_raw(),
-                    yp as *mut c_void,
-                    bn.param.as_raw(),
-                    sp as *const c_void,
-                    bp as *const c_void,
-                    factor,
-                    rmp,
-                    rvp,
+                    [alpha, beta],
+                    (bn.x.as_raw(), bn.param.as_raw()),
+                    [xp, yp, sp, bp],
+                    (factor, rmp, rvp),
                     bn.epsilon,
-                    mp as *mut c_void,
-                    ip as *mut c_void,
+                    (mp as *mut c_void, ip as *mut c_void),
                 )
             }?;
         }
@@ -717,15 +700,7 @@ impl Cudnn {
                 format!("statistics of a {ops:?} forward (use batch_norm_backward_ex)"),
             ));
         }
-        let (data, param) = (bn.x.layout(), bn.param.layout());
-        self.check_tensor("x", data, x, false)?;
-        self.check_tensor("dy", data, dy, false)?;
-        self.check_tensor("dx", data, dx, true)?;
-        self.check_tensor("scale", param, scale, false)?;
-        self.check_tensor("dscale", param, dscale, true)?;
-        self.check_tensor("dbias", param, dbias, true)?;
-        self.check_tensor("saved mean", param, &saved.mean, false)?;
-        self.check_tensor("saved inverse variance", param, &saved.inv_variance, false)?;
+        self.check_backward_bufs(bn, saved, x, dy, &*dx, scale, &*dscale, &*dbias)?;
         self.bind()?;
         let stream: &CudaStream = self.stream();
         let (xp, _gx) = x.device_ptr(stream);
@@ -757,77 +732,30 @@ impl Cudnn {
     }
 }
 
-/// The buffers of one `cudnnBatchNormalizationBackward` call: `x` (its device address, kept
-/// alive by the caller's guard), `dy`, `dx` of the data type, the others of the parameter type.
-pub(super) struct BnBackwardBufs<'a, DY, DX, S, DS, DB> {
-    pub(super) x: u64,
-    pub(super) dy: &'a DY,
-    pub(super) dx: &'a mut DX,
-    pub(super) scale: &'a S,
-    pub(super) dscale: &'a mut DS,
-    pub(super) dbias: &'a mut DB,
-}
-
-/// `cudnnBatchNormalizationBackward` with `alphas` = `[alpha_data, beta_data, alpha_param,
-/// beta_param]`, the data buffers described by `data`, the parameters and `stats` (saved mean,
-/// saved inverse standard deviation) by `param`.
-///
-/// # Safety
-/// The handle is bound; `data` and `param` are live descriptors for `mode`; every buffer holds
-/// its descriptor's span on the handle's context and the outputs overlap neither themselves nor
-/// an input; `stats` were written by a training forward with the same descriptors, mode and
-/// epsilon on the `x` at `bufs.x`, which the caller keeps alive and ordered on the handle's
-/// stream until this returns.
-pub(super) unsafe fn batch_norm_backward_raw<T, DY, DX, S, DS, DB>(
-    cudnn: &Cudnn,
-    mode: sys::cudnnBatchNormMode_t,
-    alphas: [T::Scalar; 4],
-    (data, param): (sys::cudnnTensorDescriptor_t, sys::cudnnTensorDescriptor_t),
-    bufs: BnBackwardBufs<'_, DY, DX, S, DS, DB>,
-    epsilon: f64,
-    (mean, inv_std): (&CudaSlice<T::Param>, &CudaSlice<T::Param>),
-) -> Result<()>
-where
-    T: NormType,
-    DY: DeviceBuffer<T>,
-    DX: DeviceBufferMut<T>,
-    S: DeviceBuffer<T::Param>,
-    DS: DeviceBufferMut<T::Param>,
-    DB: DeviceBufferMut<T::Param>,
-{
-    let stream: &CudaStream = cudnn.stream();
-    let (dyp, _gdy) = bufs.dy.device_ptr(stream);
-    let (dxp, _gdx) = bufs.dx.device_ptr_mut(stream);
-    let (sp, _gs) = bufs.scale.device_ptr(stream);
-    let (dsp, _gds) = bufs.dscale.device_ptr_mut(stream);
-    let (dbp, _gdb) = bufs.dbias.device_ptr_mut(stream);
-    let (mp, _gm) = mean.device_ptr(stream);
-    let (ip, _gi) = inv_std.device_ptr(stream);
-    let [alpha_data, beta_data, alpha_param, beta_param] = alphas;
-    // SAFETY: the caller's contract; the guards keep every other buffer alive and ordered until
-    // the call is enqueued; the scalars live on this frame.
-    unsafe {
-        ffi::cudnnBatchNormalizationBackward(
-            cudnn.lib(),
-            cudnn.as_raw(),
-            mode,
-            scalar_ptr(&alpha_data),
-            scalar_ptr(&beta_data),
-            scalar_ptr(&alpha_param),
-            scalar_ptr(&beta_param),
-            data,
-            bufs.x as *const c_void,
-            data,
-            dyp as *const c_void,
-            data,
-            dxp as *mut c_void,
-            param,
-            sp as *const c_void,
-            dsp as *mut c_void,
-            dbp as *mut c_void,
-            epsilon,
-            mp as *const c_void,
-            ip as *const c_void,
-        )
+impl Cudnn {
+    /// The buffers every batch-norm backward reads or writes, against `bn`'s descriptors: `x`,
+    /// `dy`, `dx` of the data layout, `scale`, `dscale`, `dbias` and the saved statistics of
+    /// the parameter layout.
+    #[allow(clippy::too_many_arguments)] // the call's buffers
+    pub(super) fn check_backward_bufs<T: NormType>(
+        &self,
+        bn: &BatchNorm<T>,
+        saved: &BatchNormSaved<'_, T>,
+        x: &impl DeviceBuffer<T>,
+        dy: &impl DeviceBuffer<T>,
+        dx: &impl DeviceBufferMut<T>,
+        scale: &impl DeviceBuffer<T::Param>,
+        dscale: &impl DeviceBufferMut<T::Param>,
+        dbias: &impl DeviceBufferMut<T::Param>,
+    ) -> Result<()> {
+        let (data, param) = (bn.x.layout(), bn.param.layout());
+        self.check_tensor("x", data, x, false)?;
+        self.check_tensor("dy", data, dy, false)?;
+        self.check_tensor("dx", data, dx, true)?;
+        self.check_tensor("scale", param, scale, false)?;
+        self.check_tensor("dscale", param, dscale, true)?;
+        self.check_tensor("dbias", param, dbias, true)?;
+        self.check_tensor("saved mean", param, &saved.mean, false)?;
+        self.check_tensor("saved inverse variance", param, &saved.inv_variance, false)
     }
 }

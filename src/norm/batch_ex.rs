@@ -164,23 +164,16 @@ impl Cudnn {
                 ),
             ));
         }
+        self.check_backward_bufs(bn, saved, x, dy, dx, scale, dscale, dbias)?;
         let (data, param) = (bn.x.layout(), bn.param.layout());
-        self.check_tensor("x", data, x, false)?;
         let y = saved.y.as_ref().filter(|_| ops.has_activation());
         if let Some(y) = y {
             self.check_tensor("y", data, y, false)?;
         }
-        self.check_tensor("dy", data, dy, false)?;
         if let Some(dz) = dz {
             self.check_tensor("dz", data, dz, true)?;
         }
-        self.check_tensor("dx", data, dx, true)?;
-        self.check_tensor("scale", param, scale, false)?;
         self.check_tensor("bias", param, bias, false)?;
-        self.check_tensor("dscale", param, dscale, true)?;
-        self.check_tensor("dbias", param, dbias, true)?;
-        self.check_tensor("saved mean", param, &saved.mean, false)?;
-        self.check_tensor("saved inverse variance", param, &saved.inv_variance, false)?;
         if let Some(r) = &saved.reserve {
             self.check_buffer("reserve space", r, saved.reserve_bytes)?;
         }

@@ -2,14 +2,10 @@
 use std::fmt;
 
 use super::method::NormMethod;
-use super::regrouped::Regrouped;
-use super::saved::NormSaved;
+use super::regrouped::{regrouped_accessors, regrouped_launches, Regrouped};
 use super::{packed_dims, NormType};
-use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::error::{Error, Result};
-use crate::handle::Cudnn;
 use crate::tensor::Layout;
-use crate::workspace::Workspace;
 
 /// Group normalization of a packed NCHW-style tensor `[N, C, spatial...]`: the `C` channels of
 /// each sample are split into `G` groups of `C/G` consecutive channels, each group (with its
@@ -21,7 +17,7 @@ use crate::workspace::Workspace;
 /// statistics over the regrouped view `[1, N·G, (C/G)·H·W, 1]`, then the per-channel affine
 /// map, by default ([`NormMethod::default_for_group`]) as one batch-norm inference on the
 /// tensor itself; other formulations are chosen with [`with_method`](Self::with_method). The input must be packed channels-first; convert channels-last data with
-/// [`Cudnn::transform_tensor`] first. `Send`, not `Sync`.
+/// [`Cudnn::transform_tensor`](crate::Cudnn::transform_tensor) first. `Send`, not `Sync`.
 pub struct GroupNorm<T: NormType> {
     core: Regrouped<T>,
     layout: Layout,
@@ -75,22 +71,6 @@ impl<T: NormType> GroupNorm<T> {
         let c = x.dims().get(1).copied().unwrap_or(0);
         Self::new(x, c, epsilon)
     }
-    /// The layout of `x`, `y`, `dy` and `dx`.
-    pub fn layout(&self) -> &Layout {
-        &self.layout
-    }
-    /// The tensor dimensions.
-    pub fn dims(&self) -> &[i64] {
-        self.layout.dims()
-    }
-    /// Elements of `x`, `y`, `dy`, `dx`.
-    pub fn len(&self) -> usize {
-        self.core.len()
-    }
-    /// Whether the tensor is empty (never: every dimension is at least 1).
-    pub fn is_empty(&self) -> bool {
-        false
-    }
     /// The group count `G`.
     pub fn groups(&self) -> i64 {
         self.groups
@@ -103,62 +83,27 @@ impl<T: NormType> GroupNorm<T> {
     pub fn group_count(&self) -> usize {
         self.core.rows
     }
-    /// The epsilon.
-    pub fn epsilon(&self) -> f64 {
-        self.core.epsilon
-    }
-    /// The formulation used (by default [`NormMethod::default_for_group`]).
-    pub fn method(&self) -> NormMethod {
-        self.core.method
-    }
-    /// The same normalization computed with another formulation ([`NormMethod`]): every
-    /// method gives the same result up to rounding; they differ in speed. Rebuilds the
-    /// descriptors (host only); saved values of the old object do not fit the new one.
-    pub fn with_method(self, method: NormMethod) -> Result<Self> {
-        Ok(Self {
-            core: self.core.with_method(method)?,
-            ..self
-        })
-    }
+}
+
+regrouped_accessors! {
+    GroupNorm, "default_for_group";
     /// Workspace bytes the backward pass grows `workspace` to (the reductions of
     /// [`NormParamGrads::Reduce`](super::NormParamGrads::Reduce) and [`NormParamGrads::TwoStageReduce`](super::NormParamGrads::TwoStageReduce); 0 with
     /// [`NormParamGrads::BatchNormBackward`](super::NormParamGrads::BatchNormBackward), the default), e.g. to size a
-    /// [`Workspace::with_limit`]. Queries cuDNN.
-    #[doc(alias = "cudnnGetReductionWorkspaceSize")]
-    pub fn backward_workspace_size(&self, cudnn: &Cudnn) -> Result<usize> {
-        self.core.backward_workspace_size(cudnn)
-    }
+    /// [`Workspace::with_limit`](crate::Workspace::with_limit). Queries cuDNN.
+    fn backward_workspace_size;
 }
 
-impl Cudnn {
+regrouped_launches! {
+    GroupNorm, gn;
     /// Group (or instance) normalization forward, saving nothing. `x`, `y`:
     /// [`GroupNorm::len`] elements; `γ`, `β`: [`GroupNorm::channels`].
     #[doc(alias = "cudnnBatchNormalizationForwardTraining")]
-    pub fn group_norm_forward<T: NormType>(
-        &self,
-        gn: &GroupNorm<T>,
-        x: &impl DeviceBuffer<T>,
-        gamma: &impl DeviceBuffer<T>,
-        beta: &impl DeviceBuffer<T>,
-        y: &mut impl DeviceBufferMut<T>,
-    ) -> Result<()> {
-        gn.core.forward(self, x, gamma, beta, y)
-    }
-
+    fn group_norm_forward;
     /// [`group_norm_forward`](Self::group_norm_forward) that also returns `x̂` and the
     /// per-group mean and inverse standard deviation (`[N, G]`) for
     /// [`group_norm_backward`](Self::group_norm_backward).
-    pub fn group_norm_forward_training<'x, T: NormType>(
-        &self,
-        gn: &GroupNorm<T>,
-        x: &'x impl DeviceBuffer<T>,
-        gamma: &impl DeviceBuffer<T>,
-        beta: &impl DeviceBuffer<T>,
-        y: &mut impl DeviceBufferMut<T>,
-    ) -> Result<NormSaved<'x, T>> {
-        gn.core.forward_training(self, x, gamma, beta, y)
-    }
-
+    fn group_norm_forward_training;
     /// Group (or instance) normalization backward: writes `dx`, `dγ = Σ_{n,spatial} dy·x̂` and
     /// `dβ = Σ_{n,spatial} dy` per channel (overwriting them) from `dy` and the values `saved`
     /// by [`group_norm_forward_training`](Self::group_norm_forward_training) of this `gn` on
@@ -167,20 +112,5 @@ impl Cudnn {
     /// [`GroupNorm::backward_workspace_size`] before anything is written; the default method
     /// uses none.
     #[doc(alias = "cudnnBatchNormalizationBackward")]
-    #[allow(clippy::too_many_arguments)] // the layer's inputs and outputs
-    pub fn group_norm_backward<T: NormType>(
-        &self,
-        gn: &GroupNorm<T>,
-        saved: &NormSaved<'_, T>,
-        x: &impl DeviceBuffer<T>,
-        dy: &impl DeviceBuffer<T>,
-        gamma: &impl DeviceBuffer<T>,
-        dx: &mut impl DeviceBufferMut<T>,
-        dgamma: &mut impl DeviceBufferMut<T>,
-        dbeta: &mut impl DeviceBufferMut<T>,
-        workspace: &mut Workspace,
-    ) -> Result<()> {
-        gn.core
-            .backward(self, saved, x, dy, gamma, dx, dgamma, dbeta, workspace)
-    }
+    fn group_norm_backward;
 }

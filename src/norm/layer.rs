@@ -5,14 +5,10 @@ use std::fmt;
 
 use super::layer_graph::{LayerNormGraph, LayerNormTrainGraphs};
 use super::method::NormMethod;
-use super::regrouped::Regrouped;
-use super::saved::NormSaved;
+use super::regrouped::{regrouped_accessors, regrouped_launches, Regrouped};
 use super::{packed_dims, NormType};
-use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::error::{Error, Result};
-use crate::handle::Cudnn;
 use crate::tensor::Layout;
-use crate::workspace::Workspace;
 
 /// Layer normalization over the trailing dimensions of a packed row-major tensor:
 /// each row of `D` features (the product of the normalized dimensions) is normalized, then
@@ -54,10 +50,10 @@ pub struct LayerNorm<T: NormType> {
     layout: Layout,
     normalized: usize,
     /// The graph formulation's plan, built on first use
-    /// ([`Cudnn::layer_norm_forward_graph`]); `RefCell` keeps the object `Send` and not `Sync`.
+    /// ([`Cudnn::layer_norm_forward_graph`](crate::Cudnn::layer_norm_forward_graph)); `RefCell` keeps the object `Send` and not `Sync`.
     pub(super) graph: RefCell<Option<Box<LayerNormGraph>>>,
     /// The graph training path's two plans, built on first use
-    /// ([`Cudnn::layer_norm_forward_training_graph`]).
+    /// ([`Cudnn::layer_norm_forward_training_graph`](crate::Cudnn::layer_norm_forward_training_graph)).
     pub(super) train: RefCell<Option<Box<LayerNormTrainGraphs>>>,
 }
 
@@ -106,25 +102,9 @@ impl<T: NormType> LayerNorm<T> {
             train: RefCell::new(None),
         })
     }
-    /// The layout of `x`, `y`, `dy` and `dx`.
-    pub fn layout(&self) -> &Layout {
-        &self.layout
-    }
-    /// The tensor dimensions.
-    pub fn dims(&self) -> &[i64] {
-        self.layout.dims()
-    }
     /// How many trailing dimensions are normalized.
     pub fn normalized_dims(&self) -> usize {
         self.normalized
-    }
-    /// Elements of `x`, `y`, `dy`, `dx`.
-    pub fn len(&self) -> usize {
-        self.core.len()
-    }
-    /// Whether the tensor is empty (never: every dimension is at least 1).
-    pub fn is_empty(&self) -> bool {
-        false
     }
     /// Rows normalized (product of the leading dimensions); also the length of the saved
     /// statistics.
@@ -135,62 +115,27 @@ impl<T: NormType> LayerNorm<T> {
     pub fn features(&self) -> usize {
         self.core.features()
     }
-    /// The epsilon.
-    pub fn epsilon(&self) -> f64 {
-        self.core.epsilon
-    }
-    /// The formulation used (by default [`NormMethod::default_for_layer`]).
-    pub fn method(&self) -> NormMethod {
-        self.core.method
-    }
-    /// The same normalization computed with another formulation ([`NormMethod`]): every
-    /// method gives the same result up to rounding; they differ in speed. Rebuilds the
-    /// descriptors (host only); saved values of the old object do not fit the new one.
-    pub fn with_method(self, method: NormMethod) -> Result<Self> {
-        Ok(Self {
-            core: self.core.with_method(method)?,
-            ..self
-        })
-    }
+}
+
+regrouped_accessors! {
+    LayerNorm, "default_for_layer";
     /// Workspace bytes the backward pass grows `workspace` to (the reductions of
     /// [`NormParamGrads::TwoStageReduce`](super::NormParamGrads::TwoStageReduce), the default, and of [`NormParamGrads::Reduce`](super::NormParamGrads::Reduce); 0
     /// with [`NormParamGrads::BatchNormBackward`](super::NormParamGrads::BatchNormBackward)), e.g. to size a
-    /// [`Workspace::with_limit`]. Queries cuDNN.
-    #[doc(alias = "cudnnGetReductionWorkspaceSize")]
-    pub fn backward_workspace_size(&self, cudnn: &Cudnn) -> Result<usize> {
-        self.core.backward_workspace_size(cudnn)
-    }
+    /// [`Workspace::with_limit`](crate::Workspace::with_limit). Queries cuDNN.
+    fn backward_workspace_size;
 }
 
-impl Cudnn {
+regrouped_launches! {
+    LayerNorm, ln;
     /// Layer normalization forward, `y = (x − μ)/sqrt(σ² + ε)·γ + β` per row, saving nothing
     /// (for inference, or when the backward pass is not needed). `x`, `y`: [`LayerNorm::len`]
     /// elements; `γ`, `β`: [`LayerNorm::features`].
     #[doc(alias = "cudnnBatchNormalizationForwardTraining")]
-    pub fn layer_norm_forward<T: NormType>(
-        &self,
-        ln: &LayerNorm<T>,
-        x: &impl DeviceBuffer<T>,
-        gamma: &impl DeviceBuffer<T>,
-        beta: &impl DeviceBuffer<T>,
-        y: &mut impl DeviceBufferMut<T>,
-    ) -> Result<()> {
-        ln.core.forward(self, x, gamma, beta, y)
-    }
-
+    fn layer_norm_forward;
     /// [`layer_norm_forward`](Self::layer_norm_forward) that also returns `x̂` and the per-row
     /// mean and inverse standard deviation for [`layer_norm_backward`](Self::layer_norm_backward).
-    pub fn layer_norm_forward_training<'x, T: NormType>(
-        &self,
-        ln: &LayerNorm<T>,
-        x: &'x impl DeviceBuffer<T>,
-        gamma: &impl DeviceBuffer<T>,
-        beta: &impl DeviceBuffer<T>,
-        y: &mut impl DeviceBufferMut<T>,
-    ) -> Result<NormSaved<'x, T>> {
-        ln.core.forward_training(self, x, gamma, beta, y)
-    }
-
+    fn layer_norm_forward_training;
     /// Layer normalization backward: writes `dx`, `dγ = Σ_rows dy·x̂` and `dβ = Σ_rows dy`
     /// (overwriting them) from `dy` and the values `saved` by
     /// [`layer_norm_forward_training`](Self::layer_norm_forward_training) of this `ln` on this
@@ -199,20 +144,5 @@ impl Cudnn {
     /// limit) to [`LayerNorm::backward_workspace_size`] before anything is written.
     #[doc(alias = "cudnnBatchNormalizationBackward")]
     #[doc(alias = "cudnnReduceTensor")]
-    #[allow(clippy::too_many_arguments)] // the layer's inputs and outputs
-    pub fn layer_norm_backward<T: NormType>(
-        &self,
-        ln: &LayerNorm<T>,
-        saved: &NormSaved<'_, T>,
-        x: &impl DeviceBuffer<T>,
-        dy: &impl DeviceBuffer<T>,
-        gamma: &impl DeviceBuffer<T>,
-        dx: &mut impl DeviceBufferMut<T>,
-        dgamma: &mut impl DeviceBufferMut<T>,
-        dbeta: &mut impl DeviceBufferMut<T>,
-        workspace: &mut Workspace,
-    ) -> Result<()> {
-        ln.core
-            .backward(self, saved, x, dy, gamma, dx, dgamma, dbeta, workspace)
-    }
+    fn layer_norm_backward;
 }

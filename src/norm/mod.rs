@@ -181,6 +181,7 @@ mod batch;
 mod batch_ex;
 mod ffi;
 mod group;
+mod launch;
 mod layer;
 mod layer_graph;
 mod method;

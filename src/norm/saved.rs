@@ -18,23 +18,37 @@ pub(super) fn check_saved_origin<T: DataType>(
     cudnn: &Cudnn,
     what: &'static str,
     expected: &'static str,
-    (norm, x_at): (u64, u64),
+    saved: (u64, u64),
     id: u64,
     x: &impl DeviceBuffer<T>,
 ) -> Result<()> {
-    if norm != id {
-        return Err(Error::invalid(
-            what,
-            expected,
-            "values saved by another object",
-        ));
-    }
     let (xp, _guard) = x.device_ptr(cudnn.stream());
-    if xp != x_at {
+    check_origin_at(
+        (what, expected, "values saved by another object"),
+        saved,
+        id,
+        xp,
+    )
+}
+
+/// Checks that saved values (`(object id, x address)` as the training forward recorded them)
+/// came from the object `id` and the `x` at device address `x` (the saved value keeps the
+/// forward's `x` borrowed, so an equal address is the same buffer, not a reallocation).
+/// `(what, expected, other)` name the error: `other` is what a value of another object is.
+pub(super) fn check_origin_at(
+    (what, expected, other): (&'static str, &'static str, &'static str),
+    (norm, x_at): (u64, u64),
+    id: u64,
+    x: u64,
+) -> Result<()> {
+    if norm != id {
+        return Err(Error::invalid(what, expected, other));
+    }
+    if x != x_at {
         return Err(Error::invalid(
             what,
             "x to be the buffer the training forward read",
-            format!("x at {xp:#x}, the forward read x at {x_at:#x}"),
+            format!("x at {x:#x}, the forward read x at {x_at:#x}"),
         ));
     }
     Ok(())

@@ -8,6 +8,28 @@ use super::{
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
+/// A [`Graph`] builder method of a normalization with a mean and a bias (layer, instance and
+/// batch norm): `forward` adds the forward operation (x, scale, bias, epsilon, training phase;
+/// [`LayerNormOutputs`]), `backward` the backward one (dy, x, scale, mean, inverse standard
+/// deviation; [`LayerNormGrads`]), of the mode named. Documented by the attributes given.
+macro_rules! stats_norm_op {
+    ($(#[$m:meta])* fn $name:ident = forward $mode:ident;) => {
+        stats_norm_op!(@fn $(#[$m])* $name = norm_forward_stats($mode) -> LayerNormOutputs;
+            x: TensorId, scale: TensorId, bias: TensorId, epsilon: f64, training: bool);
+    };
+    ($(#[$m:meta])* fn $name:ident = backward $mode:ident;) => {
+        stats_norm_op!(@fn $(#[$m])* $name = norm_backward_grads($mode) -> LayerNormGrads;
+            dy: TensorId, x: TensorId, scale: TensorId, mean: TensorId, inv_var: TensorId);
+    };
+    (@fn $(#[$m:meta])* $name:ident = $add:ident($mode:ident) -> $out:ty;
+        $($arg:ident: $ty:ty),*) => {
+        $(#[$m])*
+        pub fn $name(&mut self, $($arg: $ty),*) -> Result<$out> {
+            self.$add(NormMode::$mode, $($arg),*)
+        }
+    };
+}
+
 impl Graph {
     /// `x` must be an ordinary tensor of rank 4 or 5.
     pub(super) fn norm_check_x(&self, mode: NormMode, op: &'static str, xi: usize) -> Result<()> {
@@ -56,6 +78,48 @@ impl Graph {
         Ok(())
     }
 
+    /// The checks of a forward operation's `x`, `scale` and optional `bias` (of the parameter
+    /// dimensions of `shapes`, else of the mode's own). Returns x's index and the parameter and
+    /// statistics dimensions.
+    fn norm_check_affine(
+        &self,
+        mode: NormMode,
+        op: &'static str,
+        x: TensorId,
+        scale: TensorId,
+        bias: Option<TensorId>,
+        shapes: Option<Shapes>,
+    ) -> Result<(usize, Shapes)> {
+        let xi = self.index(x)?;
+        let si = self.index(scale)?;
+        let bi = bias.map(|b| self.index(b)).transpose()?;
+        self.norm_check_x(mode, op, xi)?;
+        let (param, stats_dims) = shapes.unwrap_or_else(|| {
+            let d = &self.tensors[xi].dims;
+            (mode.param_dims(d), mode.stats_dims(d))
+        });
+        self.norm_check_dims(xi, si, &param, param_rule(mode))?;
+        if let Some(bi) = bi {
+            self.norm_check_dims(xi, bi, &param, param_rule(mode))?;
+        }
+        Ok((xi, (param, stats_dims)))
+    }
+
+    /// `x`, `scale` and the optional `bias` as operands of the forward operation `op` (once
+    /// [`norm_check_affine`](Self::norm_check_affine) passed): their indices.
+    fn norm_affine_operands(
+        &mut self,
+        op: &'static str,
+        x: TensorId,
+        scale: TensorId,
+        bias: Option<TensorId>,
+    ) -> Result<(usize, usize, Option<usize>)> {
+        let xi = self.operand(x, None, op)?;
+        let si = self.operand(scale, None, op)?;
+        let bi = bias.map(|b| self.operand(b, None, op)).transpose()?;
+        Ok((xi, si, bi))
+    }
+
     /// Adds a forward operation in the training phase (or the inference phase of layer, RMS
     /// and instance norm). Every check runs before the graph changes, so a rejected call
     /// leaves it as it was.
@@ -73,18 +137,7 @@ impl Graph {
     ) -> Result<FwdOut> {
         let n = names(mode);
         let op = n.fwd;
-        let xi = self.index(x)?;
-        let si = self.index(scale)?;
-        let bi = bias.map(|b| self.index(b)).transpose()?;
-        self.norm_check_x(mode, op, xi)?;
-        let (param, stats_dims) = shapes.unwrap_or_else(|| {
-            let d = &self.tensors[xi].dims;
-            (mode.param_dims(d), mode.stats_dims(d))
-        });
-        self.norm_check_dims(xi, si, &param, param_rule(mode))?;
-        if let Some(bi) = bi {
-            self.norm_check_dims(xi, bi, &param, param_rule(mode))?;
-        }
+        let (xi, (_, stats_dims)) = self.norm_check_affine(mode, op, x, scale, bias, shapes)?;
         Self::norm_check_epsilon(mode, epsilon)?;
         if let Some(r) = running {
             let (mi, vi) = (self.index(r.mean)?, self.index(r.var)?);
@@ -102,9 +155,7 @@ impl Graph {
         let dims = self.tensors[xi].dims.clone();
         let order = stride_order(&self.tensors[xi].strides);
         let eps = self.scalar(n.epsilon, epsilon, DType::F32)?;
-        let xi = self.operand(x, None, op)?;
-        let si = self.operand(scale, None, op)?;
-        let bi = bias.map(|b| self.operand(b, None, op)).transpose()?;
+        let (xi, si, bi) = self.norm_affine_operands(op, x, scale, bias)?;
         let ei = self.operand(eps, Some(r), op)?;
         let running_in = match running {
             Some(run) => {
@@ -267,94 +318,80 @@ impl Graph {
         })
     }
 
-    /// Layer normalization forward (`CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR`,
-    /// `CUDNN_LAYER_NORM`): each row `x[n, ...]` is normalized over all its other dimensions,
-    /// `y = (x − mean) · inv_var · scale + bias` with `inv_var = 1 / √(var + epsilon)` (biased
-    /// variance).
-    ///
-    /// x is `[N, D, 1, 1]` (or any rank-4/5 `[N, ...]`); `scale` and `bias` are `[1, D, 1, 1]`
-    /// (x's dimensions with N = 1). cudnn-frontend's samples describe x channels-last
-    /// ([`Graph::tensor_nhwc`], strides `[D, 1, D, D]`), with f32 scale and bias also for f16 /
-    /// bf16 x, and f32 statistics. `epsilon` (finite, ≥ 0) is handed to cuDNN as an f32 by-value
-    /// scalar, as cudnn-frontend does.
-    ///
-    /// With `training`, the phase is `CUDNN_NORM_FWD_TRAINING` and the per-row mean and inverse
-    /// standard deviation `[N, 1, 1, 1]` are outputs too (mark them, typically as f32, or feed
-    /// them to [`Graph::layer_norm_backward`]); otherwise the phase is `CUDNN_NORM_FWD_INFERENCE`
-    /// and only y is written. y has x's dimensions and memory order.
-    ///
-    /// Speed: give f16 / bf16 x a scale and bias of x's own type. With f32 scale and bias,
-    /// cuDNN 9.14 and 9.19 offer such a layer norm one generic engine only; with scale and bias
-    /// of x's type, their fused normalization engines.
-    ///
-    /// Data types: f32, f16 or bf16 for every tensor of the operation; [`Graph::build`] and
-    /// [`Graph::check`] return [`Error::UnsupportedDataType`] for f64 (cuDNN has no f64 norm
-    /// engine).
-    ///
-    /// ```no_run
-    /// use cudnn_safe::graph::{Args, Graph, PlanFilter};
-    /// use cudnn_safe::{cuda_context, Cudnn, DType, Workspace};
-    /// # fn main() -> cudnn_safe::Result<()> {
-    /// let ctx = cuda_context(0)?;
-    /// let stream = ctx.default_stream();
-    /// let cudnn = Cudnn::new(stream.clone())?;
-    /// // Rows of length 1024: half data, f32 scale, bias and statistics.
-    /// let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
-    /// let x = g.tensor_nhwc("x", &[4096, 1024, 1, 1], DType::F16)?;
-    /// let scale = g.tensor_nhwc("scale", &[1, 1024, 1, 1], DType::F32)?;
-    /// let bias = g.tensor_nhwc("bias", &[1, 1024, 1, 1], DType::F32)?;
-    /// let out = g.layer_norm(x, scale, bias, 1e-5, true)?;
-    /// let (mean, inv_var) = out.stats.expect("training phase");
-    /// g.mark_output(out.y)?;
-    /// g.mark_output_as(mean, DType::F32)?;
-    /// g.mark_output_as(inv_var, DType::F32)?;
-    /// let og = g.build(&cudnn)?;
-    /// let plan = og.plans(&cudnn, &PlanFilter::default())?.plans.remove(0);
-    ///
-    /// let xb = stream.alloc_zeros::<half::f16>(og.span(x)?).unwrap();
-    /// let sb = stream.alloc_zeros::<f32>(og.span(scale)?).unwrap();
-    /// let bb = stream.alloc_zeros::<f32>(og.span(bias)?).unwrap();
-    /// let mut yb = stream.alloc_zeros::<half::f16>(og.span(out.y)?).unwrap();
-    /// let mut mb = stream.alloc_zeros::<f32>(og.span(mean)?).unwrap();
-    /// let mut vb = stream.alloc_zeros::<f32>(og.span(inv_var)?).unwrap();
-    /// let mut ws = Workspace::new(stream.clone());
-    /// let mut args = Args::new(&cudnn);
-    /// args.input(x, &xb)?.input(scale, &sb)?.input(bias, &bb)?;
-    /// args.output(out.y, &mut yb)?.output(mean, &mut mb)?.output(inv_var, &mut vb)?;
-    /// cudnn.execute(&plan, &args, &mut ws)?;
-    /// # Ok(()) }
-    /// ```
-    #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR")]
-    #[doc(alias = "CUDNN_LAYER_NORM")]
-    pub fn layer_norm(
-        &mut self,
-        x: TensorId,
-        scale: TensorId,
-        bias: TensorId,
-        epsilon: f64,
-        training: bool,
-    ) -> Result<LayerNormOutputs> {
-        self.norm_forward_stats(NormMode::Layer, x, scale, bias, epsilon, training)
+    stats_norm_op! {
+        /// Layer normalization forward (`CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR`,
+        /// `CUDNN_LAYER_NORM`): each row `x[n, ...]` is normalized over all its other dimensions,
+        /// `y = (x − mean) · inv_var · scale + bias` with `inv_var = 1 / √(var + epsilon)` (biased
+        /// variance).
+        ///
+        /// x is `[N, D, 1, 1]` (or any rank-4/5 `[N, ...]`); `scale` and `bias` are `[1, D, 1, 1]`
+        /// (x's dimensions with N = 1). cudnn-frontend's samples describe x channels-last
+        /// ([`Graph::tensor_nhwc`], strides `[D, 1, D, D]`), with f32 scale and bias also for f16 /
+        /// bf16 x, and f32 statistics. `epsilon` (finite, ≥ 0) is handed to cuDNN as an f32 by-value
+        /// scalar, as cudnn-frontend does.
+        ///
+        /// With `training`, the phase is `CUDNN_NORM_FWD_TRAINING` and the per-row mean and inverse
+        /// standard deviation `[N, 1, 1, 1]` are outputs too (mark them, typically as f32, or feed
+        /// them to [`Graph::layer_norm_backward`]); otherwise the phase is `CUDNN_NORM_FWD_INFERENCE`
+        /// and only y is written. y has x's dimensions and memory order.
+        ///
+        /// Speed: give f16 / bf16 x a scale and bias of x's own type. With f32 scale and bias,
+        /// cuDNN 9.14 and 9.19 offer such a layer norm one generic engine only; with scale and bias
+        /// of x's type, their fused normalization engines.
+        ///
+        /// Data types: f32, f16 or bf16 for every tensor of the operation; [`Graph::build`] and
+        /// [`Graph::check`] return [`Error::UnsupportedDataType`] for f64 (cuDNN has no f64 norm
+        /// engine).
+        ///
+        /// ```no_run
+        /// use cudnn_safe::graph::{Args, Graph, PlanFilter};
+        /// use cudnn_safe::{cuda_context, Cudnn, DType, Workspace};
+        /// # fn main() -> cudnn_safe::Result<()> {
+        /// let ctx = cuda_context(0)?;
+        /// let stream = ctx.default_stream();
+        /// let cudnn = Cudnn::new(stream.clone())?;
+        /// // Rows of length 1024: half data, f32 scale, bias and statistics.
+        /// let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
+        /// let x = g.tensor_nhwc("x", &[4096, 1024, 1, 1], DType::F16)?;
+        /// let scale = g.tensor_nhwc("scale", &[1, 1024, 1, 1], DType::F32)?;
+        /// let bias = g.tensor_nhwc("bias", &[1, 1024, 1, 1], DType::F32)?;
+        /// let out = g.layer_norm(x, scale, bias, 1e-5, true)?;
+        /// let (mean, inv_var) = out.stats.expect("training phase");
+        /// g.mark_output(out.y)?;
+        /// g.mark_output_as(mean, DType::F32)?;
+        /// g.mark_output_as(inv_var, DType::F32)?;
+        /// let og = g.build(&cudnn)?;
+        /// let plan = og.plans(&cudnn, &PlanFilter::default())?.plans.remove(0);
+        ///
+        /// let xb = stream.alloc_zeros::<half::f16>(og.span(x)?).unwrap();
+        /// let sb = stream.alloc_zeros::<f32>(og.span(scale)?).unwrap();
+        /// let bb = stream.alloc_zeros::<f32>(og.span(bias)?).unwrap();
+        /// let mut yb = stream.alloc_zeros::<half::f16>(og.span(out.y)?).unwrap();
+        /// let mut mb = stream.alloc_zeros::<f32>(og.span(mean)?).unwrap();
+        /// let mut vb = stream.alloc_zeros::<f32>(og.span(inv_var)?).unwrap();
+        /// let mut ws = Workspace::new(stream.clone());
+        /// let mut args = Args::new(&cudnn);
+        /// args.input(x, &xb)?.input(scale, &sb)?.input(bias, &bb)?;
+        /// args.output(out.y, &mut yb)?.output(mean, &mut mb)?.output(inv_var, &mut vb)?;
+        /// cudnn.execute(&plan, &args, &mut ws)?;
+        /// # Ok(()) }
+        /// ```
+        #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR")]
+        #[doc(alias = "CUDNN_LAYER_NORM")]
+        fn layer_norm = forward Layer;
     }
 
-    /// Layer normalization backward (`CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR`,
-    /// `CUDNN_LAYER_NORM`): from the gradient `dy`, the forward input `x`, the `scale` and the
-    /// saved `mean` and `inv_var` of the training forward pass, the gradients dx (x's
-    /// dimensions, laid out like dy), dscale and dbias (the scale's dimensions and layout).
-    ///
-    /// Shapes as in [`Graph::layer_norm`]: dy and x `[N, D, 1, 1]`, scale `[1, D, 1, 1]`, mean
-    /// and inv_var `[N, 1, 1, 1]`. cudnn-frontend's sample binds f32 scale, statistics, dscale
-    /// and dbias with f16 x, dy and dx. No epsilon is needed: inv_var already holds it.
-    #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR")]
-    pub fn layer_norm_backward(
-        &mut self,
-        dy: TensorId,
-        x: TensorId,
-        scale: TensorId,
-        mean: TensorId,
-        inv_var: TensorId,
-    ) -> Result<LayerNormGrads> {
-        self.norm_backward_grads(NormMode::Layer, dy, x, scale, mean, inv_var)
+    stats_norm_op! {
+        /// Layer normalization backward (`CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR`,
+        /// `CUDNN_LAYER_NORM`): from the gradient `dy`, the forward input `x`, the `scale` and the
+        /// saved `mean` and `inv_var` of the training forward pass, the gradients dx (x's
+        /// dimensions, laid out like dy), dscale and dbias (the scale's dimensions and layout).
+        ///
+        /// Shapes as in [`Graph::layer_norm`]: dy and x `[N, D, 1, 1]`, scale `[1, D, 1, 1]`, mean
+        /// and inv_var `[N, 1, 1, 1]`. cudnn-frontend's sample binds f32 scale, statistics, dscale
+        /// and dbias with f16 x, dy and dx. No epsilon is needed: inv_var already holds it.
+        #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR")]
+        fn layer_norm_backward = backward Layer;
     }
 
     /// RMS normalization forward (`CUDNN_RMS_NORM`): each row `x[n, ...]` is scaled by its
@@ -429,41 +466,27 @@ impl Graph {
         Ok(RmsNormGrads { dx, dscale, dbias })
     }
 
-    /// Instance normalization forward (`CUDNN_INSTANCE_NORM`): each plane `x[n, c, ...]` is
-    /// normalized over its spatial dimensions, `y = (x − mean) · inv_var · scale[c] + bias[c]`
-    /// with `inv_var = 1 / √(var + epsilon)` (biased variance).
-    ///
-    /// x is `[N, C, spatial...]` (rank 4 or 5); `scale` and `bias` are `[1, C, 1, 1]`. With
-    /// `training` the per-plane mean and inverse standard deviation `[N, C, 1, 1]` are outputs
-    /// too. cudnn-frontend's tests run channels-last f16 / bf16 x, scale and bias in x's type or
-    /// f32, and f32 statistics.
-    #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR")]
-    #[doc(alias = "CUDNN_INSTANCE_NORM")]
-    pub fn instance_norm(
-        &mut self,
-        x: TensorId,
-        scale: TensorId,
-        bias: TensorId,
-        epsilon: f64,
-        training: bool,
-    ) -> Result<LayerNormOutputs> {
-        self.norm_forward_stats(NormMode::Instance, x, scale, bias, epsilon, training)
+    stats_norm_op! {
+        /// Instance normalization forward (`CUDNN_INSTANCE_NORM`): each plane `x[n, c, ...]` is
+        /// normalized over its spatial dimensions, `y = (x − mean) · inv_var · scale[c] + bias[c]`
+        /// with `inv_var = 1 / √(var + epsilon)` (biased variance).
+        ///
+        /// x is `[N, C, spatial...]` (rank 4 or 5); `scale` and `bias` are `[1, C, 1, 1]`. With
+        /// `training` the per-plane mean and inverse standard deviation `[N, C, 1, 1]` are outputs
+        /// too. cudnn-frontend's tests run channels-last f16 / bf16 x, scale and bias in x's type or
+        /// f32, and f32 statistics.
+        #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR")]
+        #[doc(alias = "CUDNN_INSTANCE_NORM")]
+        fn instance_norm = forward Instance;
     }
 
-    /// Instance normalization backward (`CUDNN_INSTANCE_NORM`): from `dy`, the forward input
-    /// `x`, the `scale` `[1, C, 1, 1]` and the saved `mean` and `inv_var` `[N, C, 1, 1]`, the
-    /// gradients dx (laid out like dy), dscale and dbias (the scale's dimensions and layout).
-    #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR")]
-    #[doc(alias = "CUDNN_INSTANCE_NORM")]
-    pub fn instance_norm_backward(
-        &mut self,
-        dy: TensorId,
-        x: TensorId,
-        scale: TensorId,
-        mean: TensorId,
-        inv_var: TensorId,
-    ) -> Result<LayerNormGrads> {
-        self.norm_backward_grads(NormMode::Instance, dy, x, scale, mean, inv_var)
+    stats_norm_op! {
+        /// Instance normalization backward (`CUDNN_INSTANCE_NORM`): from `dy`, the forward input
+        /// `x`, the `scale` `[1, C, 1, 1]` and the saved `mean` and `inv_var` `[N, C, 1, 1]`, the
+        /// gradients dx (laid out like dy), dscale and dbias (the scale's dimensions and layout).
+        #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR")]
+        #[doc(alias = "CUDNN_INSTANCE_NORM")]
+        fn instance_norm_backward = backward Instance;
     }
 
     /// Batch normalization forward, training phase (`CUDNN_BATCH_NORM`,
@@ -539,20 +562,13 @@ impl Graph {
     ) -> Result<TensorId> {
         const OP: &str = "batch norm forward";
         let mode = NormMode::Batch;
-        let xi = self.index(x)?;
-        let (si, bi) = (self.index(scale)?, self.index(bias)?);
+        let (xi, (param, _)) = self.norm_check_affine(mode, OP, x, scale, Some(bias), None)?;
         let (mi, vi) = (self.index(mean)?, self.index(inv_var)?);
-        self.norm_check_x(mode, OP, xi)?;
-        let dims = self.tensors[xi].dims.clone();
-        let param = mode.param_dims(&dims);
-        self.norm_check_dims(xi, si, &param, param_rule(mode))?;
-        self.norm_check_dims(xi, bi, &param, param_rule(mode))?;
         self.norm_check_dims(xi, mi, &param, stats_rule(mode))?;
         self.norm_check_dims(xi, vi, &param, stats_rule(mode))?;
+        let dims = self.tensors[xi].dims.clone();
         let order = stride_order(&self.tensors[xi].strides);
-        let xi = self.operand(x, None, OP)?;
-        let si = self.operand(scale, None, OP)?;
-        let bi = self.operand(bias, None, OP)?;
+        let (xi, si, bi) = self.norm_affine_operands(OP, x, scale, Some(bias))?;
         let mi = self.operand(mean, None, OP)?;
         let vi = self.operand(inv_var, None, OP)?;
         let y = self.output("batch_norm.y", dims, &order, self.ops.len())?;
@@ -560,7 +576,7 @@ impl Graph {
             mode,
             x: xi,
             scale: si,
-            bias: Some(bi),
+            bias: bi,
             epsilon: None,
             y: y.index,
             training: false,
@@ -571,20 +587,13 @@ impl Graph {
         Ok(y)
     }
 
-    /// Batch normalization backward (`CUDNN_BATCH_NORM`): from `dy`, the forward input `x`, the
-    /// `scale` and the saved batch `mean` and `inv_var` `[1, C, 1, 1]` of the training forward
-    /// pass, the gradients dx (laid out like dy), dscale and dbias (the scale's dimensions and
-    /// layout).
-    #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR")]
-    #[doc(alias = "CUDNN_BATCH_NORM")]
-    pub fn batch_norm_backward(
-        &mut self,
-        dy: TensorId,
-        x: TensorId,
-        scale: TensorId,
-        mean: TensorId,
-        inv_var: TensorId,
-    ) -> Result<LayerNormGrads> {
-        self.norm_backward_grads(NormMode::Batch, dy, x, scale, mean, inv_var)
+    stats_norm_op! {
+        /// Batch normalization backward (`CUDNN_BATCH_NORM`): from `dy`, the forward input `x`, the
+        /// `scale` and the saved batch `mean` and `inv_var` `[1, C, 1, 1]` of the training forward
+        /// pass, the gradients dx (laid out like dy), dscale and dbias (the scale's dimensions and
+        /// layout).
+        #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR")]
+        #[doc(alias = "CUDNN_BATCH_NORM")]
+        fn batch_norm_backward = backward Batch;
     }
 }

@@ -1,6 +1,5 @@
 //! The backward path of the regrouped normalizations: `dγ`, `dβ` by the method's reductions
 //! or batch-norm calls, then `dx` by the batch-norm backward of the statistics view.
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
@@ -13,10 +12,10 @@ use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::Scalar;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
-use crate::norm::batch::{batch_norm_backward_raw, BnBackwardBufs};
+use crate::norm::launch::{batch_norm_backward_at, batch_norm_backward_raw, BnBackwardBufs};
 use crate::norm::method::NormAffine;
 use crate::norm::saved::{check_saved_origin, NormSaved};
-use crate::norm::{ffi, scalar_ptr, NormType};
+use crate::norm::NormType;
 use crate::ops::OpTensorOp;
 use crate::reduce::ReduceOp;
 use crate::workspace::Workspace;
@@ -182,27 +181,15 @@ impl<T: NormType> Regrouped<T> {
             // `&mut`s; scalars are `T::Scalar`; the guards keep every buffer alive and ordered
             // until the call is enqueued.
             unsafe {
-                ffi::cudnnBatchNormalizationBackward(
-                    cudnn.lib(),
-                    cudnn.as_raw(),
+                batch_norm_backward_at::<T>(
+                    cudnn,
                     sys::cudnnBatchNormMode_t::CUDNN_BATCHNORM_SPATIAL,
-                    scalar_ptr(&one),
-                    scalar_ptr(&zero),
-                    scalar_ptr(&one),
-                    scalar_ptr(&zero),
-                    self.feature.as_raw(),
-                    xp as *const c_void,
-                    self.feature.as_raw(),
-                    dyp as *const c_void,
-                    self.feature.as_raw(),
-                    dxp as *mut c_void,
-                    self.feature_param.as_raw(),
-                    sp as *const c_void,
-                    dgp as *mut c_void,
-                    dbp as *mut c_void,
+                    [one, zero, one, zero],
+                    (self.feature.as_raw(), self.feature_param.as_raw()),
+                    [xp, dyp, dxp],
+                    [sp, dgp, dbp],
                     0.0,
-                    mp as *const c_void,
-                    ip as *const c_void,
+                    [mp, ip],
                 )
             }?;
         }
@@ -347,6 +334,30 @@ impl<T: NormType> Regrouped<T> {
         Ok(())
     }
 
+    /// `out = dy·x̂` elementwise (tensor-sized buffers).
+    fn dy_times_xhat(
+        &self,
+        cudnn: &Cudnn,
+        dy: &impl DeviceBuffer<T>,
+        xhat: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let one = <T::Scalar as Scalar>::from_f64(1.0);
+        let zero = <T::Scalar as Scalar>::from_f64(0.0);
+        cudnn.op_tensor(
+            OpTensorOp::Mul,
+            one,
+            &self.full,
+            dy,
+            one,
+            &self.full,
+            xhat,
+            zero,
+            &self.full,
+            out,
+        )
+    }
+
     /// `dβ = Σ dy` and `dγ = Σ dy·x̂` (over every axis but the feature one) by the method's
     /// [`GradsPlan`], using the object's tensor-sized scratch for the product.
     #[allow(clippy::too_many_arguments)] // the gradients and their inputs
@@ -382,18 +393,7 @@ impl<T: NormType> Regrouped<T> {
                     dbeta,
                     workspace,
                 )?;
-                cudnn.op_tensor(
-                    OpTensorOp::Mul,
-                    one,
-                    &self.full,
-                    dy,
-                    one,
-                    &self.full,
-                    xhat,
-                    zero,
-                    &self.full,
-                    tmp,
-                )?;
+                self.dy_times_xhat(cudnn, dy, xhat, tmp)?;
                 cudnn.reduce_tensor(
                     ReduceOp::Add,
                     one,
@@ -414,18 +414,7 @@ impl<T: NormType> Regrouped<T> {
                 let t = self.ensure_two_stage_scratch(cudnn, ts, two_stage)?;
                 // dβ = Σ dy; dγ = Σ dy·x̂, the product in the tensor-sized scratch.
                 self.sum_two_stage(cudnn, ts, t, dy, dbeta, workspace)?;
-                cudnn.op_tensor(
-                    OpTensorOp::Mul,
-                    one,
-                    &self.full,
-                    dy,
-                    one,
-                    &self.full,
-                    xhat,
-                    zero,
-                    &self.full,
-                    tmp,
-                )?;
+                self.dy_times_xhat(cudnn, dy, xhat, tmp)?;
                 self.sum_two_stage(cudnn, ts, t, &*tmp, dgamma, workspace)?;
             }
         }

@@ -10,11 +10,12 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
 use cudnn_safe_sys as sys;
 
+use super::launch::{batch_norm_inference_raw, batch_norm_training_raw};
 use super::method::{
     near_square, two_stage_split, FeatureLayout, NormAffine, NormMethod, NormParamGrads, NormStats,
 };
 use super::saved::NormSaved;
-use super::{check_epsilon, ffi, scalar_ptr, NormType};
+use super::{check_epsilon, NormType};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DataType, Scalar};
 use crate::error::{Error, Result};
@@ -23,7 +24,10 @@ use crate::ops::OpTensorOp;
 use crate::raw;
 use crate::tensor::{Layout, TensorDesc};
 
+mod api;
 mod backward;
+
+pub(super) use api::{regrouped_accessors, regrouped_launches};
 
 /// Where the view's batch-norm writes the per-group mean and inverse standard deviation.
 type StatsMut<'a, P> = (&'a mut CudaSlice<P>, &'a mut CudaSlice<P>);
@@ -343,25 +347,15 @@ impl<T: NormType> Regrouped<T> {
         // cuDNN allows); no running statistics (null pair); scalars are `T::Scalar`; the
         // guards keep every buffer alive and ordered until the call is enqueued.
         unsafe {
-            ffi::cudnnBatchNormalizationForwardTraining(
-                cudnn.lib(),
-                cudnn.as_raw(),
+            batch_norm_training_raw::<T>(
+                cudnn,
                 self.view_mode,
-                scalar_ptr(&one),
-                scalar_ptr(&zero),
-                self.view.as_raw(),
-                xp as *const c_void,
-                self.view.as_raw(),
-                op as *mut c_void,
-                self.stats.as_raw(),
-                sp as *const c_void,
-                bp as *const c_void,
-                0.0,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
+                [one, zero],
+                (self.view.as_raw(), self.stats.as_raw()),
+                [xp, op, sp, bp],
+                (0.0, std::ptr::null_mut(), std::ptr::null_mut()),
                 self.epsilon,
-                mp,
-                ip,
+                (mp, ip),
             )
         }
     }
@@ -414,21 +408,13 @@ impl<T: NormType> Regrouped<T> {
         // epsilon 0 is cuDNN's minimum; scalars are `T::Scalar`; the guards keep every buffer
         // alive and ordered until the call is enqueued.
         unsafe {
-            ffi::cudnnBatchNormalizationForwardInference(
-                cudnn.lib(),
-                cudnn.as_raw(),
+            batch_norm_inference_raw::<T>(
+                cudnn,
                 sys::cudnnBatchNormMode_t::CUDNN_BATCHNORM_SPATIAL,
-                scalar_ptr(&one),
-                scalar_ptr(&zero),
-                self.feature.as_raw(),
-                xp as *const c_void,
-                self.feature.as_raw(),
-                yp as *mut c_void,
-                self.feature_param.as_raw(),
-                gp as *const c_void,
-                bp as *const c_void,
-                mp as *const c_void,
-                vp as *const c_void,
+                [one, zero],
+                (self.feature.as_raw(), self.feature_param.as_raw()),
+                [xp, yp],
+                [gp, bp, mp, vp],
                 0.0,
             )
         }
