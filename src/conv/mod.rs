@@ -748,8 +748,6 @@ fn drop_unit_height(mut dims: Vec<i64>) -> Vec<i64> {
 mod algo;
 mod direction;
 mod fused;
-// The tuner's union search runs on these once it takes the direction types (`ConvOp`).
-#[allow(dead_code)]
 pub(crate) mod graph;
 
 pub use direction::{ConvBackwardData, ConvBackwardFilter, ConvForward, ConvOp};
