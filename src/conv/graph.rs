@@ -5,9 +5,9 @@ use super::{ConvBackwardData, ConvBackwardFilter, ConvForward, ConvOp};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::DataType;
 use crate::error::Result;
-use crate::graph::union::{self as gunion, ConvGraph, Ids};
 use crate::graph::{Args, Plan};
 use crate::handle::Cudnn;
+use crate::tune::union::{self as gunion, ConvGraph, Ids};
 use crate::workspace::Workspace;
 
 /// A convolution direction the union search can run as a backend graph (`conv_fprop`,

@@ -375,8 +375,20 @@ impl ConvDesc {
     /// Errors: ranks not matching the convolution, channels not matching the groups, or a
     /// (dilated) kernel larger than the padded input.
     pub fn output_dims(&self, x_dims: &[i64], w_dims: &[i64]) -> Result<Vec<i64>> {
+        let (dims, len) = self.output_dims_array(x_dims, w_dims)?;
+        Ok(dims[..len].to_vec())
+    }
+
+    /// [`output_dims`](Self::output_dims) without allocating (the shape check of every
+    /// convolution call): the dimensions in a fixed array, and how many there are.
+    pub(crate) fn output_dims_array(
+        &self,
+        x_dims: &[i64],
+        w_dims: &[i64],
+    ) -> Result<([i64; MAX_TENSOR_RANK], usize)> {
         if let Some((x4, w4)) = self.unit_height_view(x_dims, w_dims) {
-            return self.output_dims(&x4, &w4).map(drop_unit_height);
+            let (d, _) = self.output_dims_array(&x4, &w4)?;
+            return Ok(([d[0], d[1], d[3], 0, 0], 3));
         }
         self.check_ranks(x_dims, w_dims)?;
         let (c, k, wc) = (x_dims[1], w_dims[0], w_dims[1]);
@@ -396,7 +408,8 @@ impl ConvDesc {
                 self.groups.to_string(),
             ));
         }
-        let mut out = vec![x_dims[0], k];
+        let mut out = [0; MAX_TENSOR_RANK];
+        (out[0], out[1]) = (x_dims[0], k);
         for i in 0..self.pads.len() {
             // Dims (checked by `check_ranks`), pads, strides and dilations are all in
             // `0..2^31`: every term below is far from i64's limits.
@@ -416,9 +429,9 @@ impl ConvDesc {
                     ),
                 ));
             }
-            out.push((padded - span) / self.strides[i] + 1);
+            out[2 + i] = (padded - span) / self.strides[i] + 1;
         }
-        Ok(out)
+        Ok((out, self.tensor_rank()))
     }
 
     /// Output dimensions of a transposed convolution (the backward-data pass used as an
@@ -738,6 +751,9 @@ impl ConvDesc {
     }
 }
 
+/// The largest tensor rank of a convolution (three spatial dimensions).
+const MAX_TENSOR_RANK: usize = 5;
+
 /// `[N, C, 1, W]` → `[N, C, W]`: the dims of a 1-D problem's unit-height view as the caller
 /// gave them.
 fn drop_unit_height(mut dims: Vec<i64>) -> Vec<i64> {
@@ -748,8 +764,6 @@ fn drop_unit_height(mut dims: Vec<i64>) -> Vec<i64> {
 mod algo;
 mod direction;
 mod fused;
-// The tuner's union search runs on these once it takes the direction types (`ConvOp`).
-#[allow(dead_code)]
 pub(crate) mod graph;
 
 pub use direction::{ConvBackwardData, ConvBackwardFilter, ConvForward, ConvOp};

@@ -447,24 +447,6 @@ impl<'a, T: DataType> ConvTranspose<'a, T> {
 }
 
 impl Cudnn {
-    /// The checks of [`Autotuner::conv_transpose`](crate::Autotuner::conv_transpose): the plan,
-    /// after the buffers are checked under the transposed convolution's names.
-    #[allow(clippy::too_many_arguments)] // the arguments of the call
-    pub(crate) fn transpose_plan<T: DataType>(
-        &self,
-        x_desc: &TensorDesc<T>,
-        x: &impl DeviceBuffer<T>,
-        w_desc: &FilterDesc<T>,
-        w: &impl DeviceBuffer<T>,
-        conv: &ConvDesc,
-        y_desc: &TensorDesc<T>,
-        y: &impl DeviceBuffer<T>,
-    ) -> Result<TransposePlan<T>> {
-        let op = ConvTranspose::new(conv, x_desc, w_desc, y_desc)?;
-        op.check_buffers(self, x, w, y)?;
-        Ok(op.plan)
-    }
-
     /// Workspace bytes `algo` needs for this transposed convolution:
     /// [`ConvTranspose::workspace_size`] (0 when no element of `y` receives a term). An
     /// algorithm that does not support the case returns cuDNN's error.

@@ -81,9 +81,6 @@ mod rng;
 mod select;
 
 pub use crate::tune::plan::{autotune, PlanCache};
-/// The union search's graph side, where the convolution directions' graph builders find it.
-#[allow(unused_imports)]
-pub(crate) use crate::tune::union;
 pub use attention::{
     alibi_slopes, DiagonalAlignment, Sdpa, SdpaBackward, SdpaDropout, SdpaForward, SdpaGrads,
     SdpaInputs, SdpaLayout, SdpaOptions, SdpaOutputs,

@@ -60,7 +60,6 @@
 //! `blas::lt::Policy`, ...).
 mod autotuner;
 mod cache;
-mod call;
 mod key;
 pub mod plan;
 mod policy;

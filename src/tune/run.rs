@@ -7,15 +7,16 @@ use cudarc::driver::CudaView;
 
 use super::autotuner::Prepared;
 use super::cache::{encode, Entry};
-use super::call::{ConvCall, Dgrad, Fwd, Wgrad};
 use super::key::{call_key, dtype_code, Key};
-use super::search::{exec_plan, scratch, trial, Trial};
+use super::search::{scratch, trial, Trial};
 use super::union as gunion;
 use super::{Autotuner, Candidate, Choice, ConvApi, FixedAlgos, Policy, Source};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
+use crate::conv::graph::{exec_graph, UnionGraph};
 use crate::conv::{
-    AlgoPerf, ConvAlgorithm, ConvBwdDataAlgo, ConvBwdFilterAlgo, ConvDesc, ConvDirection,
-    ConvFwdAlgo, FusedActivation,
+    AlgoPerf, ConvAlgorithm, ConvBackwardData, ConvBackwardFilter, ConvBiasActivation,
+    ConvBwdDataAlgo, ConvBwdFilterAlgo, ConvDesc, ConvDirection, ConvForward, ConvFwdAlgo, ConvOp,
+    ConvTranspose, FusedActivation,
 };
 use crate::dtype::{DataType, Scalar};
 use crate::error::{Error, Result};
@@ -196,10 +197,12 @@ impl Autotuner {
     /// [`backward_filter`](Self::backward_filter): decides (a benchmark runs on scratch memory
     /// when `beta ≠ 0`), searches and runs the graph engines where the union search applies,
     /// else runs the legacy ranking.
-    pub(super) fn tune<C: ConvCall>(
+    #[allow(clippy::too_many_arguments)] // the direction, its buffers and the decision
+    pub(super) fn tune<C: UnionGraph>(
         &mut self,
         cudnn: &Cudnn,
-        call: &C,
+        op: &C,
+        inputs: (&impl DeviceBuffer<C::In>, &impl DeviceBuffer<C::In>),
         prepared: Prepared,
         fixed: C::Algo,
         (alpha, beta): (C::Scalar, C::Scalar),
@@ -209,28 +212,29 @@ impl Autotuner {
         let d = self.decide(
             cudnn,
             prepared,
-            || call.heuristics(),
+            || op.heuristics(cudnn),
             |ws| {
                 if accumulate {
-                    let mut scratch = alloc::<C::Out>(cudnn, call.out_len())?;
-                    call.find(&mut scratch, ws)
+                    let mut scratch = alloc::<C::Out>(cudnn, op.out_len())?;
+                    op.find(cudnn, inputs, &mut scratch, ws)
                 } else {
-                    call.find(out, ws)
+                    op.find(cudnn, inputs, out, ws)
                 }
             },
             fixed,
         )?;
         let best = d.entry.first::<C::Algo>();
-        if let (true, Some(best)) = (self.union_on() && call.eligible(), best) {
+        let name = <C::Algo as ConvAlgorithm>::DIRECTION.name();
+        if let (true, Some(best)) = (self.union_on() && op.eligible(), best) {
             let plain = alpha.to_f64() == 1.0 && !accumulate;
-            let conv = call.conv();
-            let build = || call.graph();
+            let conv = op.conv();
+            let build = || op.graph(cudnn);
             let key = d.key.clone();
             let ran = self.graph_call(
                 cudnn,
                 &d,
                 plain,
-                C::OP,
+                name,
                 conv,
                 out,
                 &build,
@@ -238,22 +242,22 @@ impl Autotuner {
                     let key = key.as_ref()?;
                     let legacy = (best.algo.to_string(), best.time_ms);
                     if accumulate {
-                        let mut s = scratch::<C::Out>(cudnn, call.out_len())?;
-                        let t = trial(call, best.algo, &mut s);
-                        me.union_search(cudnn, key, C::OP, legacy, conv, build, t)
+                        let mut s = scratch::<C::Out>(cudnn, op.out_len())?;
+                        let t = trial(cudnn, op, inputs, best.algo, &mut s);
+                        me.union_search(cudnn, key, name, legacy, conv, build, t)
                     } else {
-                        let t = trial(call, best.algo, out);
-                        me.union_search(cudnn, key, C::OP, legacy, conv, build, t)
+                        let t = trial(cudnn, op, inputs, best.algo, out);
+                        me.union_search(cudnn, key, name, legacy, conv, build, t)
                     }
                 },
-                |plan, ids, ws, out| call.exec(plan, ids, ws, out),
+                |plan, ids, ws, out| op.exec(cudnn, plan, ids, ws, inputs, out),
             )?;
             if let Some(config) = ran {
                 return Ok(self.graph_choice(best.algo, d.source, config));
             }
         }
         self.run(cudnn, d, |algo, ws| {
-            call.launch(algo, (alpha, beta), ws, out)
+            op.launch(cudnn, algo, (alpha, beta), inputs, ws, out)
         })
     }
 
@@ -285,9 +289,9 @@ impl Autotuner {
             Policy::Fixed(f) => f.forward,
             _ => ConvFwdAlgo::ImplicitGemm,
         };
+        let op = ConvForward::new(conv, x_desc, w_desc, y_desc)?;
         let prepared = self.prepare_forward(cudnn, x_desc, w_desc, conv, y_desc);
-        let call = Fwd(cudnn, x_desc, x, w_desc, w, conv, y_desc);
-        self.tune(cudnn, &call, prepared, fixed, (alpha, beta), y)
+        self.tune(cudnn, &op, (x, w), prepared, fixed, (alpha, beta), y)
     }
 
     /// The fused `y = act(alpha1·conv(x, w) + alpha2·z + bias)` (see
@@ -320,6 +324,7 @@ impl Autotuner {
         y_desc: &TensorDesc<Y>,
         y: &mut impl DeviceBufferMut<Y>,
     ) -> Result<Choice<ConvFwdAlgo>> {
+        let fwd = ConvForward::new(conv, x_desc, w_desc, y_desc)?;
         let d = if activation == FusedActivation::Identity {
             Decided {
                 entry: Arc::new(Entry::legacy(vec![(
@@ -341,8 +346,8 @@ impl Autotuner {
             self.decide(
                 cudnn,
                 prepared,
-                || cudnn.conv_forward_heuristics(x_desc, w_desc, conv, y_desc),
-                |ws| cudnn.conv_forward_find(x_desc, x, w_desc, w, conv, y_desc, y, ws),
+                || fwd.heuristics(cudnn),
+                |ws| fwd.find(cudnn, (x, w), y, ws),
                 fixed,
             )?
         };
@@ -355,41 +360,31 @@ impl Autotuner {
                 .iter()
                 .enumerate()
                 .all(|(i, &d)| d == if i == 1 { yd[1] } else { 1 });
-        let graph_ok = self.union_on()
-            && per_channel
-            && B::DTYPE == Y::DTYPE
-            && gunion::eligible::<X, Y>(x_desc.dims(), w_desc, conv, y_desc.dims());
+        let graph_ok = self.union_on() && per_channel && B::DTYPE == Y::DTYPE && fwd.eligible();
         if let (true, Some(best)) = (graph_ok, best) {
             let plain = alpha1.to_f64() == 1.0 && z.is_none();
             let ran = self.fused_graph(
                 cudnn,
                 (&d, best, plain),
-                (x_desc, x),
-                (w_desc, w),
-                conv,
+                fwd,
+                (x, w),
                 (bias_desc, bias, activation),
-                (y_desc, y),
+                y,
             )?;
             if let Some(config) = ran {
                 return Ok(self.graph_choice(best.algo, d.source, config));
             }
         }
         self.run(cudnn, d, |algo, ws| {
-            cudnn.conv_bias_activation_forward(
-                alpha1,
-                x_desc,
-                x,
-                w_desc,
-                w,
-                conv,
+            let z = z.as_ref().map(|z| z.slice(..));
+            ConvBiasActivation::new(fwd, bias_desc, activation)?.launch(
+                cudnn,
                 algo,
-                ws,
-                alpha2,
-                z.as_ref().map(|z| z.slice(..)),
-                bias_desc,
+                (alpha1, alpha2),
+                (x, w),
+                z,
                 bias,
-                activation,
-                y_desc,
+                ws,
                 y,
             )
         })
@@ -403,13 +398,13 @@ impl Autotuner {
         &mut self,
         cudnn: &Cudnn,
         (d, best, plain): (&Decided, Candidate<ConvFwdAlgo>, bool),
-        (x_desc, x): (&TensorDesc<X>, &impl DeviceBuffer<X>),
-        (w_desc, w): (&FilterDesc<X>, &impl DeviceBuffer<X>),
-        conv: &ConvDesc,
+        fwd: ConvForward<'_, X, Y>,
+        (x, w): (&impl DeviceBuffer<X>, &impl DeviceBuffer<X>),
         (bias_desc, bias, activation): (&TensorDesc<B>, &impl DeviceBuffer<B>, FusedActivation),
-        (y_desc, y): (&TensorDesc<Y>, &mut impl DeviceBufferMut<Y>),
+        y: &mut impl DeviceBufferMut<Y>,
     ) -> Result<Option<Arc<EngineConfig>>> {
         const OP: &str = "fused forward";
+        let (x_desc, w_desc, conv, y_desc) = (fwd.x(), fwd.w(), fwd.conv(), fwd.y());
         let act = gunion::fused_mode(activation);
         let gmode = self.graph;
         let prepared = self.prepare(
@@ -483,16 +478,23 @@ impl Autotuner {
                     build,
                     |t: Trial<'_>, ws: &mut Workspace| match t {
                         Trial::Plan(plan, ids) => {
-                            exec_plan(cudnn, plan, ids, ws, (x, w, Some(bias)), &mut *y)
+                            exec_graph(cudnn, plan, ids, ws, (x, w, Some(bias)), &mut *y)
                         }
-                        Trial::Legacy => cudnn.conv_bias_activation_forward(
-                            one, x_desc, x, w_desc, w, conv, best.algo, ws, zero, None, bias_desc,
-                            bias, activation, y_desc, &mut *y,
-                        ),
+                        Trial::Legacy => ConvBiasActivation::new(fwd, bias_desc, activation)?
+                            .launch(
+                                cudnn,
+                                best.algo,
+                                (one, zero),
+                                (x, w),
+                                None,
+                                bias,
+                                ws,
+                                &mut *y,
+                            ),
                     },
                 )
             },
-            |plan, ids, ws, y| exec_plan(cudnn, plan, ids, ws, (x, w, Some(bias)), y),
+            |plan, ids, ws, y| exec_graph(cudnn, plan, ids, ws, (x, w, Some(bias)), y),
         )?;
         Ok(ran)
     }
@@ -520,6 +522,7 @@ impl Autotuner {
             Policy::Fixed(f) => f.backward_data,
             _ => ConvBwdDataAlgo::Algo1,
         };
+        let op = ConvBackwardData::new(conv, w_desc, dy_desc, dx_desc)?;
         let prepared = self.prepare_backward(
             cudnn,
             ConvDirection::BackwardData,
@@ -528,8 +531,7 @@ impl Autotuner {
             dy_desc,
             conv,
         );
-        let call = Dgrad(cudnn, w_desc, w, dy_desc, dy, conv, dx_desc);
-        self.tune(cudnn, &call, prepared, fixed, (alpha, beta), dx)
+        self.tune(cudnn, &op, (w, dy), prepared, fixed, (alpha, beta), dx)
     }
 
     /// Transposed convolution `y = alpha·conv_transpose(x, w) + beta·y` (see
@@ -582,16 +584,19 @@ impl Autotuner {
         y_desc: &TensorDesc<T>,
         y: &mut impl DeviceBufferMut<T>,
     ) -> Result<Choice<ConvBwdDataAlgo>> {
-        let plan = cudnn.transpose_plan(x_desc, x, w_desc, w, conv, y_desc, y)?;
+        let op = ConvTranspose::new(conv, x_desc, w_desc, y_desc)?;
+        op.check_buffers(cudnn, x, w, y)?;
         // Allocated before the first launch, so that a failure refuses the call with y
         // untouched.
-        let mut mem = plan.memory(cudnn, beta)?;
-        let choice = match (plan.backward(conv, y_desc), &mut mem.scratch) {
-            (Some((bconv, dx)), Some(s)) => {
+        let mut mem = op.memory(cudnn, beta)?;
+        let choice = match (op.backward_data(), &mut mem.scratch) {
+            (Some(b), Some(s)) => {
                 let zero = T::Scalar::from_f64(0.0);
+                let (bconv, dx) = (b.conv(), b.dx());
                 self.backward_data(cudnn, alpha, w_desc, w, x_desc, x, bconv, zero, dx, s)?
             }
-            (Some((bconv, dx)), None) => {
+            (Some(b), None) => {
+                let (bconv, dx) = (b.conv(), b.dx());
                 self.backward_data(cudnn, alpha, w_desc, w, x_desc, x, bconv, beta, dx, y)?
             }
             (None, _) => Choice {
@@ -605,7 +610,7 @@ impl Autotuner {
                 api: ConvApi::Legacy,
             },
         };
-        plan.finish(cudnn, &mem, beta, y)?;
+        op.finish(cudnn, &mem, beta, y)?;
         Ok(choice)
     }
 
@@ -633,6 +638,7 @@ impl Autotuner {
             Policy::Fixed(f) => f.backward_filter,
             _ => ConvBwdFilterAlgo::Algo1,
         };
+        let op = ConvBackwardFilter::new(conv, x_desc, dy_desc, dw_desc)?;
         let prepared = self.prepare_backward(
             cudnn,
             ConvDirection::BackwardFilter,
@@ -641,8 +647,7 @@ impl Autotuner {
             dy_desc,
             conv,
         );
-        let call = Wgrad(cudnn, x_desc, x, dy_desc, dy, conv, dw_desc);
-        self.tune(cudnn, &call, prepared, fixed, (alpha, beta), dw)
+        self.tune(cudnn, &op, (x, dy), prepared, fixed, (alpha, beta), dw)
     }
 }
 

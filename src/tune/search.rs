@@ -5,16 +5,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::cache::GraphPick;
-use super::call::ConvCall;
 use super::key::Key;
 use super::run::{alloc, falls_back, Decided};
 use super::union::{self as gunion, ConvGraph, Ids};
 use super::{Autotuner, Choice, ConvApi, GraphSearch, Policy, Source};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
+use crate::conv::graph::UnionGraph;
 use crate::conv::ConvDesc;
 use crate::dtype::{DataType, Scalar};
 use crate::error::{Error, Result};
-use crate::graph::{Args, EngineConfig, Plan};
+use crate::graph::{EngineConfig, Plan};
 use crate::handle::Cudnn;
 use crate::timing;
 use crate::workspace::Workspace;
@@ -567,43 +567,25 @@ pub(super) fn scratch<T: DataType>(
         .ok()
 }
 
-/// The bias of the union graphs that have none (a fused forward's graph binds its bias).
-pub(super) const NO_BIAS: Option<&cudarc::driver::CudaSlice<f32>> = None;
-
-/// Runs a union graph's `plan` writing `out`, with `inputs` bound to its tensors (see [`Ids`]):
-/// `a`, `b`, and the fused forward's bias when the graph has one (`ids.c`).
-pub(super) fn exec_plan<'a, TA: DataType, TB: DataType, TC: DataType, TO: DataType>(
-    cudnn: &'a Cudnn,
-    plan: &Plan,
-    ids: Ids,
-    ws: &mut Workspace,
-    (a, b, bias): (
-        &'a impl DeviceBuffer<TA>,
-        &'a impl DeviceBuffer<TB>,
-        Option<&'a impl DeviceBuffer<TC>>,
-    ),
-    out: &'a mut impl DeviceBufferMut<TO>,
-) -> Result<()> {
-    let mut args = Args::new(cudnn);
-    args.input(ids.a, a)?.input(ids.b, b)?;
-    if let (Some(c), Some(bias)) = (ids.c, bias) {
-        args.input(c, bias)?;
-    }
-    args.output(ids.out, out)?;
-    cudnn.execute(plan, &args, ws)
-}
-
 /// The trials of a union search writing `out`: a graph plan, or the legacy favourite `algo` with
 /// `alpha = 1, beta = 0` as the graph computes.
-pub(super) fn trial<'a, C: ConvCall, O: DeviceBufferMut<C::Out>>(
-    call: &'a C,
+pub(super) fn trial<
+    'a,
+    C: UnionGraph,
+    A: DeviceBuffer<C::In>,
+    B: DeviceBuffer<C::In>,
+    O: DeviceBufferMut<C::Out>,
+>(
+    cudnn: &'a Cudnn,
+    op: &'a C,
+    inputs: (&'a A, &'a B),
     algo: C::Algo,
     out: &'a mut O,
 ) -> impl FnMut(Trial<'_>, &mut Workspace) -> Result<()> + 'a {
     let (one, zero) = (C::Scalar::from_f64(1.0), C::Scalar::from_f64(0.0));
     move |t, ws| match t {
-        Trial::Plan(plan, ids) => call.exec(plan, ids, ws, &mut *out),
-        Trial::Legacy => call.launch(algo, (one, zero), ws, &mut *out),
+        Trial::Plan(plan, ids) => op.exec(cudnn, plan, ids, ws, inputs, &mut *out),
+        Trial::Legacy => op.launch(cudnn, algo, (one, zero), inputs, ws, &mut *out),
     }
 }
 
