@@ -287,13 +287,17 @@ pub fn poisoned_buffer<T: DataType>(stream: &Arc<CudaStream>, n: usize) -> CudaS
     stream.clone_htod(&vec![poison::<T>(); n]).unwrap()
 }
 
-/// Whether `r` is an error of the named kind (matched on the structured `{:#?}` form's variant
-/// name), for rejection tests: e.g. `is_err_kind(&r, "BufferTooSmall")`.
-pub fn is_err_kind<T: std::fmt::Debug>(r: &Result<T, Error>, variant: &str) -> bool {
-    match r {
-        Err(e) => format!("{e:#?}").starts_with(variant),
-        Ok(_) => false,
-    }
+/// The error a rejection test expects, as a compiler-checked variant of [`Error`]:
+/// `kind!(BufferTooSmall)`.
+pub type Kind = fn(&Error) -> bool;
+
+/// A [`Kind`] matching one variant of [`Error`]: `kind!(BufferTooSmall)`.
+#[macro_export]
+macro_rules! kind {
+    ($variant:ident) => {
+        (|e: &cudnn_safe::Error| matches!(e, cudnn_safe::Error::$variant { .. }))
+            as fn(&cudnn_safe::Error) -> bool
+    };
 }
 
 /// Whether the cuDNN library loads (host tests that finalize descriptors need it): `false`
