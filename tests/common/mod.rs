@@ -1,11 +1,14 @@
 //! Helpers shared by the integration-test crates (each crate uses a subset, hence the
 //! `dead_code` allowance): GPU opening with skip/fail, a seeded PRNG, poison and sentinel values,
-//! per-dtype tolerances, row-major index walking, host copies and comparisons.
+//! per-dtype tolerances, row-major index walking, host copies and comparisons, and the
+//! convolution harness ([`conv`]).
 //!
 //! Everything here is independent of the crate under test except [`gpu`], which opens the
 //! handle the tests exercise, [`have_cudnn`], which finalizes a tiny graph, and [`graph_io`],
 //! the buffers of graph-API tensors.
 #![allow(dead_code)]
+
+pub mod conv;
 
 use std::sync::Arc;
 
