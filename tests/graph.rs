@@ -12,9 +12,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{
-    assert_untouched, download, gpu, image, offsets, poison, sentinel_buffer, tol, Rng, SENTINEL,
-};
+use common::graph_io::{fetch, poisoned, upload};
+use common::{assert_untouched, download, gpu, have_cudnn, sentinel_buffer, tol, Rng};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::graph::{
     autotune, Args, AutotuneOptions, ConvParams, EngineConfig, Graph, HeurMode, NumericalNote,
@@ -27,24 +26,6 @@ use cudnn_safe::{Cudnn, DType, DataType, Error, Status, Workspace};
 // ---------------------------------------------------------------------------------------------
 // Host-only tests
 // ---------------------------------------------------------------------------------------------
-
-/// Whether the cuDNN library loads (host tests that finalize descriptors need it).
-fn have_cudnn() -> bool {
-    let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
-    let x = g.tensor_nchw("x", &[1, 1, 1, 4], DType::F32).unwrap();
-    let y = g.pointwise(PointwiseMode::Relu, x, None).unwrap();
-    g.mark_output(y).unwrap();
-    match g.check() {
-        Err(Error::Load(e)) => {
-            if common::library_required() {
-                panic!("CUDNN_SAFE_REQUIRE_LIBRARY=1 but cuDNN did not load: {e}");
-            }
-            eprintln!("skipping: {e}");
-            false
-        }
-        _ => true,
-    }
-}
 
 fn conv_graph(dtype: DType, nhwc: bool) -> (Graph, TensorId, TensorId, TensorId) {
     let mut g = Graph::new(dtype, DType::F32, DType::F32);
@@ -748,51 +729,6 @@ fn count(d: &[i64]) -> usize {
 // ---------------------------------------------------------------------------------------------
 // Device helpers
 // ---------------------------------------------------------------------------------------------
-
-fn logical_offsets(og: &OperationGraph, t: TensorId) -> (usize, Vec<usize>) {
-    let l = og.layout(t).unwrap().expect("a bound tensor");
-    (l.span(), offsets(l.dims(), l.strides()))
-}
-
-/// A device buffer holding `logical` (row-major logical order) in `t`'s layout, sentinel in gaps.
-fn upload<T: DataType>(
-    s: &Arc<CudaStream>,
-    og: &OperationGraph,
-    t: TensorId,
-    logical: &[T],
-) -> CudaSlice<T> {
-    let (span, offs) = logical_offsets(og, t);
-    assert_eq!(offs.len(), logical.len());
-    s.clone_htod(&image(span, &offs, |i| logical[i])).unwrap()
-}
-
-/// An output buffer for `t`: NaN at addressed elements, sentinel in gaps.
-fn poisoned<T: DataType>(s: &Arc<CudaStream>, og: &OperationGraph, t: TensorId) -> CudaSlice<T> {
-    let (span, offs) = logical_offsets(og, t);
-    s.clone_htod(&image(span, &offs, |_| poison::<T>()))
-        .unwrap()
-}
-
-/// The logical elements of an output, after checking its gaps kept the sentinel.
-fn fetch<T: DataType>(
-    s: &Arc<CudaStream>,
-    og: &OperationGraph,
-    t: TensorId,
-    buf: &CudaSlice<T>,
-) -> Vec<T> {
-    let host = download(s, buf);
-    let (_, offs) = logical_offsets(og, t);
-    let mut addressed = vec![false; host.len()];
-    for &o in &offs {
-        addressed[o] = true;
-    }
-    for (i, v) in host.iter().enumerate() {
-        if !addressed[i] {
-            assert_eq!(v.to_f64(), SENTINEL, "gap element {i} overwritten");
-        }
-    }
-    offs.iter().map(|&o| host[o]).collect()
-}
 
 /// Checks `got` against `want`: `|g − w| ≤ tol·(1 + |w|)`, finite.
 fn check<T: DataType>(what: &str, got: &[T], want: &[f64], tol: f64) {

@@ -34,24 +34,6 @@ use cudnn_safe::{Cudnn, DType, DataType, Error, Layout, StatusFamily, TensorDesc
 use proptest::prelude::*;
 
 // ---------------------------------------------------------------------------------------------
-// Library (host tests)
-// ---------------------------------------------------------------------------------------------
-
-/// The cuDNN library, or `None` (test skipped) when it cannot be loaded.
-fn lib() -> Option<&'static sys::Library> {
-    match sys::library() {
-        Ok(l) => Some(l),
-        Err(e) if std::env::var("CUDNN_SAFE_REQUIRE_LIBRARY").as_deref() == Ok("1") => {
-            panic!("CUDNN_SAFE_REQUIRE_LIBRARY=1 but cuDNN did not load: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Layouts and host images
 // ---------------------------------------------------------------------------------------------
 

@@ -27,25 +27,11 @@ use cudnn_safe::norm::{
     LayerNormGraphSaved, NormAffine, NormMethod, NormParamGrads, NormStats, NormType, RmsNorm,
     RmsNormSaved, RunningStats, MIN_EPSILON,
 };
-use cudnn_safe::{sys, Cudnn, DType, DataType, Error, Layout, Workspace};
+use cudnn_safe::{Cudnn, DType, DataType, Error, Layout, Workspace};
 
 // ---------------------------------------------------------------------------------------------
 // Shared helpers
 // ---------------------------------------------------------------------------------------------
-
-/// The cuDNN library for host-only tests, or `None` (skipped) when it cannot be loaded.
-fn lib() -> Option<&'static sys::Library> {
-    match sys::library() {
-        Ok(l) => Some(l),
-        Err(e) if std::env::var("CUDNN_SAFE_REQUIRE_LIBRARY").as_deref() == Ok("1") => {
-            panic!("CUDNN_SAFE_REQUIRE_LIBRARY=1 but cuDNN did not load: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
-}
 
 /// The packed row-major layout of `dims`, as the layer, group and RMS norms take it.
 fn nchw(dims: &[i64]) -> Layout {

@@ -31,7 +31,7 @@ use cudnn_safe::rnn::{
     BackwardData, BackwardWeights, BiasMode, CellMode, Direction, Forward, ForwardMode, InputMode,
     ParamKind, Rnn, RnnAlgo, RnnBuilder, RnnReserve, SeqDataDesc, SeqLayout, WeightGradMode,
 };
-use cudnn_safe::{sys, Cudnn, DType, DataType, Error, StatusFamily, Workspace};
+use cudnn_safe::{Cudnn, DType, DataType, Error, StatusFamily, Workspace};
 
 /// What cuDNN must write into padding positions of padded outputs (exact in every type).
 const FILL: f64 = -7.5;
@@ -1328,21 +1328,6 @@ fn backward_rejects_foreign_and_misordered_reserves() {
 // ---------------------------------------------------------------------------------------------
 // Host-only: validation with the real library, no GPU
 // ---------------------------------------------------------------------------------------------
-
-/// Whether cuDNN loads (else the test is skipped, or fails with
-/// `CUDNN_SAFE_REQUIRE_LIBRARY=1`).
-fn library() -> bool {
-    match sys::library() {
-        Ok(_) => true,
-        Err(e) if std::env::var("CUDNN_SAFE_REQUIRE_LIBRARY").as_deref() == Ok("1") => {
-            panic!("CUDNN_SAFE_REQUIRE_LIBRARY=1 but cuDNN did not load: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            false
-        }
-    }
-}
 
 #[test]
 fn builders_are_validated_without_a_gpu() {

@@ -1801,21 +1801,6 @@ fn dropout_rejections_leave_output_untouched() {
 // Host-only checks (real cuDNN library, no GPU)
 // ---------------------------------------------------------------------------------------------
 
-/// The library, or `None` (test skipped) where cuDNN cannot be loaded, unless
-/// `CUDNN_SAFE_REQUIRE_LIBRARY=1`.
-fn lib() -> Option<&'static cudnn_safe::sys::Library> {
-    match cudnn_safe::sys::library() {
-        Ok(l) => Some(l),
-        Err(e) if std::env::var("CUDNN_SAFE_REQUIRE_LIBRARY").as_deref() == Ok("1") => {
-            panic!("CUDNN_SAFE_REQUIRE_LIBRARY=1 but cuDNN did not load: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
-}
-
 /// cuDNN sizes the dropout mask from the element count alone (one bit per element, rounded
 /// up): layouts and dtypes do not change it. This is what lets the backward pair elements by
 /// logical index whatever the layouts.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::graph::{Graph, PointwiseMode};
-use cudnn_safe::{cuda_context, Cudnn, DType, DataType, Error, Scalar};
+use cudnn_safe::{cuda_context, sys, Cudnn, DType, DataType, Error, Scalar};
 
 /// Whether the runner demands a GPU (`CUDNN_SAFE_REQUIRE_GPU=1`): then a test that would skip
 /// fails instead.
@@ -301,6 +301,26 @@ macro_rules! kind {
         (|e: &cudnn_safe::Error| matches!(e, cudnn_safe::Error::$variant { .. }))
             as fn(&cudnn_safe::Error) -> bool
     };
+}
+
+/// The cuDNN host library, or `None` (printed as a skip) when it does not load; a panic when
+/// the library is required ([`library_required`]).
+pub fn lib() -> Option<&'static sys::Library> {
+    match sys::library() {
+        Ok(l) => Some(l),
+        Err(e) if library_required() => {
+            panic!("CUDNN_SAFE_REQUIRE_LIBRARY=1 but cuDNN did not load: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            None
+        }
+    }
+}
+
+/// Whether the cuDNN host library loads ([`lib`]: a skip or a panic when it does not).
+pub fn library() -> bool {
+    lib().is_some()
 }
 
 /// Whether the cuDNN library loads (host tests that finalize descriptors need it): `false`
