@@ -16,9 +16,11 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{assert_send, assert_untouched, same, scalar, skip_or_fail, Rng, SENTINEL};
+use common::{
+    assert_send, assert_untouched, other_context, same, scalar, skip_or_fail, Rng, SENTINEL,
+};
 use cudnn_safe::blas::{Blas, BlasMath, GemmType, Transpose};
-use cudnn_safe::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::{cuda_context, DType, DataType, Error, MAX_WORKSPACE_BYTES};
 
@@ -1378,13 +1380,7 @@ fn buffers_of_another_context_are_rejected() {
         return;
     };
     let mut rng = Rng::new(111);
-    // Another device if there is one; otherwise a non-primary context on device 0.
-    let other = if CudaContext::device_count().unwrap() >= 2 {
-        CudaContext::new(1).unwrap()
-    } else {
-        CudaContext::new_non_primary(0, 0).unwrap()
-    };
-    assert!(*other != **blas.context());
+    let other = other_context(blas.context());
     let other_stream = other.default_stream();
     let nn = Transpose::No;
     let host: Vec<f32> = (0..16).map(|_| rng.value()).collect();

@@ -23,12 +23,12 @@
 mod common;
 
 use common::conv::*;
-use common::{assert_untouched, download, scalar, to_f64, Rng, SENTINEL};
+use common::{assert_untouched, download, other_context, scalar, to_f64, Rng, SENTINEL};
 use cudnn_safe::conv::{
     AlgoPerf, ConvAlgorithm, ConvBwdDataAlgo, ConvBwdFilterAlgo, ConvDesc, ConvFwdAlgo, ConvMode,
     FusedActivation, MathType,
 };
-use cudnn_safe::cudarc::driver::{CudaContext, CudaSlice};
+use cudnn_safe::cudarc::driver::CudaSlice;
 use cudnn_safe::graph::{ConvApi, ConvParams, Graph, GraphSearch};
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::DType;
@@ -1971,14 +1971,7 @@ fn rejects_buffers_and_workspace_of_another_context() {
     let s = small(&g, &mut rng);
     let y_d = s.y_lay.desc::<f32>();
     let gemm = ConvFwdAlgo::ImplicitGemm;
-    // Another device if there is one; otherwise a non-primary context on device 0, which is a
-    // different CUDA context on the same device (cuCtxCreate).
-    let other = if CudaContext::device_count().unwrap() >= 2 {
-        CudaContext::new(1).unwrap()
-    } else {
-        CudaContext::new_non_primary(0, 0).unwrap()
-    };
-    assert!(*other != **g.cudnn.context());
+    let other = other_context(g.cudnn.context());
     let os = other.default_stream();
 
     let before = vec![SENTINEL as f32; y_d.span()];

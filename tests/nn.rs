@@ -25,7 +25,7 @@ use std::sync::Arc;
 use common::Rng;
 use common::*;
 use cudnn_safe::activation::{ActivationDesc, ActivationMode, NanPropagation};
-use cudnn_safe::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::pooling::{PoolingDesc, PoolingMode};
 use cudnn_safe::softmax::{SoftmaxAlgorithm, SoftmaxMode};
@@ -146,20 +146,6 @@ impl<T: DataType> Tensor<T> {
     }
 }
 
-/// `alpha·r + beta·prior`, not reading the prior when `beta == 0` (it may be NaN).
-fn blend(alpha: f64, r: &[f64], beta: f64, prior: &[f64]) -> Vec<f64> {
-    r.iter()
-        .zip(prior)
-        .map(|(&r, &p)| {
-            if beta == 0.0 {
-                alpha * r
-            } else {
-                alpha * r + beta * p
-            }
-        })
-        .collect()
-}
-
 /// The (alpha, beta) pair used with each layout: plain, scaled with the output unread, and
 /// scaled blending into a prior output.
 fn scales(fmt: Fmt) -> (f64, f64) {
@@ -168,11 +154,6 @@ fn scales(fmt: Fmt) -> (f64, f64) {
         Fmt::Last => (0.5, 0.0),
         Fmt::Padded => (1.25, -0.5),
     }
-}
-
-/// Row-major linear index of `idx` in `dims`.
-fn lin(dims: &[i64], idx: &[i64]) -> usize {
-    idx.iter().zip(dims).fold(0i64, |acc, (&i, &d)| acc * d + i) as usize
 }
 
 /// Whether a call's failure is cuDNN saying it does not support this data type: tolerated for
@@ -312,10 +293,10 @@ impl PoolCase {
                     }
                     xi.push(p);
                 }
-                members.push(lin(self.x, &xi));
+                members.push(linear(self.x, &xi));
             });
             assert!(!members.is_empty(), "a window outside the input");
-            f(lin(&y_dims, yi), &members);
+            f(linear(&y_dims, yi), &members);
         });
     }
 
@@ -1242,7 +1223,7 @@ fn softmax_groups(mode: SoftmaxMode, dims: &[i64]) -> Vec<usize> {
     for_each_index(dims, |idx| {
         out.push(match mode {
             SoftmaxMode::Instance => idx[0] as usize,
-            SoftmaxMode::Channel => idx[0] as usize * positions + lin(spatial, &idx[2..]),
+            SoftmaxMode::Channel => idx[0] as usize * positions + linear(spatial, &idx[2..]),
         })
     });
     out
@@ -2287,13 +2268,7 @@ fn softmax_rejects_bad_calls() {
 fn buffers_of_another_context_are_rejected() {
     let Some((s, cudnn)) = gpu() else { return };
     let mut rng = Rng::new(34);
-    // Another device if there is one; otherwise a non-primary context on device 0.
-    let other = if CudaContext::device_count().unwrap() >= 2 {
-        CudaContext::new(1).unwrap()
-    } else {
-        CudaContext::new_non_primary(0, 0).unwrap()
-    };
-    assert!(*other != **cudnn.context());
+    let other = other_context(cudnn.context());
     let os = other.default_stream();
     let case = &POOL_CASES[0];
     let xt = Tensor::<f32>::new(case.x, Fmt::First);

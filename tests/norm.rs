@@ -65,11 +65,6 @@ fn sc<T: DataType>(v: f64) -> T::Scalar {
     scalar::<T>(v).0
 }
 
-/// Logical offsets of a layout as `usize`.
-fn offs(layout: &Layout) -> Vec<usize> {
-    layout.offsets().into_iter().map(|o| o as usize).collect()
-}
-
 /// Uploads logical values `v` through `layout` (gaps hold [`SENTINEL`]); returns the buffer and
 /// its host image.
 fn upload<T: DataType>(
@@ -77,13 +72,13 @@ fn upload<T: DataType>(
     layout: &Layout,
     v: &[T],
 ) -> (CudaSlice<T>, Vec<T>) {
-    let img = image(layout.span(), &offs(layout), |i| v[i]);
+    let img = image(layout.span(), &layout_offsets(layout), |i| v[i]);
     (stream.clone_htod(&img).unwrap(), img)
 }
 
 /// Logical values of a buffer laid out as `layout`.
 fn gather<T: DataType>(layout: &Layout, buf: &[T]) -> Vec<T> {
-    offs(layout).iter().map(|&o| buf[o]).collect()
+    layout_offsets(layout).iter().map(|&o| buf[o]).collect()
 }
 
 /// A packed device buffer holding `v`.
@@ -355,14 +350,6 @@ fn bn_backward_ref(
     (dx, dscale, dbias)
 }
 
-/// `alpha·v + beta·prior`, elementwise.
-fn blend(alpha: f64, v: &[f64], beta: f64, prior: &[f64]) -> Vec<f64> {
-    v.iter()
-        .zip(prior)
-        .map(|(&a, &b)| alpha * a + if beta == 0.0 { 0.0 } else { beta * b })
-        .collect()
-}
-
 // ---------------------------------------------------------------------------------------------
 // Batch normalization: GPU cases
 // ---------------------------------------------------------------------------------------------
@@ -453,7 +440,7 @@ fn bn_case<T: NormType>(
         &format!("{what} y"),
         &got,
         &y_before,
-        &offs(layout),
+        &layout_offsets(layout),
         &y_ref,
         dtol::<T>(),
     );
@@ -515,7 +502,7 @@ fn bn_case<T: NormType>(
         &format!("{what} blended y"),
         &got,
         &y2_before,
-        &offs(layout),
+        &layout_offsets(layout),
         &want,
         dtol::<T>(),
     );
@@ -552,7 +539,7 @@ fn bn_case<T: NormType>(
         &format!("{what} inference"),
         &got,
         &y3_before,
-        &offs(layout),
+        &layout_offsets(layout),
         &want,
         dtol::<T>(),
     );
@@ -576,7 +563,7 @@ fn bn_case<T: NormType>(
         &format!("{what} inference β=0"),
         &got,
         &y4_before,
-        &offs(layout),
+        &layout_offsets(layout),
         &inf,
         dtol::<T>(),
     );
@@ -610,7 +597,7 @@ fn bn_case<T: NormType>(
         &format!("{what} dx"),
         &got,
         &dx_before,
-        &offs(layout),
+        &layout_offsets(layout),
         &dx_ref,
         dtol::<T>(),
     );
@@ -656,7 +643,7 @@ fn bn_case<T: NormType>(
         &format!("{what} blended dx"),
         &got,
         &dx2_before,
-        &offs(layout),
+        &layout_offsets(layout),
         &want,
         dtol::<T>(),
     );
@@ -816,7 +803,7 @@ fn bn_ex_case<T: NormType>(
         &format!("{what} y"),
         &ygot,
         &y_before,
-        &offs(layout),
+        &layout_offsets(layout),
         &y_ref,
         dtol::<T>(),
     );
@@ -910,7 +897,7 @@ fn bn_ex_case<T: NormType>(
         &format!("{what} dx"),
         &got,
         &dx_before,
-        &offs(layout),
+        &layout_offsets(layout),
         &dx_ref,
         dtol::<T>(),
     );
@@ -920,7 +907,7 @@ fn bn_ex_case<T: NormType>(
             &format!("{what} dz"),
             &got,
             &dz_before,
-            &offs(layout),
+            &layout_offsets(layout),
             &dy_eff,
             dtol::<T>(),
         );
@@ -973,7 +960,7 @@ fn bn_ex_case<T: NormType>(
             &format!("{what} plain dx"),
             &got,
             &dx_before,
-            &offs(layout),
+            &layout_offsets(layout),
             &dx_ref,
             dtol::<T>(),
         );

@@ -54,7 +54,7 @@ struct Tensor<T: DataType> {
 impl<T: DataType> Tensor<T> {
     fn new(fmt: Fmt, dims: &[i64]) -> Self {
         let l = layout(fmt, dims);
-        let offs = l.offsets().into_iter().map(|o| o as usize).collect();
+        let offs = layout_offsets(&l);
         Tensor {
             desc: TensorDesc::new(l).unwrap(),
             offs,
@@ -79,11 +79,6 @@ impl<T: DataType> Tensor<T> {
     }
 }
 
-/// Row-major linear index of `idx` in `dims`.
-fn linear(dims: &[i64], idx: &[i64]) -> usize {
-    idx.iter().zip(dims).fold(0i64, |acc, (&i, &d)| acc * d + i) as usize
-}
-
 /// Checks `got` against `want`: `|g − w| ≤ tol_out·(1 + |w|) + tol_compute·scale` and `g`
 /// finite. `tol_out` covers the rounding of the result to its storage type; `tol_compute` the
 /// accumulation in the compute type, which grows with `scale` (for a sum, the sum of the
@@ -103,20 +98,6 @@ fn assert_scaled<T: DataType>(
         assert!(
             g.is_finite() && (g - w).abs() <= bound,
             "{what}: element {i}: got {g}, want {w} (bound {bound})"
-        );
-    }
-}
-
-/// Every element outside `offs` must still hold what `before` held.
-fn assert_padding_kept<T: DataType>(what: &str, got: &[T], before: &[T], offs: &[usize]) {
-    let mut addressed = vec![false; got.len()];
-    for &o in offs {
-        addressed[o] = true;
-    }
-    for (p, (&g, &b)) in got.iter().zip(before).enumerate() {
-        assert!(
-            addressed[p] || same(g, b),
-            "{what}: padding element {p} changed from {b:?} to {g:?}"
         );
     }
 }

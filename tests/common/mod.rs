@@ -12,9 +12,9 @@ pub mod conv;
 
 use std::sync::Arc;
 
-use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
+use cudnn_safe::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudnn_safe::graph::{Graph, PointwiseMode};
-use cudnn_safe::{cuda_context, sys, Cudnn, DType, DataType, Error, Scalar};
+use cudnn_safe::{cuda_context, sys, Cudnn, DType, DataType, Error, Layout, Scalar};
 
 /// Whether the runner demands a GPU (`CUDNN_SAFE_REQUIRE_GPU=1`): then a test that would skip
 /// fails instead.
@@ -46,6 +46,19 @@ pub fn gpu() -> Option<(Arc<CudaStream>, Cudnn)> {
         let stream = ctx.default_stream();
         Cudnn::new(stream.clone()).map(|cudnn| (stream, cudnn))
     }))
+}
+
+/// A CUDA context other than `ours`, for tests that hand a call buffers of another context:
+/// device 1 if there is one, otherwise a non-primary context on device 0 (a different CUDA
+/// context on the same device, `cuCtxCreate`).
+pub fn other_context(ours: &CudaContext) -> Arc<CudaContext> {
+    let other = if CudaContext::device_count().unwrap() >= 2 {
+        CudaContext::new(1).unwrap()
+    } else {
+        CudaContext::new_non_primary(0, 0).unwrap()
+    };
+    assert!(*other != *ours);
+    other
 }
 
 /// Compiles only for `Send` types.
@@ -177,6 +190,16 @@ pub fn offsets(dims: &[i64], strides: &[i64]) -> Vec<usize> {
     out
 }
 
+/// Offsets of every logical element of `layout`, in row-major logical order.
+pub fn layout_offsets(layout: &Layout) -> Vec<usize> {
+    layout.offsets().into_iter().map(|o| o as usize).collect()
+}
+
+/// Row-major linear index of `idx` in `dims`.
+pub fn linear(dims: &[i64], idx: &[i64]) -> usize {
+    idx.iter().zip(dims).fold(0i64, |acc, (&i, &d)| acc * d + i) as usize
+}
+
 /// Packed NCHW-order (row-major) strides of `dims`.
 pub fn packed_strides(dims: &[i64]) -> Vec<i64> {
     let mut s = vec![1i64; dims.len()];
@@ -219,6 +242,20 @@ pub fn download<T: DataType>(
     stream.clone_dtoh(dev).unwrap()
 }
 
+/// `alpha·r + beta·prior`, not reading the prior when `beta == 0` (it may be NaN).
+pub fn blend(alpha: f64, r: &[f64], beta: f64, prior: &[f64]) -> Vec<f64> {
+    r.iter()
+        .zip(prior)
+        .map(|(&r, &p)| {
+            if beta == 0.0 {
+                alpha * r
+            } else {
+                alpha * r + beta * p
+            }
+        })
+        .collect()
+}
+
 /// Checks `got` (dense, logical order) against `want` elementwise:
 /// `|g - w| <= tol·(1 + |w|)` and finite; `tol == 0` means exactly.
 pub fn assert_close<T: DataType>(what: &str, got: &[T], want: &[f64], tol: f64) {
@@ -246,19 +283,22 @@ pub fn check_strided<T: DataType>(
 ) {
     assert_eq!(got.len(), before.len(), "{what}");
     assert_eq!(offs.len(), want.len(), "{what}");
-    let mut addressed = vec![false; got.len()];
     let picked: Vec<T> = offs.iter().map(|&o| got[o]).collect();
+    assert_close(what, &picked, want, tol);
+    assert_padding_kept(what, got, before, offs);
+}
+
+/// Every element outside `offs` must still hold what `before` held.
+pub fn assert_padding_kept<T: DataType>(what: &str, got: &[T], before: &[T], offs: &[usize]) {
+    let mut addressed = vec![false; got.len()];
     for &o in offs {
         addressed[o] = true;
     }
-    assert_close(what, &picked, want, tol);
     for (p, (&g, &b)) in got.iter().zip(before).enumerate() {
-        if !addressed[p] {
-            assert!(
-                same(g, b),
-                "{what}: padding element {p} changed from {b:?} to {g:?}"
-            );
-        }
+        assert!(
+            addressed[p] || same(g, b),
+            "{what}: padding element {p} changed from {b:?} to {g:?}"
+        );
     }
 }
 
