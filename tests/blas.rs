@@ -16,21 +16,16 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{
-    assert_send, assert_untouched, other_context, same, scalar, skip_or_fail, Rng, SENTINEL,
-};
+use common::{assert_send, assert_untouched, gpu_with, other_context, same, scalar, Rng, SENTINEL};
 use cudnn_safe::blas::{Blas, BlasMath, GemmType, Transpose};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::half::{bf16, f16};
-use cudnn_safe::{cuda_context, DType, DataType, Error, MAX_WORKSPACE_BYTES};
+use cudnn_safe::{DType, DataType, Error, MAX_WORKSPACE_BYTES};
 
 /// The device-0 default stream and a cuBLAS handle on it, or `None` (test skipped) without a
 /// GPU or without cuBLAS.
 fn gpu() -> Option<(Arc<CudaStream>, Blas)> {
-    skip_or_fail(cuda_context(0).and_then(|ctx| {
-        let stream = ctx.default_stream();
-        Blas::new(stream.clone()).map(|blas| (stream, blas))
-    }))
+    gpu_with(Blas::new)
 }
 
 // ---------------------------------------------------------------------------------------------

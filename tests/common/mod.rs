@@ -42,9 +42,17 @@ pub fn skip_or_fail<T>(opened: Result<T, Error>) -> Option<T> {
 
 /// The device-0 default stream and a cuDNN handle on it, or `None` (test skipped) without a GPU.
 pub fn gpu() -> Option<(Arc<CudaStream>, Cudnn)> {
+    gpu_with(Cudnn::new)
+}
+
+/// The device-0 default stream and the handle `open` makes on it, or `None` (test skipped)
+/// without a GPU or when `open` fails.
+pub fn gpu_with<H>(
+    open: impl FnOnce(Arc<CudaStream>) -> Result<H, Error>,
+) -> Option<(Arc<CudaStream>, H)> {
     skip_or_fail(cuda_context(0).and_then(|ctx| {
         let stream = ctx.default_stream();
-        Cudnn::new(stream.clone()).map(|cudnn| (stream, cudnn))
+        open(stream.clone()).map(|handle| (stream, handle))
     }))
 }
 
