@@ -521,43 +521,42 @@ impl Geometry {
         }
     }
 
+    /// A reference of `len` elements with `red` terms each: every term of the forward sum
+    /// ([`Geometry::for_each_term`]) adds `term(xi, wi, yi) = (element, value)`.
+    fn sum_terms(
+        &self,
+        len: usize,
+        red: usize,
+        term: impl Fn(usize, usize, usize) -> (usize, f64),
+    ) -> Ref {
+        let mut r = Ref::zeros(len, red);
+        self.for_each_term(|xi, wi, yi| {
+            let (i, t) = term(xi, wi, yi);
+            r.val[i] += t;
+            r.abs[i] += t.abs();
+        });
+        r
+    }
+
     /// `y = conv(x, w)`.
     pub fn forward(&self, x: &[f64], w: &[f64]) -> Ref {
         assert_eq!((x.len(), w.len()), (self.x_len(), self.w_len()));
         let red = ((self.c / self.groups) * self.ker_count()) as usize;
-        let mut r = Ref::zeros(self.y_len(), red);
-        self.for_each_term(|xi, wi, yi| {
-            let t = x[xi] * w[wi];
-            r.val[yi] += t;
-            r.abs[yi] += t.abs();
-        });
-        r
+        self.sum_terms(self.y_len(), red, |xi, wi, yi| (yi, x[xi] * w[wi]))
     }
 
     /// `dx = ∂⟨conv(x, w), dy⟩/∂x`.
     pub fn backward_data(&self, dy: &[f64], w: &[f64]) -> Ref {
         assert_eq!((dy.len(), w.len()), (self.y_len(), self.w_len()));
         let red = ((self.k / self.groups) * self.ker_count()) as usize;
-        let mut r = Ref::zeros(self.x_len(), red);
-        self.for_each_term(|xi, wi, yi| {
-            let t = dy[yi] * w[wi];
-            r.val[xi] += t;
-            r.abs[xi] += t.abs();
-        });
-        r
+        self.sum_terms(self.x_len(), red, |xi, wi, yi| (xi, dy[yi] * w[wi]))
     }
 
     /// `dw = ∂⟨conv(x, w), dy⟩/∂w`.
     pub fn backward_filter(&self, x: &[f64], dy: &[f64]) -> Ref {
         assert_eq!((x.len(), dy.len()), (self.x_len(), self.y_len()));
         let red = (self.n * self.out_count()) as usize;
-        let mut r = Ref::zeros(self.w_len(), red);
-        self.for_each_term(|xi, wi, yi| {
-            let t = x[xi] * dy[yi];
-            r.val[wi] += t;
-            r.abs[wi] += t.abs();
-        });
-        r
+        self.sum_terms(self.w_len(), red, |xi, wi, yi| (wi, x[xi] * dy[yi]))
     }
 
     /// `db[k] = Σ_{n, spatial} dy[n, k, ...]`.
