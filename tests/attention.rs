@@ -555,7 +555,7 @@ fn host_sdpa_padding_graphs_and_rejections() {
         assert!(line.contains("\"bound\":64"), "{line}");
         let forged = line.replace("\"bound\":64", "\"bound\":1000");
         let r = Graph::from_json(&forged).map(|_| ());
-        assert!(rejected(&r, "InvalidArgument", "override"), "{r:?}");
+        assert!(rejected(&r, kind!(InvalidArgument), "override"), "{r:?}");
     }
     // Rejections name the tensor: another data type, another batch, an operation's output.
     let mut g = Graph::new(DType::BF16, DType::F32, DType::F32);
@@ -567,11 +567,11 @@ fn host_sdpa_padding_graphs_and_rejections() {
     let r = g
         .sdpa(q, k, v, &SdpaOptions::new().padding(good, wide))
         .map(|_| ());
-    assert!(rejected(&r, "UnsupportedDataType", "seq_i64"), "{r:?}");
+    assert!(rejected(&r, kind!(UnsupportedDataType), "seq_i64"), "{r:?}");
     let r = g
         .sdpa(q, k, v, &SdpaOptions::new().padding(three, good))
         .map(|_| ());
-    assert!(rejected(&r, "InvalidArgument", "seq_three"), "{r:?}");
+    assert!(rejected(&r, kind!(InvalidArgument), "seq_three"), "{r:?}");
     assert_eq!(
         g.signature(),
         before,
@@ -600,8 +600,8 @@ fn names(r: &cudnn_safe::Result<impl std::fmt::Debug>, name: &str) -> bool {
 }
 
 /// `r` is an error of kind `kind` naming `name`.
-fn rejected(r: &cudnn_safe::Result<impl std::fmt::Debug>, kind: &str, name: &str) -> bool {
-    is_err_kind(r, kind) && names(r, name)
+fn rejected(r: &cudnn_safe::Result<impl std::fmt::Debug>, kind: Kind, name: &str) -> bool {
+    matches!(r, Err(e) if kind(e)) && names(r, name)
 }
 
 /// `r` is a [`Error::ShapeMismatch`] whose second argument is `b`.
@@ -632,19 +632,22 @@ fn host_sdpa_rejections() {
     assert!(mismatch(&r, "k"), "{r:?}");
     // Data types: f32 anywhere, or mixed f16 / bf16.
     let r = case(q, kv, kv, [DType::F32, DType::F32, DType::F32], &opts);
-    assert!(rejected(&r, "UnsupportedDataType", "`q`"), "{r:?}");
+    assert!(rejected(&r, kind!(UnsupportedDataType), "`q`"), "{r:?}");
     let r = case(q, kv, kv, [bf, bf, DType::F16], &opts);
-    assert!(rejected(&r, "UnsupportedDataType", "`v`"), "{r:?}");
+    assert!(rejected(&r, kind!(UnsupportedDataType), "`v`"), "{r:?}");
     // Head dimension too large, or not a multiple of 8.
     let big = [2, 3, 64, 256];
     let r = case(big, big, big, [bf; 3], &opts);
-    assert!(rejected(&r, "InvalidArgument", "`q`"), "{r:?}");
+    assert!(rejected(&r, kind!(InvalidArgument), "`q`"), "{r:?}");
     let odd = [2, 3, 64, 60];
     let r = case(odd, odd, odd, [bf; 3], &opts);
-    assert!(rejected(&r, "InvalidArgument", "`q`"), "{r:?}");
+    assert!(rejected(&r, kind!(InvalidArgument), "`q`"), "{r:?}");
     // Non-finite scale.
     let r = case(q, kv, kv, [bf; 3], &SdpaOptions::new().scale(f64::NAN));
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
 
     // Rank 3.
     let mut g = Graph::new(bf, DType::F32, DType::F32);
@@ -652,34 +655,37 @@ fn host_sdpa_rejections() {
     let k = g.tensor("k", &kv, &bshd(kv), bf).unwrap();
     let v = g.tensor("v", &kv, &bshd(kv), bf).unwrap();
     let r = g.sdpa(q3, k, v, &opts);
-    assert!(rejected(&r, "InvalidArgument", "`q`"), "{r:?}");
+    assert!(rejected(&r, kind!(InvalidArgument), "`q`"), "{r:?}");
     // Head dimension not contiguous.
     let mut g = Graph::new(bf, DType::F32, DType::F32);
     let qs = g.tensor("q", &q, &[64 * 64 * 3, 1, 3, 3 * 64], bf).unwrap();
     let k = g.tensor("k", &kv, &bshd(kv), bf).unwrap();
     let v = g.tensor("v", &kv, &bshd(kv), bf).unwrap();
     let r = g.sdpa(qs, k, v, &opts);
-    assert!(rejected(&r, "InvalidArgument", "`q`"), "{r:?}");
+    assert!(rejected(&r, kind!(InvalidArgument), "`q`"), "{r:?}");
     // k already read by another operation (its description would change under it).
     let mut g = Graph::new(bf, DType::F32, DType::F32);
     let [qq, k, v] = qkv_inputs(&mut g, q, kv, bf).unwrap();
     let relu = g.pointwise(PointwiseMode::Relu, k, None).unwrap();
     g.mark_output(relu).unwrap();
     let r = g.sdpa(qq, k, v, &opts);
-    assert!(rejected(&r, "InvalidArgument", "`k`"), "{r:?}");
+    assert!(rejected(&r, kind!(InvalidArgument), "`k`"), "{r:?}");
     // One tensor as both q and k (k is re-described as Kᵀ): refused, naming it.
     let mut g = Graph::new(bf, DType::F32, DType::F32);
     let x = g.tensor("x", &q, &bshd(q), bf).unwrap();
     let v = g.tensor("v", &kv, &bshd(kv), bf).unwrap();
     let r = g.sdpa(x, x, v, &opts);
-    assert!(rejected(&r, "InvalidArgument", "`x`"), "{r:?}");
+    assert!(rejected(&r, kind!(InvalidArgument), "`x`"), "{r:?}");
     let r = g.sdpa(x, v, v, &opts);
-    assert!(rejected(&r, "InvalidArgument", "`v`"), "{r:?}");
+    assert!(rejected(&r, kind!(InvalidArgument), "`v`"), "{r:?}");
     // An f16 intermediate type.
     let mut g = Graph::new(bf, DType::F16, DType::F32);
     let [qq, k, v] = qkv_inputs(&mut g, q, kv, bf).unwrap();
     let r = g.sdpa(qq, k, v, &opts);
-    assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::UnsupportedDataType { .. })),
+        "{r:?}"
+    );
     // A failed call leaves the graph without operations (which cuDNN refuses to finalize).
     if have_cudnn() {
         assert!(g.check().is_err());
@@ -701,7 +707,7 @@ fn host_sdpa_backward_rejections() {
     };
     assert!(build(st, DType::F32, q).is_ok());
     let r = build(st, bf, q);
-    assert!(rejected(&r, "UnsupportedDataType", "`stats`"), "{r:?}");
+    assert!(rejected(&r, kind!(UnsupportedDataType), "`stats`"), "{r:?}");
     let r = build([2, 3, 64, 2], DType::F32, q);
     assert!(mismatch(&r, "stats"), "{r:?}");
     let r = build(st, DType::F32, [2, 3, 32, 64]);
@@ -716,7 +722,10 @@ fn host_index_compare_select_transpose() {
     let s = g.matmul(a, b).unwrap();
     // GenIndex: axis within the rank; results are INT32 and stay virtual.
     let r = g.pointwise(PointwiseMode::GenIndex { axis: 3 }, s, None);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
     let row = g
         .pointwise(PointwiseMode::GenIndex { axis: 1 }, s, None)
         .unwrap();
@@ -725,15 +734,24 @@ fn host_index_compare_select_transpose() {
         .pointwise(PointwiseMode::GenIndex { axis: 2 }, s, None)
         .unwrap();
     let r = g.mark_output(row);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
     let keep = g.pointwise(PointwiseMode::CmpGe, row, Some(col)).unwrap();
     assert!(PointwiseMode::CmpGe.is_comparison() && PointwiseMode::CmpGe.is_binary());
     let r = g.mark_output(keep);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
     // The condition must be a comparison result, of x's dimensions.
     let zero = g.scalar("zero", 0.0, DType::F32).unwrap();
     let r = g.select(s, zero, s);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
     let y = g.select(s, zero, keep).unwrap();
     assert_eq!(g.dims(y).unwrap(), &[2, 4, 4]);
     // Transposed view: dims and strides swapped.
@@ -741,7 +759,10 @@ fn host_index_compare_select_transpose() {
     assert_eq!(g.dims(t).unwrap(), &[2, 4, 4]);
     assert_eq!(g.strides(t).unwrap(), &[16, 1, 4]);
     let r = g.transpose(zero);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
     let z = g.pointwise(PointwiseMode::Identity, t, None).unwrap();
     g.mark_output(z).unwrap();
     if have_cudnn() {
@@ -1136,11 +1157,11 @@ fn gpu_sdpa_padding_lengths_are_checked() {
             cudnn.execute(&plan, &args, &mut ws)
         };
         let kind = if what == "too few lengths" {
-            "BufferTooSmall"
+            kind!(BufferTooSmall)
         } else {
-            "InvalidArgument"
+            kind!(InvalidArgument)
         };
-        assert!(is_err_kind(&r, kind), "{what}: {r:?}");
+        assert!(matches!(&r, Err(e) if kind(e)), "{what}: {r:?}");
         assert_untouched(what, &s, &ob, &before);
     }
 }
@@ -1669,7 +1690,7 @@ fn host_sdpa_score_modifier_rejections() {
                 bias_dims: Option<[i64; 4]>,
                 bias_type: DType,
                 f: &dyn Fn(Option<TensorId>) -> SdpaOptions,
-                kind: &str,
+                kind: Kind,
                 name: &str,
                 backward_only: bool| {
         let mut g = Graph::new(bf, DType::F32, DType::F32);
@@ -1694,7 +1715,7 @@ fn host_sdpa_score_modifier_rejections() {
         assert_eq!(g.signature(), before);
     };
     let none = None;
-    let inv = "InvalidArgument";
+    let inv = kind!(InvalidArgument);
     let causal = SdpaOptions::new().causal(true);
     let br = SdpaOptions::new().causal_bottom_right(true);
     case(
@@ -1743,7 +1764,7 @@ fn host_sdpa_score_modifier_rejections() {
         false,
     );
     // Bias: data type, dims, a gradient without a bias, a gradient of a broadcast bias.
-    let r = "UnsupportedDataType";
+    let r = kind!(UnsupportedDataType);
     case(
         SMALL,
         full,
@@ -2095,7 +2116,10 @@ fn host_sdpa_dropout_options() {
     assert!(opts.dump_dropout_mask);
     // INT64 tensors are made by rng_input only.
     let r = g.tensor("x", &[1, 1, 1, 1], &[1, 1, 1, 1], DType::I64);
-    assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::UnsupportedDataType { .. })),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -2203,7 +2227,7 @@ fn host_sdpa_dropout_rejections() {
     for p in [1.0, 1.5, -0.1, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
         let r = fwd(&with_p(p));
         assert!(
-            rejected(&r, "InvalidArgument", "probability"),
+            rejected(&r, kind!(InvalidArgument), "probability"),
             "p = {p}: {r:?}"
         );
     }
@@ -2213,7 +2237,7 @@ fn host_sdpa_dropout_rejections() {
     // No mask dump at p = 0 (the kernels write none), named.
     let r = fwd(&|g: &mut Graph| with_p(0.0)(g).dump_dropout_mask(true));
     assert!(
-        rejected(&r, "InvalidArgument", "probability above 0"),
+        rejected(&r, kind!(InvalidArgument), "probability above 0"),
         "{r:?}"
     );
     fwd(&|g: &mut Graph| with_p(0.1)(g).dump_dropout_mask(true)).unwrap();
@@ -2225,7 +2249,10 @@ fn host_sdpa_dropout_rejections() {
         let o = g.rng_input("offset");
         SdpaOptions::new().dropout(0.1, s, o)
     });
-    assert!(rejected(&r, "UnsupportedDataType", "`f32_seed`"), "{r:?}");
+    assert!(
+        rejected(&r, kind!(UnsupportedDataType), "`f32_seed`"),
+        "{r:?}"
+    );
     let r = fwd(&|g: &mut Graph| {
         let s = g.rng_input("seed");
         let o = g
@@ -2234,7 +2261,7 @@ fn host_sdpa_dropout_rejections() {
         SdpaOptions::new().dropout(0.1, s, o)
     });
     assert!(
-        rejected(&r, "UnsupportedDataType", "`half_offset`"),
+        rejected(&r, kind!(UnsupportedDataType), "`half_offset`"),
         "{r:?}"
     );
     // A seed of another graph.
@@ -2244,11 +2271,14 @@ fn host_sdpa_dropout_rejections() {
         let o = g.rng_input("offset");
         SdpaOptions::new().dropout(0.1, foreign, o)
     });
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
     // A mask dump without dropout.
     let r = fwd(&|_: &mut Graph| SdpaOptions::new().dump_dropout_mask(true));
     assert!(
-        rejected(&r, "InvalidArgument", "dump_dropout_mask"),
+        rejected(&r, kind!(InvalidArgument), "dump_dropout_mask"),
         "{r:?}"
     );
 
@@ -2271,10 +2301,16 @@ fn host_sdpa_dropout_rejections() {
     };
     for p in [1.0, f64::NAN, -0.5] {
         let r = bwd(p, None);
-        assert!(is_err_kind(&r, "InvalidArgument"), "p = {p}: {r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "p = {p}: {r:?}"
+        );
     }
     let r = bwd(0.1, Some(DType::F32));
-    assert!(rejected(&r, "UnsupportedDataType", "`bad_seed`"), "{r:?}");
+    assert!(
+        rejected(&r, kind!(UnsupportedDataType), "`bad_seed`"),
+        "{r:?}"
+    );
     bwd(0.1, None).unwrap();
 }
 
@@ -2596,9 +2632,9 @@ fn gpu_sdpa_dropout_seed_bindings_checked() {
             args.output(mask, &mut m_buf).unwrap();
             let r = cudnn.execute(&plan, &args, &mut ws);
             let ok = match case {
-                Case::F32Seed => rejected(&r, "UnsupportedDataType", "`seed`"),
-                Case::I64Q => rejected(&r, "UnsupportedDataType", "`q`"),
-                Case::NoOffset => rejected(&r, "InvalidArgument", "`offset`"),
+                Case::F32Seed => rejected(&r, kind!(UnsupportedDataType), "`seed`"),
+                Case::I64Q => rejected(&r, kind!(UnsupportedDataType), "`q`"),
+                Case::NoOffset => rejected(&r, kind!(InvalidArgument), "`offset`"),
             };
             assert!(ok, "{case:?}: {r:?}");
         }

@@ -16,19 +16,16 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{assert_send, assert_untouched, same, scalar, skip_or_fail, Rng, SENTINEL};
+use common::{assert_send, assert_untouched, gpu_with, other_context, same, scalar, Rng, SENTINEL};
 use cudnn_safe::blas::{Blas, BlasMath, GemmType, Transpose};
-use cudnn_safe::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::half::{bf16, f16};
-use cudnn_safe::{cuda_context, DType, DataType, Error, MAX_WORKSPACE_BYTES};
+use cudnn_safe::{DType, DataType, Error, MAX_WORKSPACE_BYTES};
 
 /// The device-0 default stream and a cuBLAS handle on it, or `None` (test skipped) without a
 /// GPU or without cuBLAS.
 fn gpu() -> Option<(Arc<CudaStream>, Blas)> {
-    skip_or_fail(cuda_context(0).and_then(|ctx| {
-        let stream = ctx.default_stream();
-        Blas::new(stream.clone()).map(|blas| (stream, blas))
-    }))
+    gpu_with(Blas::new)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1378,13 +1375,7 @@ fn buffers_of_another_context_are_rejected() {
         return;
     };
     let mut rng = Rng::new(111);
-    // Another device if there is one; otherwise a non-primary context on device 0.
-    let other = if CudaContext::device_count().unwrap() >= 2 {
-        CudaContext::new(1).unwrap()
-    } else {
-        CudaContext::new_non_primary(0, 0).unwrap()
-    };
-    assert!(*other != **blas.context());
+    let other = other_context(blas.context());
     let other_stream = other.default_stream();
     let nn = Transpose::No;
     let host: Vec<f32> = (0..16).map(|_| rng.value()).collect();

@@ -15,11 +15,11 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{assert_send, assert_untouched, skip_or_fail, to_f64, Rng};
+use common::{assert_send, assert_untouched, other_context, skip_or_fail, to_f64, Rng};
 use cudnn_safe::blas::lt::{
     BlasLt, Candidate, Choice, Element, Epilogue, EpilogueData, Matmul, Policy, Source,
 };
-use cudnn_safe::cudarc::driver::{CudaContext, CudaStream};
+use cudnn_safe::cudarc::driver::CudaStream;
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::{cuda_context, DType, DataType, Error};
 
@@ -1018,12 +1018,7 @@ fn buffers_of_another_context_are_rejected() {
     let Some((stream, mut lt)) = gpu() else {
         return;
     };
-    let other = if CudaContext::device_count().unwrap() >= 2 {
-        CudaContext::new(1).unwrap()
-    } else {
-        CudaContext::new_non_primary(0, 0).unwrap()
-    };
-    assert!(*other != **lt.context());
+    let other = other_context(lt.context());
     let other_stream = other.default_stream();
     let mut rng = Rng::new(14);
     let op = Matmul::linear(8, 16, 24)

@@ -6,6 +6,7 @@
 //! NaN first. GPU cases skip without a GPU.
 mod common;
 
+use common::conv::{is_transform, Geometry, Ref};
 use common::{
     assert_untouched, download, gpu, have_cudnn, poisoned_buffer, sentinel_buffer, to_f64, Rng,
 };
@@ -102,79 +103,26 @@ impl Case {
             .build::<T>()
             .unwrap()
     }
-    /// Calls `f(xi, wi, yi)` for every term `x[xi]·w[wi]` of `y[yi]` (flat packed indices).
-    fn for_each_term(&self, mut f: impl FnMut(usize, usize, usize)) {
-        let [oh, ow] = self.out();
-        let [h, w] = self.hw;
-        let [r, s] = self.rs;
-        for n in 0..self.n {
-            for k in 0..self.k {
-                for p in 0..oh {
-                    for q in 0..ow {
-                        let yi = ((n * self.k + k) * oh + p) * ow + q;
-                        for c in 0..self.c {
-                            for a in 0..r {
-                                for b in 0..s {
-                                    let i = p * self.stride[0] - self.pad[0] + a * self.dil[0];
-                                    let j = q * self.stride[1] - self.pad[1] + b * self.dil[1];
-                                    if !(0..h).contains(&i) || !(0..w).contains(&j) {
-                                        continue;
-                                    }
-                                    let xi = ((n * self.c + c) * h + i) * w + j;
-                                    let wi = ((k * self.c + c) * r + a) * s + b;
-                                    f(xi as usize, wi as usize, yi as usize);
-                                }
-                            }
-                        }
-                    }
-                }
-            }
+    /// The shared convolution index arithmetic and reference for this case.
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            n: self.n,
+            c: self.c,
+            k: self.k,
+            groups: 1,
+            input: self.hw.to_vec(),
+            kernel: self.rs.to_vec(),
+            out: self.out().to_vec(),
+            pads: self.pad.to_vec(),
+            strides: self.stride.to_vec(),
+            dilations: self.dil.to_vec(),
+            flip: false,
         }
     }
 }
 
 fn len(dims: &[i64]) -> usize {
     dims.iter().product::<i64>() as usize
-}
-
-/// A reference output: the exact sums and the sums of the terms' magnitudes (for the bound).
-struct Ref {
-    val: Vec<f64>,
-    abs: Vec<f64>,
-}
-
-impl Ref {
-    fn zeros(n: usize) -> Ref {
-        Ref {
-            val: vec![0.0; n],
-            abs: vec![0.0; n],
-        }
-    }
-    fn add(&mut self, i: usize, t: f64) {
-        self.val[i] += t;
-        self.abs[i] += t.abs();
-    }
-}
-
-/// `y = conv(x, w)`.
-fn forward_ref(case: &Case, x: &[f64], w: &[f64]) -> Ref {
-    let mut r = Ref::zeros(len(&case.y_dims()));
-    case.for_each_term(|xi, wi, yi| r.add(yi, x[xi] * w[wi]));
-    r
-}
-
-/// `dx = backward_data(dy, w)` (also the transposed convolution of `dy`).
-fn backward_data_ref(case: &Case, w: &[f64], dy: &[f64]) -> Ref {
-    let mut r = Ref::zeros(len(&case.x_dims()));
-    case.for_each_term(|xi, wi, yi| r.add(xi, dy[yi] * w[wi]));
-    r
-}
-
-/// `dw = backward_filter(x, dy)`.
-fn backward_filter_ref(case: &Case, x: &[f64], dy: &[f64]) -> Ref {
-    let mut r = Ref::zeros(len(&case.w_dims()));
-    case.for_each_term(|xi, wi, yi| r.add(wi, x[xi] * dy[yi]));
-    r
 }
 
 /// Checks `got` against `alpha·want` with the f32/f64 rounding bound: `tol·(16·(1 + |ref|) +
@@ -195,11 +143,6 @@ fn assert_matches<T: DataType>(what: &str, got: &[T], want: &Ref, alpha: f64, tr
             "{what}: element {i}: got {g}, want {v} (bound {bound})"
         );
     }
-}
-
-fn is_transform<A: ConvAlgorithm>(a: A) -> bool {
-    let n = a.name();
-    n.contains("FFT") || n.contains("WINOGRAD")
 }
 
 /// A refusal of the case by cuDNN itself (an algorithm the heuristics list but whose workspace
@@ -501,21 +444,21 @@ fn every_direction<T: DataType>(seed: u64) {
         let what = |dir: &str| format!("{} case {i} {dir}", T::DTYPE);
 
         let fwd = ConvForward::new(&d.conv, &d.x, &d.w, &d.y).unwrap();
-        let want = forward_ref(case, &xf, &wf);
+        let want = case.geometry().forward(&xf, &wf);
         every_algorithm(&what("forward"), &cudnn, &fwd, (&x, &w), &want);
 
         let bd = ConvBackwardData::new(&d.conv, &d.w, &d.y, &d.x).unwrap();
-        let want = backward_data_ref(case, &wf, &dyf);
+        let want = case.geometry().backward_data(&dyf, &wf);
         every_algorithm(&what("backward data"), &cudnn, &bd, (&w, &dy), &want);
 
         let bf = ConvBackwardFilter::new(&d.conv, &d.x, &d.y, &d.w).unwrap();
-        let want = backward_filter_ref(case, &xf, &dyf);
+        let want = case.geometry().backward_filter(&xf, &dyf);
         every_algorithm(&what("backward filter"), &cudnn, &bf, (&x, &dy), &want);
 
         // The transposed convolution of dy (shaped like y) by w gives x's shape: the backward
         // data sums.
         let t = ConvTranspose::new(&d.conv, &d.y, &d.w, &d.x).unwrap();
-        let want = backward_data_ref(case, &wf, &dyf);
+        let want = case.geometry().backward_data(&dyf, &wf);
         let mut ran = 0;
         for algo in supported(&t.heuristics(&cudnn).unwrap()) {
             let mut out = poisoned_buffer::<T>(cudnn.stream(), len(&case.x_dims()));
@@ -562,7 +505,7 @@ fn fused_bias_relu_matches_the_reference() {
     let op = ConvBiasActivation::new(fwd, &bias_d, FusedActivation::Relu).unwrap();
     // relu(conv + bias), with the bias counted among the terms of the bound.
     let plane = (case.out()[0] * case.out()[1]) as usize;
-    let mut want = forward_ref(&case, &xf, &wf);
+    let mut want = case.geometry().forward(&xf, &wf);
     for (i, (v, a)) in want.val.iter_mut().zip(want.abs.iter_mut()).enumerate() {
         let b = bf[(i / plane) % case.k as usize];
         *v = (*v + b).max(0.0);

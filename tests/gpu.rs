@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use common::{
     assert_send, assert_untouched, check_strided, download, for_each_index, gpu, image, offsets,
-    poison, same, scalar, stored, tol, Rng, SENTINEL,
+    other_context, poison, same, scalar, stored, tol, Rng, SENTINEL,
 };
 use cudnn_safe::cudarc::driver::{CudaContext, CudaStream};
 use cudnn_safe::half::{bf16, f16};
@@ -688,14 +688,7 @@ fn buffers_of_another_context_are_rejected() {
         return;
     };
     let mut rng = Rng::new(61);
-    // Another device if there is one; otherwise a non-primary context on device 0, which is a
-    // different CUDA context on the same device (cuCtxCreate).
-    let other = if CudaContext::device_count().unwrap() >= 2 {
-        CudaContext::new(1).unwrap()
-    } else {
-        CudaContext::new_non_primary(0, 0).unwrap()
-    };
-    assert!(*other != **cudnn.context());
+    let other = other_context(cudnn.context());
     let other_stream = other.default_stream();
 
     let y = Shape::new(Fmt::Nchw, [2, 3, 4, 5]);

@@ -12,10 +12,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{
-    assert_untouched, download, gpu, image, is_err_kind, offsets, poison, sentinel_buffer, tol,
-    Rng, SENTINEL,
-};
+use common::graph_io::{fetch, poisoned, upload};
+use common::{assert_untouched, download, gpu, have_cudnn, sentinel_buffer, tol, Rng};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::graph::{
     autotune, Args, ConvParams, EngineConfig, Graph, HeurMode, NumericalNote, OperationGraph, Plan,
@@ -38,24 +36,6 @@ const PLAN_FILE_HEADER: &str = "# cudnn-safe cache v2 graph:";
 /// signature.
 fn file_key(key: &str) -> String {
     key.replacen(" | ", "\t", 1)
-}
-
-/// Whether the cuDNN library loads (host tests that finalize descriptors need it).
-fn have_cudnn() -> bool {
-    let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
-    let x = g.tensor_nchw("x", &[1, 1, 1, 4], DType::F32).unwrap();
-    let y = g.pointwise(PointwiseMode::Relu, x, None).unwrap();
-    g.mark_output(y).unwrap();
-    match g.check() {
-        Err(Error::Load(e)) => {
-            if common::library_required() {
-                panic!("CUDNN_SAFE_REQUIRE_LIBRARY=1 but cuDNN did not load: {e}");
-            }
-            eprintln!("skipping: {e}");
-            false
-        }
-        _ => true,
-    }
 }
 
 fn conv_graph(dtype: DType, nhwc: bool) -> (Graph, TensorId, TensorId, TensorId) {
@@ -137,7 +117,10 @@ fn host_leaky_relu_slope_is_refused() {
     let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
     let x = g.tensor_nhwc("x", &[1, 8, 4, 4], DType::F16).unwrap();
     let r = g.pointwise(PointwiseMode::LeakyRelu { slope: 0.1 }, x, None);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
     assert!(format!("{:?}", r.unwrap_err()).contains("`x`"));
     assert!(g
         .pointwise(PointwiseMode::LeakyRelu { slope: 0.0 }, x, None)
@@ -153,15 +136,24 @@ fn host_shape_errors_name_the_tensors() {
     let w3 = g.tensor_nchw("w3", &[4, 6, 3], DType::F32).unwrap();
     let p = ConvParams::new(2);
     let r = g.conv_fprop(x, w_bad_c, &p);
-    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::ShapeMismatch { .. })),
+        "{r:?}"
+    );
     assert!(format!("{:?}", r.unwrap_err()).contains("w_bad_c"));
     let r = g.conv_fprop(x, w_big, &p);
-    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::ShapeMismatch { .. })),
+        "{r:?}"
+    );
     let r = g.conv_fprop(x, w3, &p);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
-    assert!(is_err_kind(
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
+    assert!(matches!(
         &g.conv_fprop(x, w_big, &ConvParams::new(3)),
-        "ShapeMismatch"
+        Err(cudnn_safe::Error::ShapeMismatch { .. })
     ));
     for bad in [
         ConvParams::new(2).padding(&[-1, 0]),
@@ -169,101 +161,128 @@ fn host_shape_errors_name_the_tensors() {
         ConvParams::new(2).dilation(&[1]),
     ] {
         let r = g.conv_fprop(x, w_big, &bad);
-        assert!(is_err_kind(&r, "InvalidArgument"), "{bad:?}: {r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "{bad:?}: {r:?}"
+        );
     }
     // Backward shapes must be consistent with the forward relation.
     let w = g.tensor_nchw("w", &[4, 6, 3, 3], DType::F32).unwrap();
     let dy = g.tensor_nchw("dy", &[2, 4, 6, 6], DType::F32).unwrap();
     assert!(g.conv_dgrad(dy, w, &[2, 6, 8, 8], &p).is_ok());
     let r = g.conv_dgrad(dy, w, &[2, 6, 9, 8], &p);
-    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::ShapeMismatch { .. })),
+        "{r:?}"
+    );
     let r = g.conv_wgrad(x, dy, &[4, 6, 5, 3], &p);
-    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::ShapeMismatch { .. })),
+        "{r:?}"
+    );
 
     let a = g.tensor_nchw("a", &[2, 3, 4], DType::F32).unwrap();
     let b = g.tensor_nchw("b", &[2, 5, 6], DType::F32).unwrap();
     let r = g.matmul(a, b);
-    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::ShapeMismatch { .. })),
+        "{r:?}"
+    );
     let e = format!("{:#?}", r.unwrap_err());
     assert!(e.contains("\"a\"") && e.contains("\"b\""), "{e}");
     let b2 = g.tensor_nchw("b2", &[3, 4, 6], DType::F32).unwrap();
-    assert!(is_err_kind(&g.matmul(a, b2), "ShapeMismatch"));
+    assert!(matches!(
+        &g.matmul(a, b2),
+        Err(cudnn_safe::Error::ShapeMismatch { .. })
+    ));
     let m2 = g.tensor_nchw("m2", &[3, 4], DType::F32).unwrap();
-    assert!(is_err_kind(&g.matmul(m2, m2), "ShapeMismatch"));
+    assert!(matches!(
+        &g.matmul(m2, m2),
+        Err(cudnn_safe::Error::ShapeMismatch { .. })
+    ));
 
     let c = g.tensor_nchw("c", &[2, 3, 5], DType::F32).unwrap();
     let r = g.pointwise(PointwiseMode::Add, a, Some(c));
-    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::ShapeMismatch { .. })),
+        "{r:?}"
+    );
     // Arity mistakes.
-    assert!(is_err_kind(
+    assert!(matches!(
         &g.pointwise(PointwiseMode::Add, a, None),
-        "InvalidArgument"
+        Err(cudnn_safe::Error::InvalidArgument { .. })
     ));
-    assert!(is_err_kind(
+    assert!(matches!(
         &g.pointwise(PointwiseMode::Relu, a, Some(a)),
-        "InvalidArgument"
+        Err(cudnn_safe::Error::InvalidArgument { .. })
     ));
-    assert!(is_err_kind(
+    assert!(matches!(
         &g.pointwise(PointwiseMode::ReluBwd, a, Some(a)),
-        "InvalidArgument"
+        Err(cudnn_safe::Error::InvalidArgument { .. })
     ));
-    assert!(is_err_kind(
+    assert!(matches!(
         &g.pointwise_bwd(PointwiseMode::Relu, a, a),
-        "InvalidArgument"
+        Err(cudnn_safe::Error::InvalidArgument { .. })
     ));
-    assert!(is_err_kind(
+    assert!(matches!(
         &g.pointwise_bwd(PointwiseMode::ReluBwd, a, c),
-        "ShapeMismatch"
+        Err(cudnn_safe::Error::ShapeMismatch { .. })
     ));
-    assert!(is_err_kind(
+    assert!(matches!(
         &g.reduction(ReduceOp::Add, a, &[2, 2, 1]),
-        "ShapeMismatch"
+        Err(cudnn_safe::Error::ShapeMismatch { .. })
     ));
-    assert!(is_err_kind(
+    assert!(matches!(
         &g.reduction(ReduceOp::Add, a, &[2, 1]),
-        "ShapeMismatch"
+        Err(cudnn_safe::Error::ShapeMismatch { .. })
     ));
 
     // Layout and data type validation.
-    assert!(is_err_kind(
+    assert!(matches!(
         &g.tensor("z", &[2, 3], &[0, 1], DType::F32),
-        "InvalidArgument"
+        Err(cudnn_safe::Error::InvalidArgument { .. })
     ));
-    assert!(is_err_kind(
+    assert!(matches!(
         &g.tensor("z", &[2, 0], &[1, 1], DType::F32),
-        "InvalidArgument"
+        Err(cudnn_safe::Error::InvalidArgument { .. })
     ));
-    assert!(is_err_kind(
+    assert!(matches!(
         &g.tensor("z", &[2, 3], &[1], DType::F32),
-        "InvalidArgument"
+        Err(cudnn_safe::Error::InvalidArgument { .. })
     ));
-    assert!(is_err_kind(
+    assert!(matches!(
         &g.tensor_nchw("z", &[4], DType::I8),
-        "UnsupportedDataType"
+        Err(cudnn_safe::Error::UnsupportedDataType { .. })
     ));
-    assert!(is_err_kind(
+    assert!(matches!(
         &g.tensor("big", &[1 << 20, 1 << 12], &[1 << 12, 1], DType::F32),
-        "Overflow"
+        Err(cudnn_safe::Error::Overflow { .. })
     ));
 
     // Ids of another graph; outputs must be operation outputs.
     let mut other = Graph::new(DType::F32, DType::F32, DType::F32);
     let o = other.tensor_nchw("o", &[2, 3, 4], DType::F32).unwrap();
-    assert!(is_err_kind(
+    assert!(matches!(
         &g.pointwise(PointwiseMode::Add, a, Some(o)),
-        "InvalidArgument"
+        Err(cudnn_safe::Error::InvalidArgument { .. })
     ));
-    assert!(is_err_kind(&g.dims(o), "InvalidArgument"));
-    assert!(is_err_kind(&g.mark_output(a), "InvalidArgument"));
+    assert!(matches!(
+        &g.dims(o),
+        Err(cudnn_safe::Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        &g.mark_output(a),
+        Err(cudnn_safe::Error::InvalidArgument { .. })
+    ));
     let mut other2 = other.clone();
     let oy = other2.pointwise(PointwiseMode::Exp, o, None).unwrap();
-    assert!(is_err_kind(
+    assert!(matches!(
         &other2.mark_output_as(oy, DType::I32),
-        "UnsupportedDataType"
+        Err(cudnn_safe::Error::UnsupportedDataType { .. })
     ));
-    assert!(is_err_kind(
+    assert!(matches!(
         &other2.mark_output_strided(oy, DType::F32, &[1, 1, 1]),
-        "OverlappingOutput"
+        Err(cudnn_safe::Error::OverlappingOutput { .. })
     ));
     other2
         .mark_output_strided(oy, DType::F32, &[24, 8, 2])
@@ -282,19 +301,22 @@ fn host_scalars_take_the_rank_of_their_first_use() {
     assert_eq!(g.dims(y).unwrap(), &[2, 3, 4, 5]);
     let v = g.tensor_nchw("v", &[2, 3], DType::F32).unwrap();
     let r = g.scale(v, s);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
     // A scalar is never the first operand of a pointwise operation, nor a conv or matmul input.
-    assert!(is_err_kind(
+    assert!(matches!(
         &g.pointwise(PointwiseMode::Relu, s, None),
-        "InvalidArgument"
+        Err(cudnn_safe::Error::InvalidArgument { .. })
     ));
     let mut g2 = Graph::new(DType::F32, DType::F32, DType::F32);
     let s2 = g2.scalar("s2", 1.0, DType::F16).unwrap();
     let w = g2.tensor_nchw("w", &[1, 1, 1, 1], DType::F32).unwrap();
     assert!(g2.conv_fprop(s2, w, &ConvParams::new(2)).is_err());
-    assert!(is_err_kind(
+    assert!(matches!(
         &g2.scalar("bad", 1.0, DType::I32),
-        "UnsupportedDataType"
+        Err(cudnn_safe::Error::UnsupportedDataType { .. })
     ));
 }
 
@@ -306,7 +328,10 @@ fn host_structure_is_checked_before_cudnn() {
     // No operation.
     let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
     let x = g.tensor_nchw("x", &[1, 2, 3, 4], DType::F32).unwrap();
-    assert!(is_err_kind(&g.check(), "InvalidArgument"));
+    assert!(matches!(
+        &g.check(),
+        Err(cudnn_safe::Error::InvalidArgument { .. })
+    ));
     // An unused input.
     let y = g.pointwise(PointwiseMode::Tanh, x, None).unwrap();
     g.mark_output(y).unwrap();
@@ -410,7 +435,10 @@ fn host_matmul_broadcast_operands() {
     // Extents that are neither equal nor 1.
     let a3 = g.tensor_nchw("a3", &[3, 4, 8], DType::F16).unwrap();
     let r = g.matmul(a3, b);
-    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::ShapeMismatch { .. })),
+        "{r:?}"
+    );
     // An operation's output may not be the broadcast operand (its one descriptor would need
     // the expanded batch).
     let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
@@ -418,7 +446,10 @@ fn host_matmul_broadcast_operands() {
     let relu_a = g.pointwise(PointwiseMode::Relu, a, None).unwrap();
     let b = g.tensor_nchw("b", &[5, 8, 2], DType::F16).unwrap();
     let r = g.matmul(relu_a, b);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
     // Equal batches are fine for an operation's output.
     let b1 = g.tensor_nchw("b1", &[1, 8, 2], DType::F16).unwrap();
     assert!(g.matmul(relu_a, b1).is_ok());
@@ -709,51 +740,6 @@ fn count(d: &[i64]) -> usize {
 // ---------------------------------------------------------------------------------------------
 // Device helpers
 // ---------------------------------------------------------------------------------------------
-
-fn logical_offsets(og: &OperationGraph, t: TensorId) -> (usize, Vec<usize>) {
-    let l = og.layout(t).unwrap().expect("a bound tensor");
-    (l.span(), offsets(l.dims(), l.strides()))
-}
-
-/// A device buffer holding `logical` (row-major logical order) in `t`'s layout, sentinel in gaps.
-fn upload<T: DataType>(
-    s: &Arc<CudaStream>,
-    og: &OperationGraph,
-    t: TensorId,
-    logical: &[T],
-) -> CudaSlice<T> {
-    let (span, offs) = logical_offsets(og, t);
-    assert_eq!(offs.len(), logical.len());
-    s.clone_htod(&image(span, &offs, |i| logical[i])).unwrap()
-}
-
-/// An output buffer for `t`: NaN at addressed elements, sentinel in gaps.
-fn poisoned<T: DataType>(s: &Arc<CudaStream>, og: &OperationGraph, t: TensorId) -> CudaSlice<T> {
-    let (span, offs) = logical_offsets(og, t);
-    s.clone_htod(&image(span, &offs, |_| poison::<T>()))
-        .unwrap()
-}
-
-/// The logical elements of an output, after checking its gaps kept the sentinel.
-fn fetch<T: DataType>(
-    s: &Arc<CudaStream>,
-    og: &OperationGraph,
-    t: TensorId,
-    buf: &CudaSlice<T>,
-) -> Vec<T> {
-    let host = download(s, buf);
-    let (_, offs) = logical_offsets(og, t);
-    let mut addressed = vec![false; host.len()];
-    for &o in &offs {
-        addressed[o] = true;
-    }
-    for (i, v) in host.iter().enumerate() {
-        if !addressed[i] {
-            assert_eq!(v.to_f64(), SENTINEL, "gap element {i} overwritten");
-        }
-    }
-    offs.iter().map(|&o| host[o]).collect()
-}
 
 /// Checks `got` against `want`: `|g − w| ≤ tol·(1 + |w|)`, finite.
 fn check<T: DataType>(what: &str, got: &[T], want: &[f64], tol: f64) {
@@ -1652,7 +1638,10 @@ fn gpu_by_value_scalars() {
     args.input(x, &xb).unwrap().output(y, &mut yb2).unwrap();
     args.input(scale, &junk).unwrap();
     let r = cudnn.execute(&plans[0], &args, &mut ws);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
 }
 
 /// Reductions fused after a matmul (f16 in, f32 inside), the pattern cuDNN 9's runtime-fusion
@@ -1972,7 +1961,10 @@ fn gpu_filters_and_workspace_limit() {
                 &mut [(c.y, &mut yb)],
                 &mut small,
             );
-            assert!(is_err_kind(&r, "WorkspaceLimit"), "{r:?}");
+            assert!(
+                matches!(&r, Err(cudnn_safe::Error::WorkspaceLimit { .. })),
+                "{r:?}"
+            );
             assert_untouched("y", &s, &yb, &before);
             c.run_check(&s, &cudnn, p, &mut ws, "with enough workspace");
         }
@@ -2028,7 +2020,8 @@ fn gpu_rejected_bindings_leave_outputs_untouched() {
         &mut ws,
     );
     assert!(
-        is_err_kind(&r, "InvalidArgument") && format!("{r:?}").contains("`w`"),
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. }))
+            && format!("{r:?}").contains("`w`"),
         "{r:?}"
     );
 
@@ -2043,7 +2036,10 @@ fn gpu_rejected_bindings_leave_outputs_untouched() {
             .output(c.y, &mut yb)
             .unwrap();
         let r = cudnn.execute(&plan, &args, &mut ws);
-        assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::UnsupportedDataType { .. })),
+            "{r:?}"
+        );
     }
 
     // An output bound as an input, an input bound as an output, a tensor bound twice.
@@ -2056,7 +2052,10 @@ fn gpu_rejected_bindings_leave_outputs_untouched() {
             .input(c.y, &yb)
             .unwrap();
         let r = cudnn.execute(&plan, &args, &mut ws);
-        assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "{r:?}"
+        );
     }
     {
         let mut xcopy = s.clone_htod(&download(&s, &c.xb)).unwrap();
@@ -2068,9 +2067,15 @@ fn gpu_rejected_bindings_leave_outputs_untouched() {
             .output(c.y, &mut yb)
             .unwrap();
         let r = cudnn.execute(&plan, &args, &mut ws);
-        assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "{r:?}"
+        );
         let r2 = args.input(c.w, &c.wb).map(|_| ());
-        assert!(is_err_kind(&r2, "InvalidArgument"), "bound twice: {r2:?}");
+        assert!(
+            matches!(&r2, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "bound twice: {r2:?}"
+        );
     }
 
     // A tensor of another graph.
@@ -2085,7 +2090,10 @@ fn gpu_rejected_bindings_leave_outputs_untouched() {
             .unwrap();
         args.input(other.x, &other.xb).unwrap();
         let r = cudnn.execute(&plan, &args, &mut ws);
-        assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "{r:?}"
+        );
     }
 
     // Misaligned output (4 bytes into the buffer).
@@ -2102,7 +2110,8 @@ fn gpu_rejected_bindings_leave_outputs_untouched() {
                 .unwrap();
             let r = cudnn.execute(&plan, &args, &mut ws);
             assert!(
-                is_err_kind(&r, "InvalidArgument") && format!("{r:?}").contains("align"),
+                matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. }))
+                    && format!("{r:?}").contains("align"),
                 "{r:?}"
             );
         }
@@ -2120,10 +2129,13 @@ fn gpu_rejected_bindings_leave_outputs_untouched() {
             .output(c.y, &mut yb)
             .unwrap();
         let r = cudnn2.execute(&plan, &args, &mut ws);
-        assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
-        assert!(is_err_kind(
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "{r:?}"
+        );
+        assert!(matches!(
             &c.og.plans(&cudnn2, &PlanFilter::new()).map(|_| ()),
-            "InvalidArgument"
+            Err(cudnn_safe::Error::InvalidArgument { .. })
         ));
     }
     // Args of another stream.
@@ -2138,7 +2150,10 @@ fn gpu_rejected_bindings_leave_outputs_untouched() {
             .output(c.y, &mut yb)
             .unwrap();
         let r = cudnn.execute(&plan, &args, &mut ws);
-        assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "{r:?}"
+        );
     }
     assert_untouched("y", &s, &yb, &before);
 
@@ -2343,7 +2358,10 @@ fn gpu_plan_cache_hits_and_persists() {
             .output(twin.y, &mut yb)
             .unwrap();
         let r = cudnn.execute(shared, &args, &mut ws);
-        assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "{r:?}"
+        );
     }
     assert!(cache
         .get(&cudnn, &c.og, &filter.clone().deterministic(true))
@@ -2630,38 +2648,65 @@ fn host_layer_norm_shapes_and_finalize() {
         .tensor_nhwc("s_batch", &[4, 16, 1, 1], DType::F32)
         .unwrap();
     let r = g.layer_norm(x, s_bad, b, 1e-5, true);
-    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::ShapeMismatch { .. })),
+        "{r:?}"
+    );
     assert!(format!("{:?}", r.unwrap_err()).contains("s_bad"));
     let r = g.layer_norm(x, s, s_batch, 1e-5, true);
-    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::ShapeMismatch { .. })),
+        "{r:?}"
+    );
     assert!(format!("{:?}", r.unwrap_err()).contains("s_batch"));
     let r = g.layer_norm(x2, s, b, 1e-5, true);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
     for eps in [f64::NAN, -1e-5, f64::INFINITY] {
         let r = g.layer_norm(x, s, b, eps, true);
-        assert!(is_err_kind(&r, "InvalidArgument"), "eps {eps}: {r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "eps {eps}: {r:?}"
+        );
     }
     let sc = g.scalar("sc", 1.0, DType::F32).unwrap();
     let r = g.layer_norm(x, sc, b, 1e-5, true);
-    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::ShapeMismatch { .. })),
+        "{r:?}"
+    );
     let out = g.layer_norm(x, s, b, 1e-5, true).unwrap();
     let (m, v) = out.stats.unwrap();
     // Backward shape checks.
     let dy = g.tensor_nhwc("dy", &[4, 16, 1, 1], DType::F32).unwrap();
     let dy_bad = g.tensor_nhwc("dy_bad", &[4, 16, 2, 1], DType::F32).unwrap();
     let r = g.layer_norm_backward(dy_bad, x, s, m, v);
-    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::ShapeMismatch { .. })),
+        "{r:?}"
+    );
     assert!(format!("{:?}", r.unwrap_err()).contains("dy_bad"));
     let r = g.layer_norm_backward(dy, x, s, out.y, v);
-    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::ShapeMismatch { .. })),
+        "{r:?}"
+    );
     let r = g.layer_norm_backward(dy, x, s_bad, m, v);
-    assert!(is_err_kind(&r, "ShapeMismatch"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::ShapeMismatch { .. })),
+        "{r:?}"
+    );
     let mut other = Graph::new(DType::F32, DType::F32, DType::F32);
     let foreign = other
         .tensor_nhwc("foreign", &[4, 16, 1, 1], DType::F32)
         .unwrap();
     let r = g.layer_norm_backward(foreign, x, s, m, v);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
     // The statistics of this graph's forward feed its backward (a training step in one graph).
     let grads = g.layer_norm_backward(dy, x, s, m, v).unwrap();
     g.mark_output(out.y).unwrap();
@@ -2675,7 +2720,10 @@ fn host_layer_norm_shapes_and_finalize() {
     }
     // Unused tensors (x2, s_bad, s_batch, dy_bad, sc) make the structure check fail.
     let r = g.check();
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
     for dt in [DType::F32, DType::F16, DType::BF16] {
         for training in [true, false] {
             let (g, ..) = ln_fwd_graph(dt, training);
@@ -2814,9 +2862,15 @@ fn layer_norm_fwd_case<T: DataType>(training: bool, seed: u64, required: bool) {
             let bound = args.output(m, &mut short).map(|_| ());
             let r = cudnn.execute(&plans[0], &args, &mut ws);
             if bound.is_ok() {
-                assert!(is_err_kind(&r, "BufferTooSmall"), "{r:?}");
+                assert!(
+                    matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
+                    "{r:?}"
+                );
             } else {
-                assert!(is_err_kind(&bound, "BufferTooSmall"), "{bound:?}");
+                assert!(
+                    matches!(&bound, Err(cudnn_safe::Error::BufferTooSmall { .. })),
+                    "{bound:?}"
+                );
                 assert!(r.is_err(), "execution without the mean buffer");
             }
         }
@@ -2939,8 +2993,8 @@ fn layer_norm_bwd_case<T: DataType>(seed: u64, required: bool) {
             assert!(bound.is_ok() && r.is_ok(), "{what}: {bound:?} {r:?}");
         } else {
             assert!(
-                is_err_kind(&bound, "UnsupportedDataType")
-                    || is_err_kind(&r, "UnsupportedDataType"),
+                matches!(&bound, Err(cudnn_safe::Error::UnsupportedDataType { .. }))
+                    || matches!(&r, Err(cudnn_safe::Error::UnsupportedDataType { .. })),
                 "{what}: inv_var bound to a {} buffer: {bound:?} {r:?}",
                 T::DTYPE
             );
@@ -3338,7 +3392,10 @@ fn gpu_cuda_graph_rejections_leave_outputs_untouched() {
             }
             args.output(c.y, &mut short).unwrap();
             let r = cudnn.populate_cuda_graph(plan, &args, &mut ws);
-            assert!(is_err_kind(&r, "BufferTooSmall"), "{r:?}");
+            assert!(
+                matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
+                "{r:?}"
+            );
         }
         assert_untouched("short output", &s, &short, &before);
         // An input left unbound.
@@ -3348,7 +3405,10 @@ fn gpu_cuda_graph_rejections_leave_outputs_untouched() {
             args.input(ins[0].0, ins[0].1).unwrap();
             args.output(c.y, &mut yb).unwrap();
             let r = cudnn.populate_cuda_graph(plan, &args, &mut ws);
-            assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+            assert!(
+                matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+                "{r:?}"
+            );
         }
         assert_untouched("missing input", &s, &yb, &before);
         // A workspace limited below the plan's need.
@@ -3362,7 +3422,10 @@ fn gpu_cuda_graph_rejections_leave_outputs_untouched() {
                 }
                 args.output(c.y, &mut yb).unwrap();
                 let r = cudnn.populate_cuda_graph(plan, &args, &mut small);
-                assert!(is_err_kind(&r, "WorkspaceLimit"), "{r:?}");
+                assert!(
+                    matches!(&r, Err(cudnn_safe::Error::WorkspaceLimit { .. })),
+                    "{r:?}"
+                );
             }
             assert_untouched("workspace over its limit", &s, &yb, &before);
         }

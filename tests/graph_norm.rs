@@ -23,8 +23,7 @@ use std::sync::Arc;
 
 use common::graph_io::{fetch, poisoned, upload};
 use common::{
-    assert_untouched, download, gpu, have_cudnn, is_err_kind, offsets, sentinel_buffer, to_f64,
-    tol, Rng,
+    assert_untouched, download, gpu, have_cudnn, offsets, sentinel_buffer, to_f64, tol, Kind, Rng,
 };
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::graph::{
@@ -554,24 +553,33 @@ fn host_f64_is_refused_by_type() {
     ] {
         let f = fwd_graph(mode, DType::F64, true, mode != Mode::BatchInference, true);
         let r = f.g.check();
-        assert!(is_err_kind(&r, "UnsupportedDataType"), "{mode:?}: {r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::UnsupportedDataType { .. })),
+            "{mode:?}: {r:?}"
+        );
         assert!(format!("{r:?}").contains('x'), "{r:?}");
     }
     let b = bwd_graph(Mode::Instance, DType::F64, true, true);
     let r = b.g.check();
-    assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::UnsupportedDataType { .. })),
+        "{r:?}"
+    );
     // f32 data with f64 statistics marked as outputs.
     let mut f = fwd_graph(Mode::Layer, DType::F32, true, true, true);
     let (m, _) = f.stats.unwrap();
     f.g.mark_output_as(m.unwrap(), DType::F64).unwrap();
     let r = f.g.check();
-    assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::UnsupportedDataType { .. })),
+        "{r:?}"
+    );
     assert!(format!("{r:?}").contains("layer_norm.mean"), "{r:?}");
 }
 
 /// Asserts `r` is an error of kind `kind` whose structured `Debug` form contains `name`.
-fn named<T: std::fmt::Debug>(r: &cudnn_safe::Result<T>, kind: &str, name: &str) {
-    assert!(is_err_kind(r, kind), "{name}: {r:?}");
+fn named<T: std::fmt::Debug>(r: &cudnn_safe::Result<T>, kind: Kind, name: &str) {
+    assert!(matches!(r, Err(e) if kind(e)), "{name}: {r:?}");
     assert!(format!("{r:#?}").contains(name), "{name}: {r:#?}");
 }
 
@@ -587,40 +595,47 @@ fn host_shape_errors_name_the_tensor() {
     let n1 = g.tensor_nhwc("n1", &[4, 1, 1, 1], DType::F32).unwrap();
     let sc = g.scalar("sc", 1.0, DType::F32).unwrap();
     // RMS norm: scale and bias are x's dims with N = 1.
-    named(&g.rms_norm(x, c, None, EPS, true), "ShapeMismatch", "\"c\"");
+    named(
+        &g.rms_norm(x, c, None, EPS, true),
+        kind!(ShapeMismatch),
+        "\"c\"",
+    );
     named(
         &g.rms_norm(x, row, Some(c_bad), EPS, true),
-        "ShapeMismatch",
+        kind!(ShapeMismatch),
         "c_bad",
     );
     named(
         &g.rms_norm(x2, row, None, EPS, true),
-        "InvalidArgument",
+        kind!(InvalidArgument),
         "`x2`",
     );
     named(
         &g.rms_norm(x, sc, None, EPS, true),
-        "ShapeMismatch",
+        kind!(ShapeMismatch),
         "\"sc\"",
     );
     for eps in [f64::NAN, -1.0, f64::INFINITY] {
         let r = g.rms_norm(x, row, None, eps, true);
-        assert!(is_err_kind(&r, "InvalidArgument"), "eps {eps}: {r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "eps {eps}: {r:?}"
+        );
     }
     // Instance and batch norm: scale and bias are [1, C, 1, 1].
     named(
         &g.instance_norm(x, row, c, EPS, true),
-        "ShapeMismatch",
+        kind!(ShapeMismatch),
         "\"row\"",
     );
     named(
         &g.instance_norm(x, c, c_bad, EPS, true),
-        "ShapeMismatch",
+        kind!(ShapeMismatch),
         "c_bad",
     );
     named(
         &g.batch_norm(x, c_bad, c, EPS, None),
-        "ShapeMismatch",
+        kind!(ShapeMismatch),
         "c_bad",
     );
     let run = |mean, var, momentum| {
@@ -632,57 +647,60 @@ fn host_shape_errors_name_the_tensor() {
     };
     named(
         &g.batch_norm(x, c, c, EPS, run(nc, c, 0.1)),
-        "ShapeMismatch",
+        kind!(ShapeMismatch),
         "\"nc\"",
     );
     named(
         &g.batch_norm(x, c, c, EPS, run(c, c_bad, 0.1)),
-        "ShapeMismatch",
+        kind!(ShapeMismatch),
         "c_bad",
     );
     for m in [-0.1, 1.5, f64::NAN] {
         let r = g.batch_norm(x, c, c, EPS, run(c, c, m));
-        assert!(is_err_kind(&r, "InvalidArgument"), "momentum {m}: {r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "momentum {m}: {r:?}"
+        );
     }
     named(
         &g.batch_norm_inference(x, c, c, nc, c),
-        "ShapeMismatch",
+        kind!(ShapeMismatch),
         "\"nc\"",
     );
     named(
         &g.batch_norm_inference(x, c, c, c, c_bad),
-        "ShapeMismatch",
+        kind!(ShapeMismatch),
         "c_bad",
     );
     // Backward: dy like x; statistics of the mode's shape.
     named(
         &g.rms_norm_backward(nc, x, row, n1, true),
-        "ShapeMismatch",
+        kind!(ShapeMismatch),
         "\"nc\"",
     );
     named(
         &g.rms_norm_backward(x, x, row, nc, true),
-        "ShapeMismatch",
+        kind!(ShapeMismatch),
         "\"nc\"",
     );
     named(
         &g.instance_norm_backward(x, x, c, n1, nc),
-        "ShapeMismatch",
+        kind!(ShapeMismatch),
         "\"n1\"",
     );
     named(
         &g.instance_norm_backward(x, x, row, nc, nc),
-        "ShapeMismatch",
+        kind!(ShapeMismatch),
         "\"row\"",
     );
     named(
         &g.batch_norm_backward(x, x, c, nc, c),
-        "ShapeMismatch",
+        kind!(ShapeMismatch),
         "\"nc\"",
     );
     named(
         &g.batch_norm_backward(x, x, c, c, c_bad),
-        "ShapeMismatch",
+        kind!(ShapeMismatch),
         "c_bad",
     );
     let mut other = Graph::new(DType::F32, DType::F32, DType::F32);
@@ -690,7 +708,10 @@ fn host_shape_errors_name_the_tensor() {
         .tensor_nhwc("foreign", &[1, 16, 1, 1], DType::F32)
         .unwrap();
     let r = g.batch_norm_backward(x, x, foreign, c, c);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
     // Rejected calls left the graph unchanged: no operation, no stray scalar. (Without the
     // cuDNN library, the check stops at loading it.)
     let r = g.check();
@@ -834,28 +855,42 @@ fn host_group_norm_view_and_rules() {
     let s_bad = g.tensor_nchw("s_bad", &[1, 6, 1, 1], DType::F32).unwrap();
     for groups in [0, 5, -3] {
         let r = g.group_norm(x, groups, s, b, EPS, true);
-        assert!(is_err_kind(&r, "InvalidArgument"), "{groups} groups: {r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "{groups} groups: {r:?}"
+        );
     }
     let r = g.group_norm(x, 3, s_bad, b, EPS, true);
     assert!(
-        is_err_kind(&r, "ShapeMismatch") && format!("{r:?}").contains("s_bad"),
+        matches!(&r, Err(cudnn_safe::Error::ShapeMismatch { .. }))
+            && format!("{r:?}").contains("s_bad"),
         "{r:?}"
     );
     let r = g.group_norm(x, 3, s, s, EPS, true);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
     let r = g.group_norm(x, 3, s, b, -1.0, true);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
     // Rejected calls left x as declared.
     assert_eq!(g.dims(x).unwrap(), &[2, 12, 4, 4]);
     // x read by another operation, or an operation's output: refused.
     let relu = g.pointwise(PointwiseMode::Relu, x, None).unwrap();
     let r = g.group_norm(x, 3, s, b, EPS, true);
     assert!(
-        is_err_kind(&r, "InvalidArgument") && format!("{r:?}").contains('x'),
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. }))
+            && format!("{r:?}").contains('x'),
         "{r:?}"
     );
     let r = g.group_norm(relu, 3, s, b, EPS, true);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
     // Spatial dimensions that do not form one run (a padded row) cannot merge.
     let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
     let xp = g
@@ -864,7 +899,8 @@ fn host_group_norm_view_and_rules() {
     let (s, b) = group_scale_bias(&mut g);
     let r = g.group_norm(xp, 3, s, b, EPS, false);
     assert!(
-        is_err_kind(&r, "InvalidArgument") && format!("{r:?}").contains("xp"),
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. }))
+            && format!("{r:?}").contains("xp"),
         "{r:?}"
     );
     // A channel-padded x (channel stride beyond the spatial run) is fine: the view keeps it.
@@ -1114,11 +1150,14 @@ fn run_and_check<T: DataType>(
         let r = cudnn.execute(&plans[0], &args, &mut ws);
         if bound.is_ok() {
             assert!(
-                is_err_kind(&r, "BufferTooSmall"),
+                matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
                 "{what}: short output: {r:?}"
             );
         } else {
-            assert!(is_err_kind(&bound, "BufferTooSmall"), "{what}: {bound:?}");
+            assert!(
+                matches!(&bound, Err(cudnn_safe::Error::BufferTooSmall { .. })),
+                "{what}: {bound:?}"
+            );
             assert!(
                 r.is_err(),
                 "{what}: executed without the short output bound"
@@ -1481,9 +1520,15 @@ fn host_batch_norm_inference_drelu_dbn_graph() {
     assert_eq!(g.dtype(grads.dx).unwrap(), DType::F16);
     assert_eq!(g.dims(grads.dscale).unwrap(), &[1, 32, 1, 1]);
     let r = g.set_virtual_dtype(x, DType::F32);
-    assert!(is_err_kind(&r, "InvalidArgument"), "input: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "input: {r:?}"
+    );
     let r = g.set_virtual_dtype(grads.dx, DType::F32);
-    assert!(is_err_kind(&r, "InvalidArgument"), "marked output: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "marked output: {r:?}"
+    );
     if !have_cudnn() {
         return;
     }
@@ -1593,12 +1638,15 @@ fn group_norm_unfused<T: DataType>(
         let short = s.clone_htod(&beta[..beta.len() - 1]).unwrap();
         let r = cudnn.group_norm_affine(&y_desc, &mut yb, &p_desc, &gb, &short);
         assert!(
-            is_err_kind(&r, "BufferTooSmall"),
+            matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
             "{what}: short bias: {r:?}"
         );
         let p_bad = cudnn_safe::TensorDesc::<T>::nchw(1, xd[1] / 2, 1, 1).unwrap();
         let r = cudnn.group_norm_affine(&y_desc, &mut yb, &p_bad, &gb, &bb);
-        assert!(is_err_kind(&r, "ShapeMismatch"), "{what}: bad shape: {r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::ShapeMismatch { .. })),
+            "{what}: bad shape: {r:?}"
+        );
         assert_untouched(&format!("{what} rejected affine"), &s, &yb, &before);
     }
     true

@@ -3,24 +3,14 @@
 //!
 //! They skip when cuDNN cannot be loaded, unless `CUDNN_SAFE_REQUIRE_LIBRARY=1` (CI sets it and
 //! points `CUDNN_SAFE_LIBRARY` at the PyPI wheel's libraries), when they fail instead.
+mod common;
+
 use std::ffi::{c_char, c_int, CStr};
 
+use common::lib;
 use cudnn_safe::sys::{self, cudnnDataType_t, cudnnStatus_t};
 use cudnn_safe::*;
 use half::{bf16, f16};
-
-fn lib() -> Option<&'static sys::Library> {
-    match sys::library() {
-        Ok(l) => Some(l),
-        Err(e) if std::env::var("CUDNN_SAFE_REQUIRE_LIBRARY").as_deref() == Ok("1") => {
-            panic!("CUDNN_SAFE_REQUIRE_LIBRARY=1 but cuDNN did not load: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
-}
 
 #[test]
 fn versions_are_reported() {

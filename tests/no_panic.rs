@@ -7,10 +7,13 @@
 //!
 //! Properties that need cuDNN's host library skip with one line when it cannot be loaded,
 //! unless `CUDNN_SAFE_REQUIRE_LIBRARY=1`, when they fail. Nothing here needs a GPU.
+mod common;
+
 use std::collections::HashSet;
 use std::fmt::Debug;
 use std::path::PathBuf;
 
+use common::library;
 use cudnn_safe::activation::{ActivationDesc, ActivationMode, NanPropagation};
 use cudnn_safe::blas::lt::{Epilogue, Matmul};
 use cudnn_safe::conv::{ConvDesc, ConvMode, MathType};
@@ -25,26 +28,11 @@ use cudnn_safe::rnn::{
 };
 use cudnn_safe::tune::Policy;
 use cudnn_safe::{
-    sys, Autotuner, BatchNorm, DType, Dropout, Error, FilterDesc, GroupNorm, LayerNorm, Layout,
+    Autotuner, BatchNorm, DType, Dropout, Error, FilterDesc, GroupNorm, LayerNorm, Layout,
     ReduceOp, TensorBuilder, TensorDesc, TensorFormat,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-
-/// Whether cuDNN's host library loaded: `false` (with one line saying why) skips, unless
-/// `CUDNN_SAFE_REQUIRE_LIBRARY=1`, when its absence fails the test.
-fn library() -> bool {
-    match sys::library() {
-        Ok(_) => true,
-        Err(e) if std::env::var("CUDNN_SAFE_REQUIRE_LIBRARY").as_deref() == Ok("1") => {
-            panic!("CUDNN_SAFE_REQUIRE_LIBRARY=1 but cuDNN did not load: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            false
-        }
-    }
-}
 
 /// Runs `test` on `cases` values of `strategy` (or `PROPTEST_CASES`). proptest catches a panic
 /// inside `test` and reports it, with the shrunk input, as a failure of the property.

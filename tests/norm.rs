@@ -27,25 +27,11 @@ use cudnn_safe::norm::{
     LayerNormGraphSaved, NormAffine, NormMethod, NormParamGrads, NormStats, NormType, RmsNorm,
     RmsNormSaved, RunningStats, MIN_EPSILON,
 };
-use cudnn_safe::{sys, Cudnn, DType, DataType, Error, Layout, Workspace};
+use cudnn_safe::{Cudnn, DType, DataType, Error, Layout, Workspace};
 
 // ---------------------------------------------------------------------------------------------
 // Shared helpers
 // ---------------------------------------------------------------------------------------------
-
-/// The cuDNN library for host-only tests, or `None` (skipped) when it cannot be loaded.
-fn lib() -> Option<&'static sys::Library> {
-    match sys::library() {
-        Ok(l) => Some(l),
-        Err(e) if std::env::var("CUDNN_SAFE_REQUIRE_LIBRARY").as_deref() == Ok("1") => {
-            panic!("CUDNN_SAFE_REQUIRE_LIBRARY=1 but cuDNN did not load: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
-}
 
 /// The packed row-major layout of `dims`, as the layer, group and RMS norms take it.
 fn nchw(dims: &[i64]) -> Layout {
@@ -79,11 +65,6 @@ fn sc<T: DataType>(v: f64) -> T::Scalar {
     scalar::<T>(v).0
 }
 
-/// Logical offsets of a layout as `usize`.
-fn offs(layout: &Layout) -> Vec<usize> {
-    layout.offsets().into_iter().map(|o| o as usize).collect()
-}
-
 /// Uploads logical values `v` through `layout` (gaps hold [`SENTINEL`]); returns the buffer and
 /// its host image.
 fn upload<T: DataType>(
@@ -91,13 +72,13 @@ fn upload<T: DataType>(
     layout: &Layout,
     v: &[T],
 ) -> (CudaSlice<T>, Vec<T>) {
-    let img = image(layout.span(), &offs(layout), |i| v[i]);
+    let img = image(layout.span(), &layout_offsets(layout), |i| v[i]);
     (stream.clone_htod(&img).unwrap(), img)
 }
 
 /// Logical values of a buffer laid out as `layout`.
 fn gather<T: DataType>(layout: &Layout, buf: &[T]) -> Vec<T> {
-    offs(layout).iter().map(|&o| buf[o]).collect()
+    layout_offsets(layout).iter().map(|&o| buf[o]).collect()
 }
 
 /// A packed device buffer holding `v`.
@@ -185,18 +166,27 @@ fn batch_norm_builder_rejects_bad_input() {
     let l = Layout::nchw(2, 3, 4, 4).unwrap();
     for eps in [-1e-5, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
         let r = BatchNorm::builder().epsilon(eps).build::<f32>(&l);
-        assert!(is_err_kind(&r, "InvalidArgument"), "epsilon {eps}: {r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "epsilon {eps}: {r:?}"
+        );
     }
     // Epsilon 0 is CUDNN_BN_MIN_EPSILON and accepted.
     BatchNorm::builder().epsilon(0.0).build::<f32>(&l).unwrap();
     for dims in [vec![7i64], vec![2, 3, 4, 5, 6, 7]] {
         let r = BatchNorm::builder().build::<f32>(&Layout::nchw_nd(&dims).unwrap());
-        assert!(is_err_kind(&r, "InvalidArgument"), "{dims:?}: {r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "{dims:?}: {r:?}"
+        );
     }
     // A layout addressing an element twice cannot be written as y or dx.
     let overlapping = Layout::strided(&[2, 3, 4, 4], &[16, 1, 4, 1]).unwrap();
     let r = BatchNorm::builder().build::<f32>(&overlapping);
-    assert!(is_err_kind(&r, "OverlappingOutput"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::OverlappingOutput { .. })),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -209,15 +199,18 @@ fn layer_and_group_norm_constructors_validate() {
     assert_eq!((ln.rows(), ln.features()), (1, 64));
     for k in [0usize, 4] {
         let r = LayerNorm::<f32>::new(&nchw(&[3, 4, 20]), k, 1e-5);
-        assert!(is_err_kind(&r, "InvalidArgument"), "normalized {k}: {r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "normalized {k}: {r:?}"
+        );
     }
-    assert!(is_err_kind(
+    assert!(matches!(
         &Layout::nchw_nd(&[3, 0, 20]).and_then(|x| LayerNorm::<f32>::new(&x, 1, 1e-5)),
-        "InvalidArgument"
+        Err(cudnn_safe::Error::InvalidArgument { .. })
     ));
-    assert!(is_err_kind(
+    assert!(matches!(
         &LayerNorm::<f32>::new(&nchw(&[3, 20]), 1, -1.0),
-        "InvalidArgument"
+        Err(cudnn_safe::Error::InvalidArgument { .. })
     ));
 
     let gn = GroupNorm::<f32>::new(&nchw(&[4, 8, 5, 6]), 2, 1e-5).unwrap();
@@ -229,15 +222,18 @@ fn layer_and_group_norm_constructors_validate() {
     assert_eq!((inorm.groups(), inorm.group_count()), (8, 32));
     for g in [0i64, 3, -2, 16] {
         let r = GroupNorm::<f32>::new(&nchw(&[4, 8, 5, 6]), g, 1e-5);
-        assert!(is_err_kind(&r, "InvalidArgument"), "groups {g}: {r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "groups {g}: {r:?}"
+        );
     }
-    assert!(is_err_kind(
+    assert!(matches!(
         &GroupNorm::<f32>::new(&nchw(&[8]), 1, 1e-5),
-        "InvalidArgument"
+        Err(cudnn_safe::Error::InvalidArgument { .. })
     ));
-    assert!(is_err_kind(
+    assert!(matches!(
         &GroupNorm::<f64>::new(&nchw(&[4, 8, 5]), 4, f64::NAN),
-        "InvalidArgument"
+        Err(cudnn_safe::Error::InvalidArgument { .. })
     ));
 }
 
@@ -354,14 +350,6 @@ fn bn_backward_ref(
     (dx, dscale, dbias)
 }
 
-/// `alpha·v + beta·prior`, elementwise.
-fn blend(alpha: f64, v: &[f64], beta: f64, prior: &[f64]) -> Vec<f64> {
-    v.iter()
-        .zip(prior)
-        .map(|(&a, &b)| alpha * a + if beta == 0.0 { 0.0 } else { beta * b })
-        .collect()
-}
-
 // ---------------------------------------------------------------------------------------------
 // Batch normalization: GPU cases
 // ---------------------------------------------------------------------------------------------
@@ -452,7 +440,7 @@ fn bn_case<T: NormType>(
         &format!("{what} y"),
         &got,
         &y_before,
-        &offs(layout),
+        &layout_offsets(layout),
         &y_ref,
         dtol::<T>(),
     );
@@ -514,7 +502,7 @@ fn bn_case<T: NormType>(
         &format!("{what} blended y"),
         &got,
         &y2_before,
-        &offs(layout),
+        &layout_offsets(layout),
         &want,
         dtol::<T>(),
     );
@@ -551,7 +539,7 @@ fn bn_case<T: NormType>(
         &format!("{what} inference"),
         &got,
         &y3_before,
-        &offs(layout),
+        &layout_offsets(layout),
         &want,
         dtol::<T>(),
     );
@@ -575,7 +563,7 @@ fn bn_case<T: NormType>(
         &format!("{what} inference β=0"),
         &got,
         &y4_before,
-        &offs(layout),
+        &layout_offsets(layout),
         &inf,
         dtol::<T>(),
     );
@@ -609,7 +597,7 @@ fn bn_case<T: NormType>(
         &format!("{what} dx"),
         &got,
         &dx_before,
-        &offs(layout),
+        &layout_offsets(layout),
         &dx_ref,
         dtol::<T>(),
     );
@@ -655,7 +643,7 @@ fn bn_case<T: NormType>(
         &format!("{what} blended dx"),
         &got,
         &dx2_before,
-        &offs(layout),
+        &layout_offsets(layout),
         &want,
         dtol::<T>(),
     );
@@ -815,7 +803,7 @@ fn bn_ex_case<T: NormType>(
         &format!("{what} y"),
         &ygot,
         &y_before,
-        &offs(layout),
+        &layout_offsets(layout),
         &y_ref,
         dtol::<T>(),
     );
@@ -909,7 +897,7 @@ fn bn_ex_case<T: NormType>(
         &format!("{what} dx"),
         &got,
         &dx_before,
-        &offs(layout),
+        &layout_offsets(layout),
         &dx_ref,
         dtol::<T>(),
     );
@@ -919,7 +907,7 @@ fn bn_ex_case<T: NormType>(
             &format!("{what} dz"),
             &got,
             &dz_before,
-            &offs(layout),
+            &layout_offsets(layout),
             &dy_eff,
             dtol::<T>(),
         );
@@ -972,7 +960,7 @@ fn bn_ex_case<T: NormType>(
             &format!("{what} plain dx"),
             &got,
             &dx_before,
-            &offs(layout),
+            &layout_offsets(layout),
             &dx_ref,
             dtol::<T>(),
         );
@@ -1111,7 +1099,10 @@ fn batch_norm_rejections_leave_outputs_untouched() {
     // Short y.
     let (mut y, before) = sentinel_buffer::<f32>(&stream, n - 1);
     let r = cudnn.batch_norm_forward_training(&bn, one, zero, &x, &mut y, &scale, &bias, None);
-    assert!(is_err_kind(&r, "BufferTooSmall"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
+        "{r:?}"
+    );
     assert_untouched("short y", &stream, &y, &before);
 
     // Wrong running-statistics size.
@@ -1128,7 +1119,10 @@ fn batch_norm_rejections_leave_outputs_untouched() {
         &bias,
         Some(RunningStats::new(&mut rm, &mut rv, 0.1)),
     );
-    assert!(is_err_kind(&r, "BufferTooSmall"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
+        "{r:?}"
+    );
     assert_untouched("y (short running variance)", &stream, &y, &ybefore);
     assert_untouched("running mean", &stream, &rm, &rmb);
     assert_untouched("running variance", &stream, &rv, &rvb);
@@ -1146,7 +1140,10 @@ fn batch_norm_rejections_leave_outputs_untouched() {
             &bias,
             Some(RunningStats::new(&mut rm, &mut rv, f)),
         );
-        assert!(is_err_kind(&r, "InvalidArgument"), "factor {f}: {r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "factor {f}: {r:?}"
+        );
     }
     assert_untouched("y (bad factor)", &stream, &y, &ybefore);
     assert_untouched("running variance (bad factor)", &stream, &rv, &rvb);
@@ -1155,7 +1152,10 @@ fn batch_norm_rejections_leave_outputs_untouched() {
     let short = dev(&stream, &vec![1.0f32; c - 1]);
     let r = cudnn
         .batch_norm_forward_inference(&bn, one, zero, &x, &mut y, &scale, &bias, &short, &scale);
-    assert!(is_err_kind(&r, "BufferTooSmall"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
+        "{r:?}"
+    );
     assert_untouched("y (short mean)", &stream, &y, &ybefore);
 
     // One value per statistic: the batch variance is undefined.
@@ -1166,7 +1166,10 @@ fn batch_norm_rejections_leave_outputs_untouched() {
         .unwrap();
     let scale1 = dev(&stream, &vec![1.0f32; bn1.param_len()]);
     let r = cudnn.batch_norm_forward_training(&bn1, one, zero, &x, &mut y, &scale1, &scale1, None);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
     assert_untouched("y (one value per statistic)", &stream, &y, &ybefore);
 
     // Statistics saved by another BatchNorm of the same shape, or for another x buffer.
@@ -1190,12 +1193,21 @@ fn batch_norm_rejections_leave_outputs_untouched() {
             )
         };
     let r = backward(&saved2, &x, &mut ds);
-    assert!(is_err_kind(&r, "InvalidArgument"), "foreign saved: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "foreign saved: {r:?}"
+    );
     let r = backward(&saved, &x_copy, &mut ds);
-    assert!(is_err_kind(&r, "InvalidArgument"), "other x: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "other x: {r:?}"
+    );
     let (mut ds_short, dssb) = sentinel_buffer::<f32>(&stream, c - 1);
     let r = backward(&saved, &x, &mut ds_short);
-    assert!(is_err_kind(&r, "BufferTooSmall"), "short dscale: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
+        "short dscale: {r:?}"
+    );
     assert_untouched("dscale (short)", &stream, &ds_short, &dssb);
     assert_untouched("dx", &stream, &dx, &dxb);
     assert_untouched("dscale", &stream, &ds, &dsb);
@@ -1222,7 +1234,10 @@ fn batch_norm_rejections_leave_outputs_untouched() {
         None,
         &mut ws,
     );
-    assert!(is_err_kind(&r, "InvalidArgument"), "z with Bn: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "z with Bn: {r:?}"
+    );
     let r = cudnn.batch_norm_forward_training_ex(
         &bn,
         BatchNormOps::BnAddRelu,
@@ -1237,7 +1252,7 @@ fn batch_norm_rejections_leave_outputs_untouched() {
         &mut ws,
     );
     assert!(
-        is_err_kind(&r, "InvalidArgument"),
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
         "no z with BnAddRelu: {r:?}"
     );
     assert_untouched("y (Ex z rules)", &stream, &y, &ybefore);
@@ -1248,7 +1263,7 @@ fn batch_norm_rejections_leave_outputs_untouched() {
         &mut db, &mut ws,
     );
     assert!(
-        is_err_kind(&r, "InvalidArgument"),
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
         "Ex backward of a plain forward: {r:?}"
     );
     assert_untouched("dx (Ex backward of a plain forward)", &stream, &dx, &dxb);
@@ -1293,7 +1308,7 @@ fn batch_norm_fused_saved_values_are_checked() {
         &bn, &saved, 1.0, 0.0, 1.0, 0.0, &x, &dy, &mut dx, &scale, &mut ds, &mut db,
     );
     assert!(
-        is_err_kind(&r, "InvalidArgument"),
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
         "plain backward of BnRelu: {r:?}"
     );
     // y comes from `saved` (the forward keeps it borrowed), so no other buffer can stand in for
@@ -1303,7 +1318,10 @@ fn batch_norm_fused_saved_values_are_checked() {
         &bn, &mut saved, 1.0, 0.0, 1.0, 0.0, &x_copy, &dy, None, &mut dx, &scale, &bias, &mut ds,
         &mut db, &mut ws,
     );
-    assert!(is_err_kind(&r, "InvalidArgument"), "another x: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "another x: {r:?}"
+    );
     // dz is not an output of BnRelu.
     let (mut dz, dzb) = sentinel_buffer::<f16>(&stream, n);
     let r = cudnn.batch_norm_backward_ex(
@@ -1323,7 +1341,10 @@ fn batch_norm_fused_saved_values_are_checked() {
         &mut db,
         &mut ws,
     );
-    assert!(is_err_kind(&r, "InvalidArgument"), "dz with BnRelu: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "dz with BnRelu: {r:?}"
+    );
     assert_untouched("dx", &stream, &dx, &dxb);
     assert_untouched("dz", &stream, &dz, &dzb);
     assert_untouched("dscale", &stream, &ds, &dsb);
@@ -1714,14 +1735,23 @@ fn layer_and_group_norm_rejections_leave_outputs_untouched() {
     // Short y, short gamma.
     let (mut y, yb) = sentinel_buffer::<f32>(&stream, n - 1);
     let r = cudnn.layer_norm_forward(&ln, &x, &gamma, &beta, &mut y);
-    assert!(is_err_kind(&r, "BufferTooSmall"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
+        "{r:?}"
+    );
     let r = cudnn.layer_norm_forward_training(&ln, &x, &gamma, &beta, &mut y);
-    assert!(is_err_kind(&r, "BufferTooSmall"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
+        "{r:?}"
+    );
     assert_untouched("short y", &stream, &y, &yb);
     let short_gamma = dev(&stream, &vec![1.0f32; d - 1]);
     let (mut y, yb) = sentinel_buffer::<f32>(&stream, n);
     let r = cudnn.layer_norm_forward(&ln, &x, &short_gamma, &beta, &mut y);
-    assert!(is_err_kind(&r, "BufferTooSmall"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
+        "{r:?}"
+    );
     assert_untouched("y (short gamma)", &stream, &y, &yb);
 
     // Saved values from another object of the same shape, or for another x.
@@ -1742,11 +1772,17 @@ fn layer_and_group_norm_rejections_leave_outputs_untouched() {
     let r = cudnn.layer_norm_backward(
         &ln, &saved2, &x, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
     );
-    assert!(is_err_kind(&r, "InvalidArgument"), "foreign saved: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "foreign saved: {r:?}"
+    );
     let r = cudnn.layer_norm_backward(
         &ln, &saved, &x_copy, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
     );
-    assert!(is_err_kind(&r, "InvalidArgument"), "other x: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "other x: {r:?}"
+    );
     // A short dgamma is caught before dβ (computed with or before dγ) is written.
     let (mut dg_short, dgsb) = sentinel_buffer::<f32>(&stream, d - 1);
     let r = cudnn.layer_norm_backward(
@@ -1760,7 +1796,10 @@ fn layer_and_group_norm_rejections_leave_outputs_untouched() {
         &mut db,
         &mut ws,
     );
-    assert!(is_err_kind(&r, "BufferTooSmall"), "short dgamma: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
+        "short dgamma: {r:?}"
+    );
     assert_untouched("dx", &stream, &dx, &dxb);
     assert_untouched("dgamma", &stream, &dg, &dgb);
     assert_untouched("short dgamma", &stream, &dg_short, &dgsb);
@@ -1783,7 +1822,10 @@ fn layer_and_group_norm_rejections_leave_outputs_untouched() {
     let r = cudnn.group_norm_backward(
         &gn, &saved, &x, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
     );
-    assert!(is_err_kind(&r, "BufferTooSmall"), "short dx: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
+        "short dx: {r:?}"
+    );
     assert_untouched("group dx", &stream, &dx, &dxb);
     assert_untouched("group dgamma", &stream, &dg, &dgb);
     assert_untouched("group dbeta", &stream, &db, &dbb);
@@ -1967,7 +2009,10 @@ fn norm_backward_workspace_is_reserved_before_any_write() {
         let r = cudnn.group_norm_backward(
             &gn, &saved, &x, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
         );
-        assert!(is_err_kind(&r, "WorkspaceLimit"), "{r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::WorkspaceLimit { .. })),
+            "{r:?}"
+        );
         assert_untouched("dx (workspace limit)", &stream, &dx, &dxb);
         assert_untouched("dgamma (workspace limit)", &stream, &dg, &dgb);
         assert_untouched("dbeta (workspace limit)", &stream, &db, &dbb);
@@ -2011,7 +2056,10 @@ fn norm_backward_workspace_is_reserved_before_any_write() {
     let r = cudnn.group_norm_backward(
         &gn_bn, &saved, &x, &dy, &gamma, &mut dx2, &mut dg2, &mut db2, &mut ws0,
     );
-    assert!(is_err_kind(&r, "InvalidArgument"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{r:?}"
+    );
 }
 
 /// The layer-norm default sums `dγ`, `dβ` in two reductions sharing the caller's workspace:
@@ -2067,7 +2115,10 @@ fn layer_norm_two_stage_workspace_is_reserved_before_any_write() {
     let r = norm.backward(
         &cudnn, &saved, &x, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
     );
-    assert!(is_err_kind(&r, "WorkspaceLimit"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::WorkspaceLimit { .. })),
+        "{r:?}"
+    );
     assert_untouched("dx (workspace limit)", &stream, &dx, &dxb);
     assert_untouched("dgamma (workspace limit)", &stream, &dg, &dgb);
     assert_untouched("dbeta (workspace limit)", &stream, &db, &dbb);
@@ -2136,12 +2187,18 @@ fn layer_norm_graph_case<T: NormType>(seed: u64) {
     // Rejections: y one element short; γ one element short. y untouched.
     let (mut short, before) = sentinel_buffer::<T>(&stream, n - 1);
     let r = cudnn.layer_norm_forward_graph(&ln, &x, &gamma, &beta, &mut short, &mut ws);
-    assert!(is_err_kind(&r, "BufferTooSmall"), "{what}: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
+        "{what}: {r:?}"
+    );
     assert_untouched(&format!("{what} short y"), &stream, &short, &before);
     let short_g = dev(&stream, &gv[..d - 1]);
     let (mut y, before) = sentinel_buffer::<T>(&stream, n);
     let r = cudnn.layer_norm_forward_graph(&ln, &x, &short_g, &beta, &mut y, &mut ws);
-    assert!(is_err_kind(&r, "BufferTooSmall"), "{what}: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
+        "{what}: {r:?}"
+    );
     assert_untouched(&format!("{what} y (short gamma)"), &stream, &y, &before);
     // The method (batch-norm formulation) does not affect the graph plan's result.
     let ln2 = LayerNorm::<T>::new(&nchw(&[4, 6, 2, 64]), 2, 1e-5)
@@ -2275,22 +2332,28 @@ fn layer_norm_graph_training_case<T: NormType>(dims: &[i64], normalized: usize, 
         .unwrap();
     let r = backward("foreign saved", &foreign, &x, n);
     assert!(
-        is_err_kind(&r, "InvalidArgument"),
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
         "{what} foreign saved: {r:?}"
     );
     // Another x buffer (same values).
     let x_copy = dev(&stream, &xv);
     let r = backward("other x", &saved, &x_copy, n);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{what} other x: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{what} other x: {r:?}"
+    );
     // dx one element short.
     let r = backward("short dx", &saved, &x, n - 1);
-    assert!(is_err_kind(&r, "BufferTooSmall"), "{what} short dx: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
+        "{what} short dx: {r:?}"
+    );
     // Forward with γ one element short: y untouched.
     let short_g = dev(&stream, &gv[..d - 1]);
     let (mut y, before) = sentinel_buffer::<T>(&stream, n);
     let r = cudnn.layer_norm_forward_training_graph(&ln, &x, &short_g, &beta, &mut y, &mut ws);
     assert!(
-        is_err_kind(&r, "BufferTooSmall"),
+        matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
         "{what} short gamma: {r:?}"
     );
     assert_untouched(&format!("{what} y (short gamma)"), &stream, &y, &before);
@@ -2315,7 +2378,10 @@ fn layer_norm_graph_formulation_refuses_f64() {
     let Some((stream, cudnn)) = gpu() else { return };
     let ln = LayerNorm::<f64>::new(&nchw(&[8, 128]), 1, 1e-5).unwrap();
     let r = ln.build_graph_plan(&cudnn);
-    assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::UnsupportedDataType { .. })),
+        "{r:?}"
+    );
     assert!(!ln.has_graph_plan());
     let x = dev(&stream, &vec![0.5f64; ln.len()]);
     let g = dev(&stream, &vec![1.0f64; 128]);
@@ -2323,14 +2389,23 @@ fn layer_norm_graph_formulation_refuses_f64() {
     let (mut y, before) = sentinel_buffer::<f64>(&stream, ln.len());
     let mut ws = Workspace::new(stream.clone());
     let r = cudnn.layer_norm_forward_graph(&ln, &x, &g, &b, &mut y, &mut ws);
-    assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::UnsupportedDataType { .. })),
+        "{r:?}"
+    );
     assert_untouched("f64 graph layer norm", &stream, &y, &before);
     // The graph training path likewise.
     let r = ln.build_graph_training_plans(&cudnn);
-    assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::UnsupportedDataType { .. })),
+        "{r:?}"
+    );
     assert!(!ln.has_graph_training_plans());
     let r = cudnn.layer_norm_forward_training_graph(&ln, &x, &g, &b, &mut y, &mut ws);
-    assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::UnsupportedDataType { .. })),
+        "{r:?}"
+    );
     assert_untouched("f64 graph layer norm training", &stream, &y, &before);
 }
 
@@ -2455,14 +2530,20 @@ fn rms_norm_case<T: NormType>(dims: &[i64], normalized: usize, seed: u64) {
         .unwrap();
     let r = backward("foreign saved", &foreign, &x, n);
     assert!(
-        is_err_kind(&r, "InvalidArgument"),
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
         "{what} foreign saved: {r:?}"
     );
     let x_copy = dev(&stream, &xv);
     let r = backward("other x", &saved, &x_copy, n);
-    assert!(is_err_kind(&r, "InvalidArgument"), "{what} other x: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+        "{what} other x: {r:?}"
+    );
     let r = backward("short dx", &saved, &x, n - 1);
-    assert!(is_err_kind(&r, "BufferTooSmall"), "{what} short dx: {r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
+        "{what} short dx: {r:?}"
+    );
     let short_g = dev(&stream, &gv[..d - 1]);
     for training in [false, true] {
         let (mut y, before) = sentinel_buffer::<T>(&stream, n);
@@ -2474,7 +2555,7 @@ fn rms_norm_case<T: NormType>(dims: &[i64], normalized: usize, seed: u64) {
             cudnn.rms_norm_forward(&rn, &x, &short_g, &mut y, &mut ws)
         };
         assert!(
-            is_err_kind(&r, "BufferTooSmall"),
+            matches!(&r, Err(cudnn_safe::Error::BufferTooSmall { .. })),
             "{what} short gamma: {r:?}"
         );
         assert_untouched(&format!("{what} y (short gamma)"), &stream, &y, &before);
@@ -2498,7 +2579,10 @@ fn rms_norm_refuses_f64() {
     let Some((stream, cudnn)) = gpu() else { return };
     let rn = RmsNorm::<f64>::new(&nchw(&[8, 128]), 1, 1e-6).unwrap();
     for r in [rn.build_plan(&cudnn), rn.build_training_plans(&cudnn)] {
-        assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::UnsupportedDataType { .. })),
+            "{r:?}"
+        );
     }
     assert!(!rn.has_plan() && !rn.has_training_plans());
     let x = dev(&stream, &vec![0.5f64; rn.len()]);
@@ -2506,7 +2590,10 @@ fn rms_norm_refuses_f64() {
     let (mut y, before) = sentinel_buffer::<f64>(&stream, rn.len());
     let mut ws = Workspace::new(stream.clone());
     let r = cudnn.rms_norm_forward(&rn, &x, &g, &mut y, &mut ws);
-    assert!(is_err_kind(&r, "UnsupportedDataType"), "{r:?}");
+    assert!(
+        matches!(&r, Err(cudnn_safe::Error::UnsupportedDataType { .. })),
+        "{r:?}"
+    );
     assert_untouched("f64 RMS norm", &stream, &y, &before);
 }
 
@@ -2529,7 +2616,7 @@ fn rms_norm_builder_checks() {
     ] {
         let r = Layout::nchw_nd(dims).and_then(|x| RmsNorm::<f32>::new(&x, k, eps));
         assert!(
-            is_err_kind(&r, "InvalidArgument"),
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
             "{dims:?} {k} {eps}: {r:?}"
         );
     }

@@ -31,7 +31,7 @@ use cudnn_safe::rnn::{
     BackwardData, BackwardWeights, BiasMode, CellMode, Direction, Forward, ForwardMode, InputMode,
     ParamKind, Rnn, RnnAlgo, RnnBuilder, RnnReserve, SeqDataDesc, SeqLayout, WeightGradMode,
 };
-use cudnn_safe::{sys, Cudnn, DType, DataType, Error, StatusFamily, Workspace};
+use cudnn_safe::{Cudnn, DType, DataType, Error, StatusFamily, Workspace};
 
 /// What cuDNN must write into padding positions of padded outputs (exact in every type).
 const FILL: f64 = -7.5;
@@ -1018,8 +1018,8 @@ fn fixture() -> Option<Fixture> {
     })
 }
 
-fn rejected<T: std::fmt::Debug>(r: Result<T, Error>, kind: &str, what: &str) {
-    assert!(is_err_kind(&r, kind), "{what}: expected {kind}, got {r:?}");
+fn rejected<T: std::fmt::Debug>(r: Result<T, Error>, kind: Kind, what: &str) {
+    assert!(matches!(&r, Err(e) if kind(e)), "{what}: got {r:?}");
 }
 
 #[test]
@@ -1036,14 +1036,14 @@ fn forward_rejects_bad_arguments_before_launch() {
         Forward::new(&f.x_d, &f.x, &f.y_d, &mut y, &short_w),
         &mut f.ws,
     );
-    rejected(r, "BufferTooSmall", "short weight space");
+    rejected(r, kind!(BufferTooSmall), "short weight space");
     let long_w = upload(s, &vec![0.1f32; f.rnn.weight_space_len() + 1]);
     let r = f.rnn.forward_inference(
         &f.cudnn,
         Forward::new(&f.x_d, &f.x, &f.y_d, &mut y, &long_w),
         &mut f.ws,
     );
-    rejected(r, "InvalidArgument", "long weight space");
+    rejected(r, kind!(InvalidArgument), "long weight space");
 
     // Short input, short final state.
     let short_x = upload(s, &vec![0.1f32; f.x_d.span() - 1]);
@@ -1052,14 +1052,14 @@ fn forward_rejects_bad_arguments_before_launch() {
         Forward::new(&f.x_d, &short_x, &f.y_d, &mut y, &f.w),
         &mut f.ws,
     );
-    rejected(r, "BufferTooSmall", "short x");
+    rejected(r, kind!(BufferTooSmall), "short x");
     let (mut hy, hy_before) = sentinel_buffer::<f32>(s, f.rnn.hidden_state_len(batch) - 1);
     let r = f.rnn.forward_inference(
         &f.cudnn,
         Forward::new(&f.x_d, &f.x, &f.y_d, &mut y, &f.w).hy(&mut hy),
         &mut f.ws,
     );
-    rejected(r, "BufferTooSmall", "short hy");
+    rejected(r, kind!(BufferTooSmall), "short hy");
     assert_untouched("hy", s, &hy, &hy_before);
     let short_cx = upload(s, &vec![0.1f32; f.rnn.cell_state_len(batch) - 1]);
     let r = f.rnn.forward_training(
@@ -1067,7 +1067,7 @@ fn forward_rejects_bad_arguments_before_launch() {
         Forward::new(&f.x_d, &f.x, &f.y_d, &mut y, &f.w).cx(&short_cx),
         &mut f.ws,
     );
-    rejected(r, "BufferTooSmall", "short cx");
+    rejected(r, kind!(BufferTooSmall), "short cx");
 
     // Shapes: input width, output width, sequences that differ between x and y.
     let x_wide = SeqDataDesc::<f32>::new(SeqLayout::SeqMajor, 3, 4, &LENS, 0.0).unwrap();
@@ -1077,28 +1077,28 @@ fn forward_rejects_bad_arguments_before_launch() {
         Forward::new(&x_wide, &x4, &f.y_d, &mut y, &f.w),
         &mut f.ws,
     );
-    rejected(r, "ShapeMismatch", "input width");
+    rejected(r, kind!(ShapeMismatch), "input width");
     let y_narrow = SeqDataDesc::<f32>::new(SeqLayout::SeqMajor, 3, 3, &LENS, 0.0).unwrap();
     let r = f.rnn.forward_inference(
         &f.cudnn,
         Forward::new(&f.x_d, &f.x, &y_narrow, &mut y, &f.w),
         &mut f.ws,
     );
-    rejected(r, "ShapeMismatch", "output width");
+    rejected(r, kind!(ShapeMismatch), "output width");
     let y_other = SeqDataDesc::<f32>::new(SeqLayout::SeqMajor, 3, 4, &[3, 3, 2], 0.0).unwrap();
     let r = f.rnn.forward_inference(
         &f.cudnn,
         Forward::new(&f.x_d, &f.x, &y_other, &mut y, &f.w),
         &mut f.ws,
     );
-    rejected(r, "ShapeMismatch", "x and y lengths differ");
+    rejected(r, kind!(ShapeMismatch), "x and y lengths differ");
     let y_bm = SeqDataDesc::<f32>::new(SeqLayout::BatchMajor, 3, 4, &LENS, 0.0).unwrap();
     let r = f.rnn.forward_inference(
         &f.cudnn,
         Forward::new(&f.x_d, &f.x, &y_bm, &mut y, &f.w),
         &mut f.ws,
     );
-    rejected(r, "ShapeMismatch", "x and y layouts differ");
+    rejected(r, kind!(ShapeMismatch), "x and y layouts differ");
 
     // A workspace limit below what cuDNN asks for.
     let need = f
@@ -1112,7 +1112,7 @@ fn forward_rejects_bad_arguments_before_launch() {
             Forward::new(&f.x_d, &f.x, &f.y_d, &mut y, &f.w),
             &mut tiny,
         );
-        rejected(r, "WorkspaceLimit", "workspace limit");
+        rejected(r, kind!(WorkspaceLimit), "workspace limit");
     }
     assert_untouched("y", s, &y, &y_before);
 
@@ -1127,7 +1127,7 @@ fn forward_rejects_bad_arguments_before_launch() {
         Forward::new(&f.x_d, &f.x, &f.y_d, &mut y, &gw).cx(&cx),
         &mut f.ws,
     );
-    rejected(r, "InvalidArgument", "cx on a GRU");
+    rejected(r, kind!(InvalidArgument), "cx on a GRU");
     let packed_only = Rnn::<f32>::builder(CellMode::Lstm, 3, 4)
         .layers(2)
         .padded_io(false)
@@ -1138,7 +1138,11 @@ fn forward_rejects_bad_arguments_before_launch() {
         Forward::new(&f.x_d, &f.x, &f.y_d, &mut y, &f.w),
         &mut f.ws,
     );
-    rejected(r, "InvalidArgument", "padded layout without padded I/O");
+    rejected(
+        r,
+        kind!(InvalidArgument),
+        "padded layout without padded I/O",
+    );
     assert_untouched("y", s, &y, &y_before);
 
     // The same call with good arguments runs.
@@ -1221,7 +1225,7 @@ fn backward_rejects_foreign_and_misordered_reserves() {
     );
     rejected(
         r,
-        "InvalidArgument",
+        kind!(InvalidArgument),
         "backward weights before backward data",
     );
     // The reserve of another call, and of another network.
@@ -1231,14 +1235,14 @@ fn backward_rejects_foreign_and_misordered_reserves() {
         BackwardData::new(&f.y_d, &y, &dy, &f.x_d, &mut dx, &f.w).hx(&f.hx),
         &mut f.ws,
     );
-    rejected(r, "InvalidArgument", "reserve of another call");
+    rejected(r, kind!(InvalidArgument), "reserve of another call");
     let r = f.rnn.backward_data(
         &f.cudnn,
         &mut foreign,
         BackwardData::new(&f.y_d, &y, &dy, &f.x_d, &mut dx, &f.w).hx(&f.hx),
         &mut f.ws,
     );
-    rejected(r, "InvalidArgument", "reserve of another network");
+    rejected(r, kind!(InvalidArgument), "reserve of another network");
     // The forward had hx; the backward must too.
     let r = f.rnn.backward_data(
         &f.cudnn,
@@ -1246,7 +1250,7 @@ fn backward_rejects_foreign_and_misordered_reserves() {
         BackwardData::new(&f.y_d, &y, &dy, &f.x_d, &mut dx, &f.w),
         &mut f.ws,
     );
-    rejected(r, "InvalidArgument", "hx missing in backward");
+    rejected(r, kind!(InvalidArgument), "hx missing in backward");
     // Short dy, short dhx.
     let short_dy = upload(s, &vec![0.1f32; f.y_d.span() - 1]);
     let r = f.rnn.backward_data(
@@ -1255,7 +1259,7 @@ fn backward_rejects_foreign_and_misordered_reserves() {
         BackwardData::new(&f.y_d, &y, &short_dy, &f.x_d, &mut dx, &f.w).hx(&f.hx),
         &mut f.ws,
     );
-    rejected(r, "BufferTooSmall", "short dy");
+    rejected(r, kind!(BufferTooSmall), "short dy");
     let (mut dhx, dhx_before) = sentinel_buffer::<f32>(s, f.rnn.hidden_state_len(batch) - 1);
     let r = f.rnn.backward_data(
         &f.cudnn,
@@ -1265,7 +1269,7 @@ fn backward_rejects_foreign_and_misordered_reserves() {
             .dhx(&mut dhx),
         &mut f.ws,
     );
-    rejected(r, "BufferTooSmall", "short dhx");
+    rejected(r, kind!(BufferTooSmall), "short dhx");
     assert_untouched("dhx", s, &dhx, &dhx_before);
     assert_untouched("dx", s, &dx, &dx_before);
     assert_untouched("dw", s, &dw, &dw_before);
@@ -1286,7 +1290,7 @@ fn backward_rejects_foreign_and_misordered_reserves() {
         BackwardData::new(&f.y_d, &y, &dy, &f.x_d, &mut dx2, &f.w).hx(&f.hx),
         &mut f.ws,
     );
-    rejected(r, "InvalidArgument", "backward data twice");
+    rejected(r, kind!(InvalidArgument), "backward data twice");
     assert_untouched("dx2", s, &dx2, &dx2_before);
     // A weight gradient of the wrong size; a missing hx.
     let (mut short_dw, short_dw_before) = sentinel_buffer::<f32>(s, f.rnn.weight_space_len() - 1);
@@ -1296,7 +1300,7 @@ fn backward_rejects_foreign_and_misordered_reserves() {
         BackwardWeights::new(&f.x_d, &f.x, &f.y_d, &y, &mut short_dw).hx(&f.hx),
         &mut f.ws,
     );
-    rejected(r, "BufferTooSmall", "short dweights");
+    rejected(r, kind!(BufferTooSmall), "short dweights");
     assert_untouched("short dw", s, &short_dw, &short_dw_before);
     let r = f.rnn.backward_weights(
         &f.cudnn,
@@ -1304,7 +1308,7 @@ fn backward_rejects_foreign_and_misordered_reserves() {
         BackwardWeights::new(&f.x_d, &f.x, &f.y_d, &y, &mut dw),
         &mut f.ws,
     );
-    rejected(r, "InvalidArgument", "hx missing in backward weights");
+    rejected(r, kind!(InvalidArgument), "hx missing in backward weights");
     assert_untouched("dw", s, &dw, &dw_before);
     f.rnn
         .backward_weights(
@@ -1324,21 +1328,6 @@ fn backward_rejects_foreign_and_misordered_reserves() {
 // ---------------------------------------------------------------------------------------------
 // Host-only: validation with the real library, no GPU
 // ---------------------------------------------------------------------------------------------
-
-/// Whether cuDNN loads (else the test is skipped, or fails with
-/// `CUDNN_SAFE_REQUIRE_LIBRARY=1`).
-fn library() -> bool {
-    match sys::library() {
-        Ok(_) => true,
-        Err(e) if std::env::var("CUDNN_SAFE_REQUIRE_LIBRARY").as_deref() == Ok("1") => {
-            panic!("CUDNN_SAFE_REQUIRE_LIBRARY=1 but cuDNN did not load: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            false
-        }
-    }
-}
 
 #[test]
 fn builders_are_validated_without_a_gpu() {
@@ -1387,41 +1376,41 @@ fn builders_are_validated_without_a_gpu() {
         .validate()
         .unwrap();
 
-    let bad = |r: Result<(), Error>, kind: &str, what: &str| rejected(r, kind, what);
+    let bad = |r: Result<(), Error>, kind: Kind, what: &str| rejected(r, kind, what);
     bad(
         Rnn::<f32>::builder(CellMode::Lstm, 10, 0).validate(),
-        "InvalidArgument",
+        kind!(InvalidArgument),
         "hidden 0",
     );
     bad(
         Rnn::<f32>::builder(CellMode::Lstm, -1, 4).validate(),
-        "InvalidArgument",
+        kind!(InvalidArgument),
         "input -1",
     );
     bad(
         Rnn::<f32>::builder(CellMode::Lstm, 4, 4)
             .layers(0)
             .validate(),
-        "InvalidArgument",
+        kind!(InvalidArgument),
         "0 layers",
     );
     bad(
         Rnn::<f32>::builder(CellMode::Lstm, 4, 1 << 33).validate(),
-        "Overflow",
+        kind!(Overflow),
         "hidden beyond int",
     );
     bad(
         Rnn::<f32>::builder(CellMode::Gru, 4, 8)
             .proj_size(4)
             .validate(),
-        "InvalidArgument",
+        kind!(InvalidArgument),
         "projection on a GRU",
     );
     bad(
         Rnn::<f32>::builder(CellMode::Lstm, 4, 8)
             .proj_size(9)
             .validate(),
-        "InvalidArgument",
+        kind!(InvalidArgument),
         "projection wider than hidden",
     );
     bad(
@@ -1429,33 +1418,33 @@ fn builders_are_validated_without_a_gpu() {
             .proj_size(4)
             .algo(RnnAlgo::PersistStatic)
             .validate(),
-        "InvalidArgument",
+        kind!(InvalidArgument),
         "projection with a persistent algorithm",
     );
     bad(
         Rnn::<f32>::builder(CellMode::Lstm, 4, 8)
             .input_mode(InputMode::Skip)
             .validate(),
-        "InvalidArgument",
+        kind!(InvalidArgument),
         "skip input narrower than hidden",
     );
     bad(
         Rnn::<f32>::builder(CellMode::Lstm, 4, 8)
             .math_precision(DType::F16)
             .validate(),
-        "UnsupportedDataType",
+        kind!(UnsupportedDataType),
         "f16 arithmetic on f32 data",
     );
     bad(
         Rnn::<f64>::builder(CellMode::Lstm, 4, 8)
             .math_precision(DType::F32)
             .validate(),
-        "UnsupportedDataType",
+        kind!(UnsupportedDataType),
         "f32 arithmetic on f64 data",
     );
     bad(
         Rnn::<i8>::builder(CellMode::Lstm, 4, 8).validate(),
-        "UnsupportedDataType",
+        kind!(UnsupportedDataType),
         "i8 data",
     );
 }
@@ -1506,7 +1495,7 @@ fn sequence_descriptors_are_validated_without_a_gpu() {
     let u = SeqDataDesc::<f16>::uniform(SeqLayout::SeqMajor, 5, 2, 3).unwrap();
     assert_eq!((u.span(), u.length(1)), (30, Some(5)));
 
-    let bad = |r: Result<SeqDataDesc<f32>, Error>, kind: &str, what: &str| rejected(r, kind, what);
+    let bad = |r: Result<SeqDataDesc<f32>, Error>, kind: Kind, what: &str| rejected(r, kind, what);
     for layout in [
         SeqLayout::SeqMajor,
         SeqLayout::BatchMajor,
@@ -1514,43 +1503,43 @@ fn sequence_descriptors_are_validated_without_a_gpu() {
     ] {
         bad(
             SeqDataDesc::new(layout, 3, 4, &[3, 4, 1], 0.0),
-            "InvalidArgument",
+            kind!(InvalidArgument),
             "length beyond the maximum",
         );
         bad(
             SeqDataDesc::new(layout, 3, 4, &[3, 0, 1], 0.0),
-            "InvalidArgument",
+            kind!(InvalidArgument),
             "length 0",
         );
         bad(
             SeqDataDesc::new(layout, 3, 4, &[], 0.0),
-            "InvalidArgument",
+            kind!(InvalidArgument),
             "empty batch",
         );
         bad(
             SeqDataDesc::new(layout, 3, 0, &[3], 0.0),
-            "InvalidArgument",
+            kind!(InvalidArgument),
             "vector size 0",
         );
         bad(
             SeqDataDesc::new(layout, 0, 4, &[1], 0.0),
-            "InvalidArgument",
+            kind!(InvalidArgument),
             "maximum length 0",
         );
         bad(
             SeqDataDesc::new(layout, 1 << 20, 1 << 12, &[1 << 20], 0.0),
-            "Overflow",
+            kind!(Overflow),
             "2^32 elements",
         );
     }
     bad(
         SeqDataDesc::new(SeqLayout::Packed, 3, 4, &[2, 3, 1], 0.0),
-        "InvalidArgument",
+        kind!(InvalidArgument),
         "unsorted packed",
     );
     bad(
         SeqDataDesc::new(SeqLayout::Packed, 4, 4, &[3, 2, 1], 0.0),
-        "InvalidArgument",
+        kind!(InvalidArgument),
         "packed shorter than max",
     );
     // Padded layouts take any order.

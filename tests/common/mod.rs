@@ -1,17 +1,20 @@
 //! Helpers shared by the integration-test crates (each crate uses a subset, hence the
 //! `dead_code` allowance): GPU opening with skip/fail, a seeded PRNG, poison and sentinel values,
-//! per-dtype tolerances, row-major index walking, host copies and comparisons.
+//! per-dtype tolerances, row-major index walking, host copies and comparisons, and the
+//! convolution harness ([`conv`]).
 //!
 //! Everything here is independent of the crate under test except [`gpu`], which opens the
 //! handle the tests exercise, [`have_cudnn`], which finalizes a tiny graph, and [`graph_io`],
 //! the buffers of graph-API tensors.
 #![allow(dead_code)]
 
+pub mod conv;
+
 use std::sync::Arc;
 
-use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
+use cudnn_safe::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudnn_safe::graph::{Graph, PointwiseMode};
-use cudnn_safe::{cuda_context, Cudnn, DType, DataType, Error, Scalar};
+use cudnn_safe::{cuda_context, sys, Cudnn, DType, DataType, Error, Layout, Scalar};
 
 /// Whether the runner demands a GPU (`CUDNN_SAFE_REQUIRE_GPU=1`): then a test that would skip
 /// fails instead.
@@ -39,10 +42,31 @@ pub fn skip_or_fail<T>(opened: Result<T, Error>) -> Option<T> {
 
 /// The device-0 default stream and a cuDNN handle on it, or `None` (test skipped) without a GPU.
 pub fn gpu() -> Option<(Arc<CudaStream>, Cudnn)> {
+    gpu_with(Cudnn::new)
+}
+
+/// The device-0 default stream and the handle `open` makes on it, or `None` (test skipped)
+/// without a GPU or when `open` fails.
+pub fn gpu_with<H>(
+    open: impl FnOnce(Arc<CudaStream>) -> Result<H, Error>,
+) -> Option<(Arc<CudaStream>, H)> {
     skip_or_fail(cuda_context(0).and_then(|ctx| {
         let stream = ctx.default_stream();
-        Cudnn::new(stream.clone()).map(|cudnn| (stream, cudnn))
+        open(stream.clone()).map(|handle| (stream, handle))
     }))
+}
+
+/// A CUDA context other than `ours`, for tests that hand a call buffers of another context:
+/// device 1 if there is one, otherwise a non-primary context on device 0 (a different CUDA
+/// context on the same device, `cuCtxCreate`).
+pub fn other_context(ours: &CudaContext) -> Arc<CudaContext> {
+    let other = if CudaContext::device_count().unwrap() >= 2 {
+        CudaContext::new(1).unwrap()
+    } else {
+        CudaContext::new_non_primary(0, 0).unwrap()
+    };
+    assert!(*other != *ours);
+    other
 }
 
 /// Compiles only for `Send` types.
@@ -174,6 +198,16 @@ pub fn offsets(dims: &[i64], strides: &[i64]) -> Vec<usize> {
     out
 }
 
+/// Offsets of every logical element of `layout`, in row-major logical order.
+pub fn layout_offsets(layout: &Layout) -> Vec<usize> {
+    layout.offsets().into_iter().map(|o| o as usize).collect()
+}
+
+/// Row-major linear index of `idx` in `dims`.
+pub fn linear(dims: &[i64], idx: &[i64]) -> usize {
+    idx.iter().zip(dims).fold(0i64, |acc, (&i, &d)| acc * d + i) as usize
+}
+
 /// Packed NCHW-order (row-major) strides of `dims`.
 pub fn packed_strides(dims: &[i64]) -> Vec<i64> {
     let mut s = vec![1i64; dims.len()];
@@ -216,6 +250,20 @@ pub fn download<T: DataType>(
     stream.clone_dtoh(dev).unwrap()
 }
 
+/// `alpha·r + beta·prior`, not reading the prior when `beta == 0` (it may be NaN).
+pub fn blend(alpha: f64, r: &[f64], beta: f64, prior: &[f64]) -> Vec<f64> {
+    r.iter()
+        .zip(prior)
+        .map(|(&r, &p)| {
+            if beta == 0.0 {
+                alpha * r
+            } else {
+                alpha * r + beta * p
+            }
+        })
+        .collect()
+}
+
 /// Checks `got` (dense, logical order) against `want` elementwise:
 /// `|g - w| <= tol·(1 + |w|)` and finite; `tol == 0` means exactly.
 pub fn assert_close<T: DataType>(what: &str, got: &[T], want: &[f64], tol: f64) {
@@ -243,19 +291,22 @@ pub fn check_strided<T: DataType>(
 ) {
     assert_eq!(got.len(), before.len(), "{what}");
     assert_eq!(offs.len(), want.len(), "{what}");
-    let mut addressed = vec![false; got.len()];
     let picked: Vec<T> = offs.iter().map(|&o| got[o]).collect();
+    assert_close(what, &picked, want, tol);
+    assert_padding_kept(what, got, before, offs);
+}
+
+/// Every element outside `offs` must still hold what `before` held.
+pub fn assert_padding_kept<T: DataType>(what: &str, got: &[T], before: &[T], offs: &[usize]) {
+    let mut addressed = vec![false; got.len()];
     for &o in offs {
         addressed[o] = true;
     }
-    assert_close(what, &picked, want, tol);
     for (p, (&g, &b)) in got.iter().zip(before).enumerate() {
-        if !addressed[p] {
-            assert!(
-                same(g, b),
-                "{what}: padding element {p} changed from {b:?} to {g:?}"
-            );
-        }
+        assert!(
+            addressed[p] || same(g, b),
+            "{what}: padding element {p} changed from {b:?} to {g:?}"
+        );
     }
 }
 
@@ -287,13 +338,37 @@ pub fn poisoned_buffer<T: DataType>(stream: &Arc<CudaStream>, n: usize) -> CudaS
     stream.clone_htod(&vec![poison::<T>(); n]).unwrap()
 }
 
-/// Whether `r` is an error of the named kind (matched on the structured `{:#?}` form's variant
-/// name), for rejection tests: e.g. `is_err_kind(&r, "BufferTooSmall")`.
-pub fn is_err_kind<T: std::fmt::Debug>(r: &Result<T, Error>, variant: &str) -> bool {
-    match r {
-        Err(e) => format!("{e:#?}").starts_with(variant),
-        Ok(_) => false,
+/// The error a rejection test expects, as a compiler-checked variant of [`Error`]:
+/// `kind!(BufferTooSmall)`.
+pub type Kind = fn(&Error) -> bool;
+
+/// A [`Kind`] matching one variant of [`Error`]: `kind!(BufferTooSmall)`.
+#[macro_export]
+macro_rules! kind {
+    ($variant:ident) => {
+        (|e: &cudnn_safe::Error| matches!(e, cudnn_safe::Error::$variant { .. }))
+            as fn(&cudnn_safe::Error) -> bool
+    };
+}
+
+/// The cuDNN host library, or `None` (printed as a skip) when it does not load; a panic when
+/// the library is required ([`library_required`]).
+pub fn lib() -> Option<&'static sys::Library> {
+    match sys::library() {
+        Ok(l) => Some(l),
+        Err(e) if library_required() => {
+            panic!("CUDNN_SAFE_REQUIRE_LIBRARY=1 but cuDNN did not load: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            None
+        }
     }
+}
+
+/// Whether the cuDNN host library loads ([`lib`]: a skip or a panic when it does not).
+pub fn library() -> bool {
+    lib().is_some()
 }
 
 /// Whether the cuDNN library loads (host tests that finalize descriptors need it): `false`
