@@ -81,7 +81,7 @@
 //!   that each case reports the comparison's own noise (ops `paired_noise_conv_fwd_<mode>_<cfg>`
 //!   and a table: the pick against itself, and PyTorch's slowest process over its fastest).
 //! * `GRAPH_BENCH_FINALISTS`, `GRAPH_BENCH_FINAL_SOLO_MS`: the union tuner's
-//!   [`Autotuner::finalists`] and [`Autotuner::final_solo_ms`] (defaults 6 and 25 ms).
+//!   [`Autotuner::with_finalists`] and [`Autotuner::with_final_solo_ms`] (defaults 6 and 25 ms).
 //! * `GRAPH_BENCH_CONFIGS`: comma-separated parts of configuration names (such as
 //!   `16x256,32x256`); the convolution and union lines then cover only the configurations whose
 //!   name contains one of them (default: all seven).
@@ -1667,16 +1667,16 @@ fn union_case<T: DataType<Scalar = f32>>(
     let measured = (|| -> BoxResult<Searched<T>> {
         let d = ConvData::<T>::new(cudnn, mode, cfg)?;
         let flops = d.flops;
-        // Heuristics B on: the documented union numbers search it (`Autotuner::heuristics_b`).
+        // Heuristics B on: the documented union numbers search it (`Autotuner::with_heuristics_b`).
         let mut tuner = Autotuner::new(Policy::Benchmark)
             .without_cache_file()
-            .heuristics_b(true);
+            .with_heuristics_b(true);
         // The finals' size, when an experiment asks for another than the default.
         if let Some(n) = env_number::<usize>("GRAPH_BENCH_FINALISTS") {
-            tuner = tuner.finalists(n);
+            tuner = tuner.with_finalists(n);
         }
         if let Some(ms) = env_number::<f32>("GRAPH_BENCH_FINAL_SOLO_MS") {
-            tuner = tuner.final_solo_ms(ms);
+            tuner = tuner.with_final_solo_ms(ms);
         }
         let mut held = Held { d, tuner };
         let first = held.forward(cudnn)?;

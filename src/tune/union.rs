@@ -44,7 +44,7 @@ impl ConvApi {
 
 /// Whether [`Policy::Benchmark`](super::Policy::Benchmark) and
 /// [`Policy::Deterministic`](super::Policy::Deterministic) also search the graph engines for a
-/// convolution ([`Autotuner::graph_search`](super::Autotuner::graph_search)).
+/// convolution ([`Autotuner::with_graph_search`](super::Autotuner::with_graph_search)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum GraphSearch {
     /// Legacy algorithms only (the behaviour before the union search).
@@ -266,7 +266,7 @@ pub(crate) fn filter(
 }
 
 /// Where a union search's plans come from, in order: heuristics A, heuristics B (only when the
-/// tuner asks for it: `Autotuner::heuristics_b`), the fallback list, then every engine of the
+/// tuner asks for it: `Autotuner::with_heuristics_b`), the fallback list, then every engine of the
 /// graph with its default knobs (engines that compile kernels at run time left out of that last
 /// source: each would cost a compilation). Each source can propose the fastest plan of a
 /// problem that none of the others proposes (B on 5×5 convolutions, the engine list on 1×1 ones

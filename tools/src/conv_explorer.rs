@@ -576,8 +576,8 @@ fn run_policy<T: Element>(
     };
     let mut tuner = Autotuner::new(policy)
         .without_cache_file()
-        .graph_search(search)
-        .graph_plans(graph_plans);
+        .with_graph_search(search)
+        .with_graph_plans(graph_plans);
     tuner.clear();
     let started = Instant::now();
     let choice = tuner.forward(
