@@ -3685,9 +3685,9 @@ fn union_deterministic_policy_picks_deterministic_graph_plans() {
     let x = gr.tensor_nhwc("x", &case.x_dims(), DType::F16).unwrap();
     let w = gr.tensor_nhwc("w", &case.w_dims(), DType::F16).unwrap();
     let params = ConvParams::new(2)
-        .padding(&case.pads)
-        .stride(&case.strides)
-        .dilation(&case.dilations);
+        .with_padding(&case.pads)
+        .with_strides(&case.strides)
+        .with_dilations(&case.dilations);
     let y = gr.conv_fprop(x, w, &params).unwrap();
     gr.mark_output(y).unwrap();
     let og = gr.build(&g.cudnn).unwrap();

@@ -371,7 +371,7 @@ impl OperationGraph {
     /// # Ok(()) }
     /// ```
     pub fn plan(&self, cudnn: &Cudnn, filter: &PlanFilter) -> Result<Plan> {
-        let first = filter.clone().max_plans(Some(1));
+        let first = filter.clone().with_max_plans(Some(1));
         let list = self.plans(cudnn, &first)?;
         list.plans
             .into_iter()

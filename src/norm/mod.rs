@@ -281,7 +281,7 @@ fn first_graph_plan(
     op: &'static str,
 ) -> Result<crate::graph::Plan> {
     let og = g.build(cudnn)?;
-    og.plans(cudnn, &crate::graph::PlanFilter::new().max_plans(Some(1)))?
+    og.plans(cudnn, &crate::graph::PlanFilter::new().with_max_plans(Some(1)))?
         .plans
         .into_iter()
         .next()
