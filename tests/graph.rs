@@ -52,7 +52,13 @@ fn conv_graph(dtype: DType, nhwc: bool) -> (Graph, TensorId, TensorId, TensorId)
         )
     };
     let y = g
-        .conv_fprop(x, w, &ConvParams::new(2).with_padding(&[1, 1]).with_strides(&[2, 1]))
+        .conv_fprop(
+            x,
+            w,
+            &ConvParams::new(2)
+                .with_padding(&[1, 1])
+                .with_strides(&[2, 1]),
+        )
         .unwrap();
     g.mark_output(y).unwrap();
     (g, x, w, y)
@@ -1133,7 +1139,9 @@ fn conv_backward_case<T: DataType>(nhwc: bool, filter: PlanFilter, seed: u64) {
 #[test]
 fn gpu_conv_backward_f32_strict() {
     // Strict fp32; determinism not required (some backward engines use atomics).
-    let f = PlanFilter::new().with_no_tensor_cores(true).with_all_engines(true);
+    let f = PlanFilter::new()
+        .with_no_tensor_cores(true)
+        .with_all_engines(true);
     conv_backward_case::<f32>(false, f, 5);
 }
 
@@ -1508,7 +1516,9 @@ fn gpu_standalone_pointwise_and_reduction() {
         ("heuristics", PlanFilter::new()),
         (
             "all engines",
-            PlanFilter::new().with_heuristics(&[]).with_all_engines(true),
+            PlanFilter::new()
+                .with_heuristics(&[])
+                .with_all_engines(true),
         ),
     ];
     let mut report = Vec::new();
@@ -1912,7 +1922,9 @@ fn gpu_filters_and_workspace_limit() {
     let all =
         c.og.plans(
             &cudnn,
-            &PlanFilter::new().with_all_engines(true).with_max_plans(Some(12)),
+            &PlanFilter::new()
+                .with_all_engines(true)
+                .with_max_plans(Some(12)),
         )
         .unwrap();
     eprintln!(
@@ -3347,7 +3359,9 @@ fn gpu_cuda_graph_rejections_leave_outputs_untouched() {
     let all =
         c.og.plans(
             &cudnn,
-            &PlanFilter::new().with_all_engines(true).with_max_plans(Some(16)),
+            &PlanFilter::new()
+                .with_all_engines(true)
+                .with_max_plans(Some(16)),
         )
         .unwrap()
         .plans;

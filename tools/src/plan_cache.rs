@@ -460,7 +460,10 @@ fn parent_in(stream: &Arc<CudaStream>, cudnn: &Cudnn, opts: &Opts, dir: &Path) -
         opts.max_plans
     );
     let t = Instant::now();
-    let list = og.plans(cudnn, &filter(opts.no_rtc).with_max_plans(Some(opts.max_plans)))?;
+    let list = og.plans(
+        cudnn,
+        &filter(opts.no_rtc).with_max_plans(Some(opts.max_plans)),
+    )?;
     let n = list.plans.len();
     eprintln!(
         "  {n} plans built, {} configurations skipped, in {:.2} s",
