@@ -105,7 +105,7 @@ fn tune(
     ws: &mut Workspace,
     what: &str,
 ) -> BoxResult<Plan> {
-    let opts = tune::plan::Policy::new().rounds(3).iterations(10);
+    let opts = tune::plan::Policy::new().with_rounds(3).with_iterations(10);
     let tuned = autotune(cudnn, plans, args, ws, &opts)?;
     for t in &tuned.candidates {
         eprintln!("  {what}: plan {} {:.4} ms", t.name, t.ms);
@@ -160,7 +160,7 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, test: bool) -> BoxResult<()> {
         None => (s as f64).powi(2) / 2.0,
     };
     let fwd_flops = 4.0 * (B * H) as f64 * pairs * D as f64;
-    let filter = PlanFilter::new().max_plans(Some(max_plans));
+    let filter = PlanFilter::new().with_max_plans(Some(max_plans));
     let mut ws = Workspace::new(stream.clone());
 
     let qb = upload(stream, n, 0)?;

@@ -359,7 +359,7 @@ fn main() {
         ctx.name().unwrap_or_else(|_| "unknown GPU".into()),
         ctx.compute_capability().map(|c| c.0).unwrap_or(0),
         ctx.compute_capability().map(|c| c.1).unwrap_or(0),
-        lts[0].1.limit() >> 20
+        lts[0].1.workspace_limit() >> 20
     );
     let args = Args::parse();
     let mut c = Criterion::default().configure_from_args();

@@ -4,7 +4,7 @@
 //! * **Convolution forward** on the seven reference configurations of `benches/conv.rs` (padding
 //!   `r / 2`), per mode: `fp16` (f16 NHWC), `bf16` (bf16 NHWC), `tf32` (f32 NCHW, tensor cores
 //!   allowed: PyTorch's `allow_tf32 = True`) and `fp32` (f32 NCHW, strict: the graph through
-//!   [`PlanFilter::no_tensor_cores`], the legacy call with [`MathType::Fma`]); `tf32_nhwc` and
+//!   [`PlanFilter::with_no_tensor_cores`], the legacy call with [`MathType::Fma`]); `tf32_nhwc` and
 //!   `fp32_nhwc` on request. The graph side asks heuristics A then fallback for up to
 //!   [`MAX_PLANS`] plans, [`autotune`]s them and times the winner; the legacy side takes the
 //!   algorithm [`Cudnn::conv_forward_find`] ranks first (the math type PyTorch sets for the mode)
@@ -81,7 +81,7 @@
 //!   that each case reports the comparison's own noise (ops `paired_noise_conv_fwd_<mode>_<cfg>`
 //!   and a table: the pick against itself, and PyTorch's slowest process over its fastest).
 //! * `GRAPH_BENCH_FINALISTS`, `GRAPH_BENCH_FINAL_SOLO_MS`: the union tuner's
-//!   [`Autotuner::finalists`] and [`Autotuner::final_solo_ms`] (defaults 6 and 25 ms).
+//!   [`Autotuner::with_finalists`] and [`Autotuner::with_final_solo_ms`] (defaults 6 and 25 ms).
 //! * `GRAPH_BENCH_CONFIGS`: comma-separated parts of configuration names (such as
 //!   `16x256,32x256`); the convolution and union lines then cover only the configurations whose
 //!   name contains one of them (default: all seven).
@@ -176,8 +176,8 @@ impl Cfg {
 
     fn params(&self) -> ConvParams {
         ConvParams::new(2)
-            .padding(&[self.r / 2, self.r / 2])
-            .stride(&[self.s, self.s])
+            .with_padding(&[self.r / 2, self.r / 2])
+            .with_strides(&[self.s, self.s])
     }
 
     fn legacy_desc<T: DataType>(&self, math: MathType) -> cudnn_safe::Result<ConvDesc> {
@@ -213,7 +213,7 @@ struct Mode {
     name: &'static str,
     dtype: DType,
     nhwc: bool,
-    /// No tensor cores: [`PlanFilter::no_tensor_cores`] and [`MathType::Fma`].
+    /// No tensor cores: [`PlanFilter::with_no_tensor_cores`] and [`MathType::Fma`].
     strict: bool,
     /// The legacy convolution's math type (PyTorch's choice for the mode).
     math: MathType,
@@ -269,7 +269,7 @@ impl Mode {
     const DEFAULT: &'static str = "fp16,bf16,tf32,fp32";
 
     fn filter(&self) -> PlanFilter {
-        PlanFilter::new().no_tensor_cores(self.strict)
+        PlanFilter::new().with_no_tensor_cores(self.strict)
     }
 }
 
@@ -421,8 +421,8 @@ fn diff_note(d: &BoxResult<f64>) -> String {
 fn autotune_options(test: bool) -> cudnn_safe::tune::plan::Policy {
     if test {
         cudnn_safe::tune::plan::Policy::new()
-            .rounds(1)
-            .iterations(1)
+            .with_rounds(1)
+            .with_iterations(1)
     } else {
         cudnn_safe::tune::plan::Policy::new()
     }
@@ -463,7 +463,7 @@ impl Picked {
         test: bool,
     ) -> BoxResult<Picked> {
         let t = Instant::now();
-        let list = og.plans(cudnn, &filter.max_plans(Some(max_plans(test))))?;
+        let list = og.plans(cudnn, &filter.with_max_plans(Some(max_plans(test))))?;
         let build_s = t.elapsed().as_secs_f64();
         let (built, skipped) = (list.plans.len(), list.skipped.len());
         let t = Instant::now();
@@ -932,7 +932,7 @@ impl Tiny {
         g.mark_output(y)?;
         let og = g.build(cudnn)?;
         // The first plan heuristic A proposes, as `shared/gpu/reference/graphconv.cu` takes it.
-        let filter = PlanFilter::new().heuristics(&[HeurMode::A]);
+        let filter = PlanFilter::new().with_heuristics(&[HeurMode::A]);
         let mut cache = PlanCache::new();
         cache.get_or_build(cudnn, &og, &filter)?;
         Ok(Tiny {
@@ -1144,9 +1144,9 @@ fn cuda_graph_tiny<T: DataType>(
     g.mark_output(y)?;
     let og = g.build(cudnn)?;
     let filter = PlanFilter::new()
-        .cuda_graph_native(true)
-        .all_engines(true)
-        .max_plans(Some(1));
+        .with_cuda_graph_native(true)
+        .with_all_engines(true)
+        .with_max_plans(Some(1));
     match og.plans(cudnn, &filter) {
         Ok(mut list) => {
             let plan = list.plans.swap_remove(0);
@@ -1586,8 +1586,8 @@ fn other_plans<T: DataType<Scalar = f32>>(
     if n > 0 {
         let filter = mode
             .filter()
-            .heuristics(&[HeurMode::A, HeurMode::B, HeurMode::Fallback])
-            .max_plans(Some(40));
+            .with_heuristics(&[HeurMode::A, HeurMode::B, HeurMode::Fallback])
+            .with_max_plans(Some(40));
         let plans = d.og.plans(cudnn, &filter)?.plans;
         let configs: Vec<(String, cudnn_safe::graph::EngineConfig)> = plans
             .iter()
@@ -1600,8 +1600,8 @@ fn other_plans<T: DataType<Scalar = f32>>(
         // The library's ranking (best of three rounds of ten executions each; a plan that fails
         // to execute is left out, as the union search leaves it out), fastest first.
         let opts = cudnn_safe::tune::plan::Policy::new()
-            .rounds(3)
-            .iterations(10);
+            .with_rounds(3)
+            .with_iterations(10);
         let tuned = autotune(cudnn, plans, &b, &mut ws, &opts)?;
         timed = tuned
             .candidates
@@ -1667,16 +1667,16 @@ fn union_case<T: DataType<Scalar = f32>>(
     let measured = (|| -> BoxResult<Searched<T>> {
         let d = ConvData::<T>::new(cudnn, mode, cfg)?;
         let flops = d.flops;
-        // Heuristics B on: the documented union numbers search it (`Autotuner::heuristics_b`).
+        // Heuristics B on: the documented union numbers search it (`Autotuner::with_heuristics_b`).
         let mut tuner = Autotuner::new(Policy::Benchmark)
             .without_cache_file()
-            .heuristics_b(true);
+            .with_heuristics_b(true);
         // The finals' size, when an experiment asks for another than the default.
         if let Some(n) = env_number::<usize>("GRAPH_BENCH_FINALISTS") {
-            tuner = tuner.finalists(n);
+            tuner = tuner.with_finalists(n);
         }
         if let Some(ms) = env_number::<f32>("GRAPH_BENCH_FINAL_SOLO_MS") {
-            tuner = tuner.final_solo_ms(ms);
+            tuner = tuner.with_final_solo_ms(ms);
         }
         let mut held = Held { d, tuner };
         let first = held.forward(cudnn)?;

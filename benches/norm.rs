@@ -262,56 +262,68 @@ impl Problem {
     /// `default_…` variants).
     fn methods(&self) -> Vec<(&'static str, Option<NormMethod>, bool)> {
         let d = NormMethod::reductions();
-        let bn_affine = d.affine(NormAffine::BatchNormInference);
-        let bn_grads = d.param_grads(NormParamGrads::BatchNormBackward);
+        let bn_affine = d.with_affine(NormAffine::BatchNormInference);
+        let bn_grads = d.with_param_grads(NormParamGrads::BatchNormBackward);
         let first = FeatureLayout::ChannelsFirst;
         let last = FeatureLayout::ChannelsLast;
         // The default with the gradient formulation it does not use.
         let other_default = if self.layer {
             (
                 "default_grads_bn",
-                NormMethod::default_for_layer().param_grads(NormParamGrads::BatchNormBackward),
+                NormMethod::default_for_layer().with_param_grads(NormParamGrads::BatchNormBackward),
             )
         } else {
             (
                 "default_grads_2stage",
-                NormMethod::default_for_group().param_grads(NormParamGrads::TwoStageReduce),
+                NormMethod::default_for_group().with_param_grads(NormParamGrads::TwoStageReduce),
             )
         };
         let mut v = vec![
             ("reductions", Some(d), false),
             ("default", None, false),
             (other_default.0, Some(other_default.1), true),
-            ("stats_row", Some(d.stats(NormStats::SpatialRow)), false),
+            (
+                "stats_row",
+                Some(d.with_stats(NormStats::SpatialRow)),
+                false,
+            ),
             (
                 "stats_square",
-                Some(d.stats(NormStats::SpatialSquare)),
+                Some(d.with_stats(NormStats::SpatialSquare)),
                 false,
             ),
             (
                 "stats_persistent",
-                Some(d.stats(NormStats::SpatialPersistent)),
+                Some(d.with_stats(NormStats::SpatialPersistent)),
                 false,
             ),
             (
                 "affine_bn_nchw",
-                Some(bn_affine.feature_layout(first)),
+                Some(bn_affine.with_feature_layout(first)),
                 false,
             ),
-            ("grads_bn_nchw", Some(bn_grads.feature_layout(first)), true),
+            (
+                "grads_bn_nchw",
+                Some(bn_grads.with_feature_layout(first)),
+                true,
+            ),
             (
                 "grads_2stage",
-                Some(d.param_grads(NormParamGrads::TwoStageReduce)),
+                Some(d.with_param_grads(NormParamGrads::TwoStageReduce)),
                 true,
             ),
         ];
         if self.s == 1 {
             v.push((
                 "affine_bn_nhwc",
-                Some(bn_affine.feature_layout(last)),
+                Some(bn_affine.with_feature_layout(last)),
                 false,
             ));
-            v.push(("grads_bn_nhwc", Some(bn_grads.feature_layout(last)), true));
+            v.push((
+                "grads_bn_nhwc",
+                Some(bn_grads.with_feature_layout(last)),
+                true,
+            ));
         }
         v
     }

@@ -145,7 +145,7 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn) -> Result<()> {
     ] {
         // At most 8 graph plans per heuristic source (the library's default is 24): a quicker
         // first call of the benchmark policy, at the risk of missing the fastest engine.
-        let mut tuner = Autotuner::new(policy).without_cache_file().graph_plans(8);
+        let mut tuner = Autotuner::new(policy).without_cache_file().with_graph_plans(8);
         tuner.clear(); // forget what $CUDNN_SAFE_AUTOTUNE_CACHE may have loaded
         let mut call = |tuner: &mut Autotuner| {
             tuner.forward(cudnn, 1.0, &l.x_d, &l.x, &l.w_d, &l.w, &l.conv, 0.0, &l.y_d, &mut l.y)

@@ -66,7 +66,7 @@ fn conv_graph(cudnn: &Cudnn) -> Result<(OperationGraph, [TensorId; 3])> {
     let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
     let x = g.tensor_nhwc("x", &X, DType::F16)?;
     let w = g.tensor_nhwc("w", &W, DType::F16)?;
-    let y = g.conv_fprop(x, w, &ConvParams::new(2).padding(&[1, 1]))?;
+    let y = g.conv_fprop(x, w, &ConvParams::new(2).with_padding(&[1, 1]))?;
     g.set_name(y, "y")?;
     g.mark_output(y)?;
     Ok((g.build(cudnn)?, [x, w, y]))
@@ -93,7 +93,7 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, file: &Path) -> Result<bool> {
     let (og, [xt, wt, yt]) = conv_graph(cudnn)?;
     let mut y_first = stream.alloc_zeros::<f16>(og.span(yt)?).map_err(drv("allocating y"))?;
     let mut ws = Workspace::new(stream.clone());
-    let list = og.plans(cudnn, &filter.clone().max_plans(Some(CANDIDATES)))?;
+    let list = og.plans(cudnn, &filter.clone().with_max_plans(Some(CANDIDATES)))?;
     let tuned = {
         let mut args = Args::new(cudnn);
         args.input(xt, &x)?.input(wt, &w)?.output(yt, &mut y_first)?;

@@ -45,6 +45,22 @@
 //! Layers: `cudnn-safe-sys` holds the generated bindings and the loader; `raw` (private) has
 //! one function per C call; the public types here own their cuDNN objects and check every call.
 //!
+//! ## Conventions
+//!
+//! Names of configured values follow one rule across the crate:
+//!
+//! * **Builders** finished by a validating `build()` ([`conv::ConvBuilder`],
+//!   [`TensorBuilder`], the normalization builders) take `#[must_use]` setters named after
+//!   the value: `x(v)`.
+//! * **Plain-data descriptions and handles configured before use** ([`blas::lt::Matmul`],
+//!   [`graph::ConvParams`], [`graph::PlanFilter`], [`norm::NormMethod`], [`Autotuner`],
+//!   [`blas::BlasLt`], [`Workspace`]) take by-value `#[must_use]` setters `with_x(v)`; a handle
+//!   changes in place with `set_x(&mut self, v)` (fallible where the library is called, as
+//!   [`Cudnn::set_stream`]); the getter is `x()`, or `is_x()` for a flag (or a public field).
+//! * **Cache files** are the one exception, alike on the three tuners ([`Autotuner`],
+//!   [`blas::BlasLt`], [`tune::plan::PlanCache`]): `cache_file(path)`, `try_cache_file(path)`
+//!   and `without_cache_file()` set the file, `cache_path()` reads it.
+//!
 //! ## CUDA versions
 //!
 //! cudarc binds one version of the CUDA driver API, chosen by exactly one feature. This crate's

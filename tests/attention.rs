@@ -801,7 +801,7 @@ fn fetch<T: DataType>(
 /// The first `max` plans of the heuristics; panics (the test fails) when there is none.
 fn plans(cudnn: &Cudnn, og: &OperationGraph, max: usize) -> Vec<Plan> {
     let list = og
-        .plans(cudnn, &PlanFilter::new().max_plans(Some(max)))
+        .plans(cudnn, &PlanFilter::new().with_max_plans(Some(max)))
         .unwrap_or_else(|e| panic!("no plan for the attention graph: {e}"));
     assert!(!list.plans.is_empty(), "no plan: {:?}", list.skipped);
     for p in &list.plans {

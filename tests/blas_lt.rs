@@ -608,7 +608,7 @@ fn every_heuristic_candidate_is_correct() {
         let c16 = lt.candidates::<bf16>(&op, 8).unwrap();
         assert!(!c32.is_empty() && !c16.is_empty());
         for c in c32.iter().chain(&c16) {
-            assert!(c.workspace <= lt.limit());
+            assert!(c.workspace <= lt.workspace_limit());
             assert_eq!(c.alignment(), 16);
             assert!(c.time_ms.is_none());
         }
@@ -736,8 +736,8 @@ fn workspace_limit_zero_still_runs_or_says_why() {
     let Some((stream, lt)) = gpu() else {
         return;
     };
-    let mut lt = lt.workspace_limit(0);
-    assert_eq!(lt.limit(), 0);
+    let mut lt = lt.with_workspace_limit(0);
+    assert_eq!(lt.workspace_limit(), 0);
     let mut rng = Rng::new(11);
     for e in [Epilogue::None, Epilogue::BiasGelu] {
         let op = Matmul::linear(64, 128, 96).unwrap().with_epilogue(e);

@@ -3044,8 +3044,8 @@ fn autotuner_zero_workspace_limit() {
     });
     let mut ran = Vec::new();
     for policy in [Policy::Heuristic, Policy::Benchmark] {
-        let mut tuner = fresh(policy).workspace_limit(0);
-        assert_eq!(tuner.limit(), 0);
+        let mut tuner = fresh(policy).with_workspace_limit(0);
+        assert_eq!(tuner.workspace_limit(), 0);
         let name = policy.name();
         let mut expect = |dir: &str, zero: bool, r: Result<(String, usize), Error>| match (zero, r)
         {
@@ -3251,7 +3251,7 @@ fn union_call<T: DataType>(
         "union {} {} (search {}) alpha {alpha} beta {beta}",
         mode.name,
         tuner.policy().name(),
-        tuner.graph_search_mode().name()
+        tuner.graph_search().name()
     );
     let c = tuner
         .forward(
@@ -3281,7 +3281,7 @@ fn union_mode_case<T: DataType>(g: &Gpu, seed: u64, mode: &UnionMode) -> String 
     let s = union_setup::<T>(g, &mut rng, mode);
     let mut report = Vec::new();
     for search in [GraphSearch::Union, GraphSearch::Prefer, GraphSearch::Off] {
-        let mut tuner = fresh(Policy::Benchmark).graph_search(search);
+        let mut tuner = fresh(Policy::Benchmark).with_graph_search(search);
         let (first, _) = union_call(g, &mut rng, &mut tuner, &s, mode, 1.0, 0.0);
         let (second, _) = union_call(g, &mut rng, &mut tuner, &s, mode, 1.0, 0.0);
         assert_eq!(first.source, Source::Benchmark, "{}", mode.name);
@@ -3296,7 +3296,7 @@ fn union_mode_case<T: DataType>(g: &Gpu, seed: u64, mode: &UnionMode) -> String 
         report.push(format!("{} → {}", search.name(), first.describe()));
     }
     // The heuristic policy stays legacy whatever the search mode.
-    let mut tuner = fresh(Policy::Heuristic).graph_search(GraphSearch::Prefer);
+    let mut tuner = fresh(Policy::Heuristic).with_graph_search(GraphSearch::Prefer);
     let (c, _) = union_call(g, &mut rng, &mut tuner, &s, mode, 1.0, 0.0);
     assert_eq!(c.api, ConvApi::Legacy, "{} heuristic", mode.name);
     format!("{}: {}", mode.name, report.join(", "))
@@ -3321,7 +3321,7 @@ fn union_prefer_runs_a_graph_engine_for_half_nhwc() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(1005);
     for (mode, is_bf16) in [(&UNION_F16, false), (&UNION_BF16, true)] {
-        let mut tuner = fresh(Policy::Benchmark).graph_search(GraphSearch::Prefer);
+        let mut tuner = fresh(Policy::Benchmark).with_graph_search(GraphSearch::Prefer);
         let c = if is_bf16 {
             let s = union_setup::<bf16>(&g, &mut rng, mode);
             union_call(&g, &mut rng, &mut tuner, &s, mode, 1.0, 0.0).0
@@ -3341,7 +3341,7 @@ fn union_accumulating_calls_use_legacy_and_keep_old_values() {
     let mut rng = Rng::new(1006);
     let mode = &UNION_F16;
     let s = union_setup::<f16>(&g, &mut rng, mode);
-    let mut tuner = fresh(Policy::Benchmark).graph_search(GraphSearch::Prefer);
+    let mut tuner = fresh(Policy::Benchmark).with_graph_search(GraphSearch::Prefer);
     // The decision is made during an accumulating call: the benchmark (legacy and graph) runs on
     // scratch memory, the call itself on the legacy path.
     let (acc, _) = union_call(&g, &mut rng, &mut tuner, &s, mode, 1.0, 1.0);
@@ -3373,7 +3373,7 @@ fn union_held_plan_is_rebuilt_on_a_new_handle() {
     let mut rng = Rng::new(1010);
     let mode = &UNION_F16;
     let s = union_setup::<f16>(&first, &mut rng, mode);
-    let mut tuner = fresh(Policy::Benchmark).graph_search(GraphSearch::Prefer);
+    let mut tuner = fresh(Policy::Benchmark).with_graph_search(GraphSearch::Prefer);
     let (tuned, _) = union_call(&first, &mut rng, &mut tuner, &s, mode, 1.0, 0.0);
     assert!(tuned.api.is_graph(), "{}", tuned.describe());
     let (stream, old_id) = (first.stream.clone(), first.cudnn.id());
@@ -3412,7 +3412,7 @@ fn union_graph_decision_persists_and_is_rebuilt_without_benchmark() {
     let _ = std::fs::remove_file(&path);
 
     let mut a = fresh(Policy::Benchmark)
-        .graph_search(GraphSearch::Prefer)
+        .with_graph_search(GraphSearch::Prefer)
         .cache_file(&path);
     let (ca, ya) = union_call(&g, &mut rng, &mut a, &s, mode, 1.0, 0.0);
     let ConvApi::Graph(config) = ca.api.clone() else {
@@ -3426,7 +3426,7 @@ fn union_graph_decision_persists_and_is_rebuilt_without_benchmark() {
     drop(a);
 
     let mut b = fresh(Policy::Benchmark)
-        .graph_search(GraphSearch::Prefer)
+        .with_graph_search(GraphSearch::Prefer)
         .cache_file(&path);
     let (cb, yb) = union_call(&g, &mut rng, &mut b, &s, mode, 1.0, 0.0);
     assert_eq!(cb.source, Source::Cache);
@@ -3514,7 +3514,7 @@ fn union_misaligned_call_falls_back_for_that_call_only() {
     };
     let tuner = || {
         fresh(Policy::Benchmark)
-            .graph_search(GraphSearch::Prefer)
+            .with_graph_search(GraphSearch::Prefer)
             .cache_file(&path)
     };
 
@@ -3594,7 +3594,7 @@ fn union_warm_up_replays_cached_decisions() {
     let _ = std::fs::remove_file(&path);
     let tuner = |policy| {
         fresh(policy)
-            .graph_search(GraphSearch::Prefer)
+            .with_graph_search(GraphSearch::Prefer)
             .cache_file(&path)
     };
 
@@ -3672,7 +3672,7 @@ fn union_deterministic_policy_picks_deterministic_graph_plans() {
     let mut rng = Rng::new(1008);
     let mode = &UNION_F16;
     let s = union_setup::<f16>(&g, &mut rng, mode);
-    let mut tuner = fresh(Policy::Deterministic).graph_search(GraphSearch::Prefer);
+    let mut tuner = fresh(Policy::Deterministic).with_graph_search(GraphSearch::Prefer);
     let (c1, y1) = union_call(&g, &mut rng, &mut tuner, &s, mode, 1.0, 0.0);
     let (c2, y2) = union_call(&g, &mut rng, &mut tuner, &s, mode, 1.0, 0.0);
     assert_eq!(c1.api, c2.api);
@@ -3685,9 +3685,9 @@ fn union_deterministic_policy_picks_deterministic_graph_plans() {
     let x = gr.tensor_nhwc("x", &case.x_dims(), DType::F16).unwrap();
     let w = gr.tensor_nhwc("w", &case.w_dims(), DType::F16).unwrap();
     let params = ConvParams::new(2)
-        .padding(&case.pads)
-        .stride(&case.strides)
-        .dilation(&case.dilations);
+        .with_padding(&case.pads)
+        .with_strides(&case.strides)
+        .with_dilations(&case.dilations);
     let y = gr.conv_fprop(x, w, &params).unwrap();
     gr.mark_output(y).unwrap();
     let og = gr.build(&g.cudnn).unwrap();
@@ -3796,7 +3796,7 @@ impl<T: DataType> UnionProblem<T> {
             dir.name(),
             mode.name,
             tuner.policy().name(),
-            tuner.graph_search_mode().name()
+            tuner.graph_search().name()
         );
         let (lay, r) = match dir {
             UnionDir::Data => (&s.x_lay, &self.dx_ref),
@@ -3913,8 +3913,8 @@ fn union_dirs_case<T: DataType>(g: &Gpu, seed: u64, mode: &UnionMode, half: bool
         let mut line = Vec::new();
         for search in [GraphSearch::Union, GraphSearch::Prefer, GraphSearch::Off] {
             let mut tuner = fresh(Policy::Benchmark)
-                .graph_search(search)
-                .graph_plans(UNION_TEST_PLANS);
+                .with_graph_search(search)
+                .with_graph_plans(UNION_TEST_PLANS);
             let (first, _) = p.call(g, &mut rng, &mut tuner, mode, dir, 1.0, 0.0);
             let (second, _) = p.call(g, &mut rng, &mut tuner, mode, dir, 1.0, 0.0);
             let what = format!("{} {} {}", mode.name, dir.name(), search.name());
@@ -3938,7 +3938,7 @@ fn union_dirs_case<T: DataType>(g: &Gpu, seed: u64, mode: &UnionMode, half: bool
             line.push(format!("{} → {}", search.name(), first.describe()));
         }
         // The heuristic policy stays legacy whatever the search mode.
-        let mut tuner = fresh(Policy::Heuristic).graph_search(GraphSearch::Prefer);
+        let mut tuner = fresh(Policy::Heuristic).with_graph_search(GraphSearch::Prefer);
         let (c, _) = p.call(g, &mut rng, &mut tuner, mode, dir, 1.0, 0.0);
         assert_eq!(
             c.api,
@@ -3975,8 +3975,8 @@ fn union_backward_and_fused_scaled_or_accumulating_calls_use_legacy() {
     let mut report = Vec::new();
     for dir in UnionDir::ALL {
         let mut tuner = fresh(Policy::Benchmark)
-            .graph_search(GraphSearch::Prefer)
-            .graph_plans(UNION_TEST_PLANS);
+            .with_graph_search(GraphSearch::Prefer)
+            .with_graph_plans(UNION_TEST_PLANS);
         // The decision is made during an accumulating call (fused: with a residual z): the
         // search runs on scratch memory (fused: on y, which the call then writes), the call on
         // the legacy path, keeping the old values (checked inside).
@@ -4031,10 +4031,10 @@ fn union_finals_follow_the_tuner_knobs() {
         ),
     ] {
         let mut tuner = fresh(Policy::Benchmark)
-            .graph_search(GraphSearch::Prefer)
-            .graph_plans(UNION_TEST_PLANS)
-            .finalists(finalists)
-            .final_solo_ms(solo_ms);
+            .with_graph_search(GraphSearch::Prefer)
+            .with_graph_plans(UNION_TEST_PLANS)
+            .with_finalists(finalists)
+            .with_final_solo_ms(solo_ms);
         let (first, _) = p.call(&g, &mut rng, &mut tuner, mode, UnionDir::Data, 1.0, 0.0);
         let (second, _) = p.call(&g, &mut rng, &mut tuner, mode, UnionDir::Data, 1.0, 0.0);
         assert!(first.api.is_graph(), "{label}: {}", first.describe());
@@ -4073,8 +4073,8 @@ fn union_backward_and_fused_decisions_persist_and_are_rebuilt() {
     let _ = std::fs::remove_file(&path);
 
     let mut a = fresh(Policy::Benchmark)
-        .graph_search(GraphSearch::Prefer)
-        .graph_plans(UNION_TEST_PLANS)
+        .with_graph_search(GraphSearch::Prefer)
+        .with_graph_plans(UNION_TEST_PLANS)
         .cache_file(&path);
     let first: Vec<_> = UnionDir::ALL
         .iter()
@@ -4094,8 +4094,8 @@ fn union_backward_and_fused_decisions_persist_and_are_rebuilt() {
     drop(a);
 
     let mut b = fresh(Policy::Benchmark)
-        .graph_search(GraphSearch::Prefer)
-        .graph_plans(UNION_TEST_PLANS)
+        .with_graph_search(GraphSearch::Prefer)
+        .with_graph_plans(UNION_TEST_PLANS)
         .cache_file(&path);
     for ((ca, _), dir) in first.iter().zip(UnionDir::ALL) {
         // Checked against the reference inside; engines may be nondeterministic (benchmark

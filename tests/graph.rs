@@ -52,7 +52,13 @@ fn conv_graph(dtype: DType, nhwc: bool) -> (Graph, TensorId, TensorId, TensorId)
         )
     };
     let y = g
-        .conv_fprop(x, w, &ConvParams::new(2).padding(&[1, 1]).stride(&[2, 1]))
+        .conv_fprop(
+            x,
+            w,
+            &ConvParams::new(2)
+                .with_padding(&[1, 1])
+                .with_strides(&[2, 1]),
+        )
         .unwrap();
     g.mark_output(y).unwrap();
     (g, x, w, y)
@@ -73,10 +79,10 @@ fn host_output_dims_and_layouts() {
     let x = g.tensor_nchw("x", &[1, 2, 9, 9], DType::F32).unwrap();
     let w = g.tensor_nchw("w", &[3, 2, 3, 3], DType::F32).unwrap();
     let p = ConvParams::new(2)
-        .pre_padding(&[0, 2])
-        .post_padding(&[1, 0])
-        .dilation(&[2, 3])
-        .stride(&[3, 1]);
+        .with_pre_padding(&[0, 2])
+        .with_post_padding(&[1, 0])
+        .with_dilations(&[2, 3])
+        .with_strides(&[3, 1]);
     let y = g.conv_fprop(x, w, &p).unwrap();
     // h: (9 + 0 + 1 - 5) / 3 + 1 = 2; w: (9 + 2 + 0 - 7) / 1 + 1 = 5.
     assert_eq!(g.dims(y).unwrap(), &[1, 3, 2, 5]);
@@ -87,7 +93,7 @@ fn host_output_dims_and_layouts() {
     let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
     let x = g.tensor_nhwc("x", &[2, 4, 6, 6], DType::F16).unwrap();
     let dy = g.tensor_nhwc("dy", &[2, 8, 6, 6], DType::F16).unwrap();
-    let p = ConvParams::new(2).padding(&[1, 1]);
+    let p = ConvParams::new(2).with_padding(&[1, 1]);
     let dw = g.conv_wgrad(x, dy, &[8, 4, 3, 3], &p).unwrap();
     assert_eq!(g.strides(dw).unwrap(), &[36, 1, 12, 4]);
     let w = g.tensor_nhwc("w", &[8, 4, 3, 3], DType::F16).unwrap();
@@ -156,9 +162,9 @@ fn host_shape_errors_name_the_tensors() {
         Err(cudnn_safe::Error::ShapeMismatch { .. })
     ));
     for bad in [
-        ConvParams::new(2).padding(&[-1, 0]),
-        ConvParams::new(2).stride(&[0, 1]),
-        ConvParams::new(2).dilation(&[1]),
+        ConvParams::new(2).with_padding(&[-1, 0]),
+        ConvParams::new(2).with_strides(&[0, 1]),
+        ConvParams::new(2).with_dilations(&[1]),
     ] {
         let r = g.conv_fprop(x, w_big, &bad);
         assert!(
@@ -365,7 +371,7 @@ fn host_every_operation_kind_finalizes() {
         let w = g.tensor_nhwc("w", &[16, 8, 3, 3], dt).unwrap();
         let b = g.tensor_nhwc("b", &[1, 16, 1, 1], dt).unwrap();
         let y = g
-            .conv_fprop(x, w, &ConvParams::new(2).padding(&[1, 1]))
+            .conv_fprop(x, w, &ConvParams::new(2).with_padding(&[1, 1]))
             .unwrap();
         let y = g.bias(y, b).unwrap();
         let y = g.pointwise(PointwiseMode::Relu, y, None).unwrap();
@@ -377,7 +383,7 @@ fn host_every_operation_kind_finalizes() {
     let dy = g.tensor_nchw("dy", &[2, 4, 5, 5], DType::F32).unwrap();
     let w = g.tensor_nchw("w", &[4, 3, 3, 3], DType::F32).unwrap();
     let x = g.tensor_nchw("x", &[2, 3, 5, 5], DType::F32).unwrap();
-    let p = ConvParams::new(2).padding(&[1, 1]);
+    let p = ConvParams::new(2).with_padding(&[1, 1]);
     let dx = g.conv_dgrad(dy, w, &[2, 3, 5, 5], &p).unwrap();
     let dw = g.conv_wgrad(x, dy, &[4, 3, 3, 3], &p).unwrap();
     g.mark_output(dx).unwrap();
@@ -512,9 +518,9 @@ fn host_signatures_and_engine_configs() {
         assert!(bad.parse::<EngineConfig>().is_err(), "{bad}");
     }
     let f = PlanFilter::new()
-        .heuristics(&[HeurMode::B])
-        .deterministic(true)
-        .max_workspace(usize::MAX);
+        .with_heuristics(&[HeurMode::B])
+        .with_deterministic(true)
+        .with_workspace_limit(usize::MAX);
     assert_eq!(f.workspace_limit(), cudnn_safe::MAX_WORKSPACE_BYTES);
     assert_ne!(f, PlanFilter::default());
 }
@@ -687,9 +693,9 @@ struct Conv {
 impl Conv {
     fn params(&self) -> ConvParams {
         ConvParams::new(2)
-            .padding(&self.pad)
-            .stride(&self.stride)
-            .dilation(&self.dil)
+            .with_padding(&self.pad)
+            .with_strides(&self.stride)
+            .with_dilations(&self.dil)
     }
     fn y(&self) -> [i64; 4] {
         let o = |a: usize| {
@@ -771,7 +777,7 @@ fn values<T: DataType>(rng: &mut Rng, n: usize) -> (Vec<T>, Vec<f64>) {
 /// Builds the graph's plans under `filter`, at most `max` of them.
 fn some_plans(cudnn: &Cudnn, og: &OperationGraph, filter: PlanFilter, max: usize) -> Vec<Plan> {
     let list = og
-        .plans(cudnn, &filter.max_plans(Some(max)))
+        .plans(cudnn, &filter.with_max_plans(Some(max)))
         .unwrap_or_else(|e| panic!("no plan: {e}"));
     assert!(!list.plans.is_empty());
     for p in &list.plans {
@@ -959,7 +965,7 @@ fn gpu_preload_opens_sub_libraries_and_builds_a_plan() {
     }
     // Preloading twice is harmless.
     assert!(cudnn_safe::graph::preload(&cudnn).is_ok());
-    conv_fprop_case::<f32>(false, PlanFilter::new().no_tensor_cores(true), 63);
+    conv_fprop_case::<f32>(false, PlanFilter::new().with_no_tensor_cores(true), 63);
 }
 
 #[test]
@@ -1036,9 +1042,9 @@ fn gpu_configs_outside_their_engine_are_refused() {
 fn gpu_conv_fprop_f32_strict() {
     // No tensor cores: strict fp32 (FMA), so the fp32 tolerance holds.
     let f = PlanFilter::new()
-        .no_tensor_cores(true)
-        .deterministic(true)
-        .all_engines(true);
+        .with_no_tensor_cores(true)
+        .with_deterministic(true)
+        .with_all_engines(true);
     conv_fprop_case::<f32>(false, f, 1);
 }
 
@@ -1133,7 +1139,9 @@ fn conv_backward_case<T: DataType>(nhwc: bool, filter: PlanFilter, seed: u64) {
 #[test]
 fn gpu_conv_backward_f32_strict() {
     // Strict fp32; determinism not required (some backward engines use atomics).
-    let f = PlanFilter::new().no_tensor_cores(true).all_engines(true);
+    let f = PlanFilter::new()
+        .with_no_tensor_cores(true)
+        .with_all_engines(true);
     conv_backward_case::<f32>(false, f, 5);
 }
 
@@ -1439,7 +1447,7 @@ fn gpu_pointwise_modes_as_matmul_epilogue_f16() {
         if let Some((t, buf)) = ob.as_ref() {
             ins.push((*t, buf));
         }
-        let plans = match og.plans(&cudnn, &PlanFilter::new().max_plans(Some(1))) {
+        let plans = match og.plans(&cudnn, &PlanFilter::new().with_max_plans(Some(1))) {
             Ok(p) => p.plans,
             Err(e) => {
                 assert!(is_no_engine(&e), "{mode:?}: untyped failure {e:?}");
@@ -1484,7 +1492,7 @@ fn standalone_run<T: DataType>(
     filter: PlanFilter,
     what: &str,
 ) -> Result<String, Error> {
-    let plans = og.plans(cudnn, &filter.max_plans(Some(1)))?.plans;
+    let plans = og.plans(cudnn, &filter.with_max_plans(Some(1)))?.plans;
     let xb = upload(s, og, x, xv);
     let mut yb = poisoned::<T>(s, og, y);
     let mut ws = Workspace::new(s.clone());
@@ -1494,7 +1502,7 @@ fn standalone_run<T: DataType>(
 }
 
 /// Standalone pointwise and reduction graphs (no convolution or matmul), tried with the
-/// heuristics (A, fallback) and then with every engine enumerated ([`PlanFilter::all_engines`]).
+/// heuristics (A, fallback) and then with every engine enumerated ([`PlanFilter::with_all_engines`]).
 ///
 /// On the H200 with cuDNN 9.14 the heuristics proposed no engine for f32 NCHW standalone
 /// pointwise and reduction graphs, while f16 channels-last standalone pointwise graphs ran
@@ -1508,7 +1516,9 @@ fn gpu_standalone_pointwise_and_reduction() {
         ("heuristics", PlanFilter::new()),
         (
             "all engines",
-            PlanFilter::new().heuristics(&[]).all_engines(true),
+            PlanFilter::new()
+                .with_heuristics(&[])
+                .with_all_engines(true),
         ),
     ];
     let mut report = Vec::new();
@@ -1751,7 +1761,7 @@ fn gpu_reduction_after_matmul() {
             &out,
         );
         let what = format!("matmul -> reduce {op:?} to {out:?}");
-        let plans = match og.plans(&cudnn, &PlanFilter::new().max_plans(Some(2))) {
+        let plans = match og.plans(&cudnn, &PlanFilter::new().with_max_plans(Some(2))) {
             Ok(p) => p.plans,
             Err(e) => {
                 assert!(is_no_engine(&e), "{what}: untyped failure {e:?}");
@@ -1875,7 +1885,7 @@ fn gpu_plan_is_the_first_of_plans() {
     let list = c.og.plans(&cudnn, &f).unwrap();
     assert_eq!(first.config(), list.plans[0].config());
     // No heuristic mode and no enumeration: no configuration at all.
-    let none = PlanFilter::new().heuristics(&[]);
+    let none = PlanFilter::new().with_heuristics(&[]);
     let results = [
         c.og.plan(&cudnn, &none).map(|_| ()),
         c.og.plans(&cudnn, &none).map(|_| ()),
@@ -1896,11 +1906,11 @@ fn gpu_filters_and_workspace_limit() {
     let Some((s, cudnn)) = gpu() else { return };
     let c = conv_case(&s, &cudnn, 20);
     let strict = PlanFilter::new()
-        .deterministic(true)
-        .no_tensor_cores(true)
-        .no_down_conversion(true)
-        .all_engines(true)
-        .max_plans(Some(6));
+        .with_deterministic(true)
+        .with_no_tensor_cores(true)
+        .with_no_down_conversion(true)
+        .with_all_engines(true)
+        .with_max_plans(Some(6));
     let list = c.og.plans(&cudnn, &strict).unwrap();
     assert!(!list.plans.is_empty());
     for p in &list.plans {
@@ -1912,7 +1922,9 @@ fn gpu_filters_and_workspace_limit() {
     let all =
         c.og.plans(
             &cudnn,
-            &PlanFilter::new().all_engines(true).max_plans(Some(12)),
+            &PlanFilter::new()
+                .with_all_engines(true)
+                .with_max_plans(Some(12)),
         )
         .unwrap();
     eprintln!(
@@ -1932,9 +1944,9 @@ fn gpu_filters_and_workspace_limit() {
     match c.og.plans(
         &cudnn,
         &PlanFilter::new()
-            .all_engines(true)
-            .max_workspace(0)
-            .max_plans(Some(12)),
+            .with_all_engines(true)
+            .with_workspace_limit(0)
+            .with_max_plans(Some(12)),
     ) {
         Ok(l) => {
             for p in &l.plans {
@@ -2299,7 +2311,7 @@ fn gpu_autotune_json_and_config_rebuild() {
             plans,
             &args,
             &mut ws,
-            &tune::plan::Policy::new().rounds(2).iterations(3),
+            &tune::plan::Policy::new().with_rounds(2).with_iterations(3),
         )
         .unwrap()
     };
@@ -2364,7 +2376,7 @@ fn gpu_plan_cache_hits_and_persists() {
         );
     }
     assert!(cache
-        .get(&cudnn, &c.og, &filter.clone().deterministic(true))
+        .get(&cudnn, &c.og, &filter.clone().with_deterministic(true))
         .is_none());
     // On another handle, the entry does not count.
     let cudnn2 = Cudnn::new(s.clone()).unwrap();
@@ -2457,7 +2469,7 @@ fn gpu_plan_cache_warm_up_replays_recorded_graphs() {
         file_key(&PlanCache::key(
             &cudnn,
             &c.og,
-            &filter.clone().deterministic(true)
+            &filter.clone().with_deterministic(true)
         ))
     );
     let mismatched = format!(
@@ -2465,7 +2477,7 @@ fn gpu_plan_cache_warm_up_replays_recorded_graphs() {
         file_key(&PlanCache::key(
             &cudnn,
             &c.og,
-            &filter.clone().no_tensor_cores(true)
+            &filter.clone().with_no_tensor_cores(true)
         )),
         half.graph().to_json().unwrap()
     );
@@ -2521,10 +2533,10 @@ fn gpu_plan_cache_warm_up_replays_recorded_graphs() {
     assert_eq!((again.replayed, again.held, again.skipped.len()), (0, 2, 2));
     // Lookups keep writing the graphs (the skipped choice gains its graph once it is used).
     let _ = fresh
-        .get_or_build(&cudnn2, &c2.og, &filter.clone().deterministic(true))
+        .get_or_build(&cudnn2, &c2.og, &filter.clone().with_deterministic(true))
         .unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
-    let key2 = PlanCache::key(&cudnn2, &c2.og, &filter.clone().deterministic(true));
+    let key2 = PlanCache::key(&cudnn2, &c2.og, &filter.clone().with_deterministic(true));
     let line = text
         .lines()
         .find(|l| l.starts_with(&format!("{}\t", file_key(&key2))))
@@ -2541,7 +2553,7 @@ fn gpu_unsupported_graph_is_a_typed_error() {
     let x = g.tensor_nhwc("x", &[1, 8, 8, 8], DType::F16).unwrap();
     let w1 = g.tensor_nhwc("w1", &[8, 8, 3, 3], DType::F16).unwrap();
     let w2 = g.tensor_nhwc("w2", &[8, 8, 3, 3], DType::F16).unwrap();
-    let p = ConvParams::new(2).padding(&[1, 1]);
+    let p = ConvParams::new(2).with_padding(&[1, 1]);
     let y1 = g.conv_fprop(x, w1, &p).unwrap();
     let y2 = g.conv_fprop(y1, w2, &p).unwrap();
     g.mark_output(y2).unwrap();
@@ -2768,7 +2780,7 @@ fn ln_plans(
     required: bool,
 ) -> Option<(OperationGraph, Vec<Plan>)> {
     let r = g.build(cudnn).and_then(|og| {
-        og.plans(cudnn, &PlanFilter::new().max_plans(Some(3)))
+        og.plans(cudnn, &PlanFilter::new().with_max_plans(Some(3)))
             .map(|p| (og, p))
     });
     match r {
@@ -3031,13 +3043,13 @@ use cudnn_safe::graph::{PlanGraph, CUDA_GRAPH_NOT_SUPPORTED};
 #[test]
 fn host_cuda_graph_filter_status_and_send() {
     common::assert_send::<PlanGraph<'static>>();
-    let f = PlanFilter::new().cuda_graph_native(true);
+    let f = PlanFilter::new().with_cuda_graph_native(true);
     assert_ne!(
         f,
         PlanFilter::new(),
         "the option is part of the filter (and its cache key)"
     );
-    assert_eq!(f.clone().cuda_graph_native(false), PlanFilter::new());
+    assert_eq!(f.clone().with_cuda_graph_native(false), PlanFilter::new());
     assert!(
         format!("{f:?}").contains("cuda_graph_native: true"),
         "{f:?}"
@@ -3210,9 +3222,9 @@ fn cuda_graph_matmul_case(
 /// engine), at most `max`; empty when there is none.
 fn native_plans(cudnn: &Cudnn, og: &OperationGraph, max: usize) -> Vec<Plan> {
     let filter = PlanFilter::new()
-        .cuda_graph_native(true)
-        .all_engines(true)
-        .max_plans(Some(max));
+        .with_cuda_graph_native(true)
+        .with_all_engines(true)
+        .with_max_plans(Some(max));
     match og.plans(cudnn, &filter) {
         Ok(list) => {
             assert!(list.plans.iter().all(Plan::supports_cuda_graph));
@@ -3347,7 +3359,9 @@ fn gpu_cuda_graph_rejections_leave_outputs_untouched() {
     let all =
         c.og.plans(
             &cudnn,
-            &PlanFilter::new().all_engines(true).max_plans(Some(16)),
+            &PlanFilter::new()
+                .with_all_engines(true)
+                .with_max_plans(Some(16)),
         )
         .unwrap()
         .plans;

@@ -981,7 +981,7 @@ fn plans(
 ) -> Option<(OperationGraph, Vec<Plan>)> {
     let tag = if required { "required" } else { "tried" };
     let r = g.build(cudnn).and_then(|og| {
-        og.plans(cudnn, &PlanFilter::new().max_plans(Some(3)))
+        og.plans(cudnn, &PlanFilter::new().with_max_plans(Some(3)))
             .map(|p| (og, p))
     });
     let e = match r {

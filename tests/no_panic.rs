@@ -878,20 +878,20 @@ fn run_program(steps: &[Step]) -> Graph {
                 Step::Scalar(v, t) => g.scalar("s", *v, *t).into_iter().collect(),
                 Step::Conv(x, w, pre, post, s, d) => {
                     let p = ConvParams::new(pre.len())
-                        .pre_padding(pre)
-                        .post_padding(post)
-                        .stride(s)
-                        .dilation(d);
+                        .with_pre_padding(pre)
+                        .with_post_padding(post)
+                        .with_strides(s)
+                        .with_dilations(d);
                     g.conv_fprop(pick(*x), pick(*w), &p).into_iter().collect()
                 }
                 Step::ConvData(dy, w, dx, p) => {
-                    let p = ConvParams::new(p.len()).padding(p);
+                    let p = ConvParams::new(p.len()).with_padding(p);
                     g.conv_dgrad(pick(*dy), pick(*w), dx, &p)
                         .into_iter()
                         .collect()
                 }
                 Step::ConvFilter(x, dy, dw, p) => {
-                    let p = ConvParams::new(p.len()).padding(p);
+                    let p = ConvParams::new(p.len()).with_padding(p);
                     g.conv_wgrad(pick(*x), pick(*dy), dw, &p)
                         .into_iter()
                         .collect()
@@ -1028,10 +1028,10 @@ fn run_program(steps: &[Step]) -> Graph {
                         continue;
                     };
                     let p = ConvParams::new(2)
-                        .pre_padding(pre)
-                        .post_padding(post)
-                        .stride(stride)
-                        .dilation(dil);
+                        .with_pre_padding(pre)
+                        .with_post_padding(post)
+                        .with_strides(stride)
+                        .with_dilations(dil);
                     let mut out = vec![x, w];
                     if let Ok(y) = g.conv_fprop(x, w, &p) {
                         out.push(y);
@@ -1239,7 +1239,7 @@ fn sample_graph() -> Graph {
     let x = g.tensor_nhwc("x", &[2, 8, 6, 6], DType::F16).unwrap();
     let w = g.tensor_nhwc("w", &[4, 8, 3, 3], DType::F16).unwrap();
     let y = g
-        .conv_fprop(x, w, &ConvParams::new(2).padding(&[1, 1]))
+        .conv_fprop(x, w, &ConvParams::new(2).with_padding(&[1, 1]))
         .unwrap();
     let s = g.scalar("s", 0.5, DType::F32).unwrap();
     let y = g.pointwise(PointwiseMode::Mul, y, Some(s)).unwrap();

@@ -1850,10 +1850,10 @@ fn all_methods() -> Vec<NormMethod> {
                 for fl in [FeatureLayout::ChannelsFirst, FeatureLayout::ChannelsLast] {
                     v.push(
                         NormMethod::reductions()
-                            .stats(stats)
-                            .affine(affine)
-                            .param_grads(grads)
-                            .feature_layout(fl),
+                            .with_stats(stats)
+                            .with_affine(affine)
+                            .with_param_grads(grads)
+                            .with_feature_layout(fl),
                     );
                 }
             }
@@ -1869,18 +1869,21 @@ fn all_methods() -> Vec<NormMethod> {
 fn tested_methods() -> Vec<NormMethod> {
     let d = NormMethod::reductions();
     let mut v = vec![d];
-    v.extend(NormStats::ALL[1..].iter().map(|&s| d.stats(s)));
+    v.extend(NormStats::ALL[1..].iter().map(|&s| d.with_stats(s)));
     for fl in [FeatureLayout::ChannelsFirst, FeatureLayout::ChannelsLast] {
-        v.push(d.affine(NormAffine::BatchNormInference).feature_layout(fl));
         v.push(
-            d.param_grads(NormParamGrads::BatchNormBackward)
-                .feature_layout(fl),
+            d.with_affine(NormAffine::BatchNormInference)
+                .with_feature_layout(fl),
+        );
+        v.push(
+            d.with_param_grads(NormParamGrads::BatchNormBackward)
+                .with_feature_layout(fl),
         );
     }
-    v.push(d.param_grads(NormParamGrads::TwoStageReduce));
+    v.push(d.with_param_grads(NormParamGrads::TwoStageReduce));
     v.push(NormMethod::default_for_layer());
     v.push(NormMethod::default_for_group());
-    v.push(NormMethod::default_for_layer().param_grads(NormParamGrads::BatchNormBackward));
+    v.push(NormMethod::default_for_layer().with_param_grads(NormParamGrads::BatchNormBackward));
     v
 }
 
@@ -1936,11 +1939,12 @@ fn layer_group_instance_norm_methods_f32() {
 fn methods_every_view<T: NormType>(seed: u64) {
     let d = NormMethod::reductions();
     let mut methods = vec![d];
-    methods.extend(NormStats::ALL[1..].iter().map(|&s| d.stats(s)));
-    methods.push(d.param_grads(NormParamGrads::TwoStageReduce));
+    methods.extend(NormStats::ALL[1..].iter().map(|&s| d.with_stats(s)));
+    methods.push(d.with_param_grads(NormParamGrads::TwoStageReduce));
     methods.push(NormMethod::default_for_layer());
     methods.push(NormMethod::default_for_group());
-    methods.push(NormMethod::default_for_layer().param_grads(NormParamGrads::BatchNormBackward));
+    methods
+        .push(NormMethod::default_for_layer().with_param_grads(NormParamGrads::BatchNormBackward));
     for (i, m) in methods.into_iter().enumerate() {
         affine_all_with::<T>(seed + 100 * i as u64, Some(m));
     }
@@ -1973,7 +1977,7 @@ fn norm_backward_workspace_is_reserved_before_any_write() {
     let ln = LayerNorm::<f32>::new(&nchw(&[6, 40]), 1, 1e-5)
         .and_then(|n| {
             n.with_method(
-                NormMethod::default_for_layer().param_grads(NormParamGrads::BatchNormBackward),
+                NormMethod::default_for_layer().with_param_grads(NormParamGrads::BatchNormBackward),
             )
         })
         .unwrap();
@@ -1987,7 +1991,9 @@ fn norm_backward_workspace_is_reserved_before_any_write() {
     let need = gn.backward_workspace_size(&cudnn).unwrap();
     let gn_bn = GroupNorm::<f32>::new(&nchw(&[4, 8, 5, 6]), 2, 1e-5)
         .and_then(|g| {
-            g.with_method(NormMethod::reductions().param_grads(NormParamGrads::BatchNormBackward))
+            g.with_method(
+                NormMethod::reductions().with_param_grads(NormParamGrads::BatchNormBackward),
+            )
         })
         .unwrap();
     assert_eq!(gn_bn.backward_workspace_size(&cudnn).unwrap(), 0);
@@ -2085,7 +2091,7 @@ fn layer_norm_two_stage_workspace_is_reserved_before_any_write() {
         (NormParamGrads::BatchNormBackward, true),
     ] {
         let other = LayerNorm::<bf16>::new(&nchw(&[6, 40]), 1, eps)
-            .and_then(|l| l.with_method(NormMethod::default_for_layer().param_grads(grads)))
+            .and_then(|l| l.with_method(NormMethod::default_for_layer().with_param_grads(grads)))
             .unwrap();
         let bytes = other.backward_workspace_size(&cudnn).unwrap();
         assert_eq!(bytes == 0, zero, "{grads:?}: {bytes} bytes");

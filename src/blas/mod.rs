@@ -17,9 +17,10 @@
 //!   a value out of range is [`Error::Overflow`] and a negative (or, for cuBLASLt, zero) one
 //!   [`Error::InvalidArgument`], each naming the argument (`"lda"`, `"k"`, `"in_features"`);
 //!   nothing is truncated.
-//! * **Setters.** Plain-data descriptions ([`lt::Matmul`]) and handle builders take by-value
-//!   `#[must_use]` setters named `with_x(v)`; handles change in place with `set_x(&mut self, v)`
-//!   (fallible where cuBLAS is called); getters are `x()` or, for flags, `is_x()`.
+//! * **Setters.** As everywhere in the crate ([Conventions](crate#conventions)): plain-data
+//!   descriptions ([`lt::Matmul`]) and handles take by-value `#[must_use]` setters named
+//!   `with_x(v)`; handles change in place with `set_x(&mut self, v)` (fallible where cuBLAS is
+//!   called); getters are `x()` or, for flags, `is_x()`.
 //!
 //! cuBLAS and cuBLASLt are loaded at run time by cudarc. A missing library is
 //! [`Error::LibraryMissing`], never a panic: the handles check for

@@ -12,7 +12,7 @@ use crate::tensor::Layout;
 /// Parameters of a convolution operation (`CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR`).
 ///
 /// One entry per spatial dimension in each list. Padding may differ before and after
-/// (`pre_padding`, `post_padding`); [`ConvParams::padding`] sets both.
+/// (`pre_padding`, `post_padding`); [`ConvParams::with_padding`] sets both.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ConvParams {
     pub(crate) pre_padding: Vec<i64>,
@@ -36,38 +36,38 @@ impl ConvParams {
     }
     /// Symmetric padding (before and after), one value per spatial dimension.
     #[must_use]
-    pub fn padding(mut self, pad: &[i64]) -> Self {
+    pub fn with_padding(mut self, pad: &[i64]) -> Self {
         self.pre_padding = pad.to_vec();
         self.post_padding = pad.to_vec();
         self
     }
     /// Padding before each spatial dimension.
     #[must_use]
-    pub fn pre_padding(mut self, pad: &[i64]) -> Self {
+    pub fn with_pre_padding(mut self, pad: &[i64]) -> Self {
         self.pre_padding = pad.to_vec();
         self
     }
     /// Padding after each spatial dimension.
     #[must_use]
-    pub fn post_padding(mut self, pad: &[i64]) -> Self {
+    pub fn with_post_padding(mut self, pad: &[i64]) -> Self {
         self.post_padding = pad.to_vec();
         self
     }
     /// Filter strides.
     #[must_use]
-    pub fn stride(mut self, stride: &[i64]) -> Self {
+    pub fn with_strides(mut self, stride: &[i64]) -> Self {
         self.stride = stride.to_vec();
         self
     }
     /// Dilations.
     #[must_use]
-    pub fn dilation(mut self, dilation: &[i64]) -> Self {
+    pub fn with_dilations(mut self, dilation: &[i64]) -> Self {
         self.dilation = dilation.to_vec();
         self
     }
     /// Cross-correlation (the default) or true convolution.
     #[must_use]
-    pub fn mode(mut self, mode: ConvMode) -> Self {
+    pub fn with_mode(mut self, mode: ConvMode) -> Self {
         self.mode = mode;
         self
     }
@@ -76,11 +76,11 @@ impl ConvParams {
         self.stride.len()
     }
     /// Padding before each spatial dimension.
-    pub fn pre_paddings(&self) -> &[i64] {
+    pub fn pre_padding(&self) -> &[i64] {
         &self.pre_padding
     }
     /// Padding after each spatial dimension.
-    pub fn post_paddings(&self) -> &[i64] {
+    pub fn post_padding(&self) -> &[i64] {
         &self.post_padding
     }
     /// Filter strides.
@@ -92,7 +92,7 @@ impl ConvParams {
         &self.dilation
     }
     /// The convolution mode.
-    pub fn conv_mode(&self) -> ConvMode {
+    pub fn mode(&self) -> ConvMode {
         self.mode
     }
 

@@ -6,7 +6,7 @@
 //! [`PlanGraph`] whose [`launch`](PlanGraph::launch) replays that execution on the handle's
 //! stream with a single `cuGraphLaunch`: no cuDNN call, no variant pack, no argument checks per
 //! launch. Only engines carrying [`BehaviorNote::SupportsCudaGraphNativeApi`] support it
-//! ([`PlanFilter::cuda_graph_native`](super::PlanFilter::cuda_graph_native) keeps only those);
+//! ([`PlanFilter::with_cuda_graph_native`](super::PlanFilter::with_cuda_graph_native) keeps only those);
 //! other plans are refused before any cuDNN call. [`PlanGraph`] says what it borrows and why.
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -63,7 +63,7 @@ fn require_native_support(plan: &str, behavior: &[BehaviorNote]) -> Result<()> {
         message: format!(
             "refused before the call: the engine of plan {plan} lacks \
              CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API (its behaviour notes: \
-             {behavior:?}); pick a plan with PlanFilter::cuda_graph_native(true), or execute it \
+             {behavior:?}); pick a plan with PlanFilter::with_cuda_graph_native(true), or execute it \
              with Cudnn::execute"
         ),
     })
@@ -255,12 +255,12 @@ struct UpdateInfo {
 /// let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
 /// let x = g.tensor_nhwc("x", &[8, 64, 56, 56], DType::F16)?;
 /// let w = g.tensor_nhwc("w", &[64, 64, 3, 3], DType::F16)?;
-/// let c = g.conv_fprop(x, w, &ConvParams::new(2).padding(&[1, 1]))?;
+/// let c = g.conv_fprop(x, w, &ConvParams::new(2).with_padding(&[1, 1]))?;
 /// let y = g.pointwise(PointwiseMode::Relu, c, None)?;
 /// g.mark_output(y)?;
 /// let og = g.build(&cudnn)?;
 /// // Only engines that support cuDNN's native CUDA-graph API.
-/// let plan = og.plan(&cudnn, &PlanFilter::new().cuda_graph_native(true))?;
+/// let plan = og.plan(&cudnn, &PlanFilter::new().with_cuda_graph_native(true))?;
 ///
 /// let xb = stream.alloc_zeros::<half::f16>(og.span(x)?).unwrap();
 /// let wb = stream.alloc_zeros::<half::f16>(og.span(w)?).unwrap();
@@ -562,7 +562,7 @@ mod tests {
     #[test]
     fn filter_keeps_only_native_cuda_graph_engines() {
         let native = [BehaviorNote::SupportsCudaGraphNativeApi];
-        let f = PlanFilter::new().cuda_graph_native(true);
+        let f = PlanFilter::new().with_cuda_graph_native(true);
         assert!(f.refuse(&[], &[]).is_some());
         assert!(f.refuse(&[], &[BehaviorNote::Other(99)]).is_some());
         assert!(f.refuse(&[], &native).is_none());
@@ -570,7 +570,7 @@ mod tests {
         assert!(PlanFilter::new().refuse(&[], &[]).is_none());
         assert!(f
             .clone()
-            .cuda_graph_native(false)
+            .with_cuda_graph_native(false)
             .refuse(&[], &[])
             .is_none());
         assert_ne!(f, PlanFilter::new());

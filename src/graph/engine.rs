@@ -325,44 +325,44 @@ impl PlanFilter {
     /// The heuristic modes asked, in order (their proposals are concatenated, duplicates
     /// dropped).
     #[must_use]
-    pub fn heuristics(mut self, modes: &[HeurMode]) -> Self {
+    pub fn with_heuristics(mut self, modes: &[HeurMode]) -> Self {
         self.modes = modes.to_vec();
         self
     }
     /// Also enumerates every engine of the graph (`0..engine_count`) with default knobs, after
     /// the heuristics' proposals.
     #[must_use]
-    pub fn all_engines(mut self, yes: bool) -> Self {
+    pub fn with_all_engines(mut self, yes: bool) -> Self {
         self.all_engines = yes;
         self
     }
     /// Keeps only deterministic engines (no [`NumericalNote::Nondeterministic`]).
     #[must_use]
-    pub fn deterministic(mut self, yes: bool) -> Self {
+    pub fn with_deterministic(mut self, yes: bool) -> Self {
         self.deterministic = yes;
         self
     }
     /// Drops tensor-core engines: strict fp32 for f32 data (PyTorch's `allow_tf32 = False`).
     #[must_use]
-    pub fn no_tensor_cores(mut self, yes: bool) -> Self {
+    pub fn with_no_tensor_cores(mut self, yes: bool) -> Self {
         self.no_tensor_cores = yes;
         self
     }
     /// Drops engines that convert inputs to a narrower type.
     #[must_use]
-    pub fn no_down_conversion(mut self, yes: bool) -> Self {
+    pub fn with_no_down_conversion(mut self, yes: bool) -> Self {
         self.no_down_conversion = yes;
         self
     }
     /// Drops engines that accumulate in a narrower type than the compute type.
     #[must_use]
-    pub fn no_reduced_precision(mut self, yes: bool) -> Self {
+    pub fn with_no_reduced_precision(mut self, yes: bool) -> Self {
         self.no_reduced_precision = yes;
         self
     }
     /// Drops engines that compile kernels at run time.
     #[must_use]
-    pub fn no_runtime_compilation(mut self, yes: bool) -> Self {
+    pub fn with_no_runtime_compilation(mut self, yes: bool) -> Self {
         self.no_runtime_compilation = yes;
         self
     }
@@ -370,19 +370,19 @@ impl PlanFilter {
     /// [`Cudnn::populate_cuda_graph`](crate::Cudnn::populate_cuda_graph) accepts.
     #[must_use]
     #[doc(alias = "CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API")]
-    pub fn cuda_graph_native(mut self, yes: bool) -> Self {
+    pub fn with_cuda_graph_native(mut self, yes: bool) -> Self {
         self.cuda_graph_native = yes;
         self
     }
     /// Drops plans needing more workspace than `bytes` (capped at [`MAX_WORKSPACE_BYTES`]).
     #[must_use]
-    pub fn max_workspace(mut self, bytes: usize) -> Self {
+    pub fn with_workspace_limit(mut self, bytes: usize) -> Self {
         self.max_workspace = bytes.min(MAX_WORKSPACE_BYTES);
         self
     }
     /// Stops after this many plans are built (`None`: all).
     #[must_use]
-    pub fn max_plans(mut self, n: Option<usize>) -> Self {
+    pub fn with_max_plans(mut self, n: Option<usize>) -> Self {
         self.max_plans = n;
         self
     }

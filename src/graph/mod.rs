@@ -39,7 +39,7 @@
 //! let x = g.tensor_nhwc("x", &[8, 64, 56, 56], DType::F16)?;
 //! let w = g.tensor_nhwc("w", &[128, 64, 3, 3], DType::F16)?;
 //! let b = g.tensor_nhwc("b", &[1, 128, 1, 1], DType::F16)?;
-//! let conv = g.conv_fprop(x, w, &ConvParams::new(2).padding(&[1, 1]))?;
+//! let conv = g.conv_fprop(x, w, &ConvParams::new(2).with_padding(&[1, 1]))?;
 //! let biased = g.bias(conv, b)?;
 //! let y = g.pointwise(PointwiseMode::Relu, biased, None)?;
 //! g.mark_output(y)?;

@@ -371,7 +371,7 @@ impl OperationGraph {
     /// # Ok(()) }
     /// ```
     pub fn plan(&self, cudnn: &Cudnn, filter: &PlanFilter) -> Result<Plan> {
-        let first = filter.clone().max_plans(Some(1));
+        let first = filter.clone().with_max_plans(Some(1));
         let list = self.plans(cudnn, &first)?;
         list.plans
             .into_iter()
@@ -409,7 +409,7 @@ impl OperationGraph {
     /// up to [`MAX_KNOB_VALUES`] values nearest the current one (or the knob's smallest value
     /// when `config` leaves it unset). Heuristics propose a few points of this space; a search
     /// around the fastest of them (as the union autotune does,
-    /// [`Autotuner::refine_knobs`](crate::Autotuner::refine_knobs)) times kernels no heuristic
+    /// [`Autotuner::with_refine_knobs`](crate::Autotuner::with_refine_knobs)) times kernels no heuristic
     /// proposed. Not every neighbour builds: [`OperationGraph::plan_from_config`] refuses those
     /// the engine does not support for this graph.
     ///

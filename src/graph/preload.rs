@@ -57,14 +57,14 @@ pub fn preload(cudnn: &Cudnn) -> Result<Preloaded> {
     let mut g = Graph::new(DType::F32, DType::F32, DType::F32);
     let x = g.tensor_nchw("x", &[1, 8, 4, 4], DType::F32)?;
     let w = g.tensor_nchw("w", &[8, 8, 3, 3], DType::F32)?;
-    let y = g.conv_fprop(x, w, &ConvParams::new(2).padding(&[1, 1]))?;
+    let y = g.conv_fprop(x, w, &ConvParams::new(2).with_padding(&[1, 1]))?;
     g.mark_output(y)?;
     let og = g.build(cudnn)?;
     let list = og.plans(
         cudnn,
         &PlanFilter::new()
-            .heuristics(&[HeurMode::A, HeurMode::Fallback])
-            .max_plans(Some(1)),
+            .with_heuristics(&[HeurMode::A, HeurMode::Fallback])
+            .with_max_plans(Some(1)),
     )?;
     let engine = list.plans.first().map(|p| p.name()).unwrap_or_default();
     Ok(Preloaded {

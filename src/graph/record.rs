@@ -96,7 +96,7 @@ impl Graph {
     /// let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
     /// let x = g.tensor_nhwc("x", &[8, 64, 56, 56], DType::F16)?;
     /// let w = g.tensor_nhwc("w", &[64, 64, 3, 3], DType::F16)?;
-    /// let y = g.conv_fprop(x, w, &ConvParams::new(2).padding(&[1, 1]))?;
+    /// let y = g.conv_fprop(x, w, &ConvParams::new(2).with_padding(&[1, 1]))?;
     /// g.mark_output(y)?;
     /// let line = g.to_json()?;
     /// let back = Graph::from_json(&line)?;
@@ -289,7 +289,7 @@ mod tests {
         let w = g.tensor_nhwc("w", &[4, 8, 3, 3], DType::F16).unwrap();
         let b = g.tensor_nhwc("b", &[1, 4, 1, 1], DType::F16).unwrap();
         let y = g
-            .conv_fprop(x, w, &ConvParams::new(2).padding(&[1, 1]))
+            .conv_fprop(x, w, &ConvParams::new(2).with_padding(&[1, 1]))
             .unwrap();
         let y = g.bias(y, b).unwrap();
         let m = g

@@ -138,9 +138,9 @@ pub enum FeatureLayout {
 /// ```
 /// use cudnn_safe::norm::{FeatureLayout, NormAffine, NormMethod, NormParamGrads, NormStats};
 /// let m = NormMethod::reductions()
-///     .stats(NormStats::SpatialRow)
-///     .affine(NormAffine::BatchNormInference)
-///     .feature_layout(FeatureLayout::ChannelsLast);
+///     .with_stats(NormStats::SpatialRow)
+///     .with_affine(NormAffine::BatchNormInference)
+///     .with_feature_layout(FeatureLayout::ChannelsLast);
 /// assert_eq!(m.param_grads, NormParamGrads::Reduce);
 /// let layer = NormMethod::default_for_layer();
 /// assert_eq!(layer.affine, NormAffine::BatchNormInference);
@@ -198,22 +198,22 @@ impl NormMethod {
         }
     }
     /// Sets the statistics view.
-    pub fn stats(mut self, stats: NormStats) -> Self {
+    pub fn with_stats(mut self, stats: NormStats) -> Self {
         self.stats = stats;
         self
     }
     /// Sets how the affine map is applied.
-    pub fn affine(mut self, affine: NormAffine) -> Self {
+    pub fn with_affine(mut self, affine: NormAffine) -> Self {
         self.affine = affine;
         self
     }
     /// Sets how the parameter gradients are computed.
-    pub fn param_grads(mut self, param_grads: NormParamGrads) -> Self {
+    pub fn with_param_grads(mut self, param_grads: NormParamGrads) -> Self {
         self.param_grads = param_grads;
         self
     }
     /// Sets the feature view of the batch-norm affine and gradient calls.
-    pub fn feature_layout(mut self, feature_layout: FeatureLayout) -> Self {
+    pub fn with_feature_layout(mut self, feature_layout: FeatureLayout) -> Self {
         self.feature_layout = feature_layout;
         self
     }
@@ -293,7 +293,7 @@ mod tests {
         assert_eq!(d.feature_layout, FeatureLayout::ChannelsFirst);
         assert!(!d.uses_feature_view());
         assert!(d
-            .param_grads(NormParamGrads::BatchNormBackward)
+            .with_param_grads(NormParamGrads::BatchNormBackward)
             .uses_feature_view());
         let l = NormMethod::default_for_layer();
         assert_eq!(
@@ -309,14 +309,14 @@ mod tests {
         let g = NormMethod::default_for_group();
         assert_eq!(
             g,
-            l.feature_layout(FeatureLayout::ChannelsFirst)
-                .param_grads(NormParamGrads::BatchNormBackward)
+            l.with_feature_layout(FeatureLayout::ChannelsFirst)
+                .with_param_grads(NormParamGrads::BatchNormBackward)
         );
         assert!(!d
-            .param_grads(NormParamGrads::TwoStageReduce)
+            .with_param_grads(NormParamGrads::TwoStageReduce)
             .uses_feature_view());
         assert_eq!(NormParamGrads::ALL.len(), 3);
-        let m = d.stats(NormStats::SpatialPersistent);
+        let m = d.with_stats(NormStats::SpatialPersistent);
         assert_eq!(m.stats, NormStats::SpatialPersistent);
         assert_eq!(m.affine, NormAffine::OpTensor);
         assert_eq!(NormStats::ALL.len(), 4);

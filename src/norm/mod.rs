@@ -281,12 +281,15 @@ fn first_graph_plan(
     op: &'static str,
 ) -> Result<crate::graph::Plan> {
     let og = g.build(cudnn)?;
-    og.plans(cudnn, &crate::graph::PlanFilter::new().max_plans(Some(1)))?
-        .plans
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::NoAlgorithm {
-            op,
-            detail: "cuDNN built no plan for the normalization graph".into(),
-        })
+    og.plans(
+        cudnn,
+        &crate::graph::PlanFilter::new().with_max_plans(Some(1)),
+    )?
+    .plans
+    .into_iter()
+    .next()
+    .ok_or_else(|| Error::NoAlgorithm {
+        op,
+        detail: "cuDNN built no plan for the normalization graph".into(),
+    })
 }

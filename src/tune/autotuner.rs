@@ -21,7 +21,7 @@ use crate::workspace::{Workspace, MAX_WORKSPACE_BYTES};
 /// Environment variable naming the autotune cache file used by [`Autotuner::new`].
 pub const CACHE_ENV: &str = "CUDNN_SAFE_AUTOTUNE_CACHE";
 
-/// Most wall-clock milliseconds [`Autotuner::final_solo_ms`] accepts (10 s).
+/// Most wall-clock milliseconds [`Autotuner::with_final_solo_ms`] accepts (10 s).
 pub(super) const MAX_FINAL_SOLO_MS: f32 = 10_000.0;
 
 /// Chooses convolution algorithms under a [`Policy`], remembers each decision, and runs the
@@ -142,7 +142,7 @@ impl Autotuner {
     /// Limits the workspace any chosen algorithm may use (PyTorch's workspace cap). Part of the
     /// cache key: a different limit can change the answer.
     #[must_use]
-    pub fn workspace_limit(mut self, bytes: usize) -> Self {
+    pub fn with_workspace_limit(mut self, bytes: usize) -> Self {
         self.limit = bytes.min(MAX_WORKSPACE_BYTES);
         self.workspace = None;
         self.held.clear();
@@ -157,8 +157,8 @@ impl Autotuner {
     /// The union search runs after the legacy benchmark of a new problem: the problem is rebuilt
     /// as a graph (same dims, strides, data types, padding, strides, dilations, mode and compute
     /// type: `conv_fprop`, `conv_dgrad` or `conv_wgrad`, or `conv_fprop → bias → activation` for
-    /// the fused call); up to [`Autotuner::graph_plans`] plans from each of heuristics A,
-    /// heuristics B (with [`Autotuner::heuristics_b`]), the fallback list and the engine list
+    /// the fused call); up to [`Autotuner::with_graph_plans`] plans from each of heuristics A,
+    /// heuristics B (with [`Autotuner::with_heuristics_b`]), the fallback list and the engine list
     /// (default knobs, no engine that compiles at run time) are built under a filter matching
     /// the legacy numerics (no tensor cores with [`MathType::Fma`](crate::conv::MathType::Fma),
     /// no input down-conversion unless
@@ -168,13 +168,13 @@ impl Autotuner {
     /// or on scratch memory when `beta ≠ 0`): a warm-up, a probe, then the best of 3 rounds of
     /// as many back-to-back launches as last 0.3 ms (a plan whose probe is 1.5× slower than
     /// the best so far is not timed further); the knob neighbourhoods of the
-    /// [`Autotuner::refine_knobs`] fastest plans are built and timed the same way. Then the
+    /// [`Autotuner::with_refine_knobs`] fastest plans are built and timed the same way. Then the
     /// finals: up to six plans within 25% of the fastest, and the legacy favourite when it is
     /// that close, are timed again after 200 ms of the leader, each running alone for 25 ms
     /// before five rounds of at least 4 ms (the median counts), in two sweeps of opposite order
     /// (the mean counts): at the power limit a plan's sustained speed depends on its own power
     /// draw, which short interleaved rounds cannot see. The finals lengthen a contested
-    /// search's first call ([`Autotuner::finalists`] and [`Autotuner::final_solo_ms`] set
+    /// search's first call ([`Autotuner::with_finalists`] and [`Autotuner::with_final_solo_ms`] set
     /// their size). A faster graph plan is
     /// remembered in the decision
     /// (and in the cache file as its engine configuration) and runs for every later call with
@@ -189,7 +189,7 @@ impl Autotuner {
     /// with the decisions of earlier versions, which searched legacy algorithms only: those keep
     /// working (legacy only).
     #[must_use]
-    pub fn graph_search(mut self, mode: GraphSearch) -> Self {
+    pub fn with_graph_search(mut self, mode: GraphSearch) -> Self {
         self.graph = mode;
         self.recent.clear();
         self
@@ -197,12 +197,12 @@ impl Autotuner {
 
     /// Most graph plans a union search builds and times per source (at least 1; default
     /// 24): up to this many from heuristics A, then up to this many new ones from heuristics B
-    /// (when [`Autotuner::heuristics_b`] asks for it), from the fallback list and from the
+    /// (when [`Autotuner::with_heuristics_b`] asks for it), from the fallback list and from the
     /// engine list. Fewer make a first call cheaper (each
     /// plan is built, and engines that compile at run time take long to build) at the risk of
     /// missing the fastest engine. Not part of the cache key: decisions already made stand.
     #[must_use]
-    pub fn graph_plans(mut self, per_mode: usize) -> Self {
+    pub fn with_graph_plans(mut self, per_mode: usize) -> Self {
         self.graph_plans = per_mode.max(1);
         self
     }
@@ -215,7 +215,7 @@ impl Autotuner {
     /// points of each engine's knob space; this tries the points next to the best of them
     /// (each costs a plan build and a timing). Not part of the cache key.
     #[must_use]
-    pub fn refine_knobs(mut self, plans: usize) -> Self {
+    pub fn with_refine_knobs(mut self, plans: usize) -> Self {
         self.refine_knobs = plans;
         self
     }
@@ -228,20 +228,15 @@ impl Autotuner {
     /// memory, once per process), which `compute-sanitizer --leak-check full` reports as three
     /// leaked allocations. Not part of the cache key.
     #[must_use]
-    pub fn heuristics_b(mut self, yes: bool) -> Self {
+    pub fn with_heuristics_b(mut self, yes: bool) -> Self {
         self.heuristics_b = yes;
         self
-    }
-
-    /// Whether union searches ask heuristics mode B ([`Autotuner::heuristics_b`]).
-    pub fn uses_heuristics_b(&self) -> bool {
-        self.heuristics_b
     }
 
     /// Most graph plans a union search's finals time again (default [`DEFAULT_FINALISTS`]):
     /// the fastest plans of the first pass within 25 % of the best, plus the legacy favourite
     /// when it is that close. The finals run only when the first pass left more than one
-    /// candidate that close; each finalist costs two sweeps of [`Autotuner::final_solo_ms`]
+    /// candidate that close; each finalist costs two sweeps of [`Autotuner::with_final_solo_ms`]
     /// alone and five timed rounds of at least 4 ms (about 0.1 s per finalist by default).
     /// 0 skips the finals: the first pass decides, which makes a contested first call cheaper
     /// and, where the fastest plans lie within a few percent of each other, the pick less
@@ -252,13 +247,13 @@ impl Autotuner {
     /// use cudnn_safe::Autotuner;
     /// use cudnn_safe::tune::Policy;
     /// // Many convolution shapes and a short job: let the first pass decide.
-    /// let quick = Autotuner::new(Policy::Benchmark).finalists(0);
+    /// let quick = Autotuner::new(Policy::Benchmark).with_finalists(0);
     /// // A long training run on few shapes: time more finalists, each alone for longer.
-    /// let thorough = Autotuner::new(Policy::Benchmark).finalists(8).final_solo_ms(100.0);
+    /// let thorough = Autotuner::new(Policy::Benchmark).with_finalists(8).with_final_solo_ms(100.0);
     /// # let _ = (quick, thorough);
     /// ```
     #[must_use]
-    pub fn finalists(mut self, plans: usize) -> Self {
+    pub fn with_finalists(mut self, plans: usize) -> Self {
         self.finalists = plans;
         self
     }
@@ -272,7 +267,7 @@ impl Autotuner {
     /// lie within the timing noise of each other, a longer time alone does not make the pick
     /// steadier. Each millisecond costs two per finalist. Not part of the cache key.
     #[must_use]
-    pub fn final_solo_ms(mut self, ms: f32) -> Self {
+    pub fn with_final_solo_ms(mut self, ms: f32) -> Self {
         self.final_solo_ms = if ms > 0.0 {
             ms.min(MAX_FINAL_SOLO_MS)
         } else {
@@ -281,19 +276,31 @@ impl Autotuner {
         self
     }
 
-    /// How many plans' knob neighbourhoods a union search searches
-    /// ([`Autotuner::refine_knobs`]).
-    pub fn refine_knobs_count(&self) -> usize {
-        self.refine_knobs
-    }
-
-    /// The graph search mode.
-    pub fn graph_search_mode(&self) -> GraphSearch {
+    /// The graph search mode ([`Autotuner::with_graph_search`]).
+    pub fn graph_search(&self) -> GraphSearch {
         self.graph
     }
-    /// Most graph plans a union search builds per heuristic mode ([`Autotuner::graph_plans`]).
-    pub fn graph_plans_per_mode(&self) -> usize {
+    /// Most graph plans a union search builds per source ([`Autotuner::with_graph_plans`]).
+    pub fn graph_plans(&self) -> usize {
         self.graph_plans
+    }
+    /// How many plans' knob neighbourhoods a union search searches
+    /// ([`Autotuner::with_refine_knobs`]).
+    pub fn refine_knobs(&self) -> usize {
+        self.refine_knobs
+    }
+    /// Whether union searches ask heuristics mode B ([`Autotuner::with_heuristics_b`]).
+    pub fn heuristics_b(&self) -> bool {
+        self.heuristics_b
+    }
+    /// Most graph plans a union search's finals time again ([`Autotuner::with_finalists`]).
+    pub fn finalists(&self) -> usize {
+        self.finalists
+    }
+    /// Milliseconds each finalist runs alone before its timed rounds
+    /// ([`Autotuner::with_final_solo_ms`]).
+    pub fn final_solo_ms(&self) -> f32 {
+        self.final_solo_ms
     }
 
     /// The policy.
@@ -305,8 +312,8 @@ impl Autotuner {
         self.policy = policy;
         self.recent.clear();
     }
-    /// The workspace limit in bytes.
-    pub fn limit(&self) -> usize {
+    /// The workspace limit in bytes ([`Autotuner::with_workspace_limit`]).
+    pub fn workspace_limit(&self) -> usize {
         self.limit
     }
     /// The cache file, if any.

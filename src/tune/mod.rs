@@ -11,12 +11,12 @@
 //! | `deterministic = True`                   | [`Policy::Deterministic`]                       |
 //! | (none)                                   | [`Policy::Fixed`]: named algorithms             |
 //! | `allow_tf32`                             | [`MathType`](crate::conv::MathType) of the conv |
-//! | `CUDNN_CONV_WSCAP_DBG` (workspace cap)   | [`Autotuner::workspace_limit`]                  |
+//! | `CUDNN_CONV_WSCAP_DBG` (workspace cap)   | [`Autotuner::with_workspace_limit`]             |
 //! | in-memory benchmark cache (per process)  | cache keyed by problem, GPU and cuDNN version, persisted with [`Autotuner::cache_file`] or `CUDNN_SAFE_AUTOTUNE_CACHE` |
 //!
 //! Under the benchmark policies every convolution call — forward, backward data (the transposed
 //! convolution's pass included), backward filter and the fused forward with bias and
-//! activation — also searches the backend (graph) engines ([`Autotuner::graph_search`], on by
+//! activation — also searches the backend (graph) engines ([`Autotuner::with_graph_search`], on by
 //! default): legacy algorithms and graph plans are timed alike and the faster runs, without
 //! the caller knowing which API served;
 //! [`Choice::api`] says which did. A repeated call is served from the decision as cheaply as
@@ -38,7 +38,7 @@
 //! let stream = ctx.default_stream();
 //! let cudnn = Cudnn::new(stream.clone())?;
 //! let mut tuner = Autotuner::new(Policy::Benchmark)
-//!     .workspace_limit(256 << 20)
+//!     .with_workspace_limit(256 << 20)
 //!     .cache_file("conv-autotune.txt");
 //! let x_d = TensorDesc::<f32>::nchw(32, 64, 56, 56)?;
 //! let w_d = FilterDesc::<f32>::new(&[128, 64, 3, 3], TensorFormat::Nchw)?;

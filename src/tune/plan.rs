@@ -84,15 +84,23 @@ impl Policy {
     }
     /// Timed rounds per candidate (the best round counts), at least 1.
     #[must_use]
-    pub fn rounds(mut self, n: usize) -> Self {
+    pub fn with_rounds(mut self, n: usize) -> Self {
         self.rounds = n.max(1);
         self
     }
     /// Executions per round, at least 1.
     #[must_use]
-    pub fn iterations(mut self, n: usize) -> Self {
+    pub fn with_iterations(mut self, n: usize) -> Self {
         self.iterations = n.max(1);
         self
+    }
+    /// Timed rounds per candidate ([`Policy::with_rounds`]).
+    pub fn rounds(&self) -> usize {
+        self.rounds
+    }
+    /// Executions per round ([`Policy::with_iterations`]).
+    pub fn iterations(&self) -> usize {
+        self.iterations
     }
 }
 
@@ -388,7 +396,7 @@ impl PlanCache {
     ) -> Result<&Plan> {
         self.get_or_make(cudnn, og, filter, || {
             Ok(og
-                .plans(cudnn, &filter.clone().max_plans(Some(1)))?
+                .plans(cudnn, &filter.clone().with_max_plans(Some(1)))?
                 .plans
                 .swap_remove(0))
         })

@@ -6,21 +6,21 @@ use super::ConvApi;
 use crate::conv::{ConvBwdDataAlgo, ConvBwdFilterAlgo, ConvFwdAlgo};
 
 /// Most graph plans in a union search's finals by default (the fastest of the first pass; see
-/// [`Autotuner::finalists`](super::Autotuner::finalists)).
+/// [`Autotuner::with_finalists`](super::Autotuner::with_finalists)).
 pub const DEFAULT_FINALISTS: usize = 6;
 
 /// Wall-clock milliseconds each finalist runs alone before it is timed in a sweep, by default
 /// (at the power limit, a plan's sustained speed depends on its own power draw, which
-/// interleaved short rounds cannot see; see [`Autotuner::final_solo_ms`](super::Autotuner::final_solo_ms)).
+/// interleaved short rounds cannot see; see [`Autotuner::with_final_solo_ms`](super::Autotuner::with_final_solo_ms)).
 pub const DEFAULT_FINAL_SOLO_MS: f32 = 25.0;
 
 /// Graph plans a union search builds and times per source by default (heuristics A, B when
-/// [`Autotuner::heuristics_b`](super::Autotuner::heuristics_b) asks for it, the fallback list, every engine with its default
-/// knobs). See [`Autotuner::graph_plans`](super::Autotuner::graph_plans).
+/// [`Autotuner::with_heuristics_b`](super::Autotuner::with_heuristics_b) asks for it, the fallback list, every engine with its default
+/// knobs). See [`Autotuner::with_graph_plans`](super::Autotuner::with_graph_plans).
 pub const DEFAULT_GRAPH_PLANS: usize = 24;
 
 /// Fastest graph plans of a union search's first pass whose knob neighbourhoods are searched by
-/// default. See [`Autotuner::refine_knobs`](super::Autotuner::refine_knobs).
+/// default. See [`Autotuner::with_refine_knobs`](super::Autotuner::with_refine_knobs).
 pub const DEFAULT_REFINE_KNOBS: usize = 2;
 
 /// How an [`Autotuner`](super::Autotuner) picks a convolution algorithm.
@@ -132,7 +132,7 @@ pub struct Choice<A> {
     /// workspace only grows, so an earlier, larger request can make it bigger).
     pub workspace: usize,
     /// The API that ran: [`ConvApi::Legacy`] (`algo`), or [`ConvApi::Graph`] with the engine
-    /// configuration of the graph plan a union search chose ([`Autotuner::graph_search`](super::Autotuner::graph_search)).
+    /// configuration of the graph plan a union search chose ([`Autotuner::with_graph_search`](super::Autotuner::with_graph_search)).
     pub api: ConvApi,
 }
 
@@ -172,7 +172,7 @@ pub struct Stats {
     pub graph_search: Duration,
     /// Candidates the union searches' finals timed again (graph plans and legacy favourites;
     /// each counts once per search, whatever the number of sweeps). 0 when no search was
-    /// contested or [`Autotuner::finalists`](super::Autotuner::finalists) is 0.
+    /// contested or [`Autotuner::with_finalists`](super::Autotuner::with_finalists) is 0.
     pub finalists: u64,
 }
 

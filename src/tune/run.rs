@@ -266,7 +266,7 @@ impl Autotuner {
     /// scratch memory, so `y`'s contents are preserved for the accumulation.
     ///
     /// Under [`Policy::Benchmark`] and [`Policy::Deterministic`] the graph engines are searched
-    /// too ([`Autotuner::graph_search`]); [`Choice::api`] says which API ran. A graph plan runs
+    /// too ([`Autotuner::with_graph_search`]); [`Choice::api`] says which API ran. A graph plan runs
     /// only for `alpha = 1, beta = 0`, after the same checks as the legacy call (buffer spans,
     /// data types, contexts, output layout not overlapping itself, workspace within the limit)
     /// and the graph's 16-byte alignment of every buffer (a misaligned view runs the legacy

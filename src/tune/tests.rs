@@ -34,7 +34,7 @@ fn finals_knobs_take_sane_values() {
         (t.finalists, t.final_solo_ms),
         (DEFAULT_FINALISTS, DEFAULT_FINAL_SOLO_MS)
     );
-    let t = t.finalists(0).final_solo_ms(100.0);
+    let t = t.with_finalists(0).with_final_solo_ms(100.0);
     assert_eq!((t.finalists, t.final_solo_ms), (0, 100.0));
     for (asked, kept) in [
         (-1.0, 0.0),
@@ -44,7 +44,7 @@ fn finals_knobs_take_sane_values() {
     ] {
         let t = Autotuner::new(Policy::Benchmark)
             .without_cache_file()
-            .final_solo_ms(asked);
+            .with_final_solo_ms(asked);
         assert_eq!(t.final_solo_ms, kept, "final_solo_ms({asked})");
     }
 }
@@ -195,21 +195,21 @@ fn search_modes_mark_keys_under_the_benchmark_policies_only() {
 #[test]
 fn graph_plan_cap_is_configurable() {
     let t = Autotuner::new(Policy::Benchmark).without_cache_file();
-    assert_eq!(t.graph_plans_per_mode(), DEFAULT_GRAPH_PLANS);
+    assert_eq!(t.graph_plans(), DEFAULT_GRAPH_PLANS);
     assert_eq!(DEFAULT_GRAPH_PLANS, 24);
     assert!(t.union_on());
-    let t = t.graph_plans(4);
-    assert_eq!(t.graph_plans_per_mode(), 4);
-    assert_eq!(t.graph_plans(0).graph_plans_per_mode(), 1);
+    let t = t.with_graph_plans(4);
+    assert_eq!(t.graph_plans(), 4);
+    assert_eq!(t.with_graph_plans(0).graph_plans(), 1);
     let t = Autotuner::new(Policy::Benchmark).without_cache_file();
-    assert_eq!(t.refine_knobs_count(), DEFAULT_REFINE_KNOBS);
-    assert_eq!(t.refine_knobs(0).refine_knobs_count(), 0);
+    assert_eq!(t.refine_knobs(), DEFAULT_REFINE_KNOBS);
+    assert_eq!(t.with_refine_knobs(0).refine_knobs(), 0);
     let t = Autotuner::new(Policy::Benchmark).without_cache_file();
-    assert!(!t.uses_heuristics_b());
-    assert!(t.heuristics_b(true).uses_heuristics_b());
+    assert!(!t.heuristics_b());
+    assert!(t.with_heuristics_b(true).heuristics_b());
     let off = Autotuner::new(Policy::Benchmark)
         .without_cache_file()
-        .graph_search(GraphSearch::Off);
+        .with_graph_search(GraphSearch::Off);
     assert!(!off.union_on());
     let heuristic = Autotuner::new(Policy::Heuristic).without_cache_file();
     assert!(!heuristic.union_on());

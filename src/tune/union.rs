@@ -44,7 +44,7 @@ impl ConvApi {
 
 /// Whether [`Policy::Benchmark`](super::Policy::Benchmark) and
 /// [`Policy::Deterministic`](super::Policy::Deterministic) also search the graph engines for a
-/// convolution ([`Autotuner::graph_search`](super::Autotuner::graph_search)).
+/// convolution ([`Autotuner::with_graph_search`](super::Autotuner::with_graph_search)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum GraphSearch {
     /// Legacy algorithms only (the behaviour before the union search).
@@ -128,10 +128,10 @@ pub(crate) fn fused_mode(activation: FusedActivation) -> Option<PointwiseMode> {
 
 fn params(conv: &ConvDesc) -> ConvParams {
     ConvParams::new(conv.spatial_rank())
-        .padding(conv.pads())
-        .stride(conv.strides())
-        .dilation(conv.dilations())
-        .mode(conv.mode())
+        .with_padding(conv.pads())
+        .with_strides(conv.strides())
+        .with_dilations(conv.dilations())
+        .with_mode(conv.mode())
 }
 
 fn new_graph(dtype: DType, conv: &ConvDesc) -> Graph {
@@ -256,17 +256,17 @@ pub(crate) fn filter(
     max_plans: usize,
 ) -> PlanFilter {
     PlanFilter::new()
-        .heuristics(modes)
-        .deterministic(deterministic)
-        .no_tensor_cores(conv.math() == MathType::Fma)
-        .no_down_conversion(conv.math() != MathType::TensorOpAllowConversion)
-        .no_reduced_precision(conv.compute() == DType::F32)
-        .max_workspace(workspace)
-        .max_plans(Some(max_plans))
+        .with_heuristics(modes)
+        .with_deterministic(deterministic)
+        .with_no_tensor_cores(conv.math() == MathType::Fma)
+        .with_no_down_conversion(conv.math() != MathType::TensorOpAllowConversion)
+        .with_no_reduced_precision(conv.compute() == DType::F32)
+        .with_workspace_limit(workspace)
+        .with_max_plans(Some(max_plans))
 }
 
 /// Where a union search's plans come from, in order: heuristics A, heuristics B (only when the
-/// tuner asks for it: `Autotuner::heuristics_b`), the fallback list, then every engine of the
+/// tuner asks for it: `Autotuner::with_heuristics_b`), the fallback list, then every engine of the
 /// graph with its default knobs (engines that compile kernels at run time left out of that last
 /// source: each would cost a compilation). Each source can propose the fastest plan of a
 /// problem that none of the others proposes (B on 5×5 convolutions, the engine list on 1×1 ones
@@ -303,8 +303,8 @@ pub(crate) fn search_plans(
         let f = match mode {
             Some(m) => filter(conv, deterministic, workspace, &[m], ask),
             None => filter(conv, deterministic, workspace, &[], ask)
-                .all_engines(true)
-                .no_runtime_compilation(true),
+                .with_all_engines(true)
+                .with_no_runtime_compilation(true),
         };
         match og.plans(cudnn, &f) {
             Ok(list) => {

@@ -484,10 +484,10 @@ fn graph_rows<T: Element>(
         let x = g.tensor("x", p.x_d.dims(), p.x_d.layout().strides(), dt)?;
         let w = g.tensor("w", p.w_d.dims(), p.w_d.layout().strides(), dt)?;
         let params = ConvParams::new(p.conv.spatial_rank())
-            .padding(p.conv.pads())
-            .stride(p.conv.strides())
-            .dilation(p.conv.dilations())
-            .mode(p.conv.mode());
+            .with_padding(p.conv.pads())
+            .with_strides(p.conv.strides())
+            .with_dilations(p.conv.dilations())
+            .with_mode(p.conv.mode());
         let y = g.conv_fprop(x, w, &params)?;
         g.mark_output_strided(y, dt, p.y_d.layout().strides())?;
         Ok((g.build(cudnn)?, x, w, y))
@@ -503,11 +503,11 @@ fn graph_rows<T: Element>(
     let mut rows: Vec<GraphRow> = Vec::new();
     for (mode, heuristic) in [(HeurMode::A, "A"), (HeurMode::Fallback, "fallback")] {
         let filter = PlanFilter::new()
-            .heuristics(&[mode])
-            .no_tensor_cores(math == MathType::Fma)
-            .no_down_conversion(math != MathType::TensorOpAllowConversion)
-            .no_reduced_precision(p.conv.compute() == DType::F32)
-            .max_plans(Some(per_mode + rows.len()));
+            .with_heuristics(&[mode])
+            .with_no_tensor_cores(math == MathType::Fma)
+            .with_no_down_conversion(math != MathType::TensorOpAllowConversion)
+            .with_no_reduced_precision(p.conv.compute() == DType::F32)
+            .with_max_plans(Some(per_mode + rows.len()));
         let plans = match og.plans(cudnn, &filter) {
             Ok(list) => list.plans,
             Err(e) => {
@@ -576,8 +576,8 @@ fn run_policy<T: Element>(
     };
     let mut tuner = Autotuner::new(policy)
         .without_cache_file()
-        .graph_search(search)
-        .graph_plans(graph_plans);
+        .with_graph_search(search)
+        .with_graph_plans(graph_plans);
     tuner.clear();
     let started = Instant::now();
     let choice = tuner.forward(

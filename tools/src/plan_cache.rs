@@ -161,7 +161,7 @@ fn conv_graph(cudnn: &Cudnn) -> Result<(OperationGraph, TensorId, TensorId, Tens
     let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
     let x = g.tensor_nhwc("x", &X, DType::F16)?;
     let w = g.tensor_nhwc("w", &[K, X[1], R, R], DType::F16)?;
-    let y = g.conv_fprop(x, w, &ConvParams::new(2).padding(&[R / 2, R / 2]))?;
+    let y = g.conv_fprop(x, w, &ConvParams::new(2).with_padding(&[R / 2, R / 2]))?;
     g.set_name(y, "y")?;
     g.mark_output(y)?;
     let og = g.build(cudnn)?;
@@ -179,7 +179,7 @@ fn conv_graph(cudnn: &Cudnn) -> Result<(OperationGraph, TensorId, TensorId, Tens
 
 /// The filter whose plans the cache keeps (part of the cache key: the same in every process).
 fn filter(no_rtc: bool) -> PlanFilter {
-    PlanFilter::new().no_runtime_compilation(no_rtc)
+    PlanFilter::new().with_no_runtime_compilation(no_rtc)
 }
 
 /// The child's flag for [`filter`]'s argument.
@@ -460,7 +460,10 @@ fn parent_in(stream: &Arc<CudaStream>, cudnn: &Cudnn, opts: &Opts, dir: &Path) -
         opts.max_plans
     );
     let t = Instant::now();
-    let list = og.plans(cudnn, &filter(opts.no_rtc).max_plans(Some(opts.max_plans)))?;
+    let list = og.plans(
+        cudnn,
+        &filter(opts.no_rtc).with_max_plans(Some(opts.max_plans)),
+    )?;
     let n = list.plans.len();
     eprintln!(
         "  {n} plans built, {} configurations skipped, in {:.2} s",

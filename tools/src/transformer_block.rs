@@ -487,7 +487,7 @@ impl Block {
             print!("  tuning {}/{n} {:<9} ", idx + 1, b.stage.name());
             use std::io::Write;
             let _ = std::io::stdout().flush();
-            let filter = PlanFilter::new().max_plans(Some(TUNE_PLANS));
+            let filter = PlanFilter::new().with_max_plans(Some(TUNE_PLANS));
             let list = b.og.plans(cudnn, &filter)?;
             b.candidates = list.plans.len();
             let built_s = started.elapsed().as_secs_f64();

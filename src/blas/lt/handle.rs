@@ -94,7 +94,7 @@ use crate::workspace::Workspace;
 /// # fn main() -> cudnn_safe::Result<()> {
 /// let ctx = cudnn_safe::cuda_context(0)?;
 /// let lt = BlasLt::new(ctx.default_stream())?
-///     .workspace_limit(64 << 20)
+///     .with_workspace_limit(64 << 20)
 ///     .with_policy(Policy::Benchmark)
 ///     .cache_file("lt-autotune.txt");
 /// println!("cuBLASLt {}", lt.version());
@@ -166,12 +166,12 @@ impl BlasLt {
     /// Limits the workspace any algorithm may use (bytes; 0 = algorithms without workspace
     /// only). Part of the cache key.
     #[must_use]
-    pub fn workspace_limit(mut self, bytes: usize) -> Self {
+    pub fn with_workspace_limit(mut self, bytes: usize) -> Self {
         self.set_workspace_limit(bytes);
         self
     }
 
-    /// As [`workspace_limit`](Self::workspace_limit), in place (frees the workspace).
+    /// As [`with_workspace_limit`](Self::with_workspace_limit), in place (frees the workspace).
     pub fn set_workspace_limit(&mut self, bytes: usize) {
         self.workspace = Workspace::new(self.stream.clone()).with_limit(bytes);
     }
@@ -226,7 +226,7 @@ impl BlasLt {
         self.policy
     }
     /// The workspace limit in bytes.
-    pub fn limit(&self) -> usize {
+    pub fn workspace_limit(&self) -> usize {
         self.workspace.limit()
     }
     /// Bytes of workspace currently allocated (grown on demand up to the limit).
