@@ -49,14 +49,22 @@
 //!
 //! Names of configured values follow one rule across the crate:
 //!
-//! * **Builders** finished by a validating `build()` ([`conv::ConvBuilder`],
-//!   [`TensorBuilder`], the normalization builders) take `#[must_use]` setters named after
-//!   the value: `x(v)`.
+//! * **Builders** finished by a validating step take `#[must_use]` setters named after the
+//!   value, `x(v)`: those finished by `build()` ([`conv::ConvBuilder`], [`TensorBuilder`], the
+//!   normalization builders) and those validated by the operation they configure
+//!   ([`graph::Sdpa`], [`graph::SdpaOptions`] given to [`graph::Graph::sdpa`], the RNN argument
+//!   bundles given to the RNN calls).
 //! * **Plain-data descriptions and handles configured before use** ([`blas::lt::Matmul`],
 //!   [`graph::ConvParams`], [`graph::PlanFilter`], [`norm::NormMethod`], [`Autotuner`],
 //!   [`blas::BlasLt`], [`Workspace`]) take by-value `#[must_use]` setters `with_x(v)`; a handle
 //!   changes in place with `set_x(&mut self, v)` (fallible where the library is called, as
 //!   [`Cudnn::set_stream`]); the getter is `x()`, or `is_x()` for a flag (or a public field).
+//! * **Shapes**: dimensions and strides are `i64` (as cuDNN takes them), element counts and byte
+//!   sizes `usize`. A tensor's shape and memory layout is a [`Layout`]; a family that hands a
+//!   cuDNN descriptor to the library takes a [`TensorDesc`] (a `Layout` with its element type)
+//!   or [`FilterDesc`], the normalization families take the `Layout` itself, and graph tensors
+//!   are declared from the same dims and strides. [`Layout::pack`] and [`Layout::unpack`] move
+//!   logical (NCHW-ordered) host data into any layout and back.
 //! * **Cache files** are the one exception, alike on the three tuners ([`Autotuner`],
 //!   [`blas::BlasLt`], [`tune::plan::PlanCache`]): `cache_file(path)`, `try_cache_file(path)`
 //!   and `without_cache_file()` set the file, `cache_path()` reads it.
