@@ -363,7 +363,7 @@ fn explore<T: Element>(
     graph_plans: usize,
 ) -> Result<Case> {
     let stream = cudnn.stream();
-    let mut p = Problem::<T>::new(stream, &CONFIGS[config], mode, rng)?;
+    let mut p = Problem::<T>::in_mode(stream, &CONFIGS[config], mode, rng)?;
 
     // A failed query is reported with the case; the algorithms are still forced one by one.
     let mut problems = Vec::new();
@@ -1414,7 +1414,7 @@ fn first_call_measure(cache: &Path, fixed: Option<ConvFwdAlgo>) -> Result<String
     let cudnn = Cudnn::new(stream.clone())?;
     let load_ms = ms_since(started);
 
-    let mut p = Problem::<f32>::new(&stream, &CONFIGS[0], Mode::Fp32, &mut Rng::new(7))?;
+    let mut p = Problem::<f32>::in_mode(&stream, &CONFIGS[0], Mode::Fp32, &mut Rng::new(7))?;
     stream.synchronize().map_err(drv("synchronizing"))?;
     let mut tuner = match fixed {
         Some(forward) => Autotuner::new(Policy::Fixed(FixedAlgos {
