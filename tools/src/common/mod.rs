@@ -17,8 +17,7 @@ use cudnn_safe::{DataType, Error, Result, TensorFormat};
 
 // The examples' helpers (`examples/common/`), one copy for both packages. Each tool uses a
 // different part of them, and `conv` resolves its `crate::common::{drv, Rng}` through the
-// re-exports below.
-// `rustfmt::skip`: the examples' own rustfmt.toml formats them.
+// re-exports below. `rustfmt::skip`: the examples' own rustfmt.toml formats these files.
 #[path = "../../../examples/common/conv.rs"]
 #[rustfmt::skip]
 mod conv;
