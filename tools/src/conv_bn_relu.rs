@@ -1233,6 +1233,46 @@ fn training_row(
     }
 }
 
+/// Measures one training step of `block`: poisons the gradients it checks, runs `step` once,
+/// downloads them (`dx`, `dw1`, and `dw2` for the residual block, with the gradient reaching
+/// the last batch norm and its `dβ`), times `step` and builds the row.
+fn training_step<T: Element>(
+    (stream, timer): (&Arc<CudaStream>, &Timer),
+    mode: Mode,
+    block: Block,
+    (shape, act, filt): (&Shape, &Layout, &Layout),
+    b: &mut Bufs<T>,
+    step: &mut dyn FnMut(&mut Bufs<T>) -> Result<()>,
+    algos: String,
+) -> Result<Row> {
+    let residual = block == Block::Residual;
+    poison(stream, &mut b.dx)?;
+    poison(stream, &mut b.dw1)?;
+    if residual {
+        poison(stream, &mut b.dw2)?;
+    }
+    step(b)?;
+    let mut grads = vec![
+        ("dx", download(stream, act, &b.dx)?),
+        ("dw1", download(stream, filt, &b.dw1)?),
+    ];
+    if residual {
+        grads.push(("dw2", download(stream, filt, &b.dw2)?));
+    }
+    let (du, dbeta) = if residual {
+        (&b.ds, &b.dbeta2)
+    } else {
+        (&b.du1, &b.dbeta1)
+    };
+    let du = download(stream, act, du)?;
+    let dbeta = stream.clone_dtoh(dbeta).map_err(drv("downloading dbeta"))?;
+    let ms = timer.per_call_ms(&mut || step(b))?;
+    let grads: Vec<(&str, &[f64])> = grads.iter().map(|(n, g)| (*n, g.as_slice())).collect();
+    Ok(training_row(
+        mode, block, ms, shape, &grads, &du, &dbeta, algos,
+    ))
+}
+
 /// Sets up one mode, runs and checks every pass, and returns its four rows.
 fn run_mode<T: Element + NormType<Param = f32>>(
     cudnn: &Cudnn,
@@ -1345,54 +1385,27 @@ fn run_mode<T: Element + NormType<Param = f32>>(
         algos.bwd_filter,
         net.bn_train.mode()
     );
-    poison(stream, &mut b.dx)?;
-    poison(stream, &mut b.dw1)?;
-    net.train_block(cudnn, &algos, &mut ws, &mut b)?;
-    let (dx, dw1) = (
-        download(stream, &act, &b.dx)?,
-        download(stream, &filt, &b.dw1)?,
-    );
-    let du1 = download(stream, &act, &b.du1)?;
-    let dbeta1 = stream
-        .clone_dtoh(&b.dbeta1)
-        .map_err(drv("downloading dbeta"))?;
-    let ms = timer.per_call_ms(&mut || net.train_block(cudnn, &algos, &mut ws, &mut b))?;
-    rows.push(training_row(
+    let dims = (&shape, &act, &filt);
+    rows.push(training_step(
+        (stream, &timer),
         mode,
         Block::ConvBnRelu,
-        ms,
-        &shape,
-        &[("dx", &dx), ("dw1", &dw1)],
-        &du1,
-        &dbeta1,
+        dims,
+        &mut b,
+        &mut |b| net.train_block(cudnn, &algos, &mut ws, b),
         train_algos.clone(),
-    ));
+    )?);
 
     eprintln!("[{name}] residual training step");
-    poison(stream, &mut b.dx)?;
-    poison(stream, &mut b.dw1)?;
-    poison(stream, &mut b.dw2)?;
-    net.train_residual(cudnn, &algos, &mut ws, &mut b)?;
-    let (dx, dw1) = (
-        download(stream, &act, &b.dx)?,
-        download(stream, &filt, &b.dw1)?,
-    );
-    let dw2 = download(stream, &filt, &b.dw2)?;
-    let ds = download(stream, &act, &b.ds)?;
-    let dbeta2 = stream
-        .clone_dtoh(&b.dbeta2)
-        .map_err(drv("downloading dbeta"))?;
-    let ms = timer.per_call_ms(&mut || net.train_residual(cudnn, &algos, &mut ws, &mut b))?;
-    rows.push(training_row(
+    rows.push(training_step(
+        (stream, &timer),
         mode,
         Block::Residual,
-        ms,
-        &shape,
-        &[("dx", &dx), ("dw1", &dw1), ("dw2", &dw2)],
-        &ds,
-        &dbeta2,
+        dims,
+        &mut b,
+        &mut |b| net.train_residual(cudnn, &algos, &mut ws, b),
         train_algos,
-    ));
+    )?);
     for r in &rows {
         if !r.ok {
             eprintln!(

@@ -363,7 +363,7 @@ fn explore<T: Element>(
     graph_plans: usize,
 ) -> Result<Case> {
     let stream = cudnn.stream();
-    let mut p = Problem::<T>::new(stream, &CONFIGS[config], mode, rng)?;
+    let mut p = Problem::<T>::in_mode(stream, &CONFIGS[config], mode, rng)?;
 
     // A failed query is reported with the case; the algorithms are still forced one by one.
     let mut problems = Vec::new();
@@ -699,6 +699,40 @@ fn fmt_ms(ms: Option<f64>) -> String {
     ms.map_or_else(|| "-".into(), |v| format!("{v:.3}"))
 }
 
+/// One line of [`print_case`]'s table: `name`, then the heuristic rank, find time, workspace
+/// and determinism `columns` around the measured time and TFLOP/s (`flops` per call); a refused
+/// `outcome` leaves those two `-` and adds `<refused>: <why>` to the `notes`.
+fn print_algo_line(
+    name: &str,
+    [heur, find_ms, workspace, det]: [&str; 4],
+    outcome: &Outcome,
+    flops: f64,
+    refused: &str,
+    mut notes: Vec<String>,
+) {
+    let (ms, tflops) = match outcome {
+        Outcome::Ran { ms } => (
+            format!("{ms:.3}"),
+            format!("{:.1}", flops / (ms * 1e-3) / 1e12),
+        ),
+        Outcome::Refused(why) => {
+            notes.push(format!("{refused}: {why}"));
+            ("-".into(), "-".into())
+        }
+    };
+    println!(
+        "{:<22} {:>4} {:>9} {:>9} {:>8} {:>10} {:>4}  {}",
+        name,
+        heur,
+        find_ms,
+        ms,
+        tflops,
+        workspace,
+        det,
+        notes.join(", ")
+    );
+}
+
 fn print_case(case: &Case) {
     let cfg = &CONFIGS[case.config];
     let fastest = case.fastest();
@@ -742,26 +776,16 @@ fn print_case(case: &Case) {
         if case.union_picks_legacy(r.algo) {
             notes.push("union pick".to_string());
         }
-        let (ms, tflops) = match &r.outcome {
-            Outcome::Ran { ms } => (
-                format!("{ms:.3}"),
-                format!("{:.1}", cfg.flops() / (ms * 1e-3) / 1e12),
-            ),
-            Outcome::Refused(why) => {
-                notes.push(format!("refused: {why}"));
-                ("-".into(), "-".into())
-            }
-        };
-        println!(
-            "{:<22} {:>4} {:>9} {:>9} {:>8} {:>10} {:>4}  {}",
+        let ws = r.workspace.map_or_else(|| "-".into(), bytes);
+        let find_ms = r.find_ms.map_or_else(|| "-".into(), |v| format!("{v:.3}"));
+        let columns = [heur.as_str(), &find_ms, &ws, det];
+        print_algo_line(
             r.algo.name(),
-            heur,
-            r.find_ms.map_or_else(|| "-".into(), |v| format!("{v:.3}")),
-            ms,
-            tflops,
-            r.workspace.map_or_else(|| "-".into(), bytes),
-            det,
-            notes.join(", ")
+            columns,
+            &r.outcome,
+            cfg.flops(),
+            "refused",
+            notes,
         );
     }
     let fastest_graph = case.fastest_graph();
@@ -776,27 +800,10 @@ fn print_case(case: &Case) {
         if case.union_picks_graph(&r.config) {
             notes.push("union pick".to_string());
         }
-        let (ms, tflops) = match &r.outcome {
-            Outcome::Ran { ms } => (
-                format!("{ms:.3}"),
-                format!("{:.1}", cfg.flops() / (ms * 1e-3) / 1e12),
-            ),
-            Outcome::Refused(why) => {
-                notes.push(format!("failed: {why}"));
-                ("-".into(), "-".into())
-            }
-        };
-        println!(
-            "{:<22} {:>4} {:>9} {:>9} {:>8} {:>10} {:>4}  {}",
-            format!("g:{}", r.config),
-            "-",
-            "-",
-            ms,
-            tflops,
-            bytes(r.workspace),
-            if r.deterministic { "yes" } else { "no" },
-            notes.join(", ")
-        );
+        let det = if r.deterministic { "yes" } else { "no" };
+        let columns = ["-", "-", &bytes(r.workspace), det];
+        let name = format!("g:{}", r.config);
+        print_algo_line(&name, columns, &r.outcome, cfg.flops(), "failed", notes);
     }
     if let (Some((g, g_ms)), Some((f, f_ms))) = (fastest_graph, fastest) {
         println!(
@@ -1414,7 +1421,7 @@ fn first_call_measure(cache: &Path, fixed: Option<ConvFwdAlgo>) -> Result<String
     let cudnn = Cudnn::new(stream.clone())?;
     let load_ms = ms_since(started);
 
-    let mut p = Problem::<f32>::new(&stream, &CONFIGS[0], Mode::Fp32, &mut Rng::new(7))?;
+    let mut p = Problem::<f32>::in_mode(&stream, &CONFIGS[0], Mode::Fp32, &mut Rng::new(7))?;
     stream.synchronize().map_err(drv("synchronizing"))?;
     let mut tuner = match fixed {
         Some(forward) => Autotuner::new(Policy::Fixed(FixedAlgos {
