@@ -93,7 +93,7 @@ impl<T: NormType> LayerNorm<T> {
         let beta = g.tensor_nhwc("beta", &[1, d, 1, 1], T::DTYPE)?;
         let out = g.layer_norm(x, gamma, beta, self.core.epsilon, false)?;
         g.mark_output(out.y)?;
-        let plan = first_graph_plan(cudnn, &g, "layer norm (graph)")?;
+        let plan = first_graph_plan(cudnn, &g)?;
         *self.graph.borrow_mut() = Some(Box::new(LayerNormGraph {
             plan,
             x,
@@ -130,7 +130,7 @@ impl<T: NormType> LayerNorm<T> {
             }
         }
         let (rows, d) = (self.core.rows as i64, self.core.features() as i64);
-        let first_plan = |g: &Graph| first_graph_plan(cudnn, g, "layer norm training (graph)");
+        let first_plan = |g: &Graph| first_graph_plan(cudnn, g);
         let (x_dims, p_dims, s_dims) = ([rows, d, 1, 1], [1, d, 1, 1], [rows, 1, 1, 1]);
         let mut g = Graph::new(T::DTYPE, crate::DType::F32, crate::DType::F32);
         let x = g.tensor_nhwc("x", &x_dims, T::DTYPE)?;

@@ -274,22 +274,8 @@ fn scalar_ptr<S>(s: &S) -> *const c_void {
 }
 
 /// The first plan cuDNN's heuristics build for `g` (a normalization graph: its engines are
-/// few and the heuristics' first is the fused one), or [`Error::NoAlgorithm`] naming `op`.
-fn first_graph_plan(
-    cudnn: &Cudnn,
-    g: &crate::graph::Graph,
-    op: &'static str,
-) -> Result<crate::graph::Plan> {
-    let og = g.build(cudnn)?;
-    og.plans(
-        cudnn,
-        &crate::graph::PlanFilter::new().with_max_plans(Some(1)),
-    )?
-    .plans
-    .into_iter()
-    .next()
-    .ok_or_else(|| Error::NoAlgorithm {
-        op,
-        detail: "cuDNN built no plan for the normalization graph".into(),
-    })
+/// few and the heuristics' first is the fused one), or [`Error::NoEngine`] naming the graph.
+fn first_graph_plan(cudnn: &Cudnn, g: &crate::graph::Graph) -> Result<crate::graph::Plan> {
+    g.build(cudnn)?
+        .plan(cudnn, &crate::graph::PlanFilter::new())
 }

@@ -221,7 +221,7 @@ impl<T: NormType> RmsNorm<T> {
         let gamma = g.tensor_nhwc("gamma", &pd, T::DTYPE)?;
         let out = g.rms_norm(x, gamma, None, self.epsilon, false)?;
         g.mark_output(out.y)?;
-        let plan = first_graph_plan(cudnn, &g, "RMS norm")?;
+        let plan = first_graph_plan(cudnn, &g)?;
         *self.infer.borrow_mut() = Some(Box::new(InferGraph {
             plan,
             ids: [x, gamma, out.y],
@@ -247,7 +247,7 @@ impl<T: NormType> RmsNorm<T> {
         let inv = out.inv_rms.expect("the training phase has statistics");
         g.mark_output(out.y)?;
         g.mark_output_as(inv, DType::F32)?;
-        let fwd = first_graph_plan(cudnn, &g, "RMS norm training")?;
+        let fwd = first_graph_plan(cudnn, &g)?;
         let fwd_ids = [x, gamma, out.y, inv];
 
         let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
@@ -258,7 +258,7 @@ impl<T: NormType> RmsNorm<T> {
         let grads = g.rms_norm_backward(dy, x, gamma, inv, false)?;
         g.mark_output(grads.dx)?;
         g.mark_output(grads.dscale)?;
-        let bwd = first_graph_plan(cudnn, &g, "RMS norm backward")?;
+        let bwd = first_graph_plan(cudnn, &g)?;
         let bwd_ids = [dy, x, gamma, inv, grads.dx, grads.dscale];
         *self.train.borrow_mut() = Some(Box::new(TrainGraphs {
             fwd,
