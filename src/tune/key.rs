@@ -77,11 +77,13 @@ impl KeyProblem {
         let spatial = usize::try_from(*k.get(7)?)
             .ok()
             .filter(|s| (1..=6).contains(s))?;
+        // A 1-D problem's tensors are 3-D or 4-D (unit height); the others' have spatial + 2.
         let rank = usize::try_from(*k.get(8)?)
             .ok()
-            .filter(|&t| t == spatial + 2)?;
-        // Header, three spatial lists, a's dims and strides, filter format and dims, b's dims
-        // and strides, policy and limit; the search suffix is optional.
+            .filter(|&t| t == spatial + 2 || (spatial == 1 && t == 4))?;
+        // Header, three spatial lists (as declared: one value each for a 1-D problem), a's dims
+        // and strides, filter format and dims, b's dims and strides, policy and limit; the search
+        // suffix is optional.
         let len = 9 + 3 * spatial + 5 * rank + 3;
         if k.len() != len && k.len() != len + 1 {
             return None;
@@ -228,6 +230,15 @@ pub(super) fn format_code(f: TensorFormat) -> i64 {
 }
 
 /// Everything about a problem that can change the answer, as integers.
+///
+/// The header holds the spatial rank and the tensor rank, then come the padding, strides and
+/// dilations as declared ([`ConvDesc::builder`]) and the tensors' dims and strides as given. A
+/// 1-D problem thus writes one padding, stride and dilation (not the unit height's 0, 1 and 1
+/// cuDNN is handed) and the rank of its tensors, 3 (`[N, C, W]`) or 4 (`[N, C, 1, W]`): the two
+/// forms have distinct keys, so that [`KeyProblem::decode`] rebuilds the form the caller used,
+/// even where cuDNN is handed the same descriptors (a 4-D layout equal to the 3-D one's
+/// [`Layout::legacy_view`]). For 2-D and 3-D problems the declared lists are those cuDNN is
+/// handed and the tensor rank is [`ConvDesc::tensor_rank`].
 pub(super) fn problem_key<T: DataType>(
     dir: ConvDirection,
     (a, a_t): (&Layout, DType),
@@ -245,11 +256,18 @@ pub(super) fn problem_key<T: DataType>(
     k.push(i64::from(conv.math().raw().0));
     k.push(conv.mode() as i64);
     k.push(conv.groups());
-    k.push(conv.spatial_rank() as i64);
-    k.push(conv.tensor_rank() as i64);
-    k.extend_from_slice(conv.pads());
-    k.extend_from_slice(conv.strides());
-    k.extend_from_slice(conv.dilations());
+    let spatial = conv.spatial_rank();
+    k.push(spatial as i64);
+    let rank = if spatial == 1 {
+        a.dims().len()
+    } else {
+        conv.tensor_rank()
+    };
+    k.push(rank as i64);
+    for list in [conv.pads(), conv.strides(), conv.dilations()] {
+        // As declared: a 1-D convolution's lists hold the unit height's value first.
+        k.extend_from_slice(&list[list.len().saturating_sub(spatial)..]);
+    }
     k.extend_from_slice(a.dims());
     k.extend_from_slice(a.strides());
     k.push(format_code(w.format()));

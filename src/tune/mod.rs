@@ -55,9 +55,10 @@
 //! Every tuner speaks the same words: a [`Policy`] says how it chooses, a [`Choice`] what it
 //! ran, a [`Candidate`] one ranked option, [`Stats`] what it counted, [`WarmUp`] what a
 //! start-up replay did; `cache_file` / `try_cache_file` / `without_cache_file` name its file,
-//! `save`, `clear`, `cached_decisions` and `stats` work on its decisions (the graph plan
-//! tuner's and cuBLASLt's are [`plan::Policy`], [`plan::Choice`], ... and
-//! `blas::lt::Policy`, ...).
+//! `save`, `clear` (forget them), `cached_decisions` and `stats` work on its decisions (the graph
+//! plan tuner's and cuBLASLt's are [`plan::Policy`], [`plan::Choice`], ... and
+//! `blas::lt::Policy`, ...); [`PlanCache::drop_plans`](plan::PlanCache::drop_plans) drops the
+//! graph plans held and keeps the decisions.
 mod autotuner;
 mod cache;
 mod key;

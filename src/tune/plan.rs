@@ -602,8 +602,17 @@ impl PlanCache {
     pub fn stats(&self) -> Stats {
         self.stats
     }
-    /// Drops the plans held in memory (persisted configurations stay).
+    /// Forgets every decision in memory: the chosen configurations, their graphs and the plans
+    /// held (the file is left as it is), as the other tuners' `clear` does.
+    /// [`drop_plans`](Self::drop_plans) keeps the decisions.
     pub fn clear(&mut self) {
+        self.plans.clear();
+        self.configs.clear();
+        self.graphs.clear();
+    }
+    /// Drops the plans held in memory and keeps the decisions (configurations and graphs): the
+    /// next lookup of a graph, or a [`warm_up`](Self::warm_up), rebuilds its plan from them.
+    pub fn drop_plans(&mut self) {
         self.plans.clear();
     }
 }
@@ -631,5 +640,28 @@ mod tests {
         assert_eq!(format_line("no device part", &config, None), None);
         assert!(parse_line("GPU\tkey\tnot a config").is_none());
         assert!(parse_line("\tkey\teng0").is_none());
+    }
+
+    #[test]
+    fn clear_forgets_the_decisions_and_drop_plans_keeps_them() {
+        // Entries as read from a file (none is read or written here); holding plans needs a GPU.
+        let path = PathBuf::from("plans.txt");
+        let config: EngineConfig = "eng12_k2=1_k5=0".parse().unwrap();
+        let loaded = vec![(
+            "GPU X | filter | sig".to_string(),
+            (config, Some("{}".into())),
+        )];
+        let mut cache = PlanCache::new().with_loaded(path.clone(), loaded);
+        assert_eq!((cache.cached_decisions(), cache.graphs.len()), (1, 1));
+        cache.drop_plans();
+        assert_eq!((cache.cached_decisions(), cache.graphs.len()), (1, 1));
+        cache.clear();
+        assert_eq!((cache.cached_decisions(), cache.graphs.len()), (0, 0));
+        assert!(cache.is_empty());
+        assert_eq!(
+            cache.cache_path(),
+            Some(path.as_path()),
+            "the file stays named"
+        );
     }
 }

@@ -293,17 +293,145 @@ fn warm_up_reads_problems_back_from_their_keys() {
     }
 }
 
+/// The keys of a problem in every direction, after checking that each decodes to descriptors
+/// equal to the originals (tensors are keyed by dims and strides, what cuDNN is handed, so they
+/// come back strided).
+fn round_trip<T: DataType>(conv: &ConvDesc, x: &TensorDesc<T>, w: &FilterDesc<T>) -> Vec<Vec<i64>> {
+    let y = TensorDesc::<T>::nchw_nd(&conv.output_dims(x.dims(), w.dims()).unwrap()).unwrap();
+    let mut keys = Vec::new();
+    for dir in [
+        ConvDirection::Forward,
+        ConvDirection::BackwardData,
+        ConvDirection::BackwardFilter,
+    ] {
+        let (policy, g) = (Policy::Benchmark, GraphSearch::Prefer);
+        let key = super::key::call_key(dir, (x, w, &y), conv, (policy, 1 << 20, g));
+        let p = KeyProblem::decode(&key).unwrap_or_else(|| panic!("{dir:?}: {key:?}"));
+        assert_eq!((p.dir, p.a_t, p.b_t), (dir, T::DTYPE, T::DTYPE));
+        let descs = p.descriptors::<T>().unwrap();
+        let (c2, x2, w2, y2) = &descs;
+        // Debug shows every parameter: spatial rank, the lists cuDNN is handed, groups,
+        // mode, math and compute type.
+        assert_eq!(format!("{c2:?}"), format!("{conv:?}"), "{dir:?} {key:?}");
+        for (got, want) in [(x2, x), (y2, &y)] {
+            assert_eq!(
+                (got.dims(), got.layout().strides()),
+                (want.dims(), want.layout().strides())
+            );
+        }
+        assert_eq!((w2.dims(), w2.format()), (w.dims(), w.format()));
+        assert_eq!(p.key(&descs, policy, 1 << 20, g), key, "{dir:?}");
+        keys.push(key);
+    }
+    keys
+}
+
+#[test]
+fn keys_of_1d_2d_and_3d_problems_round_trip() {
+    let Some(()) = crate::checks::lib_or_skip() else {
+        return;
+    };
+    let nchw = TensorFormat::Nchw;
+    let conv1 = || {
+        ConvDesc::builder(1)
+            .pads(&[2])
+            .strides(&[2])
+            .dilations(&[3])
+            .groups(2)
+    };
+    let conv1 = conv1().mode(ConvMode::Convolution).build::<f32>().unwrap();
+    // The 1-D problem as [N, C, 1, W] and as [N, C, W], and as [N, C, W] channels-last.
+    let x4 = TensorDesc::<f32>::nchw_nd(&[2, 8, 1, 50]).unwrap();
+    let w4 = FilterDesc::<f32>::new(&[6, 4, 1, 5], nchw).unwrap();
+    let four = round_trip(&conv1, &x4, &w4);
+    let x3 = TensorDesc::<f32>::nchw_nd(&[2, 8, 50]).unwrap();
+    let w3 = FilterDesc::<f32>::new(&[6, 4, 5], nchw).unwrap();
+    let three = round_trip(&conv1, &x3, &w3);
+    let x3l = TensorDesc::<f32>::nhwc_nd(&[2, 8, 50]).unwrap();
+    let w3l = FilterDesc::<f32>::new(&[6, 4, 5], TensorFormat::Nhwc).unwrap();
+    round_trip(&conv1, &x3l, &w3l);
+    for (a, b) in four.iter().zip(&three) {
+        assert_ne!(a, b, "the 3-D and 4-D forms of a 1-D problem");
+    }
+    // [.., spatial 1, rank 4, pad 2, stride 2, dilation 3, ..]: the declared values.
+    assert_eq!(four[0][7..12], [1, 4, 2, 2, 3]);
+    assert_eq!(three[0][7..12], [1, 3, 2, 2, 3]);
+
+    let conv2 = ConvDesc::builder(2)
+        .pads(&[1, 2])
+        .strides(&[2, 1])
+        .dilations(&[1, 2]);
+    let conv2 = conv2.math(MathType::TensorOp).build::<half::f16>().unwrap();
+    let x = TensorDesc::<half::f16>::nhwc(2, 8, 9, 10).unwrap();
+    let w = FilterDesc::<half::f16>::new(&[16, 8, 3, 3], TensorFormat::Nhwc).unwrap();
+    round_trip(&conv2, &x, &w);
+
+    let conv3 = ConvDesc::builder(3)
+        .pads(&[1, 0, 1])
+        .strides(&[1, 2, 1])
+        .groups(2);
+    let conv3 = conv3.build::<half::bf16>().unwrap();
+    let x = TensorDesc::<half::bf16>::strided(&[1, 4, 5, 6, 7], &[1000, 210, 42, 7, 1]).unwrap();
+    let w = FilterDesc::<half::bf16>::new(&[8, 2, 3, 3, 3], nchw).unwrap();
+    round_trip(&conv3, &x, &w);
+
+    // A 2-D key as this version has always written it (cache files stay valid).
+    let conv = ConvDesc::builder(2).pads(&[1, 1]).build::<f32>().unwrap();
+    let x = TensorDesc::<f32>::nchw(1, 2, 3, 3).unwrap();
+    let w = FilterDesc::<f32>::new(&[4, 2, 3, 3], nchw).unwrap();
+    let y = TensorDesc::<f32>::nchw(1, 4, 3, 3).unwrap();
+    let (a, b) = ((x.layout(), DType::F32), (y.layout(), DType::F32));
+    let f = dtype_code(DType::F32);
+    assert_eq!(
+        problem_key(
+            ConvDirection::Forward,
+            a,
+            &w,
+            b,
+            &conv,
+            Policy::Heuristic,
+            0
+        ),
+        [
+            0, f, f, f, 0, 0, 1, 2, 4, 1, 1, 1, 1, 1, 1, 1, 2, 3, 3, 18, 9, 3, 1, 0, 4, 2, 3, 3, 1,
+            4, 3, 3, 36, 9, 3, 1, 0, 0
+        ]
+    );
+}
+
 #[test]
 fn warm_up_leaves_keys_it_cannot_read() {
     // [dir, a, b, compute, math, mode, groups, spatial 1, rank 3, pad, stride, dilation,
-    //  a dims ×3, a strides ×3, filter format, w dims ×3, b dims ×3, b strides ×3, policy, limit]
+    //  a dims ×3, a strides ×3, filter format, w dims ×3, b dims ×3, b strides ×3, policy, limit]:
+    // the forward f32 1-D convolution of [1, 4, 8] by [2, 4, 3] with padding 1.
     let f32c = dtype_code(DType::F32);
     let good: Vec<i64> = vec![
-        0, f32c, f32c, f32c, 0, 0, 1, 1, 3, 0, 1, 1, 1, 4, 8, 32, 8, 1, 0, 2, 4, 3, 1, 2, 8, 16, 8,
+        0, f32c, f32c, f32c, 0, 0, 1, 1, 3, 1, 1, 1, 1, 4, 8, 32, 8, 1, 0, 2, 4, 3, 1, 2, 8, 16, 8,
         1, 2, 0,
     ];
+    if crate::checks::lib_or_skip().is_some() {
+        let conv = ConvDesc::builder(1).pads(&[1]).build::<f32>().unwrap();
+        let x = TensorDesc::<f32>::nchw_nd(&[1, 4, 8]).unwrap();
+        let w = FilterDesc::<f32>::new(&[2, 4, 3], TensorFormat::Nchw).unwrap();
+        let y = TensorDesc::<f32>::nchw_nd(&[1, 2, 8]).unwrap();
+        let (a, b) = ((x.layout(), DType::F32), (y.layout(), DType::F32));
+        let computed = problem_key(
+            ConvDirection::Forward,
+            a,
+            &w,
+            b,
+            &conv,
+            Policy::Deterministic,
+            0,
+        );
+        assert_eq!(computed, good, "the key problem_key writes");
+    }
     let p = KeyProblem::decode(&good).expect("a plain forward key");
     assert_eq!((p.spatial, p.w_dims.as_slice()), (1, &[2, 4, 3][..]));
+    assert_eq!(
+        (p.pads.as_slice(), p.strides.as_slice()),
+        (&[1][..], &[1][..])
+    );
     assert_eq!(p.b_strides, [16, 8, 1]);
     let mut suffixed = good.clone();
     suffixed.push(-1);
@@ -321,7 +449,16 @@ fn warm_up_leaves_keys_it_cannot_read() {
     assert_eq!(KeyProblem::decode(&long), None, "long");
     let mut rank = good.clone();
     rank[8] = 4;
-    assert_eq!(KeyProblem::decode(&rank), None, "rank not spatial + 2");
+    assert_eq!(KeyProblem::decode(&rank), None, "rank 4 with 3-D lists");
+    rank[8] = 5;
+    assert_eq!(
+        KeyProblem::decode(&rank),
+        None,
+        "a 1-D rank neither 3 nor 4"
+    );
+    let mut spatial = good.clone();
+    spatial[7] = 2;
+    assert_eq!(KeyProblem::decode(&spatial), None, "rank not spatial + 2");
     let mut dtype = good.clone();
     dtype[1] = dtype_code(DType::F64);
     assert_eq!(KeyProblem::decode(&dtype), None, "f64 is not replayed");
