@@ -141,8 +141,34 @@ impl<T: DataType> TransposePlan<T> {
         y_desc: &TensorDesc<T>,
     ) -> Result<Self> {
         conv.check_backward_types("transposed convolution", T::DTYPE)?;
-        let (xd, wd, yd) = (x_desc.dims(), w_desc.dims(), y_desc.dims());
-        let op = conv.transpose_output_padding(xd, wd, yd)?;
+        let op = conv.transpose_output_padding(x_desc.dims(), w_desc.dims(), y_desc.dims())?;
+        // A 1-D problem on 3-D tensors is planned in the 4-D form cuDNN sees (a unit height at
+        // index 2, `Layout::legacy_view`); the descriptors built below drop it again (`flat`),
+        // so that they have the caller's rank.
+        let unit = y_desc.dims().len() == 3;
+        let view = |d: &[i64]| -> Vec<i64> {
+            let mut d = d.to_vec();
+            d.insert(2, 1);
+            d
+        };
+        let flat = |d: &[i64]| -> Vec<i64> {
+            let mut d = d.to_vec();
+            if unit {
+                d.remove(2);
+            }
+            d
+        };
+        let dims4 = unit.then(|| {
+            (
+                view(x_desc.dims()),
+                view(w_desc.dims()),
+                view(y_desc.dims()),
+            )
+        });
+        let (xd, wd, yd): (&[i64], &[i64], &[i64]) = match &dims4 {
+            Some((x4, w4, y4)) => (x4, w4, y4),
+            None => (x_desc.dims(), w_desc.dims(), y_desc.dims()),
+        };
         let splits: Vec<Split> = (0..op.len())
             .map(|i| {
                 split(
@@ -163,8 +189,8 @@ impl<T: DataType> TransposePlan<T> {
                 rest: Vec::new(),
             });
         }
-        let y_strides = y_desc.layout().strides();
         if splits.iter().any(|s| s.covered == 0) {
+            let (yd, y_strides) = (y_desc.dims(), y_desc.layout().strides());
             return Ok(TransposePlan {
                 route: Route::Nothing,
                 rest: vec![Rest {
@@ -175,6 +201,10 @@ impl<T: DataType> TransposePlan<T> {
                 }],
             });
         }
+        // y's strides in the planned (4-D for 3-D y) form, for offsets, and as given, for the
+        // descriptors.
+        let y_view = y_desc.layout().legacy_view();
+        let (y_strides, y_given) = (y_view.strides(), y_desc.layout().strides());
         let with = |f: &dyn Fn(&Split) -> i64| -> Vec<i64> {
             yd[..2]
                 .iter()
@@ -190,17 +220,17 @@ impl<T: DataType> TransposePlan<T> {
         let route = if channels_first && splits.iter().all(|s| s.shift == 0) {
             // covered == extent here: the sub-tensor is the whole backward-data output.
             Route::Leading {
-                dx: TensorDesc::strided(&covered, y_strides)?,
+                dx: TensorDesc::strided(&flat(&covered), y_given)?,
             }
         } else {
             let pads: Vec<i64> = splits.iter().map(|s| s.pad).collect();
             let extent = with(&|s| s.extent);
             let dx = if y_desc.layout().format() == TensorFormat::Nhwc {
-                TensorDesc::<T>::nhwc_nd(&extent)?
+                TensorDesc::<T>::nhwc_nd(&flat(&extent))?
             } else {
-                TensorDesc::<T>::nchw_nd(&extent)?
+                TensorDesc::<T>::nchw_nd(&flat(&extent))?
             };
-            let s_strides = dx.layout().strides().to_vec();
+            let s_strides = dx.layout().legacy_view().strides().to_vec();
             let offset: i64 = splits
                 .iter()
                 .zip(&s_strides[2..])
@@ -208,8 +238,8 @@ impl<T: DataType> TransposePlan<T> {
                 .sum();
             Route::Scratch(Box::new(Scratch {
                 conv: conv.with_pads(&pads)?,
-                src: TensorDesc::strided(&covered, &s_strides)?,
-                dst: TensorDesc::strided(&covered, y_strides)?,
+                src: TensorDesc::strided(&flat(&covered), dx.layout().strides())?,
+                dst: TensorDesc::strided(&flat(&covered), y_given)?,
                 offset: offset as usize,
                 dx,
             }))
@@ -229,8 +259,8 @@ impl<T: DataType> TransposePlan<T> {
             rest.push(Rest {
                 offset: (s.covered * y_strides[2 + i]) as usize,
                 count: dims.iter().product::<i64>() as usize,
-                packed: TensorDesc::nchw_nd(&dims)?,
-                desc: TensorDesc::strided(&dims, y_strides)?,
+                packed: TensorDesc::nchw_nd(&flat(&dims))?,
+                desc: TensorDesc::strided(&flat(&dims), y_given)?,
             });
         }
         Ok(TransposePlan { route, rest })
@@ -667,8 +697,9 @@ mod tests {
         };
         let mut checked = 0;
         let mut routes = [0usize; 4];
-        for spatial in 1..=3usize {
-            let sp = if spatial == 1 { 2 } else { spatial };
+        // (declared spatial dimensions, spatial dimensions of the tensors): a 1-D convolution
+        // on 3-D tensors and in its 4-D form.
+        for (spatial, sp) in [(1usize, 1usize), (1, 2), (2, 2), (3, 3)] {
             for (s, d, p, k, n) in [
                 (1, 2, 1, 3, 4),
                 (1, 3, 2, 2, 3),
@@ -688,7 +719,7 @@ mod tests {
                 let mut xd = vec![2, 4];
                 let mut wd = vec![4, 3];
                 for i in 0..sp {
-                    let unit = spatial == 1 && i == 0;
+                    let unit = spatial == 1 && sp == 2 && i == 0;
                     xd.push(if unit { 1 } else { n + i as i64 });
                     wd.push(if unit { 1 } else { k });
                 }
@@ -708,7 +739,7 @@ mod tests {
                     let mut base = xd.clone();
                     base[1] = 6;
                     for i in 0..sp {
-                        let unit = spatial == 1 && i == 0;
+                        let unit = spatial == 1 && sp == 2 && i == 0;
                         base[2 + i] = if unit {
                             1
                         } else {
