@@ -457,6 +457,8 @@ impl ConvDesc {
     /// let conv = ConvDesc::builder(1).pads(&[1]).dilations(&[2]).build::<f32>()?;
     /// let y = conv.transpose_output_dims(&[1, 8, 1, 5], &[8, 4, 1, 3], &[1])?;
     /// assert_eq!(y, [1, 4, 1, 8]); // (5 − 1)·1 − 2·1 + 2·(3 − 1) + 1 + 1
+    /// // The same problem on the 3-D tensors of PyTorch's conv_transpose1d.
+    /// assert_eq!(conv.transpose_output_dims(&[1, 8, 5], &[8, 4, 3], &[1])?, [1, 4, 8]);
     /// # Ok(()) }
     /// ```
     pub fn transpose_output_dims(

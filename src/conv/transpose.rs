@@ -513,7 +513,10 @@ impl Cudnn {
     /// `x` is `[N, K, in...]`, `w` is `[K, C/groups, k...]`, and `y` is `[N, C, out...]` with
     /// `out = (in − 1)·stride − 2·pad + dilation·(k − 1) + 1 + output_padding` for some
     /// `0 ≤ output_padding < max(stride, dilation)` per spatial dimension: exactly the
-    /// dimensions [`ConvDesc::transpose_output_dims`] returns, every case PyTorch accepts.
+    /// dimensions [`ConvDesc::transpose_output_dims`] returns, every case PyTorch accepts. A 1-D
+    /// convolution takes 3-D `[N, K, W]`, `[K, C/groups, S]`, `[N, C, out]` (PyTorch's
+    /// `conv_transpose1d` shapes) or the same with a unit height at index 2, the form cuDNN runs
+    /// either way; the results are the same.
     /// Errors name the arguments as given here (`x`, `w`, `y`); every check runs before
     /// anything is enqueued, so a refused call leaves `y` untouched.
     ///
