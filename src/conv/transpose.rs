@@ -78,6 +78,13 @@ pub(crate) fn split(n: i64, k: i64, s: i64, d: i64, p: i64, op: i64) -> Split {
     }
 }
 
+/// `[N, C, W]` → `[N, C, 1, W]`: a 1-D problem's dims in the form cuDNN sees.
+fn with_unit_height(d: &[i64]) -> Vec<i64> {
+    let mut d = d.to_vec();
+    d.insert(2, 1);
+    d
+}
+
 /// How the backward-data pass of a [`TransposePlan`] writes `y`.
 pub(crate) enum Route<T: DataType> {
     /// `op < stride` in every dimension: backward data into `y` with the caller's descriptors.
@@ -146,11 +153,6 @@ impl<T: DataType> TransposePlan<T> {
         // index 2, `Layout::legacy_view`); the descriptors built below drop it again (`flat`),
         // so that they have the caller's rank.
         let unit = y_desc.dims().len() == 3;
-        let view = |d: &[i64]| -> Vec<i64> {
-            let mut d = d.to_vec();
-            d.insert(2, 1);
-            d
-        };
         let flat = |d: &[i64]| -> Vec<i64> {
             let mut d = d.to_vec();
             if unit {
@@ -158,16 +160,11 @@ impl<T: DataType> TransposePlan<T> {
             }
             d
         };
-        let dims4 = unit.then(|| {
-            (
-                view(x_desc.dims()),
-                view(w_desc.dims()),
-                view(y_desc.dims()),
-            )
-        });
-        let (xd, wd, yd): (&[i64], &[i64], &[i64]) = match &dims4 {
-            Some((x4, w4, y4)) => (x4, w4, y4),
-            None => (x_desc.dims(), w_desc.dims(), y_desc.dims()),
+        let given = [x_desc.dims(), w_desc.dims(), y_desc.dims()];
+        let dims4 = unit.then(|| given.map(with_unit_height));
+        let [xd, wd, yd]: [&[i64]; 3] = match &dims4 {
+            Some([x4, w4, y4]) => [x4, w4, y4],
+            None => given,
         };
         let splits: Vec<Split> = (0..op.len())
             .map(|i| {
