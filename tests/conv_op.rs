@@ -543,3 +543,246 @@ fn fused_bias_relu_matches_the_reference() {
     }
     assert!(ran > 0, "no fused algorithm ran");
 }
+
+// ---------------------------------------------------------------------------------------------
+// The 1-D transposed convolution on 3-D [N, C, W] tensors (PyTorch's conv_transpose1d)
+// ---------------------------------------------------------------------------------------------
+
+/// A 1-D transposed convolution: `x [n, k, input]`, `w [k, c/groups, kernel]`, output
+/// `[n, c, out]`.
+#[derive(Clone, Copy, Debug)]
+struct T1 {
+    n: i64,
+    k: i64,
+    c: i64,
+    groups: i64,
+    input: i64,
+    kernel: i64,
+    stride: i64,
+    pad: i64,
+    dil: i64,
+    output_padding: i64,
+}
+
+impl T1 {
+    fn out(&self) -> i64 {
+        (self.input - 1) * self.stride - 2 * self.pad
+            + self.dil * (self.kernel - 1)
+            + 1
+            + self.output_padding
+    }
+    fn x_dims(&self) -> [i64; 3] {
+        [self.n, self.k, self.input]
+    }
+    fn w_dims(&self) -> [i64; 3] {
+        [self.k, self.c / self.groups, self.kernel]
+    }
+    fn y_dims(&self) -> [i64; 3] {
+        [self.n, self.c, self.out()]
+    }
+    /// `[N, C, W]` → `[N, C, 1, W]`.
+    fn four(d: [i64; 3]) -> [i64; 4] {
+        [d[0], d[1], 1, d[2]]
+    }
+    /// Strict arithmetic (FMA math for f32, no TF32).
+    fn conv(&self) -> ConvDesc {
+        ConvDesc::builder(1)
+            .pads(&[self.pad])
+            .strides(&[self.stride])
+            .dilations(&[self.dil])
+            .groups(self.groups)
+            .math(MathType::Fma)
+            .build::<f32>()
+            .unwrap()
+    }
+    /// The forward convolution whose backward data is this transposed convolution: its input
+    /// is the transposed output (`[n, c, out]`), its output the transposed input. Its
+    /// `backward_data` is the scatter sum `y[j·stride − pad + t·dil] += x[j]·w[t]`, positions
+    /// outside `0..out` dropped, for every output padding.
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            n: self.n,
+            c: self.c,
+            k: self.k,
+            groups: self.groups,
+            input: vec![self.out()],
+            kernel: vec![self.kernel],
+            out: vec![self.input],
+            pads: vec![self.pad],
+            strides: vec![self.stride],
+            dilations: vec![self.dil],
+            flip: false,
+        }
+    }
+}
+
+/// Stride 2, padding 1, output padding 1 with dilation 1 and 2 and groups 1 and 2 (the output
+/// padding below the stride: backward data writes y itself), plus stride 1, dilation 2, output
+/// padding 1 with padding 0 and 1 (the output padding reaches the stride: backward data into
+/// y's leading part, and into scratch memory).
+fn t1_cases() -> Vec<T1> {
+    let base = T1 {
+        n: 2,
+        k: 4,
+        c: 6,
+        groups: 1,
+        input: 7,
+        kernel: 3,
+        stride: 2,
+        pad: 1,
+        dil: 1,
+        output_padding: 1,
+    };
+    let mut cases = Vec::new();
+    for dil in [1, 2] {
+        for groups in [1, 2] {
+            cases.push(T1 {
+                dil,
+                groups,
+                ..base
+            });
+        }
+    }
+    for pad in [0, 1] {
+        cases.push(T1 {
+            stride: 1,
+            dil: 2,
+            pad,
+            groups: 2,
+            ..base
+        });
+    }
+    cases
+}
+
+#[test]
+fn conv_transpose_takes_the_3d_shapes_transpose_output_dims_returns() {
+    if !have_cudnn() {
+        return;
+    }
+    for case in t1_cases() {
+        let conv = case.conv();
+        let what = format!("{case:?}");
+        let y_dims = conv
+            .transpose_output_dims(&case.x_dims(), &case.w_dims(), &[case.output_padding])
+            .unwrap();
+        assert_eq!(y_dims, case.y_dims(), "{what}");
+        let x = TensorDesc::<f32>::nchw_nd(&case.x_dims()).unwrap();
+        let w = FilterDesc::<f32>::new(&case.w_dims(), TensorFormat::Nchw).unwrap();
+        for y in [
+            TensorDesc::<f32>::nchw_nd(&y_dims).unwrap(),
+            TensorDesc::<f32>::nhwc_nd(&y_dims).unwrap(),
+        ] {
+            let t = ConvTranspose::new(&conv, &x, &w, &y)
+                .unwrap_or_else(|e| panic!("{what} {:?}: {e}", y.layout()));
+            // The backward-data pass has the caller's rank (checked again in debug builds when
+            // it is built).
+            let pass = t.backward_data().expect("a pass");
+            assert_eq!(pass.dx().dims().len(), 3, "{what}");
+            assert!(std::ptr::eq(pass.dy(), &x), "{what}");
+        }
+        // The 4-D form of the same problem is taken as before.
+        let x4 = TensorDesc::<f32>::nchw_nd(&T1::four(case.x_dims())).unwrap();
+        let w4 = FilterDesc::<f32>::new(&T1::four(case.w_dims()), TensorFormat::Nchw).unwrap();
+        let y4 = TensorDesc::<f32>::nchw_nd(&T1::four(case.y_dims())).unwrap();
+        assert!(ConvTranspose::new(&conv, &x4, &w4, &y4).is_ok(), "{what}");
+
+        // Refusals name the argument: a y no output padding gives, a 4-D y with 3-D x and w,
+        // an x whose channels are not the filter count.
+        let mut long = case.y_dims();
+        long[2] += case.stride.max(case.dil);
+        let ys = [
+            TensorDesc::<f32>::nchw_nd(&long).unwrap(),
+            TensorDesc::<f32>::nchw_nd(&T1::four(case.y_dims())).unwrap(),
+        ];
+        // The rule's side is the output without output padding, in the caller's rank.
+        let base = [case.n, case.c, case.out() - case.output_padding];
+        for y_bad in &ys {
+            let r = ConvTranspose::new(&conv, &x, &w, y_bad);
+            assert!(
+                matches!(&r, Err(Error::ShapeMismatch { a: "y", a_dims, b_dims, .. })
+                    if a_dims == y_bad.dims() && b_dims[..] == base),
+                "{what} y {:?}: {r:?}",
+                y_bad.dims()
+            );
+        }
+        let mut x_bad = case.x_dims();
+        x_bad[1] += 1;
+        let x_bad = TensorDesc::<f32>::nchw_nd(&x_bad).unwrap();
+        let y = TensorDesc::<f32>::nchw_nd(&y_dims).unwrap();
+        let r = ConvTranspose::new(&conv, &x_bad, &w, &y);
+        assert!(
+            matches!(r, Err(Error::ShapeMismatch { a: "x", b: "w", .. })),
+            "{what}: {r:?}"
+        );
+        // A 4-D filter with a 3-D x: the ranks must agree.
+        let r = ConvTranspose::new(&conv, &x, &w4, &y);
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { .. })),
+            "{what}: {r:?}"
+        );
+    }
+}
+
+/// Every backward-data algorithm the heuristics list for each [`t1_cases`] case, f32, on 3-D
+/// `[N, C, W]` tensors: outputs poisoned with NaN, `alpha = 1.5, beta = 0`, checked against the
+/// f64 scatter reference; the same algorithm on the 4-D form `[N, C, 1, W]` must give the same
+/// result (bit for bit when cuDNN calls the algorithm deterministic).
+#[test]
+fn conv_transpose_1d_on_3d_tensors_matches_the_reference_and_the_4d_form() {
+    let Some((stream, cudnn)) = gpu() else {
+        return;
+    };
+    let mut rng = Rng::new(41);
+    let alpha = 1.5;
+    let ab = (alpha as f32, 0.0f32);
+    for case in t1_cases() {
+        let what = format!("{case:?}");
+        let conv = case.conv();
+        let x = TensorDesc::<f32>::nchw_nd(&case.x_dims()).unwrap();
+        let w = FilterDesc::<f32>::new(&case.w_dims(), TensorFormat::Nchw).unwrap();
+        let y = TensorDesc::<f32>::nchw_nd(&case.y_dims()).unwrap();
+        let x4 = TensorDesc::<f32>::nchw_nd(&T1::four(case.x_dims())).unwrap();
+        let w4 = FilterDesc::<f32>::new(&T1::four(case.w_dims()), TensorFormat::Nchw).unwrap();
+        let y4 = TensorDesc::<f32>::nchw_nd(&T1::four(case.y_dims())).unwrap();
+        let (xb, xf) = upload::<f32>(&cudnn, &mut rng, x.span());
+        let (wb, wf) = upload::<f32>(&cudnn, &mut rng, w.span());
+        let want = case.geometry().backward_data(&xf, &wf);
+        let t = ConvTranspose::new(&conv, &x, &w, &y).unwrap();
+        let t4 = ConvTranspose::new(&conv, &x4, &w4, &y4).unwrap();
+        let heur = t.heuristics(&cudnn).unwrap();
+        let mut ran = 0;
+        for algo in supported(&heur) {
+            let what = format!("{what} {algo}");
+            let deterministic = heur.iter().any(|p| p.algo == algo && p.deterministic);
+            let run = |op: &ConvTranspose<'_, f32>| {
+                let mut out = poisoned_buffer::<f32>(&stream, y.span());
+                let mut ws = Workspace::new(stream.clone());
+                op.launch(&cudnn, algo, ab, (&xb, &wb), &mut ws, &mut out)
+                    .map(|()| download(&stream, &out))
+            };
+            match (run(&t), run(&t4)) {
+                (Ok(got), Ok(got4)) => {
+                    assert_matches(&what, &got, &want, alpha, is_transform(algo));
+                    assert_matches(
+                        &format!("{what} 4-D"),
+                        &got4,
+                        &want,
+                        alpha,
+                        is_transform(algo),
+                    );
+                    if deterministic {
+                        let bits = |v: &[f32]| v.iter().map(|g| g.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&got), bits(&got4), "{what}: 3-D and 4-D differ");
+                    }
+                    ran += 1;
+                }
+                (Err(e), Err(e4)) if is_refusal(&e) && is_refusal(&e4) => {
+                    eprintln!("{what}: refused: {e}")
+                }
+                (r, r4) => panic!("{what}: 3-D {:?}, 4-D {:?}", r.map(|_| ()), r4.map(|_| ())),
+            }
+        }
+        assert!(ran > 0, "{what}: no listed algorithm ran: {heur:?}");
+    }
+}

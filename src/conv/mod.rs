@@ -443,8 +443,8 @@ impl ConvDesc {
     /// sizes a strided forward convolution maps to the same `in`; each value must satisfy
     /// `0 ≤ output_padding < max(stride, dilation)`, PyTorch's rule. A 1-D convolution takes one
     /// value (its unit height has none), and 3-D `[N, K, W]` and `[K, C/groups, S]` give a 3-D
-    /// result. [`Cudnn::conv_transpose`] accepts exactly the output dimensions this returns
-    /// (for a 1-D convolution, in their 4-D form `[N, C, 1, W]`).
+    /// result (`[N, K, 1, W]` and `[K, C/groups, 1, S]`, the 4-D form, give a 4-D one).
+    /// [`Cudnn::conv_transpose`] accepts exactly the output dimensions this returns.
     ///
     /// Errors: ranks not matching the convolution, `x`'s channels not equal to the filter count
     /// `K` or `K` not divisible by the groups, an output padding out of range, or an output
@@ -457,6 +457,8 @@ impl ConvDesc {
     /// let conv = ConvDesc::builder(1).pads(&[1]).dilations(&[2]).build::<f32>()?;
     /// let y = conv.transpose_output_dims(&[1, 8, 1, 5], &[8, 4, 1, 3], &[1])?;
     /// assert_eq!(y, [1, 4, 1, 8]); // (5 − 1)·1 − 2·1 + 2·(3 − 1) + 1 + 1
+    /// // The same problem on the 3-D tensors of PyTorch's conv_transpose1d.
+    /// assert_eq!(conv.transpose_output_dims(&[1, 8, 5], &[8, 4, 3], &[1])?, [1, 4, 8]);
     /// # Ok(()) }
     /// ```
     pub fn transpose_output_dims(
@@ -558,38 +560,49 @@ impl ConvDesc {
     /// [`transpose_output_dims`](Self::transpose_output_dims), accepting exactly what it returns.
     /// A `y` it cannot produce is a [`Error::ShapeMismatch`] naming `y`.
     ///
-    /// The result has one entry per spatial dimension of the 4-D or 5-D tensors, so the 3-D
-    /// tensors of a 1-D convolution are refused here (a typed error, never a misread padding).
+    /// The result has one entry per spatial dimension of the 4-D or 5-D tensors the backward
+    /// data pass sees: for a 1-D convolution given 3-D `x`, `w` and `y`, two entries, the unit
+    /// height's (0) first, as for the same problem in its 4-D form.
     pub(crate) fn transpose_output_padding(
         &self,
         x_dims: &[i64],
         w_dims: &[i64],
         y_dims: &[i64],
     ) -> Result<Vec<i64>> {
-        if self.unit_height_view(x_dims, w_dims).is_some() {
-            return Err(Error::invalid(
-                "transposed 1-D convolution shapes",
-                "[N, K, 1, W] tensors and [K, C/groups, 1, S] filters (the transposed \
-                 convolution takes 1-D problems in their 4-D form)",
-                format!("x {x_dims:?}, w {w_dims:?}"),
-            ));
-        }
-        let base = self.transpose_base(x_dims, w_dims)?;
+        let unit = self.unit_height_view(x_dims, w_dims);
+        let y4 = match (&unit, y_dims) {
+            (Some(_), &[n, c, w]) => Some([n, c, 1, w]),
+            _ => None,
+        };
+        // With 3-D x and w, a y of another rank is given no dimensions: never the 4-D base.
+        let (xv, wv, yv): (&[i64], &[i64], &[i64]) = match (&unit, &y4) {
+            (Some((x4, w4)), Some(y4)) => (x4, w4, y4),
+            (Some((x4, w4)), None) => (x4, w4, &[]),
+            (None, _) => (x_dims, w_dims, y_dims),
+        };
+        let base = self.transpose_base(xv, wv)?;
         let mismatch = || Error::ShapeMismatch {
             a: "y",
             a_dims: y_dims.to_vec(),
             b: "conv_transpose(x, w)",
-            b_dims: base.iter().map(|&b| b.max(1)).collect(),
+            b_dims: {
+                let b: Vec<i64> = base.iter().map(|&b| b.max(1)).collect();
+                if unit.is_some() {
+                    drop_unit_height(b)
+                } else {
+                    b
+                }
+            },
             rule: "y is [N, C, out...] with out = (in − 1)·stride − 2·pad + dilation·(k − 1) + 1 \
                    + output_padding, 0 ≤ output_padding < max(stride, dilation)",
         };
-        if y_dims.len() != base.len() || y_dims[..2] != base[..2] {
+        if yv.len() != base.len() || yv[..2] != base[..2] {
             return Err(mismatch());
         }
         let mut op = Vec::with_capacity(self.pads.len());
         for i in 0..self.pads.len() {
-            let p = y_dims[2 + i] - base[2 + i];
-            if p < 0 || p >= self.strides[i].max(self.dilations[i]) || y_dims[2 + i] < 1 {
+            let p = yv[2 + i] - base[2 + i];
+            if p < 0 || p >= self.strides[i].max(self.dilations[i]) || yv[2 + i] < 1 {
                 return Err(mismatch());
             }
             op.push(p);

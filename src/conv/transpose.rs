@@ -78,6 +78,13 @@ pub(crate) fn split(n: i64, k: i64, s: i64, d: i64, p: i64, op: i64) -> Split {
     }
 }
 
+/// `[N, C, W]` → `[N, C, 1, W]`: a 1-D problem's dims in the form cuDNN sees.
+fn with_unit_height(d: &[i64]) -> Vec<i64> {
+    let mut d = d.to_vec();
+    d.insert(2, 1);
+    d
+}
+
 /// How the backward-data pass of a [`TransposePlan`] writes `y`.
 pub(crate) enum Route<T: DataType> {
     /// `op < stride` in every dimension: backward data into `y` with the caller's descriptors.
@@ -141,8 +148,24 @@ impl<T: DataType> TransposePlan<T> {
         y_desc: &TensorDesc<T>,
     ) -> Result<Self> {
         conv.check_backward_types("transposed convolution", T::DTYPE)?;
-        let (xd, wd, yd) = (x_desc.dims(), w_desc.dims(), y_desc.dims());
-        let op = conv.transpose_output_padding(xd, wd, yd)?;
+        let op = conv.transpose_output_padding(x_desc.dims(), w_desc.dims(), y_desc.dims())?;
+        // A 1-D problem on 3-D tensors is planned in the 4-D form cuDNN sees (a unit height at
+        // index 2, `Layout::legacy_view`); the descriptors built below drop it again (`flat`),
+        // so that they have the caller's rank.
+        let unit = y_desc.dims().len() == 3;
+        let flat = |d: &[i64]| -> Vec<i64> {
+            let mut d = d.to_vec();
+            if unit {
+                d.remove(2);
+            }
+            d
+        };
+        let given = [x_desc.dims(), w_desc.dims(), y_desc.dims()];
+        let dims4 = unit.then(|| given.map(with_unit_height));
+        let [xd, wd, yd]: [&[i64]; 3] = match &dims4 {
+            Some([x4, w4, y4]) => [x4, w4, y4],
+            None => given,
+        };
         let splits: Vec<Split> = (0..op.len())
             .map(|i| {
                 split(
@@ -163,8 +186,8 @@ impl<T: DataType> TransposePlan<T> {
                 rest: Vec::new(),
             });
         }
-        let y_strides = y_desc.layout().strides();
         if splits.iter().any(|s| s.covered == 0) {
+            let (yd, y_strides) = (y_desc.dims(), y_desc.layout().strides());
             return Ok(TransposePlan {
                 route: Route::Nothing,
                 rest: vec![Rest {
@@ -175,6 +198,10 @@ impl<T: DataType> TransposePlan<T> {
                 }],
             });
         }
+        // y's strides in the planned (4-D for 3-D y) form, for offsets, and as given, for the
+        // descriptors.
+        let y_view = y_desc.layout().legacy_view();
+        let (y_strides, y_given) = (y_view.strides(), y_desc.layout().strides());
         let with = |f: &dyn Fn(&Split) -> i64| -> Vec<i64> {
             yd[..2]
                 .iter()
@@ -190,17 +217,17 @@ impl<T: DataType> TransposePlan<T> {
         let route = if channels_first && splits.iter().all(|s| s.shift == 0) {
             // covered == extent here: the sub-tensor is the whole backward-data output.
             Route::Leading {
-                dx: TensorDesc::strided(&covered, y_strides)?,
+                dx: TensorDesc::strided(&flat(&covered), y_given)?,
             }
         } else {
             let pads: Vec<i64> = splits.iter().map(|s| s.pad).collect();
             let extent = with(&|s| s.extent);
             let dx = if y_desc.layout().format() == TensorFormat::Nhwc {
-                TensorDesc::<T>::nhwc_nd(&extent)?
+                TensorDesc::<T>::nhwc_nd(&flat(&extent))?
             } else {
-                TensorDesc::<T>::nchw_nd(&extent)?
+                TensorDesc::<T>::nchw_nd(&flat(&extent))?
             };
-            let s_strides = dx.layout().strides().to_vec();
+            let s_strides = dx.layout().legacy_view().strides().to_vec();
             let offset: i64 = splits
                 .iter()
                 .zip(&s_strides[2..])
@@ -208,8 +235,8 @@ impl<T: DataType> TransposePlan<T> {
                 .sum();
             Route::Scratch(Box::new(Scratch {
                 conv: conv.with_pads(&pads)?,
-                src: TensorDesc::strided(&covered, &s_strides)?,
-                dst: TensorDesc::strided(&covered, y_strides)?,
+                src: TensorDesc::strided(&flat(&covered), dx.layout().strides())?,
+                dst: TensorDesc::strided(&flat(&covered), y_given)?,
                 offset: offset as usize,
                 dx,
             }))
@@ -229,8 +256,8 @@ impl<T: DataType> TransposePlan<T> {
             rest.push(Rest {
                 offset: (s.covered * y_strides[2 + i]) as usize,
                 count: dims.iter().product::<i64>() as usize,
-                packed: TensorDesc::nchw_nd(&dims)?,
-                desc: TensorDesc::strided(&dims, y_strides)?,
+                packed: TensorDesc::nchw_nd(&flat(&dims))?,
+                desc: TensorDesc::strided(&flat(&dims), y_given)?,
             });
         }
         Ok(TransposePlan { route, rest })
@@ -483,7 +510,10 @@ impl Cudnn {
     /// `x` is `[N, K, in...]`, `w` is `[K, C/groups, k...]`, and `y` is `[N, C, out...]` with
     /// `out = (in − 1)·stride − 2·pad + dilation·(k − 1) + 1 + output_padding` for some
     /// `0 ≤ output_padding < max(stride, dilation)` per spatial dimension: exactly the
-    /// dimensions [`ConvDesc::transpose_output_dims`] returns, every case PyTorch accepts.
+    /// dimensions [`ConvDesc::transpose_output_dims`] returns, every case PyTorch accepts. A 1-D
+    /// convolution takes 3-D `[N, K, W]`, `[K, C/groups, S]`, `[N, C, out]` (PyTorch's
+    /// `conv_transpose1d` shapes) or the same with a unit height at index 2, the form cuDNN runs
+    /// either way; the results are the same.
     /// Errors name the arguments as given here (`x`, `w`, `y`); every check runs before
     /// anything is enqueued, so a refused call leaves `y` untouched.
     ///
@@ -667,8 +697,9 @@ mod tests {
         };
         let mut checked = 0;
         let mut routes = [0usize; 4];
-        for spatial in 1..=3usize {
-            let sp = if spatial == 1 { 2 } else { spatial };
+        // (declared spatial dimensions, spatial dimensions of the tensors): a 1-D convolution
+        // on 3-D tensors and in its 4-D form.
+        for (spatial, sp) in [(1usize, 1usize), (1, 2), (2, 2), (3, 3)] {
             for (s, d, p, k, n) in [
                 (1, 2, 1, 3, 4),
                 (1, 3, 2, 2, 3),
@@ -688,7 +719,7 @@ mod tests {
                 let mut xd = vec![2, 4];
                 let mut wd = vec![4, 3];
                 for i in 0..sp {
-                    let unit = spatial == 1 && i == 0;
+                    let unit = spatial == 1 && sp == 2 && i == 0;
                     xd.push(if unit { 1 } else { n + i as i64 });
                     wd.push(if unit { 1 } else { k });
                 }
@@ -708,7 +739,7 @@ mod tests {
                     let mut base = xd.clone();
                     base[1] = 6;
                     for i in 0..sp {
-                        let unit = spatial == 1 && i == 0;
+                        let unit = spatial == 1 && sp == 2 && i == 0;
                         base[2 + i] = if unit {
                             1
                         } else {
