@@ -324,6 +324,15 @@ pub enum Error {
         /// The limit in force.
         limit: usize,
     },
+    /// Work a CUDA graph cannot record was asked for while the stream was being captured, a
+    /// capture failed, or a captured graph's buffers changed ([`crate::capture`]).
+    #[error("{operation}: {detail}")]
+    Capture {
+        /// What was about to happen.
+        operation: &'static str,
+        /// Why it cannot, and what to do.
+        detail: String,
+    },
     /// Reading or writing a file (a tuner or plan cache) failed. Nothing was replaced: a failed
     /// write leaves the previous file, and no temporary file, behind.
     #[error("reading or writing {} failed: {source}", .path.display())]
@@ -470,6 +479,11 @@ impl Error {
                 .debug_struct("WorkspaceTooSmall")
                 .field("available", available)
                 .field("required", required)
+                .finish(),
+            Error::Capture { operation, detail } => f
+                .debug_struct("Capture")
+                .field("operation", operation)
+                .field("detail", detail)
                 .finish(),
             Error::NoAlgorithm { op, detail } => f
                 .debug_struct("NoAlgorithm")

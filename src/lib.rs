@@ -124,6 +124,7 @@
 pub mod activation;
 pub mod blas;
 pub mod buffer;
+pub mod capture;
 mod checks;
 pub mod conv;
 mod cudnn_log;
@@ -150,6 +151,7 @@ mod workspace;
 
 pub use activation::{ActivationDesc, ActivationMode, NanPropagation};
 pub use buffer::{DeviceBuffer, DeviceBufferMut};
+pub use capture::{CaptureBuffers, Captured};
 pub use dropout::{Dropout, DropoutReserve};
 pub use dtype::{DType, DataType, Scalar};
 pub use error::{Error, LoadError, Result, Status, StatusFamily};

@@ -108,6 +108,10 @@ pub(crate) fn sized_batch_ms(
 /// Milliseconds per launch of `n` back-to-back launches, between two CUDA events on
 /// `stream`.
 fn batch_ms(stream: &CudaStream, n: usize, launch: &mut impl FnMut() -> Result<()>) -> Result<f32> {
+    crate::capture::refuse_during_capture(
+        stream,
+        "timing candidates (a tuner's first decision for this problem)",
+    )?;
     let event = || {
         stream
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))

@@ -65,6 +65,14 @@ impl Workspace {
         &self.stream
     }
 
+    /// The device address of the allocation (0 when nothing is allocated).
+    pub(crate) fn address(&self) -> u64 {
+        self.buf.as_ref().map_or(0, |b| {
+            let (ptr, _guard) = cudarc::driver::DevicePtr::device_ptr(b, &self.stream);
+            ptr
+        })
+    }
+
     /// Whether `bytes` could be granted under the limit.
     pub fn allows(&self, bytes: usize) -> bool {
         bytes <= self.limit
@@ -82,6 +90,7 @@ impl Workspace {
         if bytes <= self.capacity() {
             return Ok(());
         }
+        crate::capture::refuse_during_capture(&self.stream, "growing a workspace")?;
         // Free the old buffer first so peak memory is the new size, not old + new; its free on
         // the allocating stream waits for its last use on another stream.
         self.release();

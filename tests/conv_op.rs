@@ -786,3 +786,180 @@ fn conv_transpose_1d_on_3d_tensors_matches_the_reference_and_the_4d_form() {
         assert!(ran > 0, "{what}: no listed algorithm ran: {heur:?}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// FusedConv: conv + bias (+ residual) (+ ReLU) as one graph, channels-last
+// ---------------------------------------------------------------------------------------------
+
+/// `[relu](conv(x, w) + b [+ z])` in f64, every tensor channels-last (`x` `[N, H, W, C]`, `w`
+/// `[K, R, S, C]`, `y` and `z` `[N, P, Q, K]`), padding `pad`, stride `stride`.
+#[allow(clippy::too_many_arguments)] // the layer's tensors and geometry
+fn fused_reference(
+    [n, c, h, w_]: [i64; 4],
+    [k, r, s]: [i64; 3],
+    pad: i64,
+    stride: i64,
+    x: &[f64],
+    w: &[f64],
+    b: &[f64],
+    z: Option<&[f64]>,
+    relu: bool,
+) -> (Vec<f64>, [i64; 4]) {
+    let p = (h + 2 * pad - r) / stride + 1;
+    let q = (w_ + 2 * pad - s) / stride + 1;
+    let mut y = vec![0.0; (n * p * q * k) as usize];
+    for ni in 0..n {
+        for pi in 0..p {
+            for qi in 0..q {
+                for ki in 0..k {
+                    let mut acc = b[ki as usize];
+                    for ri in 0..r {
+                        for si in 0..s {
+                            let (hi, wi) = (pi * stride - pad + ri, qi * stride - pad + si);
+                            if hi < 0 || hi >= h || wi < 0 || wi >= w_ {
+                                continue;
+                            }
+                            for ci in 0..c {
+                                let xv = x[(((ni * h + hi) * w_ + wi) * c + ci) as usize];
+                                let wv = w[(((ki * r + ri) * s + si) * c + ci) as usize];
+                                acc += xv * wv;
+                            }
+                        }
+                    }
+                    let o = (((ni * p + pi) * q + qi) * k + ki) as usize;
+                    if let Some(z) = z {
+                        acc += z[o];
+                    }
+                    y[o] = if relu { acc.max(0.0) } else { acc };
+                }
+            }
+        }
+    }
+    (y, [n, k, p, q])
+}
+
+fn fused_conv_case<T: DataType>(seed: u64, tolerance: f64) {
+    use cudnn_safe::conv::{Epilogue, FusedConv};
+    use cudnn_safe::graph::{ConvParams, PlanCache};
+    let Some((stream, cudnn)) = gpu() else { return };
+    let mut rng = Rng::new(seed);
+    let mut plans = PlanCache::new();
+    let mut ws = Workspace::new(stream.clone());
+    // (input, filter, pad, stride, epilogue)
+    let cases = [
+        ([2, 16, 9, 9], [8, 3, 3], 1, 1, (true, true)),
+        ([3, 8, 10, 7], [16, 3, 3], 1, 2, (false, true)),
+        ([2, 32, 6, 6], [24, 1, 1], 0, 1, (true, true)),
+        ([1, 16, 8, 8], [8, 1, 1], 0, 2, (false, false)),
+    ];
+    for (xd, [k, r, s], pad, stride, (residual, relu)) in cases {
+        let what = format!("{} x {xd:?} w [{k}, {r}, {s}] pad {pad} stride {stride} residual {residual} relu {relu}", T::DTYPE);
+        let params = ConvParams::new(2)
+            .with_padding(&[pad, pad])
+            .with_strides(&[stride, stride]);
+        let epi = Epilogue { residual, relu };
+        let layer = FusedConv::new(&cudnn, T::DTYPE, xd, [k, xd[1], r, s], &params, epi).unwrap();
+        let (x, xv) = upload::<T>(&cudnn, &mut rng, layer.x_span());
+        let (w, wv) = upload::<T>(&cudnn, &mut rng, layer.w_span());
+        let (b, bv) = upload::<T>(&cudnn, &mut rng, layer.b_span());
+        let (z, zv) = upload::<T>(&cudnn, &mut rng, layer.y_span());
+        let (want, dims) = fused_reference(
+            xd,
+            [k, r, s],
+            pad,
+            stride,
+            &xv,
+            &wv,
+            &bv,
+            residual.then_some(&zv[..]),
+            relu,
+        );
+        assert_eq!(layer.y_dims(), dims, "{what}");
+        let mut y = poisoned_buffer::<T>(&stream, layer.y_span());
+        let zarg = residual.then(|| z.as_view());
+        layer
+            .run(&cudnn, &mut plans, &x, &w, &b, zarg, &mut y, &mut ws)
+            .unwrap();
+        let got = to_f64(&download(&stream, &y));
+        let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - e).abs() <= tolerance * scale,
+                "{what}: y[{i}] = {g}, expected {e}"
+            );
+        }
+        // The residual is given exactly when the epilogue has one; a short output is refused.
+        let wrong_z = if residual { None } else { Some(z.as_view()) };
+        let e = layer
+            .run(&cudnn, &mut plans, &x, &w, &b, wrong_z, &mut y, &mut ws)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    what: "residual `z`",
+                    ..
+                }
+            ),
+            "{what}: {e:?}"
+        );
+        let mut short = stream.alloc_zeros::<T>(layer.y_span() - 1).unwrap();
+        let zarg = residual.then(|| z.as_view());
+        let e = layer
+            .run(&cudnn, &mut plans, &x, &w, &b, zarg, &mut short, &mut ws)
+            .unwrap_err();
+        assert!(matches!(e, Error::BufferTooSmall { .. }), "{what}: {e:?}");
+    }
+}
+
+#[test]
+fn fused_conv_block_matches_the_reference_f16() {
+    fused_conv_case::<cudnn_safe::half::f16>(41, 1e-2);
+}
+
+#[test]
+fn fused_conv_block_matches_the_reference_bf16() {
+    fused_conv_case::<cudnn_safe::half::bf16>(42, 5e-2);
+}
+
+#[test]
+fn fold_batch_norm_matches_batch_norm_after_the_convolution() {
+    // Two 1×1 filters over 3 channels; conv then batch norm at one point, in f64 by hand.
+    let w = [0.5f32, -1.0, 2.0, 1.5, 0.25, -0.75];
+    let bias = [0.1f32, -0.2];
+    let (gamma, beta, mean, var) = ([1.5f32, 0.5], [0.2f32, -0.1], [0.3f32, -0.4], [2.0f32, 0.5]);
+    let eps = 1e-5;
+    let (wf, bf) =
+        cudnn_safe::norm::fold_batch_norm(&w, Some(&bias), &gamma, &beta, &mean, &var, eps)
+            .unwrap();
+    let x = [0.7f64, -1.3, 0.4];
+    for k in 0..2 {
+        let conv: f64 =
+            (0..3).map(|c| f64::from(w[k * 3 + c]) * x[c]).sum::<f64>() + f64::from(bias[k]);
+        let bn = f64::from(gamma[k]) * (conv - f64::from(mean[k]))
+            / (f64::from(var[k]) + eps).sqrt()
+            + f64::from(beta[k]);
+        let folded: f64 =
+            (0..3).map(|c| f64::from(wf[k * 3 + c]) * x[c]).sum::<f64>() + f64::from(bf[k]);
+        assert!((bn - folded).abs() < 1e-5, "channel {k}: {bn} vs {folded}");
+    }
+    // Lengths that disagree are refused naming the argument.
+    let e = cudnn_safe::norm::fold_batch_norm(&w, None, &gamma, &beta, &mean[..1], &var, eps)
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument { what: "mean", .. }),
+        "{e:?}"
+    );
+    let e = cudnn_safe::norm::fold_batch_norm(&w[..5], None, &gamma, &beta, &mean, &var, eps)
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument { what: "w", .. }),
+        "{e:?}"
+    );
+    let e = cudnn_safe::norm::fold_batch_norm(&w, None, &gamma, &beta, &mean, &[0.0, 1.0], 0.0)
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument { what: "var", .. }),
+        "{e:?}"
+    );
+}

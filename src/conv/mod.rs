@@ -775,10 +775,12 @@ fn drop_unit_height(mut dims: Vec<i64>) -> Vec<i64> {
 }
 
 mod algo;
+mod block;
 mod direction;
 mod fused;
 pub(crate) mod graph;
 
+pub use block::{Epilogue, FusedConv};
 pub use direction::{ConvBackwardData, ConvBackwardFilter, ConvForward, ConvOp};
 pub use fused::ConvBiasActivation;
 pub use transpose::ConvTranspose;

@@ -180,6 +180,7 @@ use crate::tensor::Layout;
 mod batch;
 mod batch_ex;
 mod ffi;
+mod fold;
 mod group;
 mod launch;
 mod layer;
@@ -192,6 +193,7 @@ mod saved;
 pub use batch::{
     BatchNorm, BatchNormBuilder, BatchNormMode, BatchNormOps, BatchNormSaved, RunningStats,
 };
+pub use fold::fold_batch_norm;
 pub use group::GroupNorm;
 pub use layer::LayerNorm;
 pub use layer_graph::LayerNormGraphSaved;

@@ -168,6 +168,7 @@ pub fn autotune(
                         | Error::ForeignContext { .. }
                         | Error::OverlappingOutput { .. }
                         | Error::UnsupportedDataType { .. }
+                        | Error::Capture { .. }
                 ) || matches!(e, Error::InvalidArgument { what, .. } if what.starts_with("graph") || what == "cuDNN handle")
                 {
                     return Err(e);

@@ -68,6 +68,10 @@ impl Autotuner {
         let (perf, source) = match self.policy {
             Policy::Heuristic => (heuristics()?, Source::Heuristic),
             _ => {
+                crate::capture::refuse_during_capture(
+                    cudnn.stream(),
+                    "benchmarking algorithms (a tuner's first decision for this problem)",
+                )?;
                 self.stats.benchmarks += 1;
                 (benchmark(self.workspace(cudnn), find)?, Source::Benchmark)
             }

@@ -285,6 +285,10 @@ impl BlasLt {
         let source = match self.policy {
             Policy::Heuristic => Source::Heuristic,
             Policy::Benchmark => {
+                crate::capture::refuse_during_capture(
+                    &self.stream,
+                    "timing cuBLASLt algorithms (a first decision for this problem)",
+                )?;
                 self.stats.benchmarks += 1;
                 ranked = self.autotune::<T>(op, descs, &ranked, ptrs, alpha, beta)?;
                 Source::Benchmark

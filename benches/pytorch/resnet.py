@@ -1,0 +1,118 @@
+"""ResNet-18/50 (torchvision's architecture) for the cudnn-safe `resnet` example: the weights it
+runs, the logits it is checked against, and PyTorch's own times for the same networks.
+
+    python3 benches/pytorch/resnet.py weights DIR     # writes DIR/resnet18.safetensors, resnet50...
+    python3 benches/pytorch/resnet.py time [CASES]    # JSON lines: PyTorch eager and CUDA graph
+
+`weights`: each model is built with `torch.manual_seed(0)`; its batch-norm running statistics are
+then set by 20 forward passes in training mode over random batches (cumulative average,
+`momentum=None`), so that an eval-mode forward keeps activations of unit scale the way a
+trained network does. The file holds every `state_dict` tensor as float32 under its PyTorch
+name, plus `input` (8 images, `[8, 3, 224, 224]` float32, seed 1) and `logits` (`[8, 1000]`, the
+eval-mode float32 forward on them, TF32 off). The safetensors format is written directly (an
+8-byte little-endian header length, a JSON header of dtype/shape/offsets, the raw data), so the
+`safetensors` package is not needed.
+
+`time`: channels-last, `cudnn.benchmark = True`, the same rule as the anchors
+(`timing.bench`: median of 7 batches of 30 calls after warm-up), for each case
+`resnet50_fp16_b32`-style name given (default: the cases of the example): eager, and a CUDA graph
+of one forward replayed. One JSON line per figure: {"op", "ms", "ips"}.
+"""
+import json
+import os
+import struct
+import sys
+
+import torch
+import torchvision
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import timing  # noqa: E402
+
+DEFAULT_CASES = ["resnet50_fp16_b32", "resnet50_bf16_b32", "resnet18_fp16_b32",
+                 "resnet50_fp16_b1", "resnet50_fp16_b256"]
+
+
+def calibrated(name):
+    torch.manual_seed(0)
+    m = getattr(torchvision.models, name)().cuda()
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.BatchNorm2d):
+            mod.reset_running_stats()
+            mod.momentum = None
+    m.train()
+    with torch.no_grad():
+        for _ in range(20):
+            m(torch.randn(16, 3, 224, 224, device="cuda"))
+    return m.eval()
+
+
+def write_safetensors(path, tensors):
+    header, offset, blobs = {}, 0, []
+    for name, t in tensors.items():
+        data = t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        blobs.append(data)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        for b in blobs:
+            f.write(b)
+
+
+def weights(out_dir):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    os.makedirs(out_dir, exist_ok=True)
+    torch.manual_seed(1)
+    x = torch.randn(8, 3, 224, 224, device="cuda")
+    for name in ["resnet18", "resnet50"]:
+        m = calibrated(name)
+        with torch.no_grad():
+            logits = m(x)
+        tensors = {k: v for k, v in m.state_dict().items() if v.dtype.is_floating_point}
+        tensors["input"] = x
+        tensors["logits"] = logits
+        path = os.path.join(out_dir, f"{name}.safetensors")
+        write_safetensors(path, tensors)
+        print(json.dumps({"wrote": path, "tensors": len(tensors),
+                          "top1": logits.argmax(1).tolist()}), flush=True)
+
+
+def time_cases(cases):
+    torch.backends.cudnn.benchmark = True
+    print(json.dumps({"torch": torch.__version__, "cudnn": torch.backends.cudnn.version()}), flush=True)
+    for case in cases:
+        name, dt, b = case.split("_")
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
+        b = int(b[1:])
+        m = getattr(torchvision.models, name)().cuda().eval().to(dtype=dtype, memory_format=torch.channels_last)
+        x = torch.randn(b, 3, 224, 224, device="cuda", dtype=dtype).to(memory_format=torch.channels_last)
+        with torch.no_grad():
+            t = timing.bench(lambda: m(x), reps=30, warm=10)
+            print(json.dumps({"op": f"{case}_eager", "ms": t, "ips": b / t * 1e3}), flush=True)
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(3):
+                    m(x)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                m(x)
+            t = timing.bench(g.replay, reps=30, warm=10)
+            print(json.dumps({"op": f"{case}_cudagraph", "ms": t, "ips": b / t * 1e3}), flush=True)
+        del m
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "weights":
+        weights(sys.argv[2])
+    elif len(sys.argv) >= 2 and sys.argv[1] == "time":
+        time_cases(sys.argv[2].split(",") if len(sys.argv) > 2 else DEFAULT_CASES)
+    else:
+        sys.exit(__doc__)
