@@ -1,5 +1,6 @@
 //! Shared by the examples: the GPU opening ("no GPU here" exit), error chains, a seeded random
-//! generator, a CUDA-event timer and the loss-curve plot of the training examples.
+//! generator, a CUDA-event timer, and the trained parameters and the loss (and accuracy) plots of
+//! the training examples.
 //!
 //! Included by each example with `#[path = "common/mod.rs"] mod common;` (Cargo does not build
 //! `examples/common/mod.rs` as an example of its own).
@@ -10,8 +11,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use cudnn_safe::cudarc::driver::sys::CUevent_flags;
-use cudnn_safe::cudarc::driver::{CudaEvent, CudaStream, DriverError};
-use cudnn_safe::{cuda_context, Cudnn, DataType, Error, Result};
+use cudnn_safe::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DriverError};
+use cudnn_safe::{cuda_context, Cudnn, DataType, Error, Result, TensorDesc};
 
 /// Wraps a cudarc driver error (allocation, copy, event) into the crate's error type.
 pub fn drv(context: &'static str) -> impl Fn(DriverError) -> Error {
@@ -125,6 +126,51 @@ pub fn write_loss_svg(
     Ok(path)
 }
 
+/// Draws per-epoch curves as `file` (an SVG) in [`out_dir`]: the training loss on the left axis
+/// and the held-out accuracy in percent on the right one, with `caption` above; returns the
+/// file's path.
+pub fn write_loss_accuracy_svg(
+    file: &str,
+    caption: &str,
+    loss: &[(usize, f64)],
+    accuracy: &[(usize, f64)],
+) -> std::result::Result<PathBuf, Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let path = out_dir()?.join(file);
+    let root = SVGBackend::new(&path, (900, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let epochs = loss.iter().chain(accuracy).map(|p| p.0).max().unwrap_or(0) + 1;
+    let loss_max = loss.iter().map(|p| p.1).filter(|v| v.is_finite()).fold(0.0, f64::max) * 1.05;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 20))
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .right_y_label_area_size(56)
+        .build_cartesian_2d(0..epochs, 0.0..loss_max.max(f64::MIN_POSITIVE))?
+        .set_secondary_coord(0..epochs, 0.0..100.0);
+    chart.configure_mesh().x_desc("epoch").y_desc("training loss").draw()?;
+    chart.configure_secondary_axes().y_desc("held-out accuracy (%)").draw()?;
+    chart
+        .draw_series(LineSeries::new(loss.iter().copied(), BLUE.stroke_width(2)))?
+        .label("training loss")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE.stroke_width(2)));
+    chart
+        .draw_secondary_series(LineSeries::new(accuracy.iter().copied(), RED.stroke_width(2)))?
+        .label("held-out accuracy")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED.stroke_width(2)));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::MiddleRight)
+        .background_style(WHITE)
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    drop(chart);
+    drop(root);
+    Ok(path)
+}
+
 /// xorshift64* PRNG: deterministic inputs without a dependency.
 pub struct Rng(u64);
 
@@ -150,6 +196,53 @@ impl Rng {
     /// `n` values uniform in `[-1, 1)`, rounded to `T`.
     pub fn values<T: DataType>(&mut self, n: usize) -> Vec<T> {
         (0..n).map(|_| T::from_f64(self.signed_unit())).collect()
+    }
+
+    /// Uniform in `0..n` (`n ≥ 1`), by remainder: the bias, below `n / 2⁶⁴`, does not matter
+    /// for the sizes the examples draw.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    /// `len` weights for a layer of `fan_in` inputs per output, He-uniform:
+    /// `U(±√(6 / fan_in))`, variance `2 / fan_in` (for ReLU networks).
+    pub fn he_uniform(&mut self, len: usize, fan_in: usize) -> Vec<f32> {
+        let a = (6.0 / fan_in as f64).sqrt();
+        (0..len).map(|_| (a * self.signed_unit()) as f32).collect()
+    }
+
+    /// Shuffles `v` in place (Fisher–Yates).
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i + 1));
+        }
+    }
+}
+
+/// A trained f32 tensor on the device with its gradient and momentum, updated by SGD with
+/// momentum through cuDNN's `c ← alpha·a + beta·c` on a flat `[1, len, 1, 1]` view.
+pub struct Param {
+    pub value: CudaSlice<f32>,
+    pub grad: CudaSlice<f32>,
+    pub velocity: CudaSlice<f32>,
+    flat: TensorDesc<f32>,
+}
+
+impl Param {
+    /// A parameter holding `init`, with zero gradient and momentum.
+    pub fn new(stream: &Arc<CudaStream>, init: &[f32]) -> Result<Param> {
+        let zeros = || stream.alloc_zeros::<f32>(init.len()).map_err(drv("allocating"));
+        let value = stream.clone_htod(init).map_err(drv("uploading a parameter"))?;
+        let flat = TensorDesc::nchw(1, init.len() as i64, 1, 1)?;
+        Ok(Param { value, grad: zeros()?, velocity: zeros()?, flat })
+    }
+
+    /// `v ← momentum·v + grad; value ← value − lr·v` (PyTorch's SGD with momentum), as two
+    /// `cudnnAddTensor`.
+    pub fn sgd(&mut self, cudnn: &Cudnn, lr: f32, momentum: f32) -> Result<()> {
+        let d = &self.flat;
+        cudnn.add_tensor(1.0, d, &self.grad, momentum, d, &mut self.velocity)?;
+        cudnn.add_tensor(-lr, d, &self.velocity, 1.0, d, &mut self.value)
     }
 }
 
