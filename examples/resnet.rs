@@ -73,11 +73,14 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     println!("{}", common::device_line(&default));
-    // A stream of its own: CUDA cannot capture the context's default stream.
-    let opened = default.context().new_stream().map_err(common::drv("creating a stream"));
-    let Ok((stream, cudnn)) = opened.and_then(|s| Ok((s.clone(), Cudnn::new(s)?))) else {
-        eprintln!("resnet: could not open a stream and a handle on it");
-        return ExitCode::FAILURE;
+    // The per-thread default stream: CUDA cannot capture the legacy default stream.
+    let stream = default.context().per_thread_stream();
+    let cudnn = match Cudnn::new(stream.clone()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("resnet: {}", common::chain(&e));
+            return ExitCode::FAILURE;
+        }
     };
     match options().and_then(|o| run(&stream, &cudnn, &o)) {
         Ok(true) => ExitCode::SUCCESS,

@@ -8,8 +8,11 @@
 //!
 //! # What may run during a capture
 //!
-//! A capture records the work enqueued on the handle's stream, which must be a stream of its own
-//! (`ctx.new_stream()`): CUDA cannot capture a context's default (NULL) stream. It the calls themselves run on the
+//! A capture records the work enqueued on the handle's stream. CUDA cannot capture the legacy
+//! default stream (`ctx.default_stream()`), and cudarc, once a program has made streams with
+//! `new_stream`, orders buffers across them with events that a capture cannot wait on: make
+//! the handle on `ctx.per_thread_stream()` (a capturable stream that needs no events) in a
+//! program that makes no other streams, or turn cudarc's event tracking off. The calls themselves run on the
 //! host as usual, so every argument check still happens once, at capture. Work that cannot be
 //! recorded is an error during the capture ([`Error::Capture`]) rather than a broken graph:
 //!
@@ -41,8 +44,8 @@
 //! use cudnn_safe::{cuda_context, ActivationDesc, ActivationMode, Cudnn, TensorDesc};
 //! # fn main() -> cudnn_safe::Result<()> {
 //! let ctx = cuda_context(0)?;
-//! // A stream of its own: CUDA cannot capture the context's default (NULL) stream.
-//! let stream = ctx.new_stream()?;
+//! // The per-thread default stream: CUDA cannot capture the legacy default stream.
+//! let stream = ctx.per_thread_stream();
 //! let cudnn = Cudnn::new(stream.clone())?;
 //! let d = TensorDesc::<f32>::nchw(8, 64, 32, 32)?;
 //! let relu = ActivationDesc::new(ActivationMode::Relu)?;
@@ -158,6 +161,36 @@ tuple_buffers!(A, B, C, D, E, F);
 tuple_buffers!(A, B, C, D, E, F, G);
 tuple_buffers!(A, B, C, D, E, F, G, H);
 
+/// `CU_STREAM_LEGACY`, the legacy default stream's other name.
+const LEGACY_STREAM: usize = 0x1;
+
+/// [`Error::Capture`] for a stream CUDA cannot capture (the legacy default stream), or whose
+/// buffers cudarc orders across streams with events that a capture could not wait on.
+fn capturable(stream: &CudaStream) -> Result<()> {
+    let raw = stream.cu_stream() as usize;
+    if raw == 0 || raw == LEGACY_STREAM {
+        return Err(Error::Capture {
+            operation: "starting a capture",
+            detail: "the handle's stream is its context's legacy default stream, which CUDA \
+                     cannot capture; make the handle on `ctx.per_thread_stream()`"
+                .into(),
+        });
+    }
+    if stream.context().is_managing_stream_synchronization() {
+        return Err(Error::Capture {
+            operation: "starting a capture",
+            detail: "cudarc orders this context's buffers across its streams with events (it \
+                     has streams made by `new_stream` and tracks events), and a capture cannot \
+                     wait on an event recorded before it began; capture on \
+                     `ctx.per_thread_stream()` in a program that makes no other streams, or \
+                     turn event tracking off (`CudaContext::disable_event_tracking`, whose \
+                     contract makes the program order its streams itself)"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
 /// Refuses, with [`Error::Capture`], work that a CUDA graph cannot record while `stream` is
 /// capturing: `operation` says what was about to happen.
 pub(crate) fn refuse_during_capture(stream: &CudaStream, operation: &'static str) -> Result<()> {
@@ -263,8 +296,9 @@ impl Cudnn {
     /// Captures the work `body` enqueues on this handle's stream into a CUDA graph, and returns
     /// it ready to replay ([`Captured::launch`]).
     ///
-    /// The handle's stream must not be its context's default stream (CUDA cannot capture the
-    /// legacy NULL stream): [`Error::Capture`] before anything happens. `body` runs once, now,
+    /// The handle's stream must be capturable and free of cudarc's cross-stream events (the
+    /// [module documentation](crate::capture) says which streams are): otherwise
+    /// [`Error::Capture`] before anything happens. `body` runs once, now,
     /// with the handle and `buffers`; every call it makes is checked as
     /// usual. Run the same sequence once before capturing, so that tuners have decided, plans
     /// are built and workspaces are grown: those would be [`Error::Capture`] here. An error
@@ -282,15 +316,7 @@ impl Cudnn {
         F: FnMut(&Cudnn, &mut B) -> Result<()> + 'env,
     {
         let stream = self.stream().clone();
-        if stream.cu_stream().is_null() {
-            return Err(Error::Capture {
-                operation: "starting a capture",
-                detail: "the handle's stream is its context's default stream (the legacy NULL \
-                         stream), which CUDA cannot capture; make the handle on a stream of its \
-                         own (`ctx.new_stream()`)"
-                    .into(),
-            });
-        }
+        capturable(&stream)?;
         refuse_during_capture(&stream, "starting a capture")?;
         let mut body: Body<'env, B> = Box::new(body);
         stream

@@ -137,6 +137,10 @@ pub fn autotune(
     ws: &mut Workspace,
     policy: &Policy,
 ) -> Result<Choice> {
+    crate::capture::refuse_during_capture(
+        cudnn.stream(),
+        "timing candidate plans (a first decision for this graph)",
+    )?;
     let mut best: Option<(f32, Plan)> = None;
     let mut candidates = Vec::new();
     let mut failed = Vec::new();
@@ -431,7 +435,13 @@ impl PlanCache {
     ) -> Result<&Plan> {
         let key = Self::key(cudnn, og, filter);
         if self.get(cudnn, og, filter).is_some() {
-            return Ok(&self.plans[&key]);
+            return self.plans.get(&key).ok_or_else(|| {
+                Error::invalid(
+                    "graph plan cache",
+                    "the plan just found under its key",
+                    format!("no plan under {key}"),
+                )
+            });
         }
         let plan = match self.persisted(cudnn, og, &key) {
             Some(p) => p,
