@@ -14,6 +14,7 @@
 //! * `--cases` lists `<resnet18|resnet50>_<fp16|bf16>_b<batch>` (channels-last).
 //! * `--max-plans N` (default 4): candidate plans timed per graph at the first forward.
 //! * `--cache FILE`: keep the chosen plans in a file; a later process builds only those.
+//! * `--profile`: also time each convolution layer alone and list the slowest.
 //!
 //! Per case it prints the first forward's wall time (graph builds, plan choice, first run), the
 //! forward's time run call by call and as a replayed CUDA graph (median of 7 batches of 30), and
@@ -43,6 +44,7 @@ struct Options {
     cases: Vec<String>,
     max_plans: usize,
     cache: Option<PathBuf>,
+    profile: bool,
 }
 
 fn options() -> Res<Options> {
@@ -51,6 +53,7 @@ fn options() -> Res<Options> {
         cases: vec!["resnet18_fp16_b32".into(), "resnet18_bf16_b8".into()],
         max_plans: 4,
         cache: None,
+        profile: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -60,6 +63,7 @@ fn options() -> Res<Options> {
             "--cases" => o.cases = value()?.split(',').map(String::from).collect(),
             "--max-plans" => o.max_plans = value()?.parse()?,
             "--cache" => o.cache = Some(value()?.into()),
+            "--profile" => o.profile = true,
             _ => {
                 return Err(format!("unknown argument {a} (see the example's documentation)").into())
             }
@@ -122,8 +126,8 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, o: &Options) -> Res<bool> {
         };
         let mut cx = Context { cudnn, lt: &mut lt, plans: &mut plans, ws: &mut ws };
         ok &= match parts[1] {
-            "fp16" => case_run::<f16>(&mut cx, case, arch, batch, &weights, o.max_plans, 2e-3)?,
-            "bf16" => case_run::<bf16>(&mut cx, case, arch, batch, &weights, o.max_plans, 2e-2)?,
+            "fp16" => case_run::<f16>(&mut cx, case, arch, batch, &weights, o, 2e-3)?,
+            "bf16" => case_run::<bf16>(&mut cx, case, arch, batch, &weights, o, 2e-2)?,
             t => {
                 return Err(format!("case `{case}`: element type {t}, expected fp16 or bf16").into())
             }
@@ -147,9 +151,10 @@ fn case_run<T: Element>(
     arch: Arch,
     batch: i64,
     weights: &Tensors,
-    max_plans: usize,
+    o: &Options,
     tolerance: f64,
 ) -> Res<bool> {
+    let max_plans = o.max_plans;
     let stream = cx.cudnn.stream().clone();
     let start = Instant::now();
     // Images: the file's 8 (cycled over the batch) or random ones.
@@ -215,6 +220,15 @@ fn case_run<T: Element>(
     );
     println!("{{\"op\": \"{case}_eager\", \"ms\": {eager_ms:.4}}}");
     println!("{{\"op\": \"{case}_cudagraph\", \"ms\": {graph_ms:.4}, \"ips\": {ips:.0}, \"first_s\": {first_s:.3}, \"in_channels\": {}, \"replay_diff\": {replay_diff:.2e}}}", net.in_channels);
+    drop(graph);
+    if o.profile {
+        let rows = net.profile(cx, &mut scratch)?;
+        let total: f64 = rows.iter().map(|r| r.2).sum();
+        println!("{case}: convolutions run alone sum to {total:.3} ms; the slowest:");
+        for (name, dims, ms) in rows.iter().take(12) {
+            println!("  {name:<24} {dims:?} {ms:.4} ms");
+        }
+    }
     if !ok {
         println!("{case}: FAILED (replay differs from the call-by-call forward by {replay_diff:.2e}; logits error {rel}, top-1 {top1}, tolerance {tolerance:e})");
     }

@@ -231,6 +231,7 @@ pub fn upload<T: DataType>(stream: &Arc<CudaStream>, v: &[f32]) -> Res<CudaSlice
 
 /// One fused convolution with its weights on the device.
 struct Layer<T: DataType> {
+    name: String,
     conv: FusedConv,
     w: CudaSlice<T>,
     b: CudaSlice<T>,
@@ -294,7 +295,7 @@ impl<T: Element> ResNet<T> {
                     .with_filter(filter.clone());
             largest = largest.max(conv.y_span()).max(conv.x_span());
             let (w, b) = weights.folded(c, cp)?;
-            Ok(Layer { w: upload(stream, &w)?, b: upload(stream, &b)?, conv })
+            Ok(Layer { name: c.conv.clone(), w: upload(stream, &w)?, b: upload(stream, &b)?, conv })
         };
         let relu = Epilogue { residual: false, relu: true };
         let (stem_spec, specs) = blocks(arch);
@@ -406,6 +407,36 @@ impl<T: Element> ResNet<T> {
         let (op, w, b) = &self.fc;
         cx.lt.matmul(op, 1.0, &s.pooled, w, 0.0, logits, EpilogueData::bias(b))?;
         Ok(())
+    }
+}
+
+impl<T: Element> ResNet<T> {
+    /// Each convolution layer run alone (median of 5 batches of 20 runs on the forward's scratch
+    /// buffers, its plan chosen already), slowest first: name, output dims, milliseconds.
+    pub fn profile(
+        &self,
+        cx: &mut Context<'_>,
+        s: &mut Scratch<T>,
+    ) -> Res<Vec<(String, Vec<i64>, f64)>> {
+        let timer = crate::common::Timer::new(cx.cudnn.stream())?;
+        let mut rows = Vec::new();
+        let layers = std::iter::once(&self.stem)
+            .chain(self.blocks.iter().flat_map(|(main, down)| main.iter().chain(down)));
+        for l in layers {
+            let (c, plans, ws) = (cx.cudnn, &mut *cx.plans, &mut *cx.ws);
+            let (x, y, r) = (&s.io[0], &mut s.t1, &s.res);
+            let residual = l.conv.epilogue().residual;
+            let mut run =
+                || l.conv.run(c, plans, x, &l.w, &l.b, residual.then(|| r.as_view()), &mut *y, ws);
+            timer.batch(3, &mut run)?;
+            let mut t = (0..5)
+                .map(|_| timer.batch(20, &mut run))
+                .collect::<cudnn_safe::Result<Vec<f64>>>()?;
+            t.sort_by(f64::total_cmp);
+            rows.push((l.name.clone(), l.conv.y_dims().to_vec(), t[2]));
+        }
+        rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+        Ok(rows)
     }
 }
 

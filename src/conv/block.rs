@@ -59,6 +59,7 @@ pub struct FusedConv {
     z: Option<TensorId>,
     y: TensorId,
     y_dims: Vec<i64>,
+    epilogue: Epilogue,
     filter: PlanFilter,
     policy: Policy,
 }
@@ -110,6 +111,7 @@ impl FusedConv {
             z,
             y: t,
             y_dims,
+            epilogue,
             filter: PlanFilter::default(),
             policy: Policy::default(),
         })
@@ -128,6 +130,11 @@ impl FusedConv {
     pub fn with_policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
         self
+    }
+
+    /// What follows the convolution and its bias.
+    pub fn epilogue(&self) -> Epilogue {
+        self.epilogue
     }
 
     /// The output's dims, `[N, K, P, Q]`.
