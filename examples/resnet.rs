@@ -187,6 +187,9 @@ fn case_run<T: Element>(
     let (net, x, mut scratch, mut logits) = attempt.ok_or("no input layout ran")?;
     stream.synchronize()?;
     let first_s = start.elapsed().as_secs_f64();
+    // An error cudarc recorded instead of returning (a failed event or free) would not show
+    // otherwise.
+    stream.context().check_err()?;
     let eager = stream.clone_dtoh(&logits)?;
 
     let cudnn = cx.cudnn;

@@ -157,10 +157,19 @@ pub(crate) fn or_empty<T: Default>(kind: &str, loaded: Result<T>) -> T {
 /// The device part of every cache key: GPU name, compute capability and the library that
 /// decided (`library`, e.g. `cudnn91400`), with no tab or newline (the file's separators).
 pub(crate) fn device_name(ctx: &CudaContext, library: &str) -> String {
-    let name = ctx
-        .name()
+    // The driver is asked directly: `CudaContext::name` and `compute_capability` first return
+    // (and clear) any error cudarc recorded earlier on the context, which would turn a key into
+    // `device0|sm00` for one call and the real name for the next.
+    let dev = ctx.cu_device();
+    let name = cudarc::driver::result::device::get_name(dev)
         .unwrap_or_else(|_| format!("device{}", ctx.ordinal()));
-    let (major, minor) = ctx.compute_capability().unwrap_or((0, 0));
+    let attr = |a| {
+        // SAFETY: `dev` is the device of a live context; the attribute is a plain integer query.
+        unsafe { cudarc::driver::result::device::get_attribute(dev, a) }.unwrap_or(0)
+    };
+    use cudarc::driver::sys::CUdevice_attribute as A;
+    let major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+    let minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
     format!("{name}|sm{major}{minor}|{library}").replace(['\t', '\n'], " ")
 }
 
