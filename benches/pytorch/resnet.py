@@ -8,8 +8,10 @@ runs, the logits it is checked against, and PyTorch's own times for the same net
 then set by 20 forward passes in training mode over random batches (cumulative average,
 `momentum=None`), so that an eval-mode forward keeps activations of unit scale the way a
 trained network does. The file holds every `state_dict` tensor as float32 under its PyTorch
-name, plus `input` (8 images, `[8, 3, 224, 224]` float32, seed 1) and `logits` (`[8, 1000]`, the
-eval-mode float32 forward on them, TF32 off). The safetensors format is written directly (an
+name, plus `input` (8 images, `[8, 3, 224, 224]` float32, seed 1), `logits` (`[8, 1000]`, the
+eval-mode float32 forward on them, TF32 off) and `torch_rel_err_fp16` / `torch_rel_err_bf16`
+(`[1]`: the relative L2 error of PyTorch's own channels-last forward in that type against those
+logits, the floor any half-precision forward of these weights is read against). The safetensors format is written directly (an
 8-byte little-endian header length, a JSON header of dtype/shape/offsets, the raw data), so the
 `safetensors` package is not needed.
 
@@ -18,6 +20,7 @@ eval-mode float32 forward on them, TF32 off). The safetensors format is written 
 `resnet50_fp16_b32`-style name given (default: the cases of the example): eager, and a CUDA graph
 of one forward replayed. One JSON line per figure: {"op", "ms", "ips"}.
 """
+import copy
 import json
 import os
 import struct
@@ -76,10 +79,20 @@ def weights(out_dir):
         tensors = {k: v for k, v in m.state_dict().items() if v.dtype.is_floating_point}
         tensors["input"] = x
         tensors["logits"] = logits
+        # PyTorch's own error in each half type (channels-last, batch norm not folded): the
+        # floor the example's error is read against.
+        errors = {}
+        for tag, dt in [("fp16", torch.float16), ("bf16", torch.bfloat16)]:
+            mh = copy.deepcopy(m).to(dtype=dt, memory_format=torch.channels_last)
+            with torch.no_grad():
+                lh = mh(x.to(dt).contiguous(memory_format=torch.channels_last)).float()
+            errors[tag] = ((lh - logits).norm() / logits.norm()).item()
+            tensors[f"torch_rel_err_{tag}"] = torch.tensor([errors[tag]])
+            del mh
         path = os.path.join(out_dir, f"{name}.safetensors")
         write_safetensors(path, tensors)
         print(json.dumps({"wrote": path, "tensors": len(tensors),
-                          "top1": logits.argmax(1).tolist()}), flush=True)
+                          "top1": logits.argmax(1).tolist(), "torch_rel_err": errors}), flush=True)
 
 
 def time_cases(cases):
