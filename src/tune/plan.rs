@@ -443,6 +443,12 @@ impl PlanCache {
                 )
             });
         }
+        // Building plans loads (and dropping the losers unloads) kernels, which a capture cannot
+        // record: refuse before building any.
+        crate::capture::refuse_during_capture(
+            cudnn.stream(),
+            "building plans (a first decision for this graph)",
+        )?;
         let plan = match self.persisted(cudnn, og, &key) {
             Some(p) => p,
             None => make()?,
