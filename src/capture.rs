@@ -207,6 +207,19 @@ pub(crate) fn refuse_during_capture(stream: &CudaStream, operation: &'static str
     }
 }
 
+/// Ends a capture left open by a panic, discarding what it recorded. Never panics.
+struct EndOnUnwind<'a>(Option<&'a Arc<CudaStream>>);
+
+impl Drop for EndOnUnwind<'_> {
+    fn drop(&mut self) {
+        if let Some(stream) = self.0.take() {
+            if let Err(e) = stream.end_capture(CUgraphInstantiate_flags(0)) {
+                log::warn!("ending a capture after a panic: {e}");
+            }
+        }
+    }
+}
+
 /// The type-erased closure a [`Captured`] keeps (with what it owns).
 type Body<'env, B> = Box<dyn FnMut(&Cudnn, &mut B) -> Result<()> + 'env>;
 
@@ -322,7 +335,11 @@ impl Cudnn {
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| Error::driver("beginning a CUDA-graph capture", e))?;
+        // Should `body` panic, the capture still ends (the stream stays usable).
+        let mut open = EndOnUnwind(Some(&stream));
         let ran = body(self, &mut buffers);
+        open.0 = None;
+        drop(open);
         let ended = stream.end_capture(CUgraphInstantiate_flags(0));
         // Errors cudarc recorded instead of returning (event waits refused by the capture).
         let recorded = self.context().check_err().err();

@@ -219,3 +219,30 @@ fn capturing_while_cudarc_orders_buffers_by_events_is_refused() {
         "{e:?}"
     );
 }
+
+#[test]
+fn a_panic_during_capture_ends_the_capture() {
+    let Some((stream, cudnn)) = captured_gpu() else {
+        return;
+    };
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = cudnn.capture((), |_, _| -> cudnn_safe::Result<()> {
+            panic!("inside the capture")
+        });
+    }));
+    assert!(outcome.is_err());
+    // Not capturing any more: ordinary work runs, and a new capture starts.
+    let mut z = stream.alloc_zeros::<f32>(8).unwrap();
+    stream.memcpy_htod(&[2.0f32; 8], &mut z).unwrap();
+    assert!(download(&stream, &z).iter().all(|&v| v == 2.0));
+    let graph = cudnn
+        .capture(z, |c, z| {
+            c.stream().memset_zeros(z).map_err(|e| Error::Driver {
+                context: "test memset",
+                source: e,
+            })
+        })
+        .unwrap();
+    graph.launch().unwrap();
+    assert!(download(&stream, graph.buffers()).iter().all(|&v| v == 0.0));
+}
