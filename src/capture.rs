@@ -12,12 +12,14 @@
 //! default stream (`ctx.default_stream()`), and cudarc, once a program has made streams with
 //! `new_stream`, orders buffers across them with events that a capture cannot wait on: make
 //! the handle on `ctx.per_thread_stream()` (a capturable stream that needs no events) in a
-//! program that makes no other streams, or turn cudarc's event tracking off. The calls themselves run on the
-//! host as usual, so every argument check still happens once, at capture. Work that cannot be
-//! recorded is an error during the capture ([`Error::Capture`]) rather than a broken graph:
+//! program that makes no other streams, or turn cudarc's event tracking off. The calls
+//! themselves run on the host as usual, so every argument check still happens once, at
+//! capture. Work that cannot be recorded is an error during the capture ([`Error::Capture`])
+//! rather than a broken graph:
 //!
-//! * timing candidates, i.e. a tuner's first decision for a problem (run the sequence once
-//!   before capturing, so that every decision is made, or load a cache file);
+//! * timing candidates or building plans, i.e. a tuner's first decision for a problem (run the
+//!   sequence once before capturing, so that every decision is made and every kernel loaded, or
+//!   load a cache file);
 //! * growing a [`Workspace`] (reserve it first; the first run does);
 //! * a host synchronization or a device-to-host copy (CUDA invalidates the capture; the error
 //!   names the capture as the cause).
@@ -50,8 +52,10 @@
 //! let d = TensorDesc::<f32>::nchw(8, 64, 32, 32)?;
 //! let relu = ActivationDesc::new(ActivationMode::Relu)?;
 //! let x = stream.clone_htod(&vec![0.5f32; d.span()])?;
-//! let y = stream.alloc_zeros::<f32>(d.span())?;
+//! let mut y = stream.alloc_zeros::<f32>(d.span())?;
 //!
+//! // Once before capturing: kernels load at their first launch, which a capture cannot record.
+//! cudnn.activation_forward(&relu, 1.0, &d, &x, 0.0, &d, &mut y)?;
 //! // The input is borrowed by the closure; the output travels with the graph.
 //! let mut graph = cudnn.capture(y, |cudnn, y| {
 //!     cudnn.activation_forward(&relu, 1.0, &d, &x, 0.0, &d, y)
