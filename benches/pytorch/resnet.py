@@ -3,6 +3,8 @@ runs, the logits it is checked against, and PyTorch's own times for the same net
 
     python3 benches/pytorch/resnet.py weights DIR     # writes DIR/resnet18.safetensors, resnet50...
     python3 benches/pytorch/resnet.py time [CASES]    # JSON lines: PyTorch eager and CUDA graph
+    python3 benches/pytorch/resnet.py grads DIR       # DIR/resnet18_train.safetensors, resnet50...
+    python3 benches/pytorch/resnet.py train [CASES]   # JSON lines: training step, eager and graph
 
 `weights`: each model is built with `torch.manual_seed(0)`; its batch-norm running statistics are
 then set by 20 forward passes in training mode over random batches (cumulative average,
@@ -14,6 +16,18 @@ eval-mode float32 forward on them, TF32 off) and `torch_rel_err_fp16` / `torch_r
 logits, the floor any half-precision forward of these weights is read against). The safetensors format is written directly (an
 8-byte little-endian header length, a JSON header of dtype/shape/offsets, the raw data), so the
 `safetensors` package is not needed.
+
+`grads` (for the `resnet_train` example): each model as torchvision builds it with
+`torch.manual_seed(0)` (training mode), a batch of 16 images (`input`, seed 2) and labels
+(`labels`, as float32), then one forward and backward with cross-entropy: under
+`torch.autocast("cuda", dtype=torch.bfloat16)` on a channels-last copy (`grad.<name>` per
+parameter, `loss`) and in float32 with TF32 off (`grad32.<name>`, `loss32`). The state_dict
+tensors are the weights before the step.
+
+`train`: the training step the example times, for `resnet50_b128`-style cases (default
+`resnet50_b128,resnet18_b128`): channels-last, `cudnn.benchmark = True`, autocast bfloat16,
+cross-entropy, `torch.optim.SGD(lr=1e-3, momentum=0.9)`; eager (median of 5 batches of 10 steps),
+and the whole step (forward, backward, update) captured as one CUDA graph and replayed.
 
 `time`: channels-last, `cudnn.benchmark = True`, the same rule as the anchors
 (`timing.bench`: median of 7 batches of 30 calls after warm-up), for each case
@@ -122,9 +136,89 @@ def time_cases(cases):
         torch.cuda.empty_cache()
 
 
+def grads(out_dir, batch=16):
+    import torch.nn.functional as F
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    os.makedirs(out_dir, exist_ok=True)
+    for name in ["resnet18", "resnet50"]:
+        torch.manual_seed(0)
+        m = getattr(torchvision.models, name)().cuda().train()
+        tensors = {k: v.clone() for k, v in m.state_dict().items() if v.dtype.is_floating_point}
+        torch.manual_seed(2)
+        x = torch.randn(batch, 3, 224, 224, device="cuda")
+        labels = torch.randint(0, 1000, (batch,), device="cuda")
+        tensors["input"] = x
+        tensors["labels"] = labels.float()
+        m32 = copy.deepcopy(m)
+        loss32 = F.cross_entropy(m32(x), labels)
+        loss32.backward()
+        mb = copy.deepcopy(m).to(memory_format=torch.channels_last)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(mb(x.contiguous(memory_format=torch.channels_last)), labels)
+        loss.backward()
+        own = {}
+        for (k, p), (_, p32) in zip(mb.named_parameters(), m32.named_parameters()):
+            tensors[f"grad.{k}"] = p.grad
+            tensors[f"grad32.{k}"] = p32.grad
+            own[k] = ((p.grad.float() - p32.grad).norm() / p32.grad.norm()).item()
+        tensors["loss"] = loss.detach().float().reshape(1)
+        tensors["loss32"] = loss32.detach().reshape(1)
+        path = os.path.join(out_dir, f"{name}_train.safetensors")
+        write_safetensors(path, tensors)
+        worst = max(own, key=own.get)
+        print(json.dumps({"wrote": path, "tensors": len(tensors), "loss": loss.item(),
+                          "loss32": loss32.item(), "torch_autocast_worst_rel_err": [worst, own[worst]]}),
+              flush=True)
+
+
+def train_cases(cases):
+    import torch.nn.functional as F
+    torch.backends.cudnn.benchmark = True
+    print(json.dumps({"torch": torch.__version__, "cudnn": torch.backends.cudnn.version()}), flush=True)
+    for case in cases:
+        name, b = case.split("_")
+        b = int(b[1:])
+        m = getattr(torchvision.models, name)().cuda().train().to(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
+        x = torch.randn(b, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, 1000, (b,), device="cuda")
+
+        def step(cache=True):
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache):
+                loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+
+        t = timing.bench(step, reps=10, warm=5, batches=5)
+        print(json.dumps({"op": f"{name}_bf16_train_b{b}_eager", "ms": t, "ips": b / t * 1e3}), flush=True)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                step(cache=False)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(g):
+            with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+                loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+        t = timing.bench(g.replay, reps=10, warm=5, batches=5)
+        print(json.dumps({"op": f"{name}_bf16_train_b{b}_cudagraph", "ms": t, "ips": b / t * 1e3}), flush=True)
+        del m, opt, g
+        torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "weights":
         weights(sys.argv[2])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "grads":
+        grads(sys.argv[2])
+    elif len(sys.argv) >= 2 and sys.argv[1] == "train":
+        train_cases(sys.argv[2].split(",") if len(sys.argv) > 2 else ["resnet50_b128", "resnet18_b128"])
     elif len(sys.argv) >= 2 and sys.argv[1] == "time":
         time_cases(sys.argv[2].split(",") if len(sys.argv) > 2 else DEFAULT_CASES)
     else:

@@ -77,9 +77,9 @@ pub struct ConvSpec {
 }
 
 /// The convolutions of one residual block: the main path, then the downsample (if any).
-struct BlockSpec {
-    main: Vec<ConvSpec>,
-    down: Option<ConvSpec>,
+pub struct BlockSpec {
+    pub main: Vec<ConvSpec>,
+    pub down: Option<ConvSpec>,
 }
 
 fn spec(conv: String, bn: String, cin: i64, cout: i64, kernel: i64, stride: i64) -> ConvSpec {
@@ -88,7 +88,7 @@ fn spec(conv: String, bn: String, cin: i64, cout: i64, kernel: i64, stride: i64)
 
 /// The stem and the blocks of `arch`, in order, with torchvision's names (stride on the 3×3
 /// convolution of a bottleneck, "ResNet v1.5").
-fn blocks(arch: Arch) -> (ConvSpec, Vec<BlockSpec>) {
+pub fn blocks(arch: Arch) -> (ConvSpec, Vec<BlockSpec>) {
     let stem = spec("conv1".into(), "bn1".into(), 3, 64, 7, 2);
     let expansion = if arch.bottleneck() { 4 } else { 1 };
     let mut cin = 64;

@@ -1,0 +1,414 @@
+//! ResNet-18/50 training on cudnn-safe in bfloat16 with float32 master weights (PyTorch's autocast
+//! recipe): batch norm in training mode with its ReLU and residual add fused, data and filter
+//! gradients through the autotuner, SGD with momentum, the whole step captured once into a CUDA
+//! graph ([`Cudnn::capture`]) and replayed.
+//!
+//! ```text
+//! cargo run --release --example resnet_train                     # ResNet-18, batch 32, 30 steps
+//! cargo run --release --example resnet_train -- --train resnet50_b32 --steps 40
+//! cargo run --release --example resnet_train -- --check DIR      # gradients against PyTorch's
+//! cargo run --release --example resnet_train -- --time resnet50_b128,resnet18_b128
+//! ```
+//!
+//! * `--train <resnet18|resnet50>_b<batch>` (the default, `resnet18_b32`, when nothing else is
+//!   asked): `--steps` steps (default 30) of SGD (lr `--lr`, default 0.02, momentum 0.9) on
+//!   synthetic data, 4 fixed batches in turn. Each image is its class's pattern (10 classes, a
+//!   random 8×8 grid per channel, upsampled) plus noise. The first step runs call by call (it
+//!   chooses the algorithms); every later one is a replay of the captured step. Prints each
+//!   step's loss and writes `resnet_train_loss.svg` to `$CUDNN_SAFE_OUT_DIR` (else the current
+//!   directory). Passes when the loss falls at least 2×.
+//! * `--check DIR`: reads `DIR/resnet18_train.safetensors` and `resnet50_train.safetensors`
+//!   (`python3 benches/pytorch/resnet.py grads DIR`: torchvision's initial weights, a batch of
+//!   16 images and labels, the loss and every parameter's gradient under autocast bfloat16 and
+//!   in float32), runs one step without the update and compares the loss and every
+//!   parameter's gradient with PyTorch's (relative L2 error per tensor). Passes when each is
+//!   within 3e-2 of PyTorch's autocast gradient, or within twice PyTorch's own autocast error
+//!   (against its float32 gradient) where that is larger. A replay of the captured step must
+//!   reproduce the call-by-call gradients.
+//! * `--time CASES` (`resnet50_b128,...`): the first step's wall time (algorithm choice
+//!   included), then the step call by call and as a replayed CUDA graph (median of 5 batches of
+//!   10 steps); one JSON line per figure.
+//! * `--max-plans N` (default 4): graph plans the autotuner times per convolution direction and
+//!   source. `--cache FILE`: keep its decisions in a file; a later process starts from them.
+//! * `--split-bn`: batch norm without the fused ReLU and add (separate calls instead).
+//!
+//! Exit status: 0 when every check passes, 1 otherwise, 2 without a GPU.
+#[path = "common/mod.rs"]
+mod common;
+#[path = "common/resnet.rs"]
+mod resnet;
+#[path = "common/resnet_train.rs"]
+mod resnet_train;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use common::{Rng, Timer};
+use cudnn_safe::blas::Blas;
+use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
+use cudnn_safe::half::bf16;
+use cudnn_safe::tune::Policy;
+use cudnn_safe::{Autotuner, Cudnn, Workspace};
+use resnet::{Arch, Res, Tensors};
+use resnet_train::{Sgd, TrainCx, TrainNet, CLASSES};
+
+struct Options {
+    train: Option<String>,
+    steps: usize,
+    lr: f32,
+    check: Option<PathBuf>,
+    time: Vec<String>,
+    max_plans: usize,
+    cache: Option<PathBuf>,
+    split_bn: bool,
+}
+
+fn options() -> Res<Options> {
+    let mut o = Options {
+        train: None,
+        steps: 30,
+        lr: 0.02,
+        check: None,
+        time: Vec::new(),
+        max_plans: 4,
+        cache: None,
+        split_bn: false,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--train" => o.train = Some(value()?),
+            "--steps" => o.steps = value()?.parse()?,
+            "--lr" => o.lr = value()?.parse()?,
+            "--check" => o.check = Some(value()?.into()),
+            "--time" => o.time = value()?.split(',').map(String::from).collect(),
+            "--max-plans" => o.max_plans = value()?.parse()?,
+            "--cache" => o.cache = Some(value()?.into()),
+            "--split-bn" => o.split_bn = true,
+            _ => {
+                return Err(format!("unknown argument {a} (see the example's documentation)").into())
+            }
+        }
+    }
+    if o.train.is_none() && o.check.is_none() && o.time.is_empty() {
+        o.train = Some("resnet18_b32".into());
+    }
+    if o.steps < 2 {
+        return Err("--steps must be at least 2".into());
+    }
+    Ok(o)
+}
+
+fn main() -> ExitCode {
+    let Some((default, _)) = common::open_gpu("resnet_train") else {
+        return ExitCode::from(2);
+    };
+    println!("{}", common::device_line(&default));
+    // The per-thread default stream: CUDA cannot capture the legacy default stream.
+    let stream = default.context().per_thread_stream();
+    match options().and_then(|o| run(&stream, &o)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("resnet_train: {}", common::chain(&*e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// What every case shares: the handles, the autotuner, the workspace.
+struct Shared {
+    cudnn: Cudnn,
+    blas: Blas,
+    tuner: Autotuner,
+    ws: Workspace,
+    split_bn: bool,
+}
+
+impl Shared {
+    fn cx(&mut self) -> TrainCx<'_> {
+        TrainCx { cudnn: &self.cudnn, blas: &self.blas, tuner: &mut self.tuner, ws: &mut self.ws }
+    }
+}
+
+fn run(stream: &Arc<CudaStream>, o: &Options) -> Res<bool> {
+    let tuner = Autotuner::new(Policy::Benchmark).with_graph_plans(o.max_plans);
+    let tuner = match &o.cache {
+        Some(f) => tuner.try_cache_file(f)?,
+        None => tuner.without_cache_file(),
+    };
+    let mut sh = Shared {
+        cudnn: Cudnn::new(stream.clone())?,
+        blas: Blas::new(stream.clone())?,
+        tuner,
+        ws: Workspace::new(stream.clone()),
+        split_bn: o.split_bn,
+    };
+    let mut ok = true;
+    if let Some(dir) = &o.check {
+        for arch in [Arch::ResNet18, Arch::ResNet50] {
+            let file = dir.join(format!("{}_train.safetensors", arch.name()));
+            ok &= check(&mut sh, arch, &Tensors::read(&file)?)?;
+        }
+    }
+    for case in &o.time {
+        let (arch, batch) = parse_case(case)?;
+        ok &= time(&mut sh, arch, batch)?;
+    }
+    if let Some(case) = &o.train {
+        let (arch, batch) = parse_case(case)?;
+        ok &= train(&mut sh, arch, batch, o)?;
+    }
+    Ok(ok)
+}
+
+fn parse_case(case: &str) -> Res<(Arch, i64)> {
+    let parsed = case.split_once('_').and_then(|(a, b)| {
+        Some((Arch::parse(a)?, b.strip_prefix('b').and_then(|b| b.parse::<i64>().ok())?))
+    });
+    parsed.ok_or_else(|| format!("case `{case}`: expected <resnet18|resnet50>_b<batch>").into())
+}
+
+#[allow(clippy::too_many_arguments)] // the network's description and the step's buffers
+/// A network whose first step runs: the stem reads 3 channels where an engine takes them, else
+/// zero-padded ones. Returns the network, its input (from `nchw`) and the first step's seconds.
+fn first_step(
+    sh: &mut Shared,
+    arch: Arch,
+    batch: i64,
+    weights: &Tensors,
+    nchw: &[f32],
+    onehot: &CudaSlice<f32>,
+    nll: &mut CudaSlice<f32>,
+    sgd: Option<Sgd>,
+) -> Res<(TrainNet, CudaSlice<bf16>, f64)> {
+    let stream = sh.cudnn.stream().clone();
+    let n = batch as usize;
+    for cp in [3, 4, 8] {
+        let started = Instant::now();
+        let mut net = TrainNet::new(&sh.cudnn, arch, batch, cp, weights, sh.split_bn)?;
+        let x = stream.clone_htod(&resnet::to_input::<bf16>(nchw, n, cp as usize))?;
+        match net.step(&mut sh.cx(), &x, onehot, nll, sgd) {
+            Ok(()) => {
+                stream.synchronize()?;
+                // An error cudarc recorded instead of returning would not show otherwise.
+                stream.context().check_err()?;
+                return Ok((net, x, started.elapsed().as_secs_f64()));
+            }
+            Err(e) if cp < 8 => println!("with {cp} input channels: {e}; padding the input"),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err("no input layout ran".into())
+}
+
+/// One-hot rows of `[n, 1000]` for `labels`.
+fn one_hot(labels: &[usize]) -> Vec<f32> {
+    let mut v = vec![0.0; labels.len() * CLASSES as usize];
+    for (i, &l) in labels.iter().enumerate() {
+        v[i * CLASSES as usize + l] = 1.0;
+    }
+    v
+}
+
+/// `‖a − b‖ / ‖b‖`; NaN when anything is not finite.
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() || a.iter().chain(b).any(|v| !v.is_finite()) {
+        return f64::NAN;
+    }
+    let d: f64 = a.iter().zip(b).map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2)).sum();
+    let r: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    (d / r.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+fn check(sh: &mut Shared, arch: Arch, file: &Tensors) -> Res<bool> {
+    let stream = sh.cudnn.stream().clone();
+    let (shape, images) = file.get("input")?;
+    let batch = shape[0];
+    let labels: Vec<usize> = file.get("labels")?.1.iter().map(|&l| l as usize).collect();
+    let onehot = stream.clone_htod(&one_hot(&labels))?;
+    let mut nll = stream.alloc_zeros::<f32>(labels.len() * CLASSES as usize)?;
+    let (mut net, x, first_s) =
+        first_step(sh, arch, batch as i64, file, images, &onehot, &mut nll, None)?;
+    let loss = stream.clone_dtoh(&nll)?.iter().map(|&v| f64::from(v)).sum::<f64>() / batch as f64;
+    let grads = stream.clone_dtoh(&net.params.grad)?;
+    let torch_loss = f64::from(file.get("loss")?.1[0]);
+    let torch_loss32 = f64::from(file.get("loss32")?.1[0]);
+    println!(
+        "{} b{batch} gradients (first step {first_s:.2} s, {} input channels): loss {loss:.5}, PyTorch autocast {torch_loss:.5}, float32 {torch_loss32:.5}",
+        arch.name(),
+        net.in_channels
+    );
+    let mut ok = (loss - torch_loss).abs() <= 2e-2 * torch_loss.abs().max(1.0);
+    let mut rows = Vec::new();
+    for e in &net.params.entries {
+        let ours = e.to_torch(&grads[e.range.clone()]);
+        let auto = &file.get(&format!("grad.{}", e.name))?.1;
+        let full = &file.get(&format!("grad32.{}", e.name))?.1;
+        let (err, torch_own, ours32) =
+            (rel_l2(&ours, auto), rel_l2(auto, full), rel_l2(&ours, full));
+        let tolerance = 3e-2f64.max(2.0 * torch_own);
+        ok &= err <= tolerance;
+        rows.push((e.name.clone(), err, torch_own, ours32, err <= tolerance));
+    }
+    let over = rows.iter().filter(|r| r.1.is_nan() || r.1 > 3e-2).count();
+    let worst = rows.iter().map(|r| r.1).fold(0.0, f64::max);
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+    println!(
+        "  {} tensors: worst rel err vs autocast {worst:.2e}; {over} above 3e-2; the largest:",
+        rows.len()
+    );
+    println!(
+        "  {:<30} {:>12} {:>14} {:>12}",
+        "tensor", "vs autocast", "torch vs fp32", "ours vs fp32"
+    );
+    for (name, err, own, o32, pass) in rows.iter().take(8) {
+        let mark = if *pass { "" } else { "  FAILED" };
+        println!("  {name:<30} {err:>12.2e} {own:>14.2e} {o32:>12.2e}{mark}");
+    }
+    println!(
+        "{{\"op\": \"{}_train_grads_b{batch}\", \"worst_rel_err\": {worst:.3e}, \"above_3e-2\": {over}, \"loss\": {loss:.6}, \"torch_loss\": {torch_loss:.6}}}",
+        arch.name()
+    );
+
+    // A replay of the captured step computes the same gradients.
+    let mut cx = sh.cx();
+    let graph = cx
+        .cudnn
+        .capture((x, onehot, nll), |_, (x, onehot, nll)| net.step(&mut cx, x, onehot, nll, None))?;
+    graph.launch()?;
+    stream.synchronize()?;
+    drop(graph);
+    let replayed = stream.clone_dtoh(&net.params.grad)?;
+    let replay_diff = rel_l2(&replayed, &grads);
+    println!("  replayed step: gradients differ from the call-by-call step by {replay_diff:.2e}");
+    ok &= replay_diff <= 1e-2;
+    if !ok {
+        println!("{}: gradient check FAILED", arch.name());
+    }
+    Ok(ok)
+}
+
+/// Synthetic classification data: `count` batches of `batch` images (NCHW float32) and labels.
+fn synthetic(batch: usize, count: usize, seed: u64) -> Vec<(Vec<f32>, Vec<usize>)> {
+    const KINDS: usize = 10;
+    let mut rng = Rng::new(seed);
+    let patterns: Vec<Vec<f32>> = (0..KINDS).map(|_| rng.values::<f32>(3 * 8 * 8)).collect();
+    (0..count)
+        .map(|_| {
+            let labels: Vec<usize> = (0..batch).map(|_| rng.below(KINDS)).collect();
+            let mut x = Vec::with_capacity(batch * 3 * 224 * 224);
+            for &l in &labels {
+                for c in 0..3 {
+                    for h in 0..224 {
+                        for w in 0..224 {
+                            let p = patterns[l][(c * 8 + h / 28) * 8 + w / 28];
+                            x.push(p + 0.5 * rng.signed_unit() as f32);
+                        }
+                    }
+                }
+            }
+            (x, labels)
+        })
+        .collect()
+}
+
+fn train(sh: &mut Shared, arch: Arch, batch: i64, o: &Options) -> Res<bool> {
+    let stream = sh.cudnn.stream().clone();
+    let n = batch as usize;
+    let data = synthetic(n, 4, 11);
+    let weights = Tensors::random(arch, 5);
+    let sgd = Some(Sgd { lr: o.lr, momentum: 0.9 });
+    let onehot = stream.clone_htod(&one_hot(&data[0].1))?;
+    let mut nll = stream.alloc_zeros::<f32>(n * CLASSES as usize)?;
+    let (mut net, x, first_s) =
+        first_step(sh, arch, batch, &weights, &data[0].0, &onehot, &mut nll, sgd)?;
+    let loss_of = |nll: &CudaSlice<f32>| -> Res<f64> {
+        let v = stream.clone_dtoh(nll)?;
+        Ok(v.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64)
+    };
+    let mut curve = vec![(1, loss_of(&nll)?)];
+    println!(
+        "{} b{batch}: training {} steps on synthetic data (lr {}, momentum 0.9); step 1 took {first_s:.2} s (choosing algorithms)",
+        arch.name(),
+        o.steps,
+        o.lr
+    );
+    println!("  step {:>3}/{}  loss {:.4}", 1, o.steps, curve[0].1);
+    let cp = net.in_channels as usize;
+    let inputs: Vec<Vec<bf16>> = data.iter().map(|(x, _)| resnet::to_input(x, n, cp)).collect();
+    let mut cx = sh.cx();
+    let mut graph = cx
+        .cudnn
+        .capture((x, onehot, nll), |_, (x, onehot, nll)| net.step(&mut cx, x, onehot, nll, sgd))?;
+    for step in 2..=o.steps {
+        let b = (step - 1) % data.len();
+        {
+            let (x, onehot, _) = graph.buffers_mut();
+            stream.memcpy_htod(&inputs[b], x)?;
+            stream.memcpy_htod(&one_hot(&data[b].1), onehot)?;
+        }
+        let started = Instant::now();
+        graph.launch()?;
+        let loss = loss_of(&graph.buffers().2)?;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        curve.push((step, loss));
+        println!(
+            "  step {step:>3}/{}  loss {loss:.4}  ({ms:.1} ms with the loss read back)",
+            o.steps
+        );
+    }
+    drop(graph);
+    let caption = format!("{} bf16 training, batch {batch}, synthetic data", arch.name());
+    Ok(common::training_summary("resnet_train", &caption, "cross-entropy", &curve, 2.0))
+}
+
+fn time(sh: &mut Shared, arch: Arch, batch: i64) -> Res<bool> {
+    let stream = sh.cudnn.stream().clone();
+    let n = batch as usize;
+    let data = synthetic(n, 1, 21);
+    let weights = Tensors::random(arch, 5);
+    let sgd = Some(Sgd { lr: 1e-3, momentum: 0.9 });
+    let onehot = stream.clone_htod(&one_hot(&data[0].1))?;
+    let mut nll = stream.alloc_zeros::<f32>(n * CLASSES as usize)?;
+    let (mut net, x, first_s) =
+        first_step(sh, arch, batch, &weights, &data[0].0, &onehot, &mut nll, sgd)?;
+    let timer = Timer::new(&stream)?;
+    let eager_ms = {
+        let mut cx = sh.cx();
+        let mut f = || net.step(&mut cx, &x, &onehot, &mut nll, sgd);
+        timer.batch(2, &mut f)?;
+        let mut t =
+            (0..3).map(|_| timer.batch(5, &mut f)).collect::<cudnn_safe::Result<Vec<_>>>()?;
+        t.sort_by(f64::total_cmp);
+        t[1]
+    };
+    let mut cx = sh.cx();
+    let graph = cx
+        .cudnn
+        .capture((x, onehot, nll), |_, (x, onehot, nll)| net.step(&mut cx, x, onehot, nll, sgd))?;
+    graph.upload()?;
+    let mut f = || graph.launch();
+    timer.batch(3, &mut f)?;
+    let mut t = (0..5).map(|_| timer.batch(10, &mut f)).collect::<cudnn_safe::Result<Vec<_>>>()?;
+    t.sort_by(f64::total_cmp);
+    let graph_ms = t[2];
+    let loss = {
+        let v = stream.clone_dtoh(&graph.buffers().2)?;
+        v.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64
+    };
+    drop(graph);
+    let case = format!("{}_bf16_train_b{batch}", arch.name());
+    let ips = batch as f64 / graph_ms * 1e3;
+    println!(
+        "{case}: first step {first_s:.2} s; step {eager_ms:.3} ms call by call, {graph_ms:.3} ms as a CUDA graph ({ips:.0} img/s); {} convolutions, batch norm {}",
+        net.conv_layers(),
+        if net.fused { "fused with ReLU/add" } else { "split" }
+    );
+    println!("{{\"op\": \"{case}_eager\", \"ms\": {eager_ms:.4}}}");
+    println!("{{\"op\": \"{case}_cudagraph\", \"ms\": {graph_ms:.4}, \"ips\": {ips:.0}, \"first_s\": {first_s:.3}}}");
+    Ok(loss.is_finite())
+}
