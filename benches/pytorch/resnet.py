@@ -3,7 +3,7 @@ runs, the logits it is checked against, and PyTorch's own times for the same net
 
     python3 benches/pytorch/resnet.py weights DIR     # writes DIR/resnet18.safetensors, resnet50...
     python3 benches/pytorch/resnet.py time [CASES]    # JSON lines: PyTorch eager and CUDA graph
-    python3 benches/pytorch/resnet.py grads DIR       # DIR/resnet18_train.safetensors, resnet50...
+    python3 benches/pytorch/resnet.py grads DIR [NETS] # DIR/resnet18_train.safetensors, resnet50...
     python3 benches/pytorch/resnet.py train [CASES]   # JSON lines: training step, eager and graph
 
 `weights`: each model is built with `torch.manual_seed(0)`; its batch-norm running statistics are
@@ -136,12 +136,12 @@ def time_cases(cases):
         torch.cuda.empty_cache()
 
 
-def grads(out_dir, batch=16):
+def grads(out_dir, names, batch=16):
     import torch.nn.functional as F
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     os.makedirs(out_dir, exist_ok=True)
-    for name in ["resnet18", "resnet50"]:
+    for name in names:
         torch.manual_seed(0)
         m = getattr(torchvision.models, name)().cuda().train()
         tensors = {k: v.clone() for k, v in m.state_dict().items() if v.dtype.is_floating_point}
@@ -216,7 +216,7 @@ if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "weights":
         weights(sys.argv[2])
     elif len(sys.argv) >= 3 and sys.argv[1] == "grads":
-        grads(sys.argv[2])
+        grads(sys.argv[2], sys.argv[3].split(",") if len(sys.argv) > 3 else ["resnet18", "resnet50"])
     elif len(sys.argv) >= 2 and sys.argv[1] == "train":
         train_cases(sys.argv[2].split(",") if len(sys.argv) > 2 else ["resnet50_b128", "resnet18_b128"])
     elif len(sys.argv) >= 2 and sys.argv[1] == "time":

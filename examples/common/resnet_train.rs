@@ -26,21 +26,33 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use cudnn_safe::blas::GemmType;
 use cudnn_safe::blas::{Blas, Transpose};
-use cudnn_safe::conv::ConvDesc;
+use cudnn_safe::conv::{ConvDesc, MathType};
+use cudnn_safe::cudarc::driver::{CudaEvent, DeviceRepr, ValidAsZeroBits};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use cudnn_safe::half::bf16;
 use cudnn_safe::norm::{BatchNormSaved, RunningStats};
 use cudnn_safe::{
     ActivationDesc, ActivationMode, Autotuner, BatchNorm, BatchNormMode, BatchNormOps, Cudnn,
-    Error, FilterDesc, Layout, OpTensorOp, PoolingDesc, PoolingMode, SoftmaxAlgorithm, SoftmaxMode,
-    TensorDesc, TensorFormat, Workspace,
+    DType, Error, FilterDesc, Layout, OpTensorOp, PoolingDesc, PoolingMode, SoftmaxAlgorithm,
+    SoftmaxMode, TensorDesc, TensorFormat, Workspace,
 };
 
 use crate::resnet::{blocks, Arch, ConvSpec, Res, Tensors};
 
-/// The activation type.
-type T = bf16;
+/// The activation and convolution types a [`TrainNet`] runs in: bfloat16 (autocast's), or
+/// float32 (strict: FMA convolutions, no TF32) to check the step's arithmetic tightly.
+pub trait Elem:
+    cudnn_safe::NormType<Param = f32>
+    + cudnn_safe::DataType<Scalar = f32>
+    + GemmType
+    + DeviceRepr
+    + ValidAsZeroBits
+{
+}
+impl Elem for bf16 {}
+impl Elem for f32 {}
 /// Classes of the classifier.
 pub const CLASSES: i64 = 1000;
 /// Parameter offsets in the flat buffers are multiples of this many elements (256 bytes of
@@ -97,7 +109,7 @@ impl Entry {
 /// Every trained tensor in flat device buffers: the float32 masters, their gradients and
 /// momenta; the first `cast_len` elements (filters and classifier) also have bfloat16 copies
 /// and bfloat16 gradients. Batch-norm scales and shifts, which stay float32, follow.
-pub struct Params {
+pub struct Params<T: Elem> {
     pub master: CudaSlice<f32>,
     pub grad: CudaSlice<f32>,
     pub velocity: CudaSlice<f32>,
@@ -137,7 +149,7 @@ impl Allocator {
 }
 
 /// One convolution and the batch norm after it.
-struct ConvBn {
+struct ConvBn<T: Elem> {
     conv_name: String,
     conv: ConvDesc,
     x_d: TensorDesc<T>,
@@ -156,15 +168,15 @@ struct ConvBn {
 
 /// Device buffers of one layer for a batch: the convolution's output `c`, the plain batch
 /// norm's output `t` (only where the ReLU runs separately), the layer's output `y`.
-struct Slot {
+struct Slot<T: Elem> {
     c: CudaSlice<T>,
     t: Option<CudaSlice<T>>,
     y: CudaSlice<T>,
 }
 
 /// The rest of a batch's activations and gradients.
-struct Acts {
-    slots: Vec<Slot>,
+struct Acts<T: Elem> {
+    slots: Vec<Slot<T>>,
     pool: CudaSlice<T>,
     feat: CudaSlice<T>,
     logits: CudaSlice<T>,
@@ -188,6 +200,70 @@ pub struct TrainCx<'a> {
     pub blas: &'a Blas,
     pub tuner: &'a mut Autotuner,
     pub ws: &'a mut Workspace,
+    /// Device time per kind of call, when profiling a step run call by call (never in a
+    /// capture: events recorded there would belong to the graph).
+    pub prof: Option<&'a mut Profile>,
+}
+
+impl TrainCx<'_> {
+    /// Attributes the device time since the previous mark to `label`.
+    fn mark(&mut self, label: &'static str) -> cudnn_safe::Result<()> {
+        match self.prof.as_deref_mut() {
+            Some(p) => p.mark(label),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Device time per kind of call in a step: CUDA events recorded between the calls.
+pub struct Profile {
+    stream: Arc<CudaStream>,
+    events: Vec<CudaEvent>,
+    labels: Vec<&'static str>,
+}
+
+fn event_error(source: cudnn_safe::cudarc::driver::DriverError) -> Error {
+    Error::Driver { context: "recording a profiling event", source }
+}
+
+impl Profile {
+    pub fn new(stream: &Arc<CudaStream>) -> Profile {
+        Profile { stream: stream.clone(), events: Vec::new(), labels: Vec::new() }
+    }
+
+    /// Starts a profiled step.
+    pub fn begin(&mut self) -> cudnn_safe::Result<()> {
+        self.labels.clear();
+        self.mark("")
+    }
+
+    fn mark(&mut self, label: &'static str) -> cudnn_safe::Result<()> {
+        let i = self.labels.len();
+        if i == self.events.len() {
+            let flags = Some(cudnn_safe::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            self.events.push(self.stream.context().new_event(flags).map_err(event_error)?);
+        }
+        self.events[i].record(&self.stream).map_err(event_error)?;
+        self.labels.push(label);
+        Ok(())
+    }
+
+    /// Milliseconds and call count per label since [`begin`](Self::begin), largest first.
+    pub fn totals(&self) -> cudnn_safe::Result<Vec<(&'static str, f64, usize)>> {
+        let mut out: Vec<(&'static str, f64, usize)> = Vec::new();
+        for i in 1..self.labels.len() {
+            let ms = self.events[i - 1].elapsed_ms(&self.events[i]).map_err(event_error)?;
+            match out.iter_mut().find(|r| r.0 == self.labels[i]) {
+                Some(r) => {
+                    r.1 += f64::from(ms);
+                    r.2 += 1;
+                }
+                None => out.push((self.labels[i], f64::from(ms), 1)),
+            }
+        }
+        out.sort_by(|a, b| b.1.total_cmp(&a.1));
+        Ok(out)
+    }
 }
 
 /// SGD with momentum, as `torch.optim.SGD(lr, momentum)` (no weight decay, no dampening).
@@ -198,14 +274,14 @@ pub struct Sgd {
 }
 
 /// A ResNet in training mode for one batch size.
-pub struct TrainNet {
+pub struct TrainNet<T: Elem> {
     pub arch: Arch,
     pub batch: i64,
     /// Input channels as stored (3, or zero-padded for engines that need more).
     pub in_channels: i64,
     /// Whether batch norm runs with the ReLU and add fused (else as separate calls).
     pub fused: bool,
-    layers: Vec<ConvBn>,
+    layers: Vec<ConvBn<T>>,
     /// Per block: the main path's layer indices, the downsample's.
     blocks: Vec<(Vec<usize>, Option<usize>)>,
     maxpool: (PoolingDesc, TensorDesc<T>, TensorDesc<T>),
@@ -216,8 +292,8 @@ pub struct TrainNet {
     features: i64,
     out16: TensorDesc<T>,
     out32: TensorDesc<f32>,
-    pub params: Params,
-    acts: Acts,
+    pub params: Params<T>,
+    acts: Acts<T>,
 }
 
 /// Where a layer reads its input: the max-pooling output or a layer's output.
@@ -236,7 +312,7 @@ fn missing(what: &'static str, j: usize) -> Error {
 }
 
 /// The output of layer `j` in this step: its batch norm's output (fused) or the separate ReLU's.
-fn output<'v>(
+fn output<'v, T: Elem>(
     saved: &'v [Option<BatchNormSaved<'_, T>>],
     split_out: &[Option<&'v CudaSlice<T>>],
     j: usize,
@@ -249,12 +325,12 @@ fn output<'v>(
 
 /// What a layer's forward leaves for its backward: the batch norm's saved values, the
 /// convolution's output, and the layer's output where the ReLU ran separately.
-type Forwarded<'a> = (BatchNormSaved<'a, T>, &'a CudaSlice<T>, Option<&'a CudaSlice<T>>);
+type Forwarded<'a, T> = (BatchNormSaved<'a, T>, &'a CudaSlice<T>, Option<&'a CudaSlice<T>>);
 
 /// Per block: the main path's layer indices, the downsample's.
 type Blocks = [(Vec<usize>, Option<usize>)];
 
-impl ConvBn {
+impl<T: Elem> ConvBn<T> {
     /// `c = conv(input, w)`, then `y = [relu](BN(c) [+ z])` in training mode (updating the
     /// running statistics). Returns what the backward pass needs: the batch norm's saved values,
     /// `c`, and `y` when the ReLU ran separately.
@@ -267,12 +343,13 @@ impl ConvBn {
         relu: &ActivationDesc,
         input: CudaView<'_, T>,
         z: Option<CudaView<'_, T>>,
-        slot: &'a mut Slot,
-    ) -> cudnn_safe::Result<Forwarded<'a>> {
+        slot: &'a mut Slot<T>,
+    ) -> cudnn_safe::Result<Forwarded<'a, T>> {
         let Slot { c, t, y } = slot;
         let w = lowp.slice(self.w.clone());
         let (x_d, w_d, c_d) = (&self.x_d, &self.w_d, &self.c_d);
         cx.tuner.forward(cx.cudnn, 1.0, x_d, &input, w_d, &w, &self.conv, 0.0, c_d, c)?;
+        cx.mark("conv forward")?;
         let c: &'a CudaSlice<T> = c;
         let k = self.k;
         let gamma = master.slice(self.gamma_beta.start..self.gamma_beta.start + k);
@@ -283,6 +360,7 @@ impl ConvBn {
             let saved = cudnn.batch_norm_forward_training_ex(
                 &self.bn, self.ops, 1.0, 0.0, c, z, y, &gamma, &beta, stats, cx.ws,
             )?;
+            cx.mark("batch norm forward (fused)")?;
             return Ok((saved, c, None));
         };
         let plain = BatchNormOps::Bn;
@@ -300,6 +378,7 @@ impl ConvBn {
                 None => cudnn.activation_forward(relu, 1.0, c_d, &tv, 0.0, c_d, y)?,
             }
         }
+        cx.mark("batch norm forward, then ReLU (and add)")?;
         let y: &'a CudaSlice<T> = y;
         Ok((saved, c, Some(y)))
     }
@@ -334,6 +413,7 @@ impl ConvBn {
                     let mut dz = dz;
                     cudnn.add_tensor(1.0, c_d, &*du, 0.0, c_d, &mut dz)?;
                 }
+                cx.mark("ReLU backward (and skip gradient copy)")?;
                 du
             }
         };
@@ -353,7 +433,8 @@ impl ConvBn {
             &mut dgamma,
             &mut dbeta,
             cx.ws,
-        )
+        )?;
+        cx.mark("batch norm backward")
     }
 
     /// The filter gradient (into the bfloat16 gradient buffer) and, when asked, the input's
@@ -369,12 +450,21 @@ impl ConvBn {
         let (x_d, w_d, c_d, conv) = (&self.x_d, &self.w_d, &self.c_d, &self.conv);
         let mut dw = grad_lowp.slice_mut(self.w.clone());
         cx.tuner.backward_filter(cx.cudnn, 1.0, x_d, input, c_d, dc, conv, 0.0, w_d, &mut dw)?;
+        cx.mark("conv backward filter")?;
         if let Some((dx, beta)) = dx {
             let w = lowp.slice(self.w.clone());
             cx.tuner.backward_data(cx.cudnn, 1.0, w_d, &w, c_d, dc, conv, beta, x_d, dx)?;
+            cx.mark("conv backward data")?;
         }
         Ok(())
     }
+}
+
+/// `len` elements (a multiple of [`ALIGN`]) as a `[len / ALIGN, ALIGN, 1, 1]` tensor for cuDNN's
+/// elementwise calls, which spread such a tensor over the whole GPU (a `[1, len, 1, 1]` one has
+/// the shape of a bias, which they handle with little parallelism).
+fn flat<V: cudnn_safe::DataType>(len: usize) -> Res<TensorDesc<V>> {
+    Ok(TensorDesc::nchw((len / ALIGN) as i64, ALIGN as i64, 1, 1)?)
 }
 
 fn alloc<
@@ -386,7 +476,7 @@ fn alloc<
     Ok(stream.alloc_zeros::<V>(n.max(1))?)
 }
 
-impl TrainNet {
+impl<T: Elem> TrainNet<T> {
     /// The network for `batch` images of 224×224 with `in_channels` stored input channels
     /// (3 or more; the extra ones are zero), initialized from `weights` (PyTorch's names and
     /// shapes). `split_bn` runs the ReLU and residual add as separate calls after a plain batch
@@ -400,6 +490,10 @@ impl TrainNet {
         split_bn: bool,
     ) -> Res<Self> {
         let stream = cudnn.stream();
+        // float32 runs strict, and cuDNN fuses the ReLU and add into batch norm for half types
+        // only.
+        let strict = T::DTYPE == DType::F32;
+        let split_bn = split_bn || strict;
         let (stem_spec, specs) = blocks(arch);
         let mut cast = Allocator::default();
         let mut norm = Allocator::default();
@@ -407,9 +501,11 @@ impl TrainNet {
         let mut largest = 0usize;
         let mut layer = |c: &ConvSpec, x: [i64; 4], cp: i64, ops: BatchNormOps| -> Res<usize> {
             let pad = c.kernel / 2;
+            let math = if strict { MathType::Fma } else { MathType::Default };
             let conv = ConvDesc::builder(2)
                 .pads(&[pad, pad])
                 .strides(&[c.stride, c.stride])
+                .math(math)
                 .build::<T>()?;
             let x_d = TensorDesc::<T>::nhwc(x[0], x[1], x[2], x[3])?;
             let w_d = FilterDesc::<T>::new(&[c.cout, cp, c.kernel, c.kernel], TensorFormat::Nhwc)?;
@@ -504,9 +600,9 @@ impl TrainNet {
             lowp: alloc(stream, cast_len)?,
             grad_lowp: alloc(stream, cast_len)?,
             entries,
-            cast32: TensorDesc::nchw(1, cast_len as i64, 1, 1)?,
-            cast16: TensorDesc::nchw(1, cast_len as i64, 1, 1)?,
-            all32: TensorDesc::nchw(1, total as i64, 1, 1)?,
+            cast32: flat(cast_len)?,
+            cast16: flat(cast_len)?,
+            all32: flat(total)?,
             running,
         };
 
@@ -531,7 +627,7 @@ impl TrainNet {
         }
         let (nb, nf, nc) =
             (batch as usize, (batch * features) as usize, (batch * CLASSES) as usize);
-        let ones = stream.clone_htod(&vec![bf16::ONE; nb])?;
+        let ones = stream.clone_htod(&vec![T::from_f64(1.0); nb])?;
         let acts = Acts {
             slots,
             pool: alloc(stream, mp_out.span())?,
@@ -610,13 +706,14 @@ impl TrainNet {
             features,
             ..
         } = self;
-        let (layers, blocks, relu): (&[ConvBn], &Blocks, _) = (layers, blocks, &*relu);
+        let (layers, blocks, relu): (&[ConvBn<T>], &Blocks, _) = (layers, blocks, &*relu);
         let (batch, features) = (*batch, *features);
         let cudnn = cx.cudnn;
         let Params {
             master, grad, velocity, lowp, grad_lowp, running, cast32, cast16, all32, ..
         } = params;
         cudnn.transform_tensor(1.0, cast32, &*master, 0.0, cast16, lowp)?;
+        cx.mark("weights to the step's type")?;
         // Shared views for the forward and backward; the update at the end writes `master`.
         let (m32, lowp16): (&CudaSlice<f32>, &CudaSlice<T>) = (&*master, &*lowp);
         let (out16, out32): (&TensorDesc<T>, &TensorDesc<f32>) = (out16, out32);
@@ -662,6 +759,7 @@ impl TrainNet {
             let stem_y = output(&saved, &split_out, 0)?;
             cudnn.pooling_forward(mp, 1.0, mp_in, &stem_y, 0.0, mp_out, pool)?;
         }
+        cx.mark("pooling forward")?;
         let pool: &CudaSlice<T> = pool;
         let mut src = Src::Pool;
         for (main, down) in blocks {
@@ -684,6 +782,7 @@ impl TrainNet {
             let last = view(pool, &saved, &split_out, src)?;
             cudnn.pooling_forward(ap, 1.0, ap_in, &last, 0.0, ap_out, feat)?;
         }
+        cx.mark("pooling forward")?;
         // Classifier: logits [N × 1000] = feat [N × F] · wᵀ + 1 · b.
         let (no, yes) = (Transpose::No, Transpose::Yes);
         let (nb, f, nc) = (batch, features, CLASSES);
@@ -691,6 +790,7 @@ impl TrainNet {
         let blas = cx.blas;
         blas.matmul_row_major(no, yes, nb, nc, f, 1.0, &*feat, f, &w_fc, f, 0.0, logits, nc)?;
         blas.matmul_row_major(no, no, nb, nc, 1, 1.0, &*ones, 1, &b_fc, nc, 1.0, logits, nc)?;
+        cx.mark("classifier")?;
 
         // Loss, in float32: L = −(1/N)·Σ onehot ⊙ log_softmax(logits). The log-softmax backward
         // gives dx = dy − e^logp·Σ_class dy; with dy = onehot and alpha = −1/N that is
@@ -703,6 +803,7 @@ impl TrainNet {
         let inv_n = -1.0 / batch as f32;
         cudnn.softmax_backward(lsm, ch, inv_n, out32, &*logp, out32, onehot, 0.0, out32, dl32)?;
         cudnn.transform_tensor(1.0, out32, &*dl32, 0.0, out16, dl)?;
+        cx.mark("loss and its gradient")?;
 
         // Classifier backward: dw = dlᵀ · feat, db = 1ᵀ · dl, dfeat = dl · w.
         let dl: &CudaSlice<T> = dl;
@@ -715,6 +816,7 @@ impl TrainNet {
             blas.matmul_row_major(no, no, 1, nc, nb, 1.0, &*ones, nb, dl, nc, 0.0, &mut db, nc)?;
         }
         blas.matmul_row_major(no, no, nb, f, nc, 1.0, dl, nc, &w_fc, f, 0.0, dfeat, f)?;
+        cx.mark("classifier backward")?;
         let (mut gout, mut gin): (&mut CudaSlice<T>, &mut CudaSlice<T>) = (g0, g1);
         {
             let last = view(pool, &saved, &split_out, src)?;
@@ -722,6 +824,7 @@ impl TrainNet {
             cudnn
                 .pooling_backward(ap, 1.0, ap_out, y, ap_out, dy, ap_in, &last, 0.0, ap_in, gout)?;
         }
+        cx.mark("pooling backward")?;
 
         // Batch-norm backward of layer `i` from the gradient `dy` of its output into `dc`
         // (and the skip connection's gradient into `dz`).
@@ -777,22 +880,25 @@ impl TrainNet {
                 mp, 1.0, mp_out, pool, mp_out, dy, mp_in, &stem_y, 0.0, mp_in, dmid,
             )?;
         }
+        cx.mark("pooling backward")?;
         bn_back!(0, dmid, None);
         layers[0].backward_conv(cx, (lowp16, &mut *grad_lowp), &x.as_view(), dc, None)?;
         drop(saved);
 
         // Gradients in float32, then the update.
         cudnn.transform_tensor(1.0, cast16, &*grad_lowp, 0.0, cast32, grad)?;
+        cx.mark("gradients to float32")?;
         if let Some(Sgd { lr, momentum }) = sgd {
             cudnn.add_tensor(1.0, all32, &*grad, momentum, all32, velocity)?;
             cudnn.add_tensor(-lr, all32, &*velocity, 1.0, all32, master)?;
+            cx.mark("SGD update")?;
         }
         Ok(())
     }
 }
 
 /// A layer's input in this step.
-fn view<'v>(
+fn view<'v, T: Elem>(
     pool: &'v CudaSlice<T>,
     saved: &'v [Option<BatchNormSaved<'_, T>>],
     split_out: &[Option<&'v CudaSlice<T>>],
