@@ -3,6 +3,8 @@
 //!
 //! * Setup: [`setup_cudnn`] opens device 0's default stream and a cuDNN handle on it;
 //!   [`setup_or_skip`] prints `no GPU: <why>` when it fails, and the bench returns.
+//!   [`setup_cudnn_per_thread`] and [`setup_per_thread_or_skip`] do the same on the per-thread
+//!   default stream, which [`Cudnn::capture`] can record.
 //! * Selection: [`Args`] reads the parts of criterion's command line that decide whether a
 //!   benchmark runs, so that a bench prepares data (and autotune decisions) only for groups
 //!   criterion will run; [`list_only`] registers a group without preparing anything.
@@ -324,6 +326,27 @@ pub fn tflops(flops: f64, ms: f64) -> f64 {
 /// `cargo bench` on a machine without a GPU ends cleanly).
 pub fn setup_or_skip() -> Option<(Arc<CudaStream>, Cudnn)> {
     match setup_cudnn() {
+        Ok(v) => Some(v),
+        Err(e) => {
+            println!("no GPU: {e}");
+            None
+        }
+    }
+}
+
+/// [`setup_cudnn`] on device 0's per-thread default stream instead: the stream
+/// [`Cudnn::capture`] records (CUDA cannot capture the legacy default stream).
+pub fn setup_cudnn_per_thread() -> cudnn_safe::Result<(Arc<CudaStream>, Cudnn)> {
+    let ctx = cuda_context(0)?;
+    let stream = ctx.per_thread_stream();
+    let cudnn = Cudnn::new(stream.clone())?;
+    Ok((stream, cudnn))
+}
+
+/// [`setup_cudnn_per_thread`], or `None` after printing `no GPU: <why>` (as
+/// [`setup_or_skip`]).
+pub fn setup_per_thread_or_skip() -> Option<(Arc<CudaStream>, Cudnn)> {
+    match setup_cudnn_per_thread() {
         Ok(v) => Some(v),
         Err(e) => {
             println!("no GPU: {e}");

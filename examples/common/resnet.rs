@@ -18,8 +18,6 @@ use cudnn_safe::graph::{ConvParams, PlanCache, PlanFilter};
 use cudnn_safe::norm::fold_batch_norm;
 use cudnn_safe::{Cudnn, DataType, PoolingDesc, PoolingMode, Scalar, TensorDesc, Workspace};
 
-use crate::common::Rng;
-
 /// What the network code returns: the crate's errors and the example's own.
 pub type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -418,7 +416,7 @@ impl<T: Element> ResNet<T> {
         cx: &mut Context<'_>,
         s: &mut Scratch<T>,
     ) -> Res<Vec<(String, Vec<i64>, f64)>> {
-        let timer = crate::common::Timer::new(cx.cudnn.stream())?;
+        let timer = Timer::new(cx.cudnn.stream())?;
         let mut rows = Vec::new();
         let layers = std::iter::once(&self.stem)
             .chain(self.blocks.iter().flat_map(|(main, down)| main.iter().chain(down)));
@@ -453,4 +451,66 @@ pub fn to_input<T: DataType>(nchw: &[f32], n: usize, cp: usize) -> Vec<T> {
         }
     }
     out
+}
+
+// The generator and the timer are private copies of the examples' `common::Rng` and
+// `common::Timer` (same seeds, same values), so that this file needs nothing from the program
+// including it: `benches/networks.rs` includes it too.
+
+/// xorshift64*: deterministic weights without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng((seed ^ 0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    /// Uniform in `[-1, 1)`.
+    fn signed_unit(&mut self) -> f64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+    }
+}
+
+/// Device milliseconds per call of back-to-back calls, from two CUDA events on the stream.
+struct Timer {
+    stream: Arc<CudaStream>,
+    start: cudnn_safe::cudarc::driver::CudaEvent,
+    end: cudnn_safe::cudarc::driver::CudaEvent,
+}
+
+impl Timer {
+    fn new(stream: &Arc<CudaStream>) -> cudnn_safe::Result<Timer> {
+        // Without flags cudarc creates events that cannot be timed.
+        let flags = Some(cudnn_safe::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let event = || stream.context().new_event(flags).map_err(driver("creating a timing event"));
+        Ok(Timer { stream: stream.clone(), start: event()?, end: event()? })
+    }
+
+    /// Milliseconds per call of `calls` back-to-back calls of `f`.
+    fn batch(
+        &self,
+        calls: usize,
+        f: &mut dyn FnMut() -> cudnn_safe::Result<()>,
+    ) -> cudnn_safe::Result<f64> {
+        let calls = calls.max(1);
+        self.start.record(&self.stream).map_err(driver("recording an event"))?;
+        for _ in 0..calls {
+            f()?;
+        }
+        self.end.record(&self.stream).map_err(driver("recording an event"))?;
+        let ms = self.start.elapsed_ms(&self.end).map_err(driver("reading an event time"))?;
+        Ok(f64::from(ms) / calls as f64)
+    }
+}
+
+/// Wraps a driver error into the crate's error type.
+fn driver(
+    context: &'static str,
+) -> impl Fn(cudnn_safe::cudarc::driver::DriverError) -> cudnn_safe::Error {
+    move |source| cudnn_safe::Error::Driver { context, source }
 }
