@@ -123,7 +123,10 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, o: &Options) -> Res<bool> {
         };
         let weights = match &o.weights {
             Some(dir) => Tensors::read(&dir.join(format!("{}.safetensors", arch.name())))?,
-            None => Tensors::random(arch, 7),
+            None => {
+                let mut rng = common::Rng::new(7);
+                Tensors::random(arch, &mut || rng.signed_unit())
+            }
         };
         let mut cx = Context { cudnn, lt: &mut lt, plans: &mut plans, ws: &mut ws };
         ok &= match parts[1] {
@@ -232,7 +235,8 @@ fn case_run<T: Element>(
     println!("{{\"op\": \"{case}_cudagraph\", \"ms\": {graph_ms:.4}, \"ips\": {ips:.0}, \"first_s\": {first_s:.3}, \"in_channels\": {}, \"replay_diff\": {replay_diff:.2e}}}", net.in_channels);
     drop(graph);
     if o.profile {
-        let rows = net.profile(cx, &mut scratch)?;
+        let timer = Timer::new(&stream)?;
+        let rows = net.profile(cx, &mut scratch, &|calls, f| timer.batch(calls, f))?;
         let total: f64 = rows.iter().map(|r| r.2).sum();
         println!("{case}: convolutions run alone sum to {total:.3} ms; the slowest:");
         for (name, dims, ms) in rows.iter().take(12) {

@@ -342,7 +342,8 @@ fn train(sh: &mut Shared, arch: Arch, batch: i64, o: &Options) -> Res<bool> {
     let stream = sh.cudnn.stream().clone();
     let n = batch as usize;
     let data = synthetic(n, 4, 11);
-    let weights = Tensors::random(arch, 5);
+    let mut rng = Rng::new(5);
+    let weights = Tensors::random(arch, &mut || rng.signed_unit());
     let sgd = Some(Sgd { lr: o.lr, momentum: 0.9 });
     let onehot = stream.clone_htod(&one_hot(&data[0].1))?;
     let mut nll = stream.alloc_zeros::<f32>(n * CLASSES as usize)?;
@@ -392,7 +393,8 @@ fn time(sh: &mut Shared, arch: Arch, batch: i64) -> Res<bool> {
     let stream = sh.cudnn.stream().clone();
     let n = batch as usize;
     let data = synthetic(n, 1, 21);
-    let weights = Tensors::random(arch, 5);
+    let mut rng = Rng::new(5);
+    let weights = Tensors::random(arch, &mut || rng.signed_unit());
     let sgd = Some(Sgd { lr: 1e-3, momentum: 0.9 });
     let onehot = stream.clone_htod(&one_hot(&data[0].1))?;
     let mut nll = stream.alloc_zeros::<f32>(n * CLASSES as usize)?;

@@ -21,6 +21,10 @@ use cudnn_safe::{Cudnn, DataType, PoolingDesc, PoolingMode, Scalar, TensorDesc, 
 /// What the network code returns: the crate's errors and the example's own.
 pub type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
+/// Times `calls` back-to-back calls of a function: milliseconds per call.
+pub type BatchMs<'a> =
+    dyn Fn(usize, &mut dyn FnMut() -> cudnn_safe::Result<()>) -> cudnn_safe::Result<f64> + 'a;
+
 /// Which ResNet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
@@ -146,11 +150,12 @@ impl Tensors {
     /// Random weights of `arch` under PyTorch's names: He-scaled filters, batch norms with
     /// statistics near (0, 1), the last batch norm of each block scaled down (so that the
     /// residual sum stays of unit scale), a small classifier.
-    pub fn random(arch: Arch, seed: u64) -> Tensors {
-        let mut rng = Rng::new(seed);
+    ///
+    /// `unit` draws the values: uniform in `[-1, 1)`.
+    pub fn random(arch: Arch, unit: &mut dyn FnMut() -> f64) -> Tensors {
         let mut map = HashMap::new();
         let mut uniform = |n: usize, lo: f64, hi: f64| -> Vec<f32> {
-            (0..n).map(|_| (lo + (hi - lo) * (rng.signed_unit() + 1.0) / 2.0) as f32).collect()
+            (0..n).map(|_| (lo + (hi - lo) * (unit() + 1.0) / 2.0) as f32).collect()
         };
         let (stem, blocks) = blocks(arch);
         let last_of_block: Vec<String> = blocks
@@ -411,12 +416,14 @@ impl<T: Element> ResNet<T> {
 impl<T: Element> ResNet<T> {
     /// Each convolution layer run alone (median of 5 batches of 20 runs on the forward's scratch
     /// buffers, its plan chosen already), slowest first: name, output dims, milliseconds.
+    ///
+    /// `batch_ms(calls, f)` times `calls` back-to-back calls of `f`: milliseconds per call.
     pub fn profile(
         &self,
         cx: &mut Context<'_>,
         s: &mut Scratch<T>,
+        batch_ms: &BatchMs<'_>,
     ) -> Res<Vec<(String, Vec<i64>, f64)>> {
-        let timer = Timer::new(cx.cudnn.stream())?;
         let mut rows = Vec::new();
         let layers = std::iter::once(&self.stem)
             .chain(self.blocks.iter().flat_map(|(main, down)| main.iter().chain(down)));
@@ -426,10 +433,9 @@ impl<T: Element> ResNet<T> {
             let residual = l.conv.epilogue().residual;
             let mut run =
                 || l.conv.run(c, plans, x, &l.w, &l.b, residual.then(|| r.as_view()), &mut *y, ws);
-            timer.batch(3, &mut run)?;
-            let mut t = (0..5)
-                .map(|_| timer.batch(20, &mut run))
-                .collect::<cudnn_safe::Result<Vec<f64>>>()?;
+            batch_ms(3, &mut run)?;
+            let mut t =
+                (0..5).map(|_| batch_ms(20, &mut run)).collect::<cudnn_safe::Result<Vec<f64>>>()?;
             t.sort_by(f64::total_cmp);
             rows.push((l.name.clone(), l.conv.y_dims().to_vec(), t[2]));
         }
@@ -451,66 +457,4 @@ pub fn to_input<T: DataType>(nchw: &[f32], n: usize, cp: usize) -> Vec<T> {
         }
     }
     out
-}
-
-// The generator and the timer are private copies of the examples' `common::Rng` and
-// `common::Timer` (same seeds, same values), so that this file needs nothing from the program
-// including it: `benches/networks.rs` includes it too.
-
-/// xorshift64*: deterministic weights without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng((seed ^ 0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    /// Uniform in `[-1, 1)`.
-    fn signed_unit(&mut self) -> f64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-    }
-}
-
-/// Device milliseconds per call of back-to-back calls, from two CUDA events on the stream.
-struct Timer {
-    stream: Arc<CudaStream>,
-    start: cudnn_safe::cudarc::driver::CudaEvent,
-    end: cudnn_safe::cudarc::driver::CudaEvent,
-}
-
-impl Timer {
-    fn new(stream: &Arc<CudaStream>) -> cudnn_safe::Result<Timer> {
-        // Without flags cudarc creates events that cannot be timed.
-        let flags = Some(cudnn_safe::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let event = || stream.context().new_event(flags).map_err(driver("creating a timing event"));
-        Ok(Timer { stream: stream.clone(), start: event()?, end: event()? })
-    }
-
-    /// Milliseconds per call of `calls` back-to-back calls of `f`.
-    fn batch(
-        &self,
-        calls: usize,
-        f: &mut dyn FnMut() -> cudnn_safe::Result<()>,
-    ) -> cudnn_safe::Result<f64> {
-        let calls = calls.max(1);
-        self.start.record(&self.stream).map_err(driver("recording an event"))?;
-        for _ in 0..calls {
-            f()?;
-        }
-        self.end.record(&self.stream).map_err(driver("recording an event"))?;
-        let ms = self.start.elapsed_ms(&self.end).map_err(driver("reading an event time"))?;
-        Ok(f64::from(ms) / calls as f64)
-    }
-}
-
-/// Wraps a driver error into the crate's error type.
-fn driver(
-    context: &'static str,
-) -> impl Fn(cudnn_safe::cudarc::driver::DriverError) -> cudnn_safe::Error {
-    move |source| cudnn_safe::Error::Driver { context, source }
 }
