@@ -12,8 +12,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{download, gpu, Rng};
-use cudnn_safe::cudarc::driver::CudaStream;
-use cudnn_safe::half::f16;
+use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
+use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::{Cudnn, Error, TensorDesc, Workspace};
 
 // ---------------------------------------------------------------------------------------------
@@ -125,6 +125,69 @@ fn a_captured_sequence_replays_with_the_inputs_of_each_launch() {
     assert!(download(&stream, &graph.buffers().1)
         .iter()
         .all(|&v| v == 0.0));
+}
+
+/// The copies and conversions of a mixed-precision training step: a same-type transform, a
+/// conversion to bf16, an `add_tensor` copy.
+fn copies(
+    c: &Cudnn,
+    (d32, d16): (&TensorDesc<f32>, &TensorDesc<bf16>),
+    x: &CudaSlice<f32>,
+    (same, narrow, added): (
+        &mut CudaSlice<f32>,
+        &mut CudaSlice<bf16>,
+        &mut CudaSlice<f32>,
+    ),
+) -> cudnn_safe::Result<()> {
+    c.transform_tensor(1.0, d32, x, 0.0, d32, same)?;
+    c.transform_tensor(1.0, d32, x, 0.0, d16, narrow)?;
+    c.add_tensor(1.0, d32, x, 0.0, d32, added)
+}
+
+#[test]
+fn copies_and_conversions_replay_in_a_graph() {
+    let Some((stream, cudnn)) = captured_gpu() else {
+        return;
+    };
+    let d32 = TensorDesc::<f32>::nchw(64, 64, 1, 1).unwrap();
+    let d16 = TensorDesc::<bf16>::nchw(64, 64, 1, 1).unwrap();
+    let mut rng = Rng::new(78);
+    let n = d32.span();
+    let host: Vec<f32> = (0..n).map(|_| rng.uniform(-2.0, 2.0) as f32).collect();
+    let x = stream.clone_htod(&host).unwrap();
+    let mut same = stream.alloc_zeros::<f32>(n).unwrap();
+    let mut narrow = stream.alloc_zeros::<bf16>(n).unwrap();
+    let mut added = stream.alloc_zeros::<f32>(n).unwrap();
+    // Once outside the capture (kernels load at their first launch).
+    copies(
+        &cudnn,
+        (&d32, &d16),
+        &x,
+        (&mut same, &mut narrow, &mut added),
+    )
+    .unwrap();
+    let mut graph = cudnn
+        .capture((same, narrow, added), |c, (s, nw, a)| {
+            copies(c, (&d32, &d16), &x, (s, nw, a))
+        })
+        .unwrap();
+    {
+        let (s, nw, a) = graph.buffers_mut();
+        stream.memcpy_htod(&vec![f32::NAN; n], s).unwrap();
+        stream.memcpy_htod(&vec![bf16::NAN; n], nw).unwrap();
+        stream.memcpy_htod(&vec![f32::NAN; n], a).unwrap();
+    }
+    graph.launch().unwrap();
+    let (s, nw, a) = graph.buffers();
+    assert_eq!(download(&stream, s), host, "same-type transform");
+    assert_eq!(download(&stream, a), host, "add_tensor copy");
+    for (i, (g, e)) in download(&stream, nw).iter().zip(&host).enumerate() {
+        let g = g.to_f32();
+        assert!(
+            (g - e).abs() <= e.abs() / 128.0,
+            "bf16[{i}] = {g}, expected {e}"
+        );
+    }
 }
 
 #[test]

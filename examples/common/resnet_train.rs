@@ -50,9 +50,53 @@ pub trait Elem:
     + DeviceRepr
     + ValidAsZeroBits
 {
+    /// `to = from` in this type (a conversion, or a copy for float32).
+    fn narrow(
+        cudnn: &Cudnn,
+        from: (&TensorDesc<f32>, &CudaSlice<f32>),
+        to: (&TensorDesc<Self>, &mut CudaSlice<Self>),
+    ) -> cudnn_safe::Result<()>;
+    /// `to = from` in float32.
+    fn widen(
+        cudnn: &Cudnn,
+        from: (&TensorDesc<Self>, &CudaSlice<Self>),
+        to: (&TensorDesc<f32>, &mut CudaSlice<f32>),
+    ) -> cudnn_safe::Result<()>;
 }
-impl Elem for bf16 {}
-impl Elem for f32 {}
+
+impl Elem for bf16 {
+    fn narrow(
+        cudnn: &Cudnn,
+        (xd, x): (&TensorDesc<f32>, &CudaSlice<f32>),
+        (yd, y): (&TensorDesc<bf16>, &mut CudaSlice<bf16>),
+    ) -> cudnn_safe::Result<()> {
+        cudnn.transform_tensor(1.0, xd, x, 0.0, yd, y)
+    }
+    fn widen(
+        cudnn: &Cudnn,
+        (xd, x): (&TensorDesc<bf16>, &CudaSlice<bf16>),
+        (yd, y): (&TensorDesc<f32>, &mut CudaSlice<f32>),
+    ) -> cudnn_safe::Result<()> {
+        cudnn.transform_tensor(1.0, xd, x, 0.0, yd, y)
+    }
+}
+
+impl Elem for f32 {
+    fn narrow(
+        cudnn: &Cudnn,
+        (xd, x): (&TensorDesc<f32>, &CudaSlice<f32>),
+        (yd, y): (&TensorDesc<f32>, &mut CudaSlice<f32>),
+    ) -> cudnn_safe::Result<()> {
+        cudnn.add_tensor(1.0, xd, x, 0.0, yd, y)
+    }
+    fn widen(
+        cudnn: &Cudnn,
+        from: (&TensorDesc<f32>, &CudaSlice<f32>),
+        to: (&TensorDesc<f32>, &mut CudaSlice<f32>),
+    ) -> cudnn_safe::Result<()> {
+        Self::narrow(cudnn, from, to)
+    }
+}
 /// Classes of the classifier.
 pub const CLASSES: i64 = 1000;
 /// Parameter offsets in the flat buffers are multiples of this many elements (256 bytes of
@@ -712,7 +756,7 @@ impl<T: Elem> TrainNet<T> {
         let Params {
             master, grad, velocity, lowp, grad_lowp, running, cast32, cast16, all32, ..
         } = params;
-        cudnn.transform_tensor(1.0, cast32, &*master, 0.0, cast16, lowp)?;
+        T::narrow(cudnn, (cast32, &*master), (cast16, lowp))?;
         cx.mark("weights to the step's type")?;
         // Shared views for the forward and backward; the update at the end writes `master`.
         let (m32, lowp16): (&CudaSlice<f32>, &CudaSlice<T>) = (&*master, &*lowp);
@@ -796,13 +840,13 @@ impl<T: Elem> TrainNet<T> {
         // gives dx = dy − e^logp·Σ_class dy; with dy = onehot and alpha = −1/N that is
         // (softmax − onehot)/N = ∂L/∂logits.
         let (lsm, ch) = (SoftmaxAlgorithm::Log, SoftmaxMode::Channel);
-        cudnn.transform_tensor(1.0, out16, &*logits, 0.0, out32, logits32)?;
+        T::widen(cudnn, (out16, &*logits), (out32, logits32))?;
         cudnn.softmax_forward(lsm, ch, 1.0, out32, &*logits32, 0.0, out32, logp)?;
         let mul = OpTensorOp::Mul;
         cudnn.op_tensor(mul, -1.0, out32, &*logp, 1.0, out32, onehot, 0.0, out32, nll)?;
         let inv_n = -1.0 / batch as f32;
         cudnn.softmax_backward(lsm, ch, inv_n, out32, &*logp, out32, onehot, 0.0, out32, dl32)?;
-        cudnn.transform_tensor(1.0, out32, &*dl32, 0.0, out16, dl)?;
+        T::narrow(cudnn, (out32, &*dl32), (out16, dl))?;
         cx.mark("loss and its gradient")?;
 
         // Classifier backward: dw = dlᵀ · feat, db = 1ᵀ · dl, dfeat = dl · w.
@@ -886,7 +930,7 @@ impl<T: Elem> TrainNet<T> {
         drop(saved);
 
         // Gradients in float32, then the update.
-        cudnn.transform_tensor(1.0, cast16, &*grad_lowp, 0.0, cast32, grad)?;
+        T::widen(cudnn, (cast16, &*grad_lowp), (cast32, grad))?;
         cx.mark("gradients to float32")?;
         if let Some(Sgd { lr, momentum }) = sgd {
             cudnn.add_tensor(1.0, all32, &*grad, momentum, all32, velocity)?;
