@@ -24,7 +24,8 @@
 //!   PyTorch's autocast loss and gradients (relative L2 error per tensor within 3e-2, or within
 //!   twice PyTorch's own autocast error against its float32 gradient where that is larger: at
 //!   initialization bfloat16 rounding moves these gradients by tens of percent), and in strict
-//!   float32 (FMA convolutions, no TF32; batch norm and ReLU as separate calls), compared with
+//!   float32 (implicit-GEMM and ALGO_1 convolutions with FMA math, no TF32; plain batch norm,
+//!   ReLU and add as separate calls), compared with
 //!   PyTorch's float32 gradients within 1e-3. A replay of the captured step must reproduce the
 //!   call-by-call gradients.
 //! * `--time CASES` (`resnet50_b128,...`): the first step's wall time (algorithm choice

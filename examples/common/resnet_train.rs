@@ -197,6 +197,8 @@ struct ConvBn<T: Elem> {
     conv_name: String,
     conv: ConvDesc,
     x_d: TensorDesc<T>,
+    /// `x` as a flat tensor, for elementwise calls on its gradient.
+    x_flat: TensorDesc<T>,
     w_d: FilterDesc<T>,
     c_d: TensorDesc<T>,
     bn: BatchNorm<T>,
@@ -482,33 +484,46 @@ impl<T: Elem> ConvBn<T> {
     }
 
     /// The filter gradient (into the bfloat16 gradient buffer) and, when asked, the input's
-    /// (`dx = beta·dx + conv_backward_data(dc)`).
+    /// (`dx = conv_backward_data(dc)`, or with a scratch buffer `dx += conv_backward_data(dc)`).
     fn backward_conv(
         &self,
         cx: &mut TrainCx<'_>,
         (lowp, grad_lowp): (&CudaSlice<T>, &mut CudaSlice<T>),
         input: &CudaView<'_, T>,
         dc: &CudaSlice<T>,
-        dx: Option<(&mut CudaSlice<T>, f32)>,
+        dx: Option<(&mut CudaSlice<T>, Option<&mut CudaSlice<T>>)>,
     ) -> cudnn_safe::Result<()> {
         let (x_d, w_d, c_d, conv) = (&self.x_d, &self.w_d, &self.c_d, &self.conv);
         let mut dw = grad_lowp.slice_mut(self.w.clone());
         cx.tuner.backward_filter(cx.cudnn, 1.0, x_d, input, c_d, dc, conv, 0.0, w_d, &mut dw)?;
         cx.mark("conv backward filter")?;
-        if let Some((dx, beta)) = dx {
-            let w = lowp.slice(self.w.clone());
-            cx.tuner.backward_data(cx.cudnn, 1.0, w_d, &w, c_d, dc, conv, beta, x_d, dx)?;
-            cx.mark("conv backward data")?;
+        let Some((dx, scratch)) = dx else { return Ok(()) };
+        let w = lowp.slice(self.w.clone());
+        match scratch {
+            None => {
+                cx.tuner.backward_data(cx.cudnn, 1.0, w_d, &w, c_d, dc, conv, 0.0, x_d, dx)?;
+                cx.mark("conv backward data")
+            }
+            // Into scratch, then added: cuDNN's graph engines (the fast ones in half precision)
+            // only overwrite their output.
+            Some(s) => {
+                cx.tuner.backward_data(cx.cudnn, 1.0, w_d, &w, c_d, dc, conv, 0.0, x_d, s)?;
+                cx.mark("conv backward data")?;
+                let flat = &self.x_flat;
+                cx.cudnn.add_tensor(1.0, flat, &*s, 1.0, flat, dx)?;
+                cx.mark("skip gradient add")
+            }
         }
-        Ok(())
     }
 }
 
-/// `len` elements (a multiple of [`ALIGN`]) as a `[len / ALIGN, ALIGN, 1, 1]` tensor for cuDNN's
+/// `len` contiguous elements as a `[len / a, a, 1, 1]` tensor (`a` = [`ALIGN`] where it divides
+/// `len`) for cuDNN's
 /// elementwise calls, which spread such a tensor over the whole GPU (a `[1, len, 1, 1]` one has
 /// the shape of a bias, which they handle with little parallelism).
 fn flat<V: cudnn_safe::DataType>(len: usize) -> Res<TensorDesc<V>> {
-    Ok(TensorDesc::nchw((len / ALIGN) as i64, ALIGN as i64, 1, 1)?)
+    let a = [ALIGN, 32, 16, 8, 4, 2].into_iter().find(|a| len % a == 0).unwrap_or(1);
+    Ok(TensorDesc::nchw((len / a) as i64, a as i64, 1, 1)?)
 }
 
 fn alloc<
@@ -538,6 +553,10 @@ impl<T: Elem> TrainNet<T> {
         // only.
         let strict = T::DTYPE == DType::F32;
         let split_bn = split_bn || strict;
+        // The persistent kernels (the fast NHWC half-precision path, and the fused ReLU/add)
+        // for half types; the plain ones for the float32 check.
+        let bn_mode =
+            if strict { BatchNormMode::Spatial } else { BatchNormMode::SpatialPersistent };
         let (stem_spec, specs) = blocks(arch);
         let mut cast = Allocator::default();
         let mut norm = Allocator::default();
@@ -556,7 +575,7 @@ impl<T: Elem> TrainNet<T> {
             let y = conv.output_dims(x_d.dims(), w_d.dims())?;
             let c_d = TensorDesc::<T>::nhwc(y[0], y[1], y[2], y[3])?;
             let bn = BatchNorm::builder()
-                .mode(BatchNormMode::SpatialPersistent)
+                .mode(bn_mode)
                 .epsilon(EPS)
                 .build::<T>(&Layout::nhwc(y[0], y[1], y[2], y[3])?)?;
             let (k, kk) = (c.cout as usize, c.kernel as usize);
@@ -571,6 +590,7 @@ impl<T: Elem> TrainNet<T> {
             layers.push(ConvBn {
                 conv_name: c.conv.clone(),
                 conv,
+                x_flat: flat(x_d.span())?,
                 x_d,
                 w_d,
                 c_d,
@@ -895,14 +915,14 @@ impl<T: Elem> TrainNet<T> {
             bn_back!(last, gout, Some(dz));
             {
                 let input = view(pool, &saved, &split_out, Src::Layer(main[m - 2]))?;
-                let dx = Some((&mut *dmid, 0.0));
+                let dx = Some((&mut *dmid, None));
                 layers[last].backward_conv(cx, (lowp16, &mut *grad_lowp), &input, dc, dx)?;
             }
             // The downsample: BN backward, then its filter and data gradients (into `gin`).
             if let Some(d) = *down {
                 bn_back!(d, dds, None);
                 let input = view(pool, &saved, &split_out, bin)?;
-                let dx = Some((&mut *gin, 0.0));
+                let dx = Some((&mut *gin, None));
                 layers[d].backward_conv(cx, (lowp16, &mut *grad_lowp), &input, dc, dx)?;
             }
             // The inner layers, last first; the first adds its data gradient to the skip's.
@@ -911,7 +931,7 @@ impl<T: Elem> TrainNet<T> {
                 bn_back!(i, dmid, None);
                 let input = if k == 0 { bin } else { Src::Layer(main[k - 1]) };
                 let input = view(pool, &saved, &split_out, input)?;
-                let dx = if k == 0 { (&mut *gin, 1.0) } else { (&mut *dmid, 0.0) };
+                let dx = if k == 0 { (&mut *gin, Some(&mut *du)) } else { (&mut *dmid, None) };
                 layers[i].backward_conv(cx, (lowp16, &mut *grad_lowp), &input, dc, Some(dx))?;
             }
             std::mem::swap(&mut gout, &mut gin);
