@@ -19,20 +19,24 @@
 //!   directory). Passes when the loss falls at least 2×.
 //! * `--check DIR`: reads `DIR/resnet18_train.safetensors` and/or `resnet50_train.safetensors`
 //!   (`python3 benches/pytorch/resnet.py grads DIR`: torchvision's initial weights, a batch of
-//!   16 images and labels, the loss and every parameter's gradient under autocast bfloat16 and
-//!   in float32) and runs one step without the update twice: in bfloat16, compared with
-//!   PyTorch's autocast loss and gradients (relative L2 error per tensor within 3e-2, or within
-//!   twice PyTorch's own autocast error against its float32 gradient where that is larger: at
-//!   initialization bfloat16 rounding moves these gradients by tens of percent), and in strict
-//!   float32 (implicit-GEMM and ALGO_1 convolutions with FMA math, no TF32; plain batch norm,
-//!   ReLU and add as separate calls), compared with
-//!   PyTorch's float32 gradients within 1e-3. A replay of the captured step must reproduce the
-//!   call-by-call gradients.
+//!   16 images and labels, the loss and every parameter's gradient under autocast bfloat16, in
+//!   float32 with cuDNN, and in float64 without it, the reference) and runs one step without
+//!   the update twice: in bfloat16, compared with PyTorch's autocast loss and gradients
+//!   (relative L2 error per tensor within 3e-2, or within twice PyTorch's own autocast error
+//!   against float64 where that is larger: at initialization bfloat16 rounding moves these
+//!   gradients by tens of percent), and in strict float32 (implicit-GEMM and ALGO_1
+//!   convolutions with FMA math, no TF32; plain batch norm, ReLU and add as separate calls),
+//!   compared with the float64 gradients (within 2e-3, or twice PyTorch's own float32 error
+//!   where that is larger: PyTorch's float32 gradients are themselves up to ~8e-3 off float64
+//!   here, and one ReLU that flips sign moves a last-block batch-norm gradient by about
+//!   1/784). A replay of the captured step must reproduce the call-by-call gradients.
 //! * `--time CASES` (`resnet50_b128,...`): the first step's wall time (algorithm choice
 //!   included), then the step call by call and as a replayed CUDA graph (median of 5 batches of
 //!   10 steps); one JSON line per figure.
 //! * `--max-plans N` (default 4): graph plans the autotuner times per convolution direction and
-//!   source. `--cache FILE`: keep its decisions in a file; a later process starts from them.
+//!   source; `--refine N` and `--finalists N` set its knob refinement and finals (the library's
+//!   defaults otherwise; 0 turns them off). `--cache FILE`: keep its decisions in a file; a later
+//!   process starts from them (the remembered plans are rebuilt at start-up).
 //! * `--split-bn`: batch norm without the fused ReLU and add (separate calls instead).
 //!
 //! Exit status: 0 when every check passes, 1 otherwise, 2 without a GPU.
@@ -64,6 +68,8 @@ struct Options {
     check: Option<PathBuf>,
     time: Vec<String>,
     max_plans: usize,
+    refine: Option<usize>,
+    finalists: Option<usize>,
     cache: Option<PathBuf>,
     split_bn: bool,
 }
@@ -76,6 +82,8 @@ fn options() -> Res<Options> {
         check: None,
         time: Vec::new(),
         max_plans: 4,
+        refine: None,
+        finalists: None,
         cache: None,
         split_bn: false,
     };
@@ -89,6 +97,8 @@ fn options() -> Res<Options> {
             "--check" => o.check = Some(value()?.into()),
             "--time" => o.time = value()?.split(',').map(String::from).collect(),
             "--max-plans" => o.max_plans = value()?.parse()?,
+            "--refine" => o.refine = Some(value()?.parse()?),
+            "--finalists" => o.finalists = Some(value()?.parse()?),
             "--cache" => o.cache = Some(value()?.into()),
             "--split-bn" => o.split_bn = true,
             _ => {
@@ -149,7 +159,13 @@ impl Shared {
 }
 
 fn run(stream: &Arc<CudaStream>, o: &Options) -> Res<bool> {
-    let tuner = Autotuner::new(Policy::Benchmark).with_graph_plans(o.max_plans);
+    let mut tuner = Autotuner::new(Policy::Benchmark).with_graph_plans(o.max_plans);
+    if let Some(n) = o.refine {
+        tuner = tuner.with_refine_knobs(n);
+    }
+    if let Some(n) = o.finalists {
+        tuner = tuner.with_finalists(n);
+    }
     let tuner = match &o.cache {
         Some(f) => tuner.try_cache_file(f)?,
         None => tuner.without_cache_file(),
@@ -162,6 +178,22 @@ fn run(stream: &Arc<CudaStream>, o: &Options) -> Res<bool> {
         ws: Workspace::new(stream.clone()),
         split_bn: o.split_bn,
     };
+    if o.cache.is_some() {
+        // A process that starts with decisions: open cuDNN's sub-libraries and rebuild the
+        // remembered plans now, so that the first step builds nothing.
+        let p = cudnn_safe::graph::preload(&sh.cudnn)?;
+        let w = sh.tuner.warm_up(&sh.cudnn)?;
+        println!(
+            "start-up: preload {:.3} s (sub-libraries {:.3} s), warm-up {:.3} s ({} decisions, {} graph plans rebuilt on {} threads in {:.3} s)",
+            (p.open + p.engines).as_secs_f64(),
+            p.open.as_secs_f64(),
+            w.elapsed.as_secs_f64(),
+            w.replayed,
+            w.built,
+            cudnn_safe::graph::build_threads(),
+            w.building.as_secs_f64()
+        );
+    }
     let mut ok = true;
     for case in &o.time {
         let (arch, batch) = parse_case(case)?;
@@ -203,7 +235,8 @@ fn parse_case(case: &str) -> Res<(Arch, i64)> {
 
 #[allow(clippy::too_many_arguments)] // the network's description and the step's buffers
 /// A network whose first step runs: the stem reads 3 channels where an engine takes them, else
-/// zero-padded ones. Returns the network, its input (from `nchw`) and the first step's seconds.
+/// zero-padded ones. Returns the network, its input (from `nchw`) and the first step's seconds
+/// (the step alone: the network's weights are uploaded before).
 fn first_step<T: Elem>(
     sh: &mut Shared,
     arch: Arch,
@@ -217,9 +250,10 @@ fn first_step<T: Elem>(
     let stream = sh.cudnn.stream().clone();
     let n = batch as usize;
     for cp in [3, 4, 8] {
-        let started = Instant::now();
         let mut net = TrainNet::new(&sh.cudnn, arch, batch, cp, weights, sh.split_bn)?;
         let x = stream.clone_htod(&resnet::to_input::<T>(nchw, n, cp as usize))?;
+        stream.synchronize()?;
+        let started = Instant::now();
         match net.step(&mut sh.check_cx::<T>(), &x, onehot, nll, sgd) {
             Ok(()) => {
                 stream.synchronize()?;
@@ -253,13 +287,14 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     (d / r.max(f64::MIN_POSITIVE)).sqrt()
 }
 
-/// One step without the update on the file's batch; gradients compared with PyTorch's: in
-/// bfloat16 with its autocast gradients (within 3e-2, or twice PyTorch's own autocast error where
-/// that is larger), in float32 with its float32 ones (within 1e-3).
+/// One step without the update on the file's batch; gradients compared with PyTorch's (see the
+/// module documentation): in bfloat16 within 3e-2 of its autocast gradients, or twice
+/// autocast's own error against float64 where that is larger; in float32 within 2e-3 of its
+/// float64 gradients, or twice PyTorch's own float32 error where that is larger.
 fn check<T: Elem>(sh: &mut Shared, arch: Arch, file: &Tensors) -> Res<bool> {
     let half = T::DTYPE != cudnn_safe::DType::F32;
     let (tag, prefix, loss_name) =
-        if half { ("bf16", "grad.", "loss") } else { ("f32", "grad32.", "loss32") };
+        if half { ("bf16", "grad.", "loss") } else { ("f32", "grad64.", "loss64") };
     let stream = sh.cudnn.stream().clone();
     let (shape, images) = file.get("input")?;
     let batch = shape[0];
@@ -278,33 +313,39 @@ fn check<T: Elem>(sh: &mut Shared, arch: Arch, file: &Tensors) -> Res<bool> {
     );
     let loss_tolerance = if half { 2e-2 } else { 1e-4 };
     let mut ok = (loss - torch_loss).abs() <= loss_tolerance * torch_loss.abs().max(1.0);
-    let target: f64 = if half { 3e-2 } else { 1e-3 };
+    let target: f64 = if half { 3e-2 } else { 2e-3 };
     let mut rows = Vec::new();
     for e in &net.params.entries {
         let ours = e.to_torch(&grads[e.range.clone()]);
         let want = &file.get(&format!("{prefix}{}", e.name))?.1;
-        let auto = &file.get(&format!("grad.{}", e.name))?.1;
-        let full = &file.get(&format!("grad32.{}", e.name))?.1;
-        let (err, own, ours32) = (rel_l2(&ours, want), rel_l2(auto, full), rel_l2(&ours, full));
-        let tolerance = if half { target.max(2.0 * own) } else { target };
+        // PyTorch's own error in this type against float64.
+        let theirs = &file.get(&format!("{}{}", if half { "grad." } else { "grad32." }, e.name))?.1;
+        let truth = &file.get(&format!("grad64.{}", e.name))?.1;
+        let (err, own, ours64) = (rel_l2(&ours, want), rel_l2(theirs, truth), rel_l2(&ours, truth));
+        let tolerance = target.max(2.0 * own);
         ok &= err <= tolerance;
-        rows.push((e.name.clone(), err, own, ours32, err <= tolerance));
+        rows.push((e.name.clone(), err, own, ours64, err <= tolerance));
     }
     let over = rows.iter().filter(|r| r.1.is_nan() || r.1 > target).count();
+    let failed = rows.iter().filter(|r| !r.4).count();
     let worst = rows.iter().map(|r| r.1).fold(0.0, f64::max);
     rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let vs = if half { "autocast" } else { "float64" };
     println!(
-        "  {} tensors: worst rel err vs PyTorch's {tag} gradients {worst:.2e}; {over} above {target:e}; the largest:",
+        "  {} tensors: worst rel err vs PyTorch's {vs} gradients {worst:.2e}; {over} above {target:e}, {failed} above their tolerance; the largest:",
         rows.len()
     );
-    let vs = if half { "vs autocast" } else { "vs fp32" };
-    println!("  {:<30} {vs:>12} {:>24} {:>12}", "tensor", "torch autocast vs fp32", "ours vs fp32");
-    for (name, err, own, o32, pass) in rows.iter().take(8) {
+    let own_label = if half { "torch autocast vs f64" } else { "torch f32 vs f64" };
+    println!("  {:<30} {:>12} {own_label:>24} {:>12}", "tensor", format!("vs {vs}"), "ours vs f64");
+    for (i, (name, err, own, o64, pass)) in rows.iter().enumerate() {
+        if i >= 8 && *pass {
+            continue;
+        }
         let mark = if *pass { "" } else { "  FAILED" };
-        println!("  {name:<30} {err:>12.2e} {own:>24.2e} {o32:>12.2e}{mark}");
+        println!("  {name:<30} {err:>12.2e} {own:>24.2e} {o64:>12.2e}{mark}");
     }
     println!(
-        "{{\"op\": \"{}_{tag}_train_grads_b{batch}\", \"worst_rel_err\": {worst:.3e}, \"above_target\": {over}, \"loss\": {loss:.6}, \"torch_loss\": {torch_loss:.6}}}",
+        "{{\"op\": \"{}_{tag}_train_grads_b{batch}\", \"worst_rel_err\": {worst:.3e}, \"above_target\": {over}, \"failed\": {failed}, \"loss\": {loss:.6}, \"torch_loss\": {torch_loss:.6}}}",
         arch.name()
     );
 
@@ -421,6 +462,17 @@ fn time(sh: &mut Shared, arch: Arch, batch: i64) -> Res<bool> {
     let mut nll = stream.alloc_zeros::<f32>(n * CLASSES as usize)?;
     let (mut net, x, first_s) =
         first_step::<bf16>(sh, arch, batch, &weights, &data[0].0, &onehot, &mut nll, sgd)?;
+    let st = sh.tuner.stats();
+    println!(
+        "first step {first_s:.3} s: {} union searches ({} graph plans built, {:.3} s building on {} threads, {:.3} s searching in all), {} plans rebuilt, {} cache hits",
+        st.graph_searches,
+        st.graph_plans,
+        st.graph_build.as_secs_f64(),
+        cudnn_safe::graph::build_threads(),
+        st.graph_search.as_secs_f64(),
+        st.plan_builds,
+        st.hits
+    );
     let timer = Timer::new(&stream)?;
     let eager_ms = {
         let mut cx = sh.cx();

@@ -3613,9 +3613,10 @@ fn union_warm_up_replays_cached_decisions() {
     // The next warms both up at start-up: plans rebuilt and held, nothing benchmarked.
     let mut b = tuner(Policy::Benchmark);
     let warm = b.warm_up(&g.cudnn).unwrap();
+    // Both plans were rebuilt before the replays, at once.
     assert_eq!(
-        (warm.replayed, warm.graph, warm.skipped),
-        (2, 2, 0),
+        (warm.replayed, warm.graph, warm.skipped, warm.built),
+        (2, 2, 0, 2),
         "{warm:?}"
     );
     let stats = b.stats();
@@ -3642,7 +3643,11 @@ fn union_warm_up_replays_cached_decisions() {
     assert_eq!(differ, 0, "{differ} outputs differ after the warm-up");
     // A warm-up twice replays again, building nothing (the plans are held).
     let again = b.warm_up(&g.cudnn).unwrap();
-    assert_eq!((again.replayed, b.stats().plan_builds), (2, 2), "{again:?}");
+    assert_eq!(
+        (again.replayed, again.built, b.stats().plan_builds),
+        (2, 0, 2),
+        "{again:?}"
+    );
     drop(b);
 
     // Another policy computes other keys: nothing of the file is its own.

@@ -968,6 +968,30 @@ fn gpu_preload_opens_sub_libraries_and_builds_a_plan() {
     conv_fprop_case::<f32>(false, PlanFilter::new().with_no_tensor_cores(true), 63);
 }
 
+/// Plans finalized on several threads at once come back as one thread builds them: the same
+/// configurations in the same order, each running correctly.
+#[test]
+fn gpu_plans_built_at_once_match_one_thread() {
+    let Some((_s, cudnn)) = gpu() else { return };
+    let (g, ..) = conv_graph(DType::F16, true);
+    let og = g.build(&cudnn).unwrap();
+    let filter = PlanFilter::new()
+        .with_heuristics(&[HeurMode::A, HeurMode::Fallback])
+        .with_max_plans(Some(6));
+    let names = |threads| {
+        cudnn_safe::graph::set_build_threads(threads);
+        let list = og.plans(&cudnn, &filter).unwrap();
+        list.plans.iter().map(|p| p.name()).collect::<Vec<_>>()
+    };
+    let one = names(1);
+    let many = names(6);
+    cudnn_safe::graph::set_build_threads(0);
+    assert!(one.len() > 1, "{one:?}");
+    assert_eq!(one, many);
+    // The plans built at once compute what the reference does.
+    conv_fprop_case::<f16>(true, PlanFilter::new(), 73);
+}
+
 #[test]
 fn gpu_conv_knob_neighbours_f16_nhwc() {
     conv_knob_neighbours_case::<f16>(true, PlanFilter::new(), 61);

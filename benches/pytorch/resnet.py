@@ -153,22 +153,34 @@ def grads(out_dir, names, batch=16):
         m32 = copy.deepcopy(m)
         loss32 = F.cross_entropy(m32(x), labels)
         loss32.backward()
+        # The truth: float64 without cuDNN (PyTorch's own GEMM-based convolutions).
+        m64 = copy.deepcopy(m).double()
+        with torch.backends.cudnn.flags(enabled=False):
+            loss64 = F.cross_entropy(m64(x.double()), labels)
+            loss64.backward()
         mb = copy.deepcopy(m).to(memory_format=torch.channels_last)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = F.cross_entropy(mb(x.contiguous(memory_format=torch.channels_last)), labels)
         loss.backward()
-        own = {}
-        for (k, p), (_, p32) in zip(mb.named_parameters(), m32.named_parameters()):
+        own, own32 = {}, {}
+        params = zip(mb.named_parameters(), m32.named_parameters(), m64.named_parameters())
+        for (k, p), (_, p32), (_, p64) in params:
             tensors[f"grad.{k}"] = p.grad
             tensors[f"grad32.{k}"] = p32.grad
-            own[k] = ((p.grad.float() - p32.grad).norm() / p32.grad.norm()).item()
+            tensors[f"grad64.{k}"] = p64.grad.float()
+            own[k] = ((p.grad.double() - p64.grad).norm() / p64.grad.norm()).item()
+            own32[k] = ((p32.grad.double() - p64.grad).norm() / p64.grad.norm()).item()
         tensors["loss"] = loss.detach().float().reshape(1)
         tensors["loss32"] = loss32.detach().reshape(1)
+        tensors["loss64"] = loss64.detach().float().reshape(1)
         path = os.path.join(out_dir, f"{name}_train.safetensors")
         write_safetensors(path, tensors)
         worst = max(own, key=own.get)
+        worst32 = max(own32, key=own32.get)
         print(json.dumps({"wrote": path, "tensors": len(tensors), "loss": loss.item(),
-                          "loss32": loss32.item(), "torch_autocast_worst_rel_err": [worst, own[worst]]}),
+                          "loss32": loss32.item(), "loss64": loss64.item(),
+                          "torch_autocast_vs_f64_worst": [worst, own[worst]],
+                          "torch_f32_cudnn_vs_f64_worst": [worst32, own32[worst32]]}),
               flush=True)
 
 

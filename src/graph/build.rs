@@ -331,7 +331,10 @@ pub(crate) struct GraphInner {
 // SAFETY: `GraphInner` is immutable after construction. The only calls into its descriptors
 // (heuristics and plans reading the graph, executions) take the `&Cudnn` it was built on, checked
 // by its process-unique id ([`GraphInner::check_handle`]); `Cudnn` is not `Sync`, so those calls are made by
-// one thread at a time. Dropping happens once, by the last owner.
+// one thread at a time, except plan finalization, which `graph::parallel::run` spreads over
+// threads while the caller's thread holds the `&Cudnn` and waits: finalizing plans of one graph
+// concurrently only reads the graph, as cuDNN's own parallel plan build does. Dropping happens
+// once, by the last owner.
 unsafe impl Sync for GraphInner {}
 
 impl GraphInner {

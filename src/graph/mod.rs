@@ -72,6 +72,7 @@ mod model;
 #[path = "../norm/graph/mod.rs"]
 mod norm;
 mod op;
+mod parallel;
 mod plan;
 mod pointwise;
 mod preload;
@@ -96,6 +97,7 @@ pub use norm::{
     BatchNormOutputs, BatchNormRunning, GroupNormMethod, GroupNormOutputs, LayerNormGrads,
     LayerNormOutputs, RmsNormGrads, RmsNormOutputs,
 };
+pub use parallel::{build_threads, set_build_threads, DEFAULT_MAX_BUILD_THREADS};
 pub use plan::Plan;
 pub use preload::{preload, Preloaded};
 
@@ -103,4 +105,5 @@ pub use conv::ConvParams;
 pub(crate) use model::{stride_order, strides_in_order, TensorInfo};
 pub use model::{Graph, TensorId};
 pub(crate) use op::{MatmulOverrides, Op};
+pub(crate) use plan::plans_from_configs;
 pub use pointwise::PointwiseMode;

@@ -15,6 +15,7 @@ use super::engine::{
     BehaviorNote, EngineConfig, HeurMode, KnobRange, NumericalNote, PlanFilter, PlanList, Skipped,
     MAX_KNOB_VALUES,
 };
+use super::parallel;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
 use crate::workspace::MAX_WORKSPACE_BYTES;
@@ -87,6 +88,43 @@ fn knob_ranges_of(lib: &'static Library, engine: &Desc) -> Result<Vec<KnobRange>
 }
 
 /// Describes a finalized engine configuration proposed by a heuristic.
+/// Finalizes the execution plan of candidate `c` of `graph` with `handle` (on any thread: see
+/// [`parallel`]).
+fn finalize(
+    lib: &'static Library,
+    handle: parallel::SharedHandle,
+    graph: Arc<GraphInner>,
+    c: Candidate,
+) -> Result<Plan> {
+    let mut p = Desc::new(lib, kind!(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR))?;
+    p.set1(attr!(CUDNN_ATTR_EXECUTION_PLAN_HANDLE), handle.raw())?;
+    p.set_descs(attr!(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG), &[&c.cfg])?;
+    p.finalize()?;
+    let ws = p.get_i64(attr!(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE))?;
+    let workspace = usize::try_from(ws)
+        .ok()
+        .filter(|&w| w <= MAX_WORKSPACE_BYTES)
+        .ok_or_else(|| {
+            Error::invalid(
+                "plan workspace size",
+                format!("0 to {MAX_WORKSPACE_BYTES} bytes"),
+                ws,
+            )
+        })?;
+    Ok(Plan {
+        plan: p,
+        cfg: c.cfg,
+        knobs: c.knobs,
+        engine: c.engine,
+        graph,
+        workspace,
+        config: c.config,
+        notes: c.notes,
+        behavior: c.behavior,
+        pack: RefCell::new(None),
+    })
+}
+
 fn describe(lib: &'static Library, cfg: Desc) -> Result<Candidate> {
     let mut engine = vec![Desc::new(lib, kind!(CUDNN_BACKEND_ENGINE_DESCRIPTOR))?];
     let n = cfg.get_descs(attr!(CUDNN_ATTR_ENGINECFG_ENGINE), &mut engine)?;
@@ -298,32 +336,17 @@ impl OperationGraph {
 
     /// Finalizes a plan for a candidate on `cudnn`.
     fn finish(&self, cudnn: &Cudnn, c: Candidate) -> Result<Plan> {
-        let mut p = Desc::new(cudnn.lib(), kind!(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR))?;
-        p.set1(attr!(CUDNN_ATTR_EXECUTION_PLAN_HANDLE), cudnn.as_raw())?;
-        p.set_descs(attr!(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG), &[&c.cfg])?;
-        p.finalize()?;
-        let ws = p.get_i64(attr!(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE))?;
-        let workspace = usize::try_from(ws)
-            .ok()
-            .filter(|&w| w <= MAX_WORKSPACE_BYTES)
-            .ok_or_else(|| {
-                Error::invalid(
-                    "plan workspace size",
-                    format!("0 to {MAX_WORKSPACE_BYTES} bytes"),
-                    ws,
-                )
-            })?;
-        Ok(Plan {
-            plan: p,
-            cfg: c.cfg,
-            knobs: c.knobs,
-            engine: c.engine,
-            graph: self.inner.clone(),
-            workspace,
-            config: c.config,
-            notes: c.notes,
-            behavior: c.behavior,
-            pack: RefCell::new(None),
+        let handle = parallel::SharedHandle::of(cudnn);
+        finalize(cudnn.lib(), handle, self.inner.clone(), c)
+    }
+
+    /// Finalizes plans for `candidates` on [`parallel::build_threads`] threads; the results in
+    /// the candidates' order.
+    fn finish_all(&self, cudnn: &Cudnn, candidates: Vec<Candidate>) -> Vec<Result<Plan>> {
+        let lib = cudnn.lib();
+        let threads = parallel::build_threads();
+        parallel::run(cudnn, candidates, threads, |h, c| {
+            finalize(lib, h, self.inner.clone(), c)
         })
     }
 
@@ -348,6 +371,7 @@ impl OperationGraph {
             plans: Vec::new(),
             skipped: Vec::new(),
             seen: HashSet::new(),
+            pending: Vec::new(),
             last_error: None,
         };
         for &mode in &filter.modes {
@@ -356,6 +380,7 @@ impl OperationGraph {
         if filter.all_engines {
             s.every_engine()?;
         }
+        s.flush();
         s.finish()
     }
 
@@ -449,6 +474,12 @@ impl OperationGraph {
     /// [`EngineConfig::check_knobs`] against the engine's own knob ranges, else
     /// [`Error::InvalidArgument`] before any knob reaches cuDNN.
     pub fn plan_from_config(&self, cudnn: &Cudnn, config: &EngineConfig) -> Result<Plan> {
+        let c = self.candidate_from_config(cudnn, config)?;
+        self.finish(cudnn, c)
+    }
+
+    /// The candidate of [`Self::plan_from_config`], not finalized yet.
+    fn candidate_from_config(&self, cudnn: &Cudnn, config: &EngineConfig) -> Result<Candidate> {
         self.inner.check_handle(cudnn)?;
         cudnn.bind()?;
         let lib = cudnn.lib();
@@ -465,9 +496,42 @@ impl OperationGraph {
         }
         let engine = self.engine_desc(lib, config.engine)?;
         config.check_knobs(&knob_ranges_of(lib, &engine)?)?;
-        let c = self.configure(lib, config)?;
-        self.finish(cudnn, c)
+        self.configure(lib, config)
     }
+}
+
+/// [`OperationGraph::plan_from_config`] for several graphs and configurations, the plans
+/// finalized at once on [`parallel::build_threads`] threads; the results in the jobs' order.
+pub(crate) fn plans_from_configs(
+    cudnn: &Cudnn,
+    jobs: &[(&OperationGraph, &EngineConfig)],
+) -> Vec<Result<Plan>> {
+    let mut out: Vec<Result<Plan>> = Vec::with_capacity(jobs.len());
+    let (mut slots, mut todo) = (Vec::new(), Vec::new());
+    for (i, (og, config)) in jobs.iter().enumerate() {
+        match og.candidate_from_config(cudnn, config) {
+            Ok(c) => {
+                slots.push(i);
+                todo.push((og.inner.clone(), c));
+                // Replaced by the build's result below.
+                out.push(Err(Error::invalid(
+                    "plan build",
+                    "a finished build",
+                    "none",
+                )));
+            }
+            Err(e) => out.push(Err(e)),
+        }
+    }
+    let lib = cudnn.lib();
+    let threads = parallel::build_threads();
+    let built = parallel::run(cudnn, todo, threads, |h, (graph, c)| {
+        finalize(lib, h, graph, c)
+    });
+    for (i, plan) in slots.into_iter().zip(built) {
+        out[i] = plan;
+    }
+    out
 }
 
 /// The state of one [`OperationGraph::plans`] call: the plans built so far and what was
@@ -480,6 +544,8 @@ struct Search<'a> {
     skipped: Vec<Skipped>,
     /// Configurations already considered (a later heuristic mode may propose them again).
     seen: HashSet<String>,
+    /// Candidates the filter accepts, not built yet.
+    pending: Vec<Candidate>,
     /// The last error a configuration or heuristic failed with.
     last_error: Option<Error>,
 }
@@ -495,8 +561,15 @@ impl Search<'_> {
         self.skipped.push(Skipped { name, reason });
     }
 
-    /// Keeps a candidate's plan unless it was seen before, the filter refuses it, it does not
-    /// build or it needs more workspace than the filter allows.
+    /// How many more plans the filter asks for (`None`: no limit).
+    fn wanted(&self) -> Option<usize> {
+        self.filter
+            .max_plans
+            .map(|m| m.saturating_sub(self.plans.len() + self.pending.len()))
+    }
+
+    /// Queues a candidate unless it was seen before or the filter refuses it; builds the queue
+    /// once it holds as many candidates as plans are still wanted.
     fn consider(&mut self, c: Candidate) {
         let name = c.config.to_string();
         if !self.seen.insert(name.clone()) {
@@ -505,18 +578,31 @@ impl Search<'_> {
         if let Some(why) = self.filter.refuse(&c.notes, &c.behavior) {
             return self.skip(name, why.into());
         }
-        match self.og.finish(self.cudnn, c) {
-            Ok(p) if p.workspace > self.filter.max_workspace => {
-                let reason = format!(
-                    "needs {} workspace bytes, limit {}",
-                    p.workspace, self.filter.max_workspace
-                );
-                self.skip(name, reason);
-            }
-            Ok(p) => self.plans.push(p),
-            Err(e) => {
-                self.skip(name, e.to_string());
-                self.last_error = Some(e);
+        self.pending.push(c);
+        if self.wanted() == Some(0) {
+            self.flush();
+        }
+    }
+
+    /// Builds the queued candidates (at once, see [`parallel`]) and keeps, in order, the plans
+    /// that built within the filter's workspace.
+    fn flush(&mut self) {
+        let batch = std::mem::take(&mut self.pending);
+        let names: Vec<String> = batch.iter().map(|c| c.config.to_string()).collect();
+        for (name, built) in names.into_iter().zip(self.og.finish_all(self.cudnn, batch)) {
+            match built {
+                Ok(p) if p.workspace > self.filter.max_workspace => {
+                    let reason = format!(
+                        "needs {} workspace bytes, limit {}",
+                        p.workspace, self.filter.max_workspace
+                    );
+                    self.skip(name, reason);
+                }
+                Ok(p) => self.plans.push(p),
+                Err(e) => {
+                    self.skip(name, e.to_string());
+                    self.last_error = Some(e);
+                }
             }
         }
     }

@@ -187,6 +187,11 @@ pub struct WarmUp {
     /// search mode, a fused bias-activation call, a data type the replay does not cover, or a
     /// replay that failed).
     pub skipped: usize,
+    /// Graph plans rebuilt before the replays, at once on [`crate::graph::build_threads`]
+    /// threads.
+    pub built: usize,
+    /// Wall time of those builds (part of `elapsed`).
+    pub building: Duration,
     /// Wall time of the warm-up, the GPU work included.
     pub elapsed: Duration,
 }

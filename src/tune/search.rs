@@ -228,17 +228,34 @@ impl Autotuner {
         let Some(pick) = self.cache.get(&**key).and_then(|e| e.graph.clone()) else {
             return false;
         };
+        let rebuilt = build().and_then(|cg| {
+            let plan = cg.og.plan_from_config(cudnn, &pick.config);
+            Ok((cg.ids, plan?))
+        });
+        self.hold(key, op, conv, &pick.config, rebuilt)
+    }
+
+    /// Holds `rebuilt`, the plan of the graph decision under `key` rebuilt from its remembered
+    /// configuration `config`, when the current filter accepts it (the cache file is trusted for
+    /// the choice only) and its workspace is within the limit; otherwise drops the graph choice
+    /// from the decision. `false` when nothing is held.
+    pub(super) fn hold(
+        &mut self,
+        key: &Arc<Key>,
+        op: &'static str,
+        conv: &ConvDesc,
+        config: &Arc<EngineConfig>,
+        rebuilt: Result<(Ids, Plan)>,
+    ) -> bool {
         let deterministic = self.policy == Policy::Deterministic;
         let limit = self.limit;
-        let rebuilt = (|| -> Result<HeldPlan> {
-            let cg = build()?;
-            let plan = cg.og.plan_from_config(cudnn, &pick.config)?;
+        let rebuilt = rebuilt.and_then(|(ids, plan)| {
             let filter = gunion::filter(conv, deterministic, limit, &[], 1);
             if let Some(why) = filter.refuse(plan.numerical_notes(), plan.behavior_notes()) {
                 return Err(Error::invalid(
                     "remembered graph plan",
                     "a plan the policy's filter accepts",
-                    format!("{}: {why}", pick.config),
+                    format!("{config}: {why}"),
                 ));
             }
             if plan.workspace_size() > limit {
@@ -249,10 +266,10 @@ impl Autotuner {
             }
             Ok(HeldPlan {
                 plan,
-                ids: cg.ids,
-                config: pick.config.clone(),
+                ids,
+                config: config.clone(),
             })
-        })();
+        });
         match rebuilt {
             Ok(h) => {
                 self.stats.plan_builds += 1;

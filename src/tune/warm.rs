@@ -1,14 +1,17 @@
 //! [`Autotuner::warm_up`]: remembered decisions replayed at start-up, so that the first call of
 //! each problem builds no plan and loads no kernel.
+use std::sync::Arc;
 use std::time::Instant;
 
-use super::key::KeyProblem;
+use super::key::{Key, KeyProblem};
 use super::run::alloc;
 use super::{Autotuner, Policy, WarmUp};
-use crate::conv::ConvDirection;
+use crate::conv::{ConvDesc, ConvDirection};
 use crate::dtype::{DType, DataType, Scalar};
 use crate::error::{Error, Result};
+use crate::graph::plans_from_configs;
 use crate::handle::Cudnn;
+use crate::tune::union::{self as gunion, ConvGraph};
 
 impl Autotuner {
     /// Replays every remembered convolution decision of this GPU and cuDNN version that this
@@ -49,6 +52,9 @@ impl Autotuner {
             .map(|k| k.problem.clone())
             .collect();
         problems.sort();
+        let t = Instant::now();
+        done.built = self.prebuild(cudnn, &device, &problems);
+        done.building = t.elapsed();
         for p in problems {
             match self.replay(cudnn, &p) {
                 Ok(Some(graph)) => {
@@ -75,6 +81,78 @@ impl Autotuner {
             done.elapsed.as_secs_f64() * 1e3
         );
         Ok(done)
+    }
+
+    /// Rebuilds the plans of the graph decisions among `problems` (of `device`) that are not held
+    /// yet, finalized at once on [`crate::graph::build_threads`] threads, and holds those the
+    /// current filter accepts (as a call's rebuild would). Returns how many are held.
+    fn prebuild(&mut self, cudnn: &Cudnn, device: &Arc<str>, problems: &[Vec<i64>]) -> usize {
+        let mut jobs = Vec::new();
+        for problem in problems {
+            let key = Arc::new(Key::new(device.clone(), problem.clone()));
+            let Some(pick) = self.cache.get(&*key).and_then(|e| e.graph.clone()) else {
+                continue;
+            };
+            if self
+                .held
+                .get(&*key)
+                .is_some_and(|h| gunion::built_on(&h.plan, cudnn))
+            {
+                continue;
+            }
+            let Some(p) = KeyProblem::decode(problem) else {
+                continue;
+            };
+            let graph = match (p.a_t, p.b_t) {
+                (DType::F32, DType::F32) => self.graph_of::<f32>(cudnn, &p, problem),
+                (DType::F16, DType::F16) => self.graph_of::<half::f16>(cudnn, &p, problem),
+                (DType::BF16, DType::BF16) => self.graph_of::<half::bf16>(cudnn, &p, problem),
+                _ => None,
+            };
+            match graph {
+                Some(Ok((cg, conv))) => jobs.push((key, p.dir.name(), cg, conv, pick.config)),
+                Some(Err(e)) => log::info!("autotune warm-up: a graph was not rebuilt: {e}"),
+                None => {}
+            }
+        }
+        let plans = {
+            let refs: Vec<_> = jobs.iter().map(|j| (&j.2.og, &*j.4)).collect();
+            plans_from_configs(cudnn, &refs)
+        };
+        let mut held = 0;
+        for ((key, op, cg, conv, config), plan) in jobs.into_iter().zip(plans) {
+            let ids = cg.ids;
+            held += usize::from(self.hold(&key, op, &conv, &config, plan.map(|p| (ids, p))));
+        }
+        held
+    }
+
+    /// The graph the union search runs for the plain problem `p` (whose key is `key` under this
+    /// tuner), as its call builds it; `None` when the key is not this tuner's or the problem is
+    /// not a graph problem.
+    fn graph_of<T: DataType>(
+        &self,
+        cudnn: &Cudnn,
+        p: &KeyProblem,
+        key: &[i64],
+    ) -> Option<Result<(ConvGraph, ConvDesc)>> {
+        let descs = match p.descriptors::<T>() {
+            Ok(d) => d,
+            Err(e) => return Some(Err(e)),
+        };
+        if p.key(&descs, self.policy, self.limit, self.graph) != key {
+            return None;
+        }
+        let (conv, a_d, w_d, b_d) = descs;
+        if !gunion::eligible::<T, T>(a_d.dims(), &w_d, &conv, b_d.dims()) {
+            return None;
+        }
+        let cg = match p.dir {
+            ConvDirection::Forward => gunion::fprop_graph(cudnn, &a_d, &w_d, &conv, &b_d, None),
+            ConvDirection::BackwardData => gunion::dgrad_graph(cudnn, &w_d, &b_d, &conv, &a_d),
+            ConvDirection::BackwardFilter => gunion::wgrad_graph(cudnn, &a_d, &b_d, &conv, &w_d),
+        };
+        Some(cg.map(|cg| (cg, conv)))
     }
 
     /// One decision of [`Autotuner::warm_up`]: `Some(ran a graph plan)`, or `None` when the key

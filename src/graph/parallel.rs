@@ -1,0 +1,143 @@
+//! Plans finalized on several CPU threads at once.
+//!
+//! Finalizing an execution plan is where cuDNN spends a cold search's time: it compiles the
+//! kernel of a runtime-compiled engine, and looks up and prepares a precompiled one. The plans of
+//! one search (the candidates of [`OperationGraph::plans`](super::OperationGraph::plans)) and the
+//! plans rebuilt from remembered decisions ([`crate::Autotuner::warm_up`]) are independent, and
+//! cuDNN finalizes plans of one operation graph with one handle from several threads at once
+//! (its frontend's parallel plan build does exactly that), so this crate spreads them over
+//! [`build_threads`] threads.
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::CudaContext;
+use cudnn_safe_sys as sys;
+
+use crate::error::{Error, Result};
+use crate::handle::Cudnn;
+
+/// 0 until [`set_build_threads`] is called.
+static THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// The most threads a default of [`build_threads`] uses.
+pub const DEFAULT_MAX_BUILD_THREADS: usize = 8;
+
+/// Sets how many CPU threads finalize execution plans at once, process-wide (`1`: one after
+/// another, on the calling thread). `0` restores the default (see [`build_threads`]).
+///
+/// ```
+/// cudnn_safe::graph::set_build_threads(4);
+/// assert_eq!(cudnn_safe::graph::build_threads(), 4);
+/// cudnn_safe::graph::set_build_threads(0);
+/// assert!(cudnn_safe::graph::build_threads() >= 1);
+/// ```
+pub fn set_build_threads(n: usize) {
+    THREADS.store(n, Ordering::Relaxed);
+}
+
+/// How many CPU threads finalize execution plans at once: the value of [`set_build_threads`],
+/// else the environment variable `CUDNN_SAFE_BUILD_THREADS` (a positive integer), else the
+/// machine's available parallelism up to [`DEFAULT_MAX_BUILD_THREADS`].
+///
+/// Plans are built at once where a call needs several: the candidates of one search
+/// ([`OperationGraph::plans`](super::OperationGraph::plans), every tuner's search) and the
+/// remembered decisions [`crate::Autotuner::warm_up`] rebuilds. Results do not depend on it:
+/// the plans come back in the order they were proposed, as one thread would build them.
+pub fn build_threads() -> usize {
+    match THREADS.load(Ordering::Relaxed) {
+        0 => default_threads(),
+        n => n,
+    }
+}
+
+fn default_threads() -> usize {
+    let env = std::env::var("CUDNN_SAFE_BUILD_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0);
+    env.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(DEFAULT_MAX_BUILD_THREADS)
+    })
+}
+
+/// The raw handle, lent to the building threads.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedHandle(sys::cudnnHandle_t);
+
+// SAFETY: the building threads only set the handle as an execution plan's
+// CUDNN_ATTR_EXECUTION_PLAN_HANDLE and finalize that plan; cuDNN supports finalizing plans with one
+// handle from several threads at once (its frontend's parallel plan build shares one handle).
+// `run` borrows the `Cudnn` for the whole scope, so the handle outlives every thread, and no
+// execution or stream call is made with it meanwhile (the owner's thread is inside `run`).
+unsafe impl Send for SharedHandle {}
+// SAFETY: as above; the pointer is only read.
+unsafe impl Sync for SharedHandle {}
+
+impl SharedHandle {
+    pub(crate) fn of(cudnn: &Cudnn) -> SharedHandle {
+        SharedHandle(cudnn.as_raw())
+    }
+    pub(crate) fn raw(self) -> sys::cudnnHandle_t {
+        self.0
+    }
+}
+
+/// Runs `build(handle, job)` for every job, on up to `threads` threads (each with `cudnn`'s CUDA
+/// context current), and returns the results in the jobs' order. With one thread, or one job,
+/// everything runs on the calling thread. A job whose thread panicked reports an error instead
+/// (the panic does not cross into the caller).
+pub(crate) fn run<J, R, F>(cudnn: &Cudnn, jobs: Vec<J>, threads: usize, build: F) -> Vec<Result<R>>
+where
+    J: Send,
+    R: Send,
+    F: Fn(SharedHandle, J) -> Result<R> + Sync,
+{
+    let handle = SharedHandle::of(cudnn);
+    let workers = threads.min(jobs.len());
+    if workers <= 1 {
+        return jobs.into_iter().map(|j| build(handle, j)).collect();
+    }
+    let n = jobs.len();
+    let queue: Mutex<VecDeque<(usize, J)>> = Mutex::new(jobs.into_iter().enumerate().collect());
+    let done: Mutex<Vec<Option<Result<R>>>> = Mutex::new((0..n).map(|_| None).collect());
+    let ctx: &Arc<CudaContext> = cudnn.context();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let bound = ctx.bind_to_thread();
+                    loop {
+                        let next = queue.lock().map(|mut q| q.pop_front());
+                        let Ok(Some((i, job))) = next else { break };
+                        let r = match &bound {
+                            Ok(()) => build(handle, job),
+                            Err(e) => Err(Error::driver("binding the CUDA context", *e)),
+                        };
+                        if let Ok(mut d) = done.lock() {
+                            d[i] = Some(r);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            // A panicking job leaves its slot empty; it is reported below.
+            let _ = h.join();
+        }
+    });
+    let done = done.into_inner().unwrap_or_else(|p| p.into_inner());
+    done.into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                Err(Error::invalid(
+                    "plan build",
+                    "a build that returns",
+                    "its thread panicked",
+                ))
+            })
+        })
+        .collect()
+}
