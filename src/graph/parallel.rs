@@ -1,12 +1,14 @@
 //! Plans finalized on several CPU threads at once.
 //!
-//! Finalizing an execution plan is where cuDNN spends a cold search's time: it compiles the
-//! kernel of a runtime-compiled engine, and looks up and prepares a precompiled one. The plans of
-//! one search (the candidates of [`OperationGraph::plans`](super::OperationGraph::plans)) and the
-//! plans rebuilt from remembered decisions ([`crate::Autotuner::warm_up`]) are independent, and
-//! cuDNN finalizes plans of one operation graph with one handle from several threads at once
-//! (its frontend's parallel plan build does exactly that), so this crate spreads them over
-//! [`build_threads`] threads.
+//! Finalizing the plan of an engine that compiles its kernel at run time
+//! ([`BehaviorNote::RuntimeCompilation`](super::BehaviorNote::RuntimeCompilation)) takes tens to
+//! hundreds of milliseconds, most of it in the compiler. The plans of one search (the candidates
+//! of [`OperationGraph::plans`](super::OperationGraph::plans)) and the plans rebuilt from
+//! remembered decisions ([`crate::Autotuner::warm_up`]) are independent, and cuDNN finalizes
+//! plans of one operation graph with one handle from several threads at once (its frontend's
+//! parallel plan build does exactly that), so this crate spreads those plans over
+//! [`build_threads`] threads. Plans of precompiled engines finalize in milliseconds and are
+//! built one after another on the calling thread.
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,10 +42,11 @@ pub fn set_build_threads(n: usize) {
 /// else the environment variable `CUDNN_SAFE_BUILD_THREADS` (a positive integer), else the
 /// machine's available parallelism up to [`DEFAULT_MAX_BUILD_THREADS`].
 ///
-/// Plans are built at once where a call needs several: the candidates of one search
-/// ([`OperationGraph::plans`](super::OperationGraph::plans), every tuner's search) and the
-/// remembered decisions [`crate::Autotuner::warm_up`] rebuilds. Results do not depend on it:
-/// the plans come back in the order they were proposed, as one thread would build them.
+/// Plans of engines that compile at run time are built at once where a call needs several: the
+/// candidates of one search ([`OperationGraph::plans`](super::OperationGraph::plans), every
+/// tuner's search) and the remembered decisions [`crate::Autotuner::warm_up`] rebuilds. Results
+/// do not depend on it: the plans come back in the order they were proposed, as one thread
+/// would build them.
 pub fn build_threads() -> usize {
     match THREADS.load(Ordering::Relaxed) {
         0 => default_threads(),
@@ -85,11 +88,51 @@ impl SharedHandle {
     }
 }
 
-/// Runs `build(handle, job)` for every job, on up to `threads` threads (each with `cudnn`'s CUDA
-/// context current), and returns the results in the jobs' order. With one thread, or one job,
-/// everything runs on the calling thread. A job whose thread panicked reports an error instead
-/// (the panic does not cross into the caller).
-pub(crate) fn run<J, R, F>(cudnn: &Cudnn, jobs: Vec<J>, threads: usize, build: F) -> Vec<Result<R>>
+/// Runs `build(handle, job)` for every job and returns the results in the jobs' order: the jobs
+/// `spread` picks on up to `threads` threads (each with `cudnn`'s CUDA context current), after
+/// the others, which run one after another on the calling thread. With one thread, or one job
+/// to spread, everything runs on the calling thread. A job whose thread panicked reports an
+/// error instead (the panic does not cross into the caller).
+pub(crate) fn run<J, R, F>(
+    cudnn: &Cudnn,
+    jobs: Vec<J>,
+    threads: usize,
+    spread: impl Fn(&J) -> bool,
+    build: F,
+) -> Vec<Result<R>>
+where
+    J: Send,
+    R: Send,
+    F: Fn(SharedHandle, J) -> Result<R> + Sync,
+{
+    let handle = SharedHandle::of(cudnn);
+    let (mut out, mut spread_jobs) = (Vec::with_capacity(jobs.len()), Vec::new());
+    for (i, job) in jobs.into_iter().enumerate() {
+        if threads > 1 && spread(&job) {
+            spread_jobs.push((i, job));
+            out.push(None);
+        } else {
+            out.push(Some(build(handle, job)));
+        }
+    }
+    let (slots, spread_jobs): (Vec<usize>, Vec<J>) = spread_jobs.into_iter().unzip();
+    for (i, r) in slots
+        .into_iter()
+        .zip(on_threads(cudnn, spread_jobs, threads, &build))
+    {
+        out[i] = Some(r);
+    }
+    out.into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(panicked())))
+        .collect()
+}
+
+fn panicked() -> Error {
+    Error::invalid("plan build", "a build that returns", "its thread panicked")
+}
+
+/// `build` for every job on up to `threads` threads; the results in the jobs' order.
+fn on_threads<J, R, F>(cudnn: &Cudnn, jobs: Vec<J>, threads: usize, build: &F) -> Vec<Result<R>>
 where
     J: Send,
     R: Send,
@@ -130,14 +173,6 @@ where
     });
     let done = done.into_inner().unwrap_or_else(|p| p.into_inner());
     done.into_iter()
-        .map(|r| {
-            r.unwrap_or_else(|| {
-                Err(Error::invalid(
-                    "plan build",
-                    "a build that returns",
-                    "its thread panicked",
-                ))
-            })
-        })
+        .map(|r| r.unwrap_or_else(|| Err(panicked())))
         .collect()
 }

@@ -88,6 +88,12 @@ fn knob_ranges_of(lib: &'static Library, engine: &Desc) -> Result<Vec<KnobRange>
 }
 
 /// Describes a finalized engine configuration proposed by a heuristic.
+/// Whether the candidate's engine compiles its kernel at run time (its plan is then worth
+/// building on another thread, see [`parallel`]).
+fn compiles(c: &Candidate) -> bool {
+    c.behavior.contains(&BehaviorNote::RuntimeCompilation)
+}
+
 /// Finalizes the execution plan of candidate `c` of `graph` with `handle` (on any thread: see
 /// [`parallel`]).
 fn finalize(
@@ -345,7 +351,7 @@ impl OperationGraph {
     fn finish_all(&self, cudnn: &Cudnn, candidates: Vec<Candidate>) -> Vec<Result<Plan>> {
         let lib = cudnn.lib();
         let threads = parallel::build_threads();
-        parallel::run(cudnn, candidates, threads, |h, c| {
+        parallel::run(cudnn, candidates, threads, compiles, |h, c| {
             finalize(lib, h, self.inner.clone(), c)
         })
     }
@@ -525,9 +531,13 @@ pub(crate) fn plans_from_configs(
     }
     let lib = cudnn.lib();
     let threads = parallel::build_threads();
-    let built = parallel::run(cudnn, todo, threads, |h, (graph, c)| {
-        finalize(lib, h, graph, c)
-    });
+    let built = parallel::run(
+        cudnn,
+        todo,
+        threads,
+        |(_, c)| compiles(c),
+        |h, (graph, c)| finalize(lib, h, graph, c),
+    );
     for (i, plan) in slots.into_iter().zip(built) {
         out[i] = plan;
     }
