@@ -3,10 +3,11 @@
 //! with the direction's buffers.
 use super::{ConvBackwardData, ConvBackwardFilter, ConvForward, ConvOp};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
-use crate::dtype::DataType;
+use crate::dtype::{DataType, Scalar};
 use crate::error::Result;
 use crate::graph::{Args, Plan};
 use crate::handle::Cudnn;
+use crate::tensor::TensorDesc;
 use crate::tune::union::{self as gunion, ConvGraph, Ids};
 use crate::workspace::Workspace;
 
@@ -22,6 +23,33 @@ pub(crate) trait UnionGraph: ConvOp {
     const SWAP: bool = false;
     /// Runs a plan of [`graph`](Self::graph) writing `out`, with the direction's inputs in its
     /// launch order.
+    /// The output as a tensor descriptor (a filter's packed layout for backward filter), for
+    /// [`combine`](Self::combine).
+    fn out_tensor(&self) -> Result<TensorDesc<Self::Out>>;
+    /// `out = alpha·scratch + beta·out` (`cudnnAddTensor`), `scratch` holding a plain result of
+    /// the direction: how a call with other `alpha`/`beta` uses a graph plan, which only writes.
+    fn combine(
+        &self,
+        cudnn: &Cudnn,
+        (alpha, beta): (f64, f64),
+        scratch: &impl DeviceBuffer<Self::Out>,
+        out: &mut impl DeviceBufferMut<Self::Out>,
+    ) -> Result<()> {
+        let d = self.out_tensor()?;
+        let l = d.layout();
+        // A packed output is one contiguous run: added as `[len / a, a, 1, 1]`, which cuDNN's
+        // elementwise kernels spread over the whole GPU whatever the dims' order.
+        let d = match (0..=6)
+            .rev()
+            .map(|p| 1i64 << p)
+            .find(|a| l.element_count() as i64 % a == 0)
+        {
+            Some(a) if l.is_packed() => TensorDesc::nchw(l.element_count() as i64 / a, a, 1, 1)?,
+            _ => d,
+        };
+        let s = <Self::Out as DataType>::Scalar::from_f64;
+        cudnn.add_tensor(s(alpha), &d, scratch, s(beta), &d, out)
+    }
     fn exec(
         &self,
         cudnn: &Cudnn,
@@ -72,6 +100,9 @@ impl<X: DataType, Y: DataType<Scalar = X::Scalar>> UnionGraph for ConvForward<'_
     fn graph(&self, cudnn: &Cudnn) -> Result<ConvGraph> {
         gunion::fprop_graph(cudnn, self.x(), self.w(), self.conv(), self.y(), None)
     }
+    fn out_tensor(&self) -> Result<TensorDesc<Y>> {
+        TensorDesc::strided(self.y().dims(), self.y().layout().strides())
+    }
 }
 
 impl<T: DataType> UnionGraph for ConvBackwardData<'_, T> {
@@ -82,6 +113,9 @@ impl<T: DataType> UnionGraph for ConvBackwardData<'_, T> {
     fn graph(&self, cudnn: &Cudnn) -> Result<ConvGraph> {
         gunion::dgrad_graph(cudnn, self.w(), self.dy(), self.conv(), self.dx())
     }
+    fn out_tensor(&self) -> Result<TensorDesc<T>> {
+        TensorDesc::strided(self.dx().dims(), self.dx().layout().strides())
+    }
 }
 
 impl<T: DataType> UnionGraph for ConvBackwardFilter<'_, T> {
@@ -90,6 +124,9 @@ impl<T: DataType> UnionGraph for ConvBackwardFilter<'_, T> {
     }
     fn graph(&self, cudnn: &Cudnn) -> Result<ConvGraph> {
         gunion::wgrad_graph(cudnn, self.x(), self.dy(), self.conv(), self.dw())
+    }
+    fn out_tensor(&self) -> Result<TensorDesc<T>> {
+        TensorDesc::strided(self.dw().dims(), self.dw().layout().strides())
     }
 }
 

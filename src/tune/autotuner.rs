@@ -178,8 +178,12 @@ impl Autotuner {
     /// their size). A faster graph plan is
     /// remembered in the decision
     /// (and in the cache file as its engine configuration) and runs for every later call with
-    /// `alpha = 1, beta = 0` (the graph computes the plain result only; the fused call also
-    /// needs no `z`). Other calls, and problems the graph cannot express (f64, int8, mixed
+    /// `alpha = 1, beta = 0`; the graph computes the plain result only, so a forward, backward
+    /// data or backward filter call with other `alpha`/`beta` runs it into scratch memory and
+    /// adds the result into its output when the plan is at least
+    /// [`COMPOSED_MIN_SPEEDUP`](super::COMPOSED_MIN_SPEEDUP) times faster than the legacy
+    /// favourite (under [`GraphSearch::Prefer`], always), and a fused call needs `alpha1 = 1`
+    /// and no `z`. Other calls, and problems the graph cannot express (f64, int8, mixed
     /// input/output types, vectorized filters), use the legacy ranking. When no plan builds or
     /// runs, the legacy decision stands (logged). A problem no legacy algorithm can run within
     /// the limit stays [`Error::NoAlgorithm`](crate::Error::NoAlgorithm). [`Policy::Heuristic`] and [`Policy::Fixed`] are
@@ -457,8 +461,8 @@ impl Autotuner {
     }
 
     /// The graph engine configuration remembered for a forward problem under the current policy
-    /// and search mode, if a union search chose one (a later call with `alpha = 1, beta = 0`
-    /// runs it).
+    /// and search mode, if a union search chose one (later calls run it, see
+    /// [`Autotuner::with_graph_search`]).
     pub fn cached_forward_graph<X: DataType, Y: DataType>(
         &mut self,
         cudnn: &Cudnn,

@@ -76,7 +76,7 @@ pub(crate) use cache::{
     cudnn_device, device_name, entry_fields, entry_line, list, or_empty, Format,
 };
 pub use policy::{
-    Candidate, Choice, FixedAlgos, Policy, Source, Stats, WarmUp, DEFAULT_FINALISTS,
-    DEFAULT_FINAL_SOLO_MS, DEFAULT_GRAPH_PLANS, DEFAULT_REFINE_KNOBS,
+    Candidate, Choice, FixedAlgos, Policy, Source, Stats, WarmUp, COMPOSED_MIN_SPEEDUP,
+    DEFAULT_FINALISTS, DEFAULT_FINAL_SOLO_MS, DEFAULT_GRAPH_PLANS, DEFAULT_REFINE_KNOBS,
 };
 pub use union::{ConvApi, GraphSearch};

@@ -23,6 +23,13 @@ pub const DEFAULT_GRAPH_PLANS: usize = 24;
 /// default. See [`Autotuner::with_refine_knobs`](super::Autotuner::with_refine_knobs).
 pub const DEFAULT_REFINE_KNOBS: usize = 2;
 
+/// How many times faster than the legacy favourite (both timed as plain calls) a decision's
+/// graph plan must be for a call with `alpha ≠ 1` or `beta ≠ 0` to run it: the plan writes into
+/// scratch memory and `cudnnAddTensor` then computes `alpha·scratch + beta·out`, an extra pass
+/// over the output that the legacy call, which accumulates itself, does not make. Below this
+/// margin such calls run the legacy favourite.
+pub const COMPOSED_MIN_SPEEDUP: f32 = 1.5;
+
 /// How an [`Autotuner`](super::Autotuner) picks a convolution algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Policy {
@@ -122,7 +129,7 @@ impl Source {
 pub struct Choice<A> {
     /// The legacy algorithm that ran; when a graph engine ran instead ([`Choice::api`] is
     /// [`ConvApi::Graph`]), the legacy algorithm ranked first for the problem (the one that runs
-    /// whenever the graph path does not apply, e.g. with `beta ≠ 0`).
+    /// whenever the graph path does not apply, e.g. a fused call with a residual `z`).
     pub algo: A,
     /// Where the ranking came from.
     pub source: Source,

@@ -3,14 +3,17 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::CudaView;
+use cudarc::driver::{CudaSlice, CudaView};
 
 use super::autotuner::Prepared;
 use super::cache::{encode, Entry};
 use super::key::{call_key, dtype_code, Key};
 use super::search::{scratch, trial, Trial};
-use super::union as gunion;
-use super::{Autotuner, Candidate, Choice, ConvApi, FixedAlgos, Policy, Source};
+use super::union::{self as gunion, ConvGraph, Ids};
+use super::{
+    Autotuner, Candidate, Choice, ConvApi, FixedAlgos, GraphSearch, Policy, Source,
+    COMPOSED_MIN_SPEEDUP,
+};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::conv::graph::{exec_graph, UnionGraph};
 use crate::conv::{
@@ -20,7 +23,7 @@ use crate::conv::{
 };
 use crate::dtype::{DataType, Scalar};
 use crate::error::{Error, Result};
-use crate::graph::EngineConfig;
+use crate::graph::{EngineConfig, Plan};
 use crate::handle::Cudnn;
 use crate::tensor::{FilterDesc, TensorDesc};
 use crate::workspace::Workspace;
@@ -259,10 +262,66 @@ impl Autotuner {
             if let Some(config) = ran {
                 return Ok(self.graph_choice(best.algo, d.source, config));
             }
+            if !plain {
+                let legacy_ms = best.time_ms;
+                let len = op.out_len();
+                let ran = self.composed(
+                    cudnn,
+                    &d,
+                    legacy_ms,
+                    name,
+                    conv,
+                    &build,
+                    len,
+                    |plan, ids, ws, s| op.exec(cudnn, plan, ids, ws, inputs, s),
+                )?;
+                if let Some((config, s)) = ran {
+                    op.combine(cudnn, (alpha.to_f64(), beta.to_f64()), &s, out)?;
+                    return Ok(self.graph_choice(best.algo, d.source, config));
+                }
+            }
         }
         self.run(cudnn, d, |algo, ws| {
             op.launch(cudnn, algo, (alpha, beta), inputs, ws, out)
         })
+    }
+
+    /// A call with `alpha ≠ 1` or `beta ≠ 0` whose decision holds a graph plan at least
+    /// [`COMPOSED_MIN_SPEEDUP`] times faster than its legacy favourite (`legacy_ms`), or any
+    /// graph plan under [`GraphSearch::Prefer`]: the plan
+    /// writes a plain result into scratch memory (`exec`), which the caller then combines with
+    /// the output. `None` when there is no such plan, the scratch cannot be allocated, or the
+    /// plan does not run (the legacy call runs instead).
+    #[allow(clippy::too_many_arguments)] // the parts of one call
+    fn composed<T: DataType>(
+        &mut self,
+        cudnn: &Cudnn,
+        d: &Decided,
+        legacy_ms: f32,
+        op: &'static str,
+        conv: &ConvDesc,
+        build: &dyn Fn() -> Result<ConvGraph>,
+        len: usize,
+        exec: impl FnOnce(&Plan, Ids, &mut Workspace, &mut CudaSlice<T>) -> Result<()>,
+    ) -> Result<Option<(Arc<EngineConfig>, CudaSlice<T>)>> {
+        let Some(key) = &d.key else {
+            return Ok(None);
+        };
+        let Some(pick) = self.cache.get(&**key).and_then(|e| e.graph.clone()) else {
+            return Ok(None);
+        };
+        let faster = pick.ms > 0.0 && pick.ms * COMPOSED_MIN_SPEEDUP <= legacy_ms;
+        if !(faster || self.graph == GraphSearch::Prefer) {
+            return Ok(None);
+        }
+        let Some(mut s) = scratch::<T>(cudnn, len) else {
+            return Ok(None);
+        };
+        if !self.ensure_held(cudnn, key, op, conv, build) {
+            return Ok(None);
+        }
+        let ran = self.exec_held(cudnn, key, op, |plan, ids, ws| exec(plan, ids, ws, &mut s))?;
+        Ok(ran.map(|config| (config, s)))
     }
 
     /// `y = alpha·conv(x, w) + beta·y` with the algorithm the policy picks (see
@@ -271,10 +330,13 @@ impl Autotuner {
     ///
     /// Under [`Policy::Benchmark`] and [`Policy::Deterministic`] the graph engines are searched
     /// too ([`Autotuner::with_graph_search`]); [`Choice::api`] says which API ran. A graph plan runs
-    /// only for `alpha = 1, beta = 0`, after the same checks as the legacy call (buffer spans,
-    /// data types, contexts, output layout not overlapping itself, workspace within the limit)
-    /// and the graph's 16-byte alignment of every buffer (a misaligned view runs the legacy
-    /// call).
+    /// after the same checks as the legacy call (buffer spans, data types, contexts, output
+    /// layout not overlapping itself, workspace within the limit) and the graph's 16-byte
+    /// alignment of every buffer (a misaligned view runs the legacy call). The plan computes the
+    /// plain result: a call with `alpha ≠ 1` or `beta ≠ 0` runs it into scratch memory and adds
+    /// `alpha·scratch + beta·y` into `y` (`cudnnAddTensor`) when the plan is at least
+    /// [`COMPOSED_MIN_SPEEDUP`](super::COMPOSED_MIN_SPEEDUP) times faster than the legacy
+    /// favourite (any plan under [`GraphSearch::Prefer`]), else runs the legacy favourite.
     #[allow(clippy::too_many_arguments)] // mirrors the C call
     pub fn forward<X: DataType, Y: DataType<Scalar = X::Scalar>>(
         &mut self,
@@ -507,7 +569,7 @@ impl Autotuner {
     /// [`Cudnn::conv_backward_data`]). With `beta ≠ 0` a benchmark runs on scratch memory.
     ///
     /// Under the benchmark policies the graph engines (`conv_dgrad`) are searched too, as for
-    /// [`forward`](Self::forward); a graph plan runs only for `alpha = 1, beta = 0`.
+    /// [`forward`](Self::forward), `alpha ≠ 1` and `beta ≠ 0` included.
     #[allow(clippy::too_many_arguments)] // mirrors the C call
     pub fn backward_data<T: DataType>(
         &mut self,
@@ -623,7 +685,7 @@ impl Autotuner {
     /// runs on scratch memory, so the accumulated gradient is preserved.
     ///
     /// Under the benchmark policies the graph engines (`conv_wgrad`) are searched too, as for
-    /// [`forward`](Self::forward); a graph plan runs only for `alpha = 1, beta = 0`.
+    /// [`forward`](Self::forward), `alpha ≠ 1` and `beta ≠ 0` included.
     #[allow(clippy::too_many_arguments)] // mirrors the C call
     pub fn backward_filter<T: DataType>(
         &mut self,
