@@ -102,6 +102,7 @@
 //! | `CUDNN_SAFE_LIBRARY` | unset: `libcudnn.so.9`, then `libcudnn.so`, through the dynamic loader | The cuDNN library file, or the directory holding it. When set, only that location is searched, and its directory's sub-libraries are opened before any others. Read once, at the first use of cuDNN ([`sys::loader::LIBRARY_ENV`]). |
 //! | `CUDNN_SAFE_AUTOTUNE_CACHE` | unset: decisions kept in memory | File from which [`Autotuner::new`] reads convolution decisions and to which it writes new ones ([`Autotuner::cache_file`] names another, [`Autotuner::without_cache_file`] none; [`tune::CACHE_ENV`]). |
 //! | `CUDNN_SAFE_LT_AUTOTUNE_CACHE` | unset: decisions kept in memory | The same for [`blas::BlasLt::new`]'s cuBLASLt decisions ([`blas::lt::CACHE_ENV`]). |
+//! | `CUDNN_SAFE_BUILD_THREADS` | unset: the machine's parallelism, at most [`graph::DEFAULT_MAX_BUILD_THREADS`] | Threads that finalize the plans of engines compiling at run time at once ([`graph::build_threads`]; [`graph::set_build_threads`] overrides it). Read when plans are built. |
 //! | `CUDNN_SAFE_LIB_DIR` | unset: the linker's own search path | Build time, with the `link` feature only: the directory holding `libcudnn.so` for `-lcudnn`. |
 //!
 //! The test suites read four more:

@@ -16,8 +16,10 @@ use crate::tune::union::{self as gunion, ConvGraph};
 impl Autotuner {
     /// Replays every remembered convolution decision of this GPU and cuDNN version that this
     /// tuner's policy, workspace limit and search mode would look up (typically those read from
-    /// the cache file), once, on scratch buffers of the problem's size: each graph decision's
-    /// plan is rebuilt and held, and the kernels of every decision are loaded. Call it at
+    /// the cache file), once, on scratch buffers of the problem's size: the graph decisions'
+    /// plans are rebuilt first, all together (those of engines that compile at run time on
+    /// [`crate::graph::build_threads`] threads), and held; then every decision runs once, which
+    /// loads its kernels. Call it at
     /// start-up, after [`crate::graph::preload`]: the first real call of each problem then builds
     /// nothing and loads nothing. Without it, the first execution of a cached plan in a new
     /// process pays for CUDA's lazy loading of its kernel; after the warm-up it costs what the
