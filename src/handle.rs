@@ -18,12 +18,25 @@ use crate::tensor::Layout;
 /// cudarc's `CudaContext::new` panics when `libcuda.so` is missing; this checks for the driver
 /// library first and returns [`Error::NoDriver`] instead.
 pub fn cuda_context(ordinal: usize) -> Result<Arc<CudaContext>> {
-    // SAFETY: `is_culib_present` only tries to dlopen the driver library by its usual names and
-    // closes it again; the NVIDIA driver library's initialisers are sound to run.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+    if !driver_present() {
         return Err(Error::NoDriver);
     }
     CudaContext::new(ordinal).map_err(|e| Error::driver("opening the CUDA device", e))
+}
+
+/// Whether cudarc can reach the CUDA driver library.
+#[cfg(not(feature = "cudarc-dynamic-linking"))]
+pub(crate) fn driver_present() -> bool {
+    // SAFETY: `is_culib_present` only tries to dlopen the driver library by its usual names and
+    // closes it again; the NVIDIA driver library's initialisers are sound to run.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Whether cudarc can reach the CUDA driver library: always, when it is linked (a process
+/// without it does not start).
+#[cfg(feature = "cudarc-dynamic-linking")]
+pub(crate) fn driver_present() -> bool {
+    true
 }
 
 /// A cuDNN library handle (`cudnnHandle_t`) bound to one CUDA stream.

@@ -83,6 +83,12 @@
 //! `features = ["cuda-version-from-cudarc"]` (with `default-features = false`) to leave the
 //! choice to it. No version, or two, stops the build with one error that says this.
 //!
+//! cudarc loads the CUDA libraries (driver, cuBLAS, cuBLASLt, NVRTC) at run time unless another
+//! crate of the build asks it to link them, as candle-core's `cuda` feature does. Such a build
+//! must enable this crate's `cudarc-dynamic-linking` feature (which asks cudarc for the same):
+//! without it, it fails to compile. The CUDA libraries must then be where the linker finds them;
+//! cuDNN is still loaded at run time.
+//!
 //! ## Logging
 //!
 //! The crate logs through the `log` crate (autotune decisions, fallbacks,

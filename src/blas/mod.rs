@@ -42,23 +42,24 @@ use crate::error::{Error, Result};
 
 /// Checks that cuBLAS can be loaded, before any cudarc cuBLAS call (cudarc panics otherwise).
 pub(crate) fn require_cublas() -> Result<()> {
+    #[cfg(not(feature = "cudarc-dynamic-linking"))]
     // SAFETY: only tries to dlopen the library by its usual names and closes it again; the CUDA
     // library's initialisers are sound to run.
-    present(
-        unsafe { cudarc::cublas::sys::is_culib_present() },
-        "cuBLAS",
-        "libcublas",
-    )
+    let found = unsafe { cudarc::cublas::sys::is_culib_present() };
+    // Linked: a process without it does not start.
+    #[cfg(feature = "cudarc-dynamic-linking")]
+    let found = true;
+    present(found, "cuBLAS", "libcublas")
 }
 
 /// Checks that cuBLASLt can be loaded, before any cudarc cuBLASLt call.
 pub(crate) fn require_cublaslt() -> Result<()> {
+    #[cfg(not(feature = "cudarc-dynamic-linking"))]
     // SAFETY: as in `require_cublas`.
-    present(
-        unsafe { cudarc::cublaslt::sys::is_culib_present() },
-        "cuBLASLt",
-        "libcublasLt",
-    )
+    let found = unsafe { cudarc::cublaslt::sys::is_culib_present() };
+    #[cfg(feature = "cudarc-dynamic-linking")]
+    let found = true;
+    present(found, "cuBLASLt", "libcublasLt")
 }
 
 fn present(found: bool, library: &'static str, searched: &'static str) -> Result<()> {

@@ -139,25 +139,50 @@ where
     F: Fn(SharedHandle, J) -> Result<R> + Sync,
 {
     let handle = SharedHandle::of(cudnn);
+    let ctx: &Arc<CudaContext> = cudnn.context();
+    let bind = || {
+        ctx.bind_to_thread()
+            .map_err(|e| Error::driver("binding the CUDA context", e))
+    };
+    spread(jobs, threads, bind, |j| build(handle, j))
+}
+
+/// `build` for every job, on up to `threads` threads that each run `init` first (a job of a
+/// thread whose `init` failed gets that error); the results in the jobs' order. With one worker
+/// everything runs on the calling thread, without `init`. A job that panics, or that its
+/// thread's panic left unbuilt, reports an error.
+fn spread<J, R>(
+    jobs: Vec<J>,
+    threads: usize,
+    init: impl Fn() -> Result<()> + Sync,
+    build: impl Fn(J) -> Result<R> + Sync,
+) -> Vec<Result<R>>
+where
+    J: Send,
+    R: Send,
+{
     let workers = threads.min(jobs.len());
     if workers <= 1 {
-        return jobs.into_iter().map(|j| build(handle, j)).collect();
+        return jobs.into_iter().map(build).collect();
     }
     let n = jobs.len();
     let queue: Mutex<VecDeque<(usize, J)>> = Mutex::new(jobs.into_iter().enumerate().collect());
     let done: Mutex<Vec<Option<Result<R>>>> = Mutex::new((0..n).map(|_| None).collect());
-    let ctx: &Arc<CudaContext> = cudnn.context();
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
                 s.spawn(|| {
-                    let bound = ctx.bind_to_thread();
+                    let ready = init();
                     loop {
                         let next = queue.lock().map(|mut q| q.pop_front());
                         let Ok(Some((i, job))) = next else { break };
-                        let r = match &bound {
-                            Ok(()) => build(handle, job),
-                            Err(e) => Err(Error::driver("binding the CUDA context", *e)),
+                        let r = match &ready {
+                            Ok(()) => build(job),
+                            Err(e) => Err(Error::invalid(
+                                "plan build thread",
+                                "a thread ready to build",
+                                e,
+                            )),
                         };
                         if let Ok(mut d) = done.lock() {
                             d[i] = Some(r);
@@ -175,4 +200,87 @@ where
     done.into_iter()
         .map(|r| r.unwrap_or_else(|| Err(panicked())))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    #[test]
+    fn spread_keeps_the_jobs_order_on_many_threads() {
+        let jobs: Vec<u64> = (0..64).collect();
+        // Later jobs finish first: the order comes from the slots, not from completion.
+        let out = spread(
+            jobs,
+            8,
+            || Ok(()),
+            |j| {
+                std::thread::sleep(Duration::from_micros(200 * (64 - j)));
+                Ok(j * 3)
+            },
+        );
+        let got: Vec<u64> = out.into_iter().map(|r| r.unwrap()).collect();
+        assert_eq!(got, (0..64).map(|j| j * 3).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn spread_with_one_worker_runs_on_the_calling_thread() {
+        let me = std::thread::current().id();
+        let out = spread(
+            vec![1, 2, 3],
+            1,
+            || panic!("init is not run"),
+            |j| {
+                assert_eq!(std::thread::current().id(), me);
+                Ok(j)
+            },
+        );
+        assert_eq!(
+            out.into_iter().map(|r| r.unwrap()).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+    }
+
+    #[test]
+    fn spread_reports_panics_and_failed_init_as_errors() {
+        let calls = AtomicUsize::new(0);
+        let out = spread(
+            (0..16).collect::<Vec<u32>>(),
+            4,
+            || Ok(()),
+            |j| {
+                calls.fetch_add(1, Ordering::Relaxed);
+                if j == 5 {
+                    panic!("job 5 panics");
+                }
+                Ok(j)
+            },
+        );
+        assert_eq!(out.len(), 16);
+        assert!(out[5].is_err());
+        for (j, r) in out.iter().enumerate().filter(|(j, _)| *j != 5) {
+            // Every other job ran on a surviving thread.
+            assert_eq!(*r.as_ref().unwrap(), j as u32);
+        }
+        assert_eq!(calls.load(Ordering::Relaxed), 16);
+        let inits = AtomicUsize::new(0);
+        let out = spread(
+            vec![0u8; 6],
+            3,
+            || match inits.fetch_add(1, Ordering::Relaxed) {
+                0 => Err(Error::invalid("init", "ready", "not ready")),
+                _ => Ok(()),
+            },
+            Ok,
+        );
+        // The jobs of the thread that is not ready fail, naming why; the others run.
+        let failed: Vec<_> = out.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert!(
+            failed.iter().all(|e| e.to_string().contains("not ready")),
+            "{failed:?}"
+        );
+        assert_eq!(out.iter().filter(|r| r.is_ok()).count() + failed.len(), 6);
+    }
 }
