@@ -366,4 +366,5 @@ fn main() {
     fused_bias_gelu(&mut c, &args, &stream, &mut lts);
     gemms(&mut c, &args, &stream, &mut lts);
     c.final_summary();
+    common::print_libraries();
 }

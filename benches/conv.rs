@@ -749,4 +749,5 @@ fn main() {
     }
     forward_policy(&mut c, &args, &cudnn, fwd);
     c.final_summary();
+    common::print_libraries();
 }

@@ -158,4 +158,5 @@ fn main() {
     wrapper_vs_raw(&mut c, &stream, &cudnn);
     throughput(&mut c, &stream, &cudnn);
     c.final_summary();
+    common::print_libraries();
 }

@@ -415,9 +415,29 @@ pub fn print_summary(summary: &[Summary], op_width: usize) {
     }
 }
 
-/// Ends a bench: an error from its run is printed as `<bench> bench: <e>` and exits with
-/// status 1, so that a script running the benches notices.
+/// The JSON line naming the cuDNN and cuBLAS library files this process has mapped (from
+/// `/proc/self/maps`; an empty list elsewhere), printed as a bench ends, when every library it
+/// used is loaded: a comparison with PyTorch's `timing.py` footer then shows both sides' files.
+pub fn print_libraries() {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut files: Vec<&str> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|f| {
+            let name = f.rsplit('/').next().unwrap_or(f);
+            name.starts_with("libcudnn") || name.starts_with("libcublas")
+        })
+        .collect();
+    files.sort_unstable();
+    files.dedup();
+    println!("{{\"libraries\": {files:?}, \"impl\": \"cudnn-safe\"}}");
+}
+
+/// Ends a bench: names the library files it ran ([`print_libraries`]); an error from its run is
+/// printed as `<bench> bench: <e>` and exits with status 1, so that a script running the
+/// benches notices.
 pub fn exit_on_error(bench: &str, outcome: BoxResult<()>) {
+    print_libraries();
     if let Err(e) = outcome {
         eprintln!("{bench} bench: {e}");
         std::process::exit(1);

@@ -7,11 +7,38 @@ sizes batches of about 25 ms (3 to 500 calls), such batches run untimed for `BEN
 500 ms) of wall clock, then the median of 5. Use it where a line is compared with a Rust bench line:
 on an H200 a long compute-bound kernel runs up to 17 % faster in the first ~0.2 s of load than once
 the clocks have settled, so both sides must time the same state.
+
+Importing it also registers a footer: at exit the script prints one JSON line naming the cuDNN and
+cuBLAS library files the process mapped (`{"libraries": [...], "impl": "pytorch"}`), as the Rust
+benches do when they end, so a comparison shows which files each side ran.
 """
+import atexit
+import json
 import os
 import time
 
 import torch
+
+
+def library_files():
+    """The cuDNN and cuBLAS files this process has mapped (from /proc/self/maps; [] elsewhere)."""
+    files = set()
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                parts = line.split()
+                if len(parts) >= 6:
+                    name = os.path.basename(parts[5])
+                    if name.startswith(("libcudnn", "libcublas")):
+                        files.add(parts[5])
+    except OSError:
+        pass
+    return sorted(files)
+
+
+@atexit.register
+def _print_libraries():
+    print(json.dumps({"libraries": library_files(), "impl": "pytorch"}), flush=True)
 
 
 def _per_call_ms(fn, calls):
