@@ -149,8 +149,8 @@ where
 
 /// `build` for every job, on up to `threads` threads that each run `init` first (a job of a
 /// thread whose `init` failed gets that error); the results in the jobs' order. With one worker
-/// everything runs on the calling thread, without `init`. A job that panics, or that its
-/// thread's panic left unbuilt, reports an error.
+/// everything runs on the calling thread, without `init`; so do the jobs left when no thread
+/// could be started or every worker panicked. A job that panics reports an error.
 fn spread<J, R>(
     jobs: Vec<J>,
     threads: usize,
@@ -168,34 +168,44 @@ where
     let n = jobs.len();
     let queue: Mutex<VecDeque<(usize, J)>> = Mutex::new(jobs.into_iter().enumerate().collect());
     let done: Mutex<Vec<Option<Result<R>>>> = Mutex::new((0..n).map(|_| None).collect());
+    let work = || {
+        let ready = init();
+        loop {
+            let next = queue.lock().map(|mut q| q.pop_front());
+            let Ok(Some((i, job))) = next else { break };
+            let r = match &ready {
+                Ok(()) => build(job),
+                Err(e) => Err(Error::invalid(
+                    "plan build thread",
+                    "a thread ready to build",
+                    e,
+                )),
+            };
+            if let Ok(mut d) = done.lock() {
+                d[i] = Some(r);
+            }
+        }
+    };
     std::thread::scope(|s| {
+        // A thread the system refuses to start is one worker fewer (the calling thread takes
+        // what is left below).
         let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                s.spawn(|| {
-                    let ready = init();
-                    loop {
-                        let next = queue.lock().map(|mut q| q.pop_front());
-                        let Ok(Some((i, job))) = next else { break };
-                        let r = match &ready {
-                            Ok(()) => build(job),
-                            Err(e) => Err(Error::invalid(
-                                "plan build thread",
-                                "a thread ready to build",
-                                e,
-                            )),
-                        };
-                        if let Ok(mut d) = done.lock() {
-                            d[i] = Some(r);
-                        }
-                    }
-                })
-            })
+            .filter_map(|_| std::thread::Builder::new().spawn_scoped(s, work).ok())
             .collect();
         for h in handles {
             // A panicking job leaves its slot empty; it is reported below.
             let _ = h.join();
         }
     });
+    // Jobs no worker took (none could start, or the last ones panicked): on this thread.
+    while let Ok(Some((i, job))) = queue.lock().map(|mut q| q.pop_front()) {
+        // As on a worker, a panicking job is reported, not propagated.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| build(job)))
+            .unwrap_or_else(|_| Err(panicked()));
+        if let Ok(mut d) = done.lock() {
+            d[i] = Some(r);
+        }
+    }
     let done = done.into_inner().unwrap_or_else(|p| p.into_inner());
     done.into_iter()
         .map(|r| r.unwrap_or_else(|| Err(panicked())))
@@ -265,6 +275,14 @@ mod tests {
             assert_eq!(*r.as_ref().unwrap(), j as u32);
         }
         assert_eq!(calls.load(Ordering::Relaxed), 16);
+        // Every job panicking: each is an error, none reaches the caller.
+        let out = spread(
+            (0..9).collect::<Vec<u8>>(),
+            3,
+            || Ok(()),
+            |j| -> Result<u8> { panic!("job {j} panics") },
+        );
+        assert!(out.iter().all(|r| r.is_err()), "{out:?}");
         let inits = AtomicUsize::new(0);
         let out = spread(
             vec![0u8; 6],
