@@ -26,6 +26,12 @@ pub(crate) trait UnionGraph: ConvOp {
     /// The output as a tensor descriptor (a filter's packed layout for backward filter), for
     /// [`combine`](Self::combine).
     fn out_tensor(&self) -> Result<TensorDesc<Self::Out>>;
+    /// Whether [`combine`](Self::combine) can take this output: packed (added as one contiguous
+    /// run), or strided with 4 or 5 dimensions (what `cudnnAddTensor` takes).
+    fn can_combine(&self) -> bool {
+        self.out_tensor()
+            .is_ok_and(|d| d.layout().is_packed() || (4..=5).contains(&d.layout().rank()))
+    }
     /// `out = alpha·scratch + beta·out` (`cudnnAddTensor`), `scratch` holding a plain result of
     /// the direction: how a call with other `alpha`/`beta` uses a graph plan, which only writes.
     fn combine(

@@ -262,7 +262,7 @@ impl Autotuner {
             if let Some(config) = ran {
                 return Ok(self.graph_choice(best.algo, d.source, config));
             }
-            if !plain {
+            if !plain && op.can_combine() {
                 let legacy_ms = best.time_ms;
                 let len = op.out_len();
                 let ran = self.composed(
@@ -334,7 +334,8 @@ impl Autotuner {
     /// layout not overlapping itself, workspace within the limit) and the graph's 16-byte
     /// alignment of every buffer (a misaligned view runs the legacy call). The plan computes the
     /// plain result: a call with `alpha ≠ 1` or `beta ≠ 0` runs it into scratch memory and adds
-    /// `alpha·scratch + beta·y` into `y` (`cudnnAddTensor`) when the plan is at least
+    /// `alpha·scratch + beta·y` into `y` (`cudnnAddTensor`; `y` packed, or strided with 4 or 5
+    /// dimensions) when the plan is at least
     /// [`COMPOSED_MIN_SPEEDUP`](super::COMPOSED_MIN_SPEEDUP) times faster than the legacy
     /// favourite (any plan under [`GraphSearch::Prefer`]), else runs the legacy favourite.
     #[allow(clippy::too_many_arguments)] // mirrors the C call
