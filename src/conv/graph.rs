@@ -21,8 +21,6 @@ pub(crate) trait UnionGraph: ConvOp {
     /// Whether the graph binds the launch's inputs in the other order (backward data: the
     /// launch takes `(w, dy)`, the graph's first tensor is `dy`).
     const SWAP: bool = false;
-    /// Runs a plan of [`graph`](Self::graph) writing `out`, with the direction's inputs in its
-    /// launch order.
     /// The output as a tensor descriptor (a filter's packed layout for backward filter), for
     /// [`combine`](Self::combine).
     fn out_tensor(&self) -> Result<TensorDesc<Self::Out>>;
@@ -56,6 +54,8 @@ pub(crate) trait UnionGraph: ConvOp {
         let s = <Self::Out as DataType>::Scalar::from_f64;
         cudnn.add_tensor(s(alpha), &d, scratch, s(beta), &d, out)
     }
+    /// Runs a plan of [`graph`](Self::graph) writing `out`, with the direction's inputs in its
+    /// launch order.
     fn exec(
         &self,
         cudnn: &Cudnn,

@@ -288,10 +288,10 @@ impl Autotuner {
 
     /// A call with `alpha ≠ 1` or `beta ≠ 0` whose decision holds a graph plan at least
     /// [`COMPOSED_MIN_SPEEDUP`] times faster than its legacy favourite (`legacy_ms`), or any
-    /// graph plan under [`GraphSearch::Prefer`]: the plan
-    /// writes a plain result into scratch memory (`exec`), which the caller then combines with
-    /// the output. `None` when there is no such plan, the scratch cannot be allocated, or the
-    /// plan does not run (the legacy call runs instead).
+    /// graph plan under [`GraphSearch::Prefer`]: the plan writes a plain result into scratch
+    /// memory (`exec`), which the caller then combines with the output. `None` when there is no
+    /// such plan, the scratch cannot be allocated, or the plan does not run (the legacy call runs
+    /// instead).
     #[allow(clippy::too_many_arguments)] // the parts of one call
     fn composed<T: DataType>(
         &mut self,
