@@ -10,11 +10,13 @@
 //! * `fwd-<method>`, `train-<method>`, `bwd-<method>`: the library's plain forward, training
 //!   forward (returning the saved values) and backward, for each formulation:
 //!   `reductions` ([`NormMethod::reductions`], op-tensor affine map and reductions for `dγ`,
-//!   `dβ`: the reference), `default` (what [`LayerNorm::new`] / [`GroupNorm::new`] build:
-//!   [`NormMethod::default_for_layer`] — batch-norm affine map on the channels-last feature
-//!   view, two-stage reductions for the gradients — and [`NormMethod::default_for_group`] —
-//!   batch-norm affine map and gradients on the channels-first view, the former
-//!   `fewest_passes_nchw`), the default with its other gradient formulation
+//!   `dβ`: the reference), `default` (what [`LayerNorm::new`] / [`GroupNorm::new`] build: for
+//!   the layer norm the fused graph path of [`LayerNormPath::Auto`](cudnn_safe::norm::LayerNormPath::Auto),
+//!   for the group norm [`NormMethod::default_for_group`] — batch-norm affine map and
+//!   gradients on the channels-first view, the former `fewest_passes_nchw`), `bn_default`
+//!   (the layer norm's batch-norm formulation by default, [`NormMethod::default_for_layer`]:
+//!   batch-norm affine map on the channels-last feature view, two-stage reductions for the
+//!   gradients, the `default` before the fused path), the default with its other gradient formulation
 //!   (`default_grads_bn` for the layer norm: batch-norm gradients, its former default, once
 //!   `fewest_passes_nhwc`; `default_grads_2stage` for the group norm), and alternatives moved
 //!   from `reductions` (`stats_row`, `stats_square`, `stats_persistent`: the [`NormStats`]
@@ -282,6 +284,12 @@ impl Problem {
             ("reductions", Some(d), false),
             ("default", None, false),
             (other_default.0, Some(other_default.1), true),
+        ];
+        if self.layer {
+            // The layer norm's default is the fused graph path; this is its batch-norm default.
+            v.push(("bn_default", Some(NormMethod::default_for_layer()), false));
+        }
+        v.extend([
             (
                 "stats_row",
                 Some(d.with_stats(NormStats::SpatialRow)),
@@ -312,7 +320,7 @@ impl Problem {
                 Some(d.with_param_grads(NormParamGrads::TwoStageReduce)),
                 true,
             ),
-        ];
+        ]);
         if self.s == 1 {
             v.push((
                 "affine_bn_nhwc",
@@ -533,7 +541,7 @@ fn kinds(name: &str, bwd_only: bool) -> &'static [&'static str] {
         &["bwd", "train_bwd"]
     } else if bwd_only {
         &["bwd"]
-    } else if name == "default" || name == "reductions" {
+    } else if matches!(name, "default" | "reductions" | "bn_default") {
         &["fwd", "train", "bwd", "train_bwd"]
     } else {
         &["fwd", "train", "bwd"]
@@ -549,7 +557,10 @@ fn reference(
 ) -> BoxResult<Reference> {
     let norm = p.norm(Some(NormMethod::reductions()))?;
     let saved = train!(norm, cudnn, d)?;
-    stream.memcpy_dtod(saved.xhat(), &mut d.xhat)?;
+    let xhat = saved
+        .xhat()
+        .ok_or("the batch-norm formulation saved no x̂")?;
+    stream.memcpy_dtod(xhat, &mut d.xhat)?;
     backward!(norm, cudnn, &saved, d)?;
     drop(saved);
     norm.forward(cudnn, d)?;

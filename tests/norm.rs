@@ -24,8 +24,8 @@ use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::norm::{
     BatchNorm, BatchNormMode, BatchNormOps, BatchNormSaved, FeatureLayout, GroupNorm, LayerNorm,
-    LayerNormGraphSaved, NormAffine, NormMethod, NormParamGrads, NormStats, NormType, RmsNorm,
-    RmsNormSaved, RunningStats, MIN_EPSILON,
+    LayerNormGraphSaved, LayerNormPath, NormAffine, NormMethod, NormParamGrads, NormStats,
+    NormType, RmsNorm, RmsNormSaved, RunningStats, MIN_EPSILON,
 };
 use cudnn_safe::{Cudnn, DType, DataType, Error, Layout, Workspace};
 
@@ -1582,12 +1582,19 @@ fn affine_case<T: NormType>(
         &y_ref,
         dtol::<T>(),
     );
-    assert_close(
-        &format!("{what} x̂"),
-        &download(stream, saved.xhat()),
-        &xhat,
-        dtol::<T>(),
-    );
+    match saved.xhat() {
+        Some(saved_xhat) => assert_close(
+            &format!("{what} x̂"),
+            &download(stream, saved_xhat),
+            &xhat,
+            dtol::<T>(),
+        ),
+        // The fused graph path keeps only the statistics: layer norms only.
+        None => assert!(
+            matches!(norm, Norm::Layer(_)) && saved.from_graph(),
+            "{what}: no x̂ saved"
+        ),
+    }
     assert_close(
         &format!("{what} mean"),
         &download(stream, saved.mean()),
@@ -1721,10 +1728,200 @@ fn layer_group_instance_norm_bf16() {
     affine_all::<bf16>(1300);
 }
 
-#[test]
-fn layer_and_group_norm_rejections_leave_outputs_untouched() {
+/// A layer norm's default path is the fused graph for the data types cuDNN has normalization
+/// engines for: the training forward saves no `x̂`, and forward, training forward and backward
+/// agree with the f64 reference (every case of [`affine_case`] also runs the default path).
+fn fused_default<T: NormType>(seed: u64) {
     let Some((stream, cudnn)) = gpu() else { return };
-    let ln = LayerNorm::<f32>::new(&nchw(&[6, 40]), 1, 1e-5).unwrap();
+    let cases: [(&[i64], usize); 3] = [(&[64, 768], 1), (&[4, 33, 96], 1), (&[8, 16, 48], 2)];
+    for (i, (dims, k)) in cases.into_iter().enumerate() {
+        let ln = LayerNorm::<T>::new(&nchw(dims), k, 1e-5).unwrap();
+        assert_eq!(ln.path(), LayerNormPath::Auto);
+        let (n, d) = (ln.len(), ln.features());
+        let mut rng = Rng::new(seed + i as u64);
+        let x = dev(&stream, &rng.values::<T>(n));
+        let g = dev(&stream, &rng.values_in::<T>(d, 0.5, 1.5));
+        let mut y = poisoned_buffer::<T>(&stream, n);
+        let saved = cudnn
+            .layer_norm_forward_training(&ln, &x, &g, &g, &mut y)
+            .unwrap();
+        assert!(
+            saved.from_graph() && saved.xhat().is_none(),
+            "{} {dims:?}: the default path saved x̂ (batch-norm formulation)",
+            T::DTYPE
+        );
+        drop(saved);
+        let what = format!("default path {dims:?} over {k}");
+        affine_case(
+            &stream,
+            &cudnn,
+            &what,
+            &Norm::Layer(ln),
+            1e-5,
+            seed + 10 + i as u64,
+        );
+    }
+}
+
+#[test]
+fn layer_norm_default_is_the_fused_graph_path() {
+    fused_default::<f32>(1500);
+    fused_default::<f16>(1520);
+    fused_default::<bf16>(1540);
+}
+
+/// f64 has no graph engine: the default path is the batch-norm formulation, and asking for
+/// the graph path is a typed error that leaves the output untouched.
+#[test]
+fn layer_norm_f64_runs_the_batch_norm_formulation() {
+    let Some((stream, cudnn)) = gpu() else { return };
+    let ln = LayerNorm::<f64>::new(&nchw(&[6, 40]), 1, 1e-5).unwrap();
+    let (n, d) = (ln.len(), ln.features());
+    let mut rng = Rng::new(1560);
+    let x = dev(&stream, &rng.values::<f64>(n));
+    let g = dev(&stream, &rng.values_in::<f64>(d, 0.5, 1.5));
+    let mut y = poisoned_buffer::<f64>(&stream, n);
+    let saved = cudnn
+        .layer_norm_forward_training(&ln, &x, &g, &g, &mut y)
+        .unwrap();
+    assert!(saved.xhat().is_some() && !saved.from_graph());
+    let graph = LayerNorm::<f64>::new(&nchw(&[6, 40]), 1, 1e-5)
+        .unwrap()
+        .with_path(LayerNormPath::Graph);
+    let (mut y, yb) = sentinel_buffer::<f64>(&stream, n);
+    let r = cudnn.layer_norm_forward(&graph, &x, &g, &g, &mut y);
+    assert!(
+        matches!(&r, Err(Error::UnsupportedDataType { .. })),
+        "{r:?}"
+    );
+    assert_untouched("y (f64 graph path)", &stream, &y, &yb);
+}
+
+/// Views that start one element into their allocation (not 16-byte aligned, which the graph
+/// binds at) run the fused path through aligned copies: the results equal those of aligned
+/// buffers (the forward bit for bit), and nothing outside the views is written.
+fn fused_unaligned<T: NormType>(seed: u64) {
+    let Some((stream, cudnn)) = gpu() else { return };
+    let ln = LayerNorm::<T>::new(&nchw(&[24, 100]), 1, 1e-5).unwrap();
+    let (n, d) = (ln.len(), ln.features());
+    let mut rng = Rng::new(seed);
+    let (xv, dyv): (Vec<T>, Vec<T>) = (rng.values(n), rng.values(n));
+    let (gv, bv): (Vec<T>, Vec<T>) = (rng.values_in(d, 0.5, 1.5), rng.values(d));
+    let shifted = |v: &[T]| {
+        let mut h = vec![T::from_f64(SENTINEL)];
+        h.extend_from_slice(v);
+        dev(&stream, &h)
+    };
+    let mut ws = Workspace::new(stream.clone());
+
+    // Aligned: the reference results of the same plan.
+    let (x, dy, g, b) = (
+        dev(&stream, &xv),
+        dev(&stream, &dyv),
+        dev(&stream, &gv),
+        dev(&stream, &bv),
+    );
+    let mut y = poisoned_buffer::<T>(&stream, n);
+    cudnn.layer_norm_forward(&ln, &x, &g, &b, &mut y).unwrap();
+    let y_plain = download(&stream, &y);
+    let mut y = poisoned_buffer::<T>(&stream, n);
+    let saved = cudnn
+        .layer_norm_forward_training(&ln, &x, &g, &b, &mut y)
+        .unwrap();
+    assert!(saved.from_graph(), "{}: not the fused path", T::DTYPE);
+    let y_train = download(&stream, &y);
+    let mut dx = poisoned_buffer::<T>(&stream, n);
+    let mut dg = poisoned_buffer::<T>(&stream, d);
+    let mut db = poisoned_buffer::<T>(&stream, d);
+    cudnn
+        .layer_norm_backward(&ln, &saved, &x, &dy, &g, &mut dx, &mut dg, &mut db, &mut ws)
+        .unwrap();
+    let want = [
+        download(&stream, &dx),
+        download(&stream, &dg),
+        download(&stream, &db),
+    ];
+    drop(saved);
+
+    // Every buffer one element in.
+    let (xs, dys, gs, bs) = (shifted(&xv), shifted(&dyv), shifted(&gv), shifted(&bv));
+    let (xs, dys, gs, bs) = (xs.slice(1..), dys.slice(1..), gs.slice(1..), bs.slice(1..));
+    let (mut ys, yb) = sentinel_buffer::<T>(&stream, n + 1);
+    cudnn
+        .layer_norm_forward(&ln, &xs, &gs, &bs, &mut ys.slice_mut(1..))
+        .unwrap();
+    let got = download(&stream, &ys);
+    assert!(
+        same_bits(&got[1..], &y_plain),
+        "{} unaligned forward",
+        T::DTYPE
+    );
+    assert!(same_bits(&got[..1], &yb[..1]), "{} y[-1] written", T::DTYPE);
+    let (mut ys, _) = sentinel_buffer::<T>(&stream, n + 1);
+    let mut yv = ys.slice_mut(1..);
+    let saved = cudnn
+        .layer_norm_forward_training(&ln, &xs, &gs, &bs, &mut yv)
+        .unwrap();
+    assert!(saved.from_graph());
+    let bufs = [n + 1, d + 1, d + 1].map(|len| sentinel_buffer::<T>(&stream, len));
+    let [(mut dxs, _), (mut dgs, _), (mut dbs, sb)] = bufs;
+    cudnn
+        .layer_norm_backward(
+            &ln,
+            &saved,
+            &xs,
+            &dys,
+            &gs,
+            &mut dxs.slice_mut(1..),
+            &mut dgs.slice_mut(1..),
+            &mut dbs.slice_mut(1..),
+            &mut ws,
+        )
+        .unwrap();
+    drop(saved);
+    assert!(
+        same_bits(&download(&stream, &ys)[1..], &y_train),
+        "{} unaligned training y",
+        T::DTYPE
+    );
+    // The backward's sums over the rows may be formed in another order from call to call.
+    for (what, buf, want) in [
+        ("dx", &dxs, &want[0]),
+        ("dγ", &dgs, &want[1]),
+        ("dβ", &dbs, &want[2]),
+    ] {
+        let got = download(&stream, buf);
+        let what = format!("{} unaligned {what}", T::DTYPE);
+        assert_close(&what, &got[1..], &to_f64(want), dtol::<T>());
+        assert!(
+            same_bits(&got[..1], &sb[..1]),
+            "{} {what}[-1] written",
+            T::DTYPE
+        );
+    }
+}
+
+/// Bitwise equality (NaN equal to itself).
+fn same_bits<T: DataType>(a: &[T], b: &[T]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits())
+}
+
+#[test]
+fn layer_norm_fused_path_takes_unaligned_views() {
+    fused_unaligned::<f32>(1580);
+    fused_unaligned::<bf16>(1590);
+}
+
+/// The layer-norm rejections of [`layer_and_group_norm_rejections_leave_outputs_untouched`] on
+/// one path.
+fn layer_norm_rejections(stream: &Arc<CudaStream>, cudnn: &Cudnn, path: LayerNormPath) {
+    let stream = stream.clone();
+    let ln = LayerNorm::<f32>::new(&nchw(&[6, 40]), 1, 1e-5)
+        .unwrap()
+        .with_path(path);
     let (n, d) = (ln.len(), ln.features());
     let mut rng = Rng::new(1400);
     let xv: Vec<f32> = rng.values(n);
@@ -1759,7 +1956,9 @@ fn layer_and_group_norm_rejections_leave_outputs_untouched() {
     let saved = cudnn
         .layer_norm_forward_training(&ln, &x, &gamma, &beta, &mut y_ok)
         .unwrap();
-    let ln2 = LayerNorm::<f32>::new(&nchw(&[6, 40]), 1, 1e-5).unwrap();
+    let ln2 = LayerNorm::<f32>::new(&nchw(&[6, 40]), 1, 1e-5)
+        .unwrap()
+        .with_path(path);
     let saved2 = cudnn
         .layer_norm_forward_training(&ln2, &x, &gamma, &beta, &mut y_ok)
         .unwrap();
@@ -1804,6 +2003,16 @@ fn layer_and_group_norm_rejections_leave_outputs_untouched() {
     assert_untouched("dgamma", &stream, &dg, &dgb);
     assert_untouched("short dgamma", &stream, &dg_short, &dgsb);
     assert_untouched("dbeta", &stream, &db, &dbb);
+}
+
+#[test]
+fn layer_and_group_norm_rejections_leave_outputs_untouched() {
+    let Some((stream, cudnn)) = gpu() else { return };
+    for path in [LayerNormPath::Auto, LayerNormPath::BatchNorm] {
+        layer_norm_rejections(&stream, &cudnn, path);
+    }
+    let mut rng = Rng::new(1401);
+    let mut ws = Workspace::new(stream.clone());
 
     // Group norm: short dx.
     let gn = GroupNorm::<f32>::new(&nchw(&[4, 8, 5, 6]), 4, 1e-5).unwrap();
@@ -1829,12 +2038,28 @@ fn layer_and_group_norm_rejections_leave_outputs_untouched() {
     assert_untouched("group dx", &stream, &dx, &dxb);
     assert_untouched("group dgamma", &stream, &dg, &dgb);
     assert_untouched("group dbeta", &stream, &db, &dbb);
-    // Saved values of a layer norm do not fit a group norm.
-    let r = cudnn.group_norm_backward(
-        &gn, &saved2, &x, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
-    );
-    assert!(r.is_err(), "{r:?}");
-    assert_untouched("group dbeta (foreign saved)", &stream, &db, &dbb);
+    // Saved values of a layer norm (either path) do not fit a group norm.
+    let (mut dx, dxb) = sentinel_buffer::<f32>(&stream, n);
+    for path in [LayerNormPath::Auto, LayerNormPath::BatchNorm] {
+        // As many rows as the group norm has groups (16): the statistics fit, the origin not.
+        let ln = LayerNorm::<f32>::new(&nchw(&[16, 60]), 1, 1e-5)
+            .unwrap()
+            .with_path(path);
+        let g_ln = dev(&stream, &vec![1.0f32; 60]);
+        let mut y_ln = dev(&stream, &vec![0.0f32; n]);
+        let saved_ln = cudnn
+            .layer_norm_forward_training(&ln, &x, &g_ln, &g_ln, &mut y_ln)
+            .unwrap();
+        let r = cudnn.group_norm_backward(
+            &gn, &saved_ln, &x, &dy, &gamma, &mut dx, &mut dg, &mut db, &mut ws,
+        );
+        assert!(
+            matches!(&r, Err(cudnn_safe::Error::InvalidArgument { .. })),
+            "{path:?}: {r:?}"
+        );
+        assert_untouched("group dx (foreign saved)", &stream, &dx, &dxb);
+        assert_untouched("group dbeta (foreign saved)", &stream, &db, &dbb);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2077,7 +2302,10 @@ fn layer_norm_two_stage_workspace_is_reserved_before_any_write() {
     let Some((stream, cudnn)) = gpu() else { return };
     let mut rng = Rng::new(7100);
     let eps = 1e-5;
-    let ln = LayerNorm::<bf16>::new(&nchw(&[6, 40]), 1, eps).unwrap();
+    // The batch-norm formulation's reductions (the fused path's plan needs its own workspace).
+    let ln = LayerNorm::<bf16>::new(&nchw(&[6, 40]), 1, eps)
+        .unwrap()
+        .with_path(LayerNormPath::BatchNorm);
     assert_eq!(ln.method().param_grads, NormParamGrads::TwoStageReduce);
     let (n, d) = (ln.len(), ln.features());
     let need = ln.backward_workspace_size(&cudnn).unwrap();

@@ -85,8 +85,17 @@ impl<T: NormType> GroupNorm<T> {
     }
 }
 
+impl<T: NormType> GroupNorm<T> {
+    /// Nothing else depends on the method.
+    fn method_chosen(self) -> Self {
+        self
+    }
+}
+
 regrouped_accessors! {
     GroupNorm, "default_for_group";
+    /// The same normalization computed with another formulation ([`NormMethod`](super::NormMethod)).
+    fn with_method;
     /// Workspace bytes the backward pass grows `workspace` to (the reductions of
     /// [`NormParamGrads::Reduce`](super::NormParamGrads::Reduce) and [`NormParamGrads::TwoStageReduce`](super::NormParamGrads::TwoStageReduce); 0 with
     /// [`NormParamGrads::BatchNormBackward`](super::NormParamGrads::BatchNormBackward), the default), e.g. to size a

@@ -1,15 +1,19 @@
 //! The graph path of [`LayerNorm`]: one fused cuDNN `NORM_FORWARD` / `NORM_BACKWARD`
-//! operation per call, planned once per object and handle.
+//! operation per call, planned once per object and handle; both the explicit `_graph` calls
+//! and the default calls' fused path ([`LayerNormPath`]) run it.
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 
-use super::layer::LayerNorm;
-use super::saved::check_saved_origin;
+use super::layer::{LayerNorm, LayerNormPath};
+use super::saved::{check_saved_origin, NormSaved};
 use super::{first_graph_plan, NormType};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
+use crate::dtype::DataType;
 use crate::error::{Error, Result};
+use crate::graph::{Args, TensorId};
 use crate::handle::Cudnn;
 use crate::workspace::Workspace;
 
@@ -353,5 +357,328 @@ impl Cudnn {
             .output(dgi, dgamma)?
             .output(dbi, dbeta)?;
         self.execute(&g.bwd, &args, workspace)
+    }
+}
+
+/// The byte alignment the graph binds buffers at (its tensors declare 16).
+const GRAPH_ALIGNMENT: u64 = 16;
+
+/// The first `len` elements of the input `buf` where the fused path can bind them: `None` when
+/// `buf` is 16-byte aligned (bound as it is), otherwise an aligned copy enqueued on the
+/// handle's stream. `buf` has been checked to hold `len` elements on the handle's context.
+fn aligned_input<T: DataType>(
+    cudnn: &Cudnn,
+    buf: &impl DeviceBuffer<T>,
+    len: usize,
+) -> Result<Option<CudaSlice<T>>> {
+    if buf.device_ptr(cudnn.stream()).0 % GRAPH_ALIGNMENT == 0 {
+        return Ok(None);
+    }
+    let stream = cudnn.stream();
+    let err = |e| Error::driver("copying a layer-norm input to an aligned buffer", e);
+    // SAFETY: the copy below writes all `len` elements before the plan reads them.
+    let mut copy = unsafe { stream.alloc::<T>(len) }.map_err(err)?;
+    stream
+        .memcpy_dtod(&buf.view().slice(..len), &mut copy)
+        .map_err(err)?;
+    Ok(Some(copy))
+}
+
+/// Where the fused path writes the output `buf`: `None` when `buf` is 16-byte aligned
+/// (written in place), otherwise an aligned scratch buffer of `len` elements that
+/// [`copy_back`] copies into `buf` after the plan ran.
+fn aligned_output<T: DataType>(
+    cudnn: &Cudnn,
+    buf: &impl DeviceBufferMut<T>,
+    len: usize,
+) -> Result<Option<CudaSlice<T>>> {
+    if buf.device_ptr(cudnn.stream()).0 % GRAPH_ALIGNMENT == 0 {
+        return Ok(None);
+    }
+    // SAFETY: the plan writes every element of its output before `copy_back` reads them.
+    let tmp = unsafe { cudnn.stream().alloc::<T>(len) }
+        .map_err(|e| Error::driver("allocating an aligned layer-norm output", e))?;
+    Ok(Some(tmp))
+}
+
+/// Copies an output the plan wrote into aligned scratch ([`aligned_output`]) to the caller's
+/// buffer, which holds at least `len` elements (checked).
+fn copy_back<T: DataType>(
+    cudnn: &Cudnn,
+    tmp: Option<CudaSlice<T>>,
+    buf: &mut impl DeviceBufferMut<T>,
+    len: usize,
+) -> Result<()> {
+    let Some(tmp) = tmp else { return Ok(()) };
+    cudnn
+        .stream()
+        .memcpy_dtod(&tmp, &mut buf.view_mut().slice_mut(..len))
+        .map_err(|e| Error::driver("copying a layer-norm output from an aligned buffer", e))
+}
+
+/// Binds the input `buf` to `id`, or its aligned copy when there is one.
+fn bind_in<'a, T: DataType>(
+    args: &mut Args<'a>,
+    id: TensorId,
+    buf: &'a impl DeviceBuffer<T>,
+    copy: &'a Option<CudaSlice<T>>,
+) -> Result<()> {
+    match copy {
+        Some(c) => args.input(id, c)?,
+        None => args.input(id, buf)?,
+    };
+    Ok(())
+}
+
+/// Binds the output `buf` to `id`, or its aligned scratch when there is one.
+fn bind_out<'a, T: DataType>(
+    args: &mut Args<'a>,
+    id: TensorId,
+    buf: &'a mut impl DeviceBufferMut<T>,
+    tmp: &'a mut Option<CudaSlice<T>>,
+) -> Result<()> {
+    match tmp {
+        Some(t) => args.output(id, t)?,
+        None => args.output(id, buf)?,
+    };
+    Ok(())
+}
+
+impl<T: NormType> LayerNorm<T> {
+    /// Whether a default call of one direction (`training`: the training forward and the
+    /// backward; otherwise the plain forward) runs the fused graph path, building its plans on
+    /// first use, as [`LayerNormPath`] documents.
+    pub(super) fn fused_path(&self, cudnn: &Cudnn, training: bool) -> Result<bool> {
+        let build = |ln: &Self| {
+            if training {
+                ln.build_graph_training_plans(cudnn)
+            } else {
+                ln.build_graph_plan(cudnn)
+            }
+        };
+        let which = usize::from(training);
+        match self.path {
+            LayerNormPath::BatchNorm => Ok(false),
+            LayerNormPath::Graph => build(self).map(|()| true),
+            LayerNormPath::Auto => {
+                if T::DTYPE == crate::DType::F64 || self.no_graph.get()[which] {
+                    return Ok(false);
+                }
+                let built = if training {
+                    self.has_graph_training_plans()
+                } else {
+                    self.has_graph_plan()
+                };
+                let what = if training { "training" } else { "inference" };
+                match build(self) {
+                    Ok(()) => {
+                        if !built {
+                            log::debug!(
+                                "layer norm {:?} {:?} ({what}): fused graph path",
+                                self.dims(),
+                                T::DTYPE
+                            );
+                        }
+                        Ok(true)
+                    }
+                    Err(e) => {
+                        log::info!(
+                            "layer norm {:?} {:?} ({what}): no fused graph plan ({e}); \
+                             running the batch-norm formulation",
+                            self.dims(),
+                            T::DTYPE
+                        );
+                        let mut no = self.no_graph.get();
+                        no[which] = true;
+                        self.no_graph.set(no);
+                        Ok(false)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The checks of a forward call, before anything is built or enqueued.
+    pub(super) fn check_forward_buffers(
+        &self,
+        cudnn: &Cudnn,
+        x: &impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        beta: &impl DeviceBuffer<T>,
+        y: &impl DeviceBufferMut<T>,
+    ) -> Result<()> {
+        let (full, affine) = (self.core.full_layout(), self.core.affine_layout());
+        cudnn.check_tensor("x", full, x, false)?;
+        cudnn.check_tensor("gamma", affine, gamma, false)?;
+        cudnn.check_tensor("beta", affine, beta, false)?;
+        cudnn.check_tensor("y", full, y, true)
+    }
+
+    /// The plan workspace of the default forward calls, which take none: kept by the object
+    /// for the handle's stream.
+    fn forward_workspace<'w>(
+        &self,
+        cudnn: &Cudnn,
+        slot: &'w mut Option<Workspace>,
+    ) -> &'w mut Workspace {
+        if slot
+            .as_ref()
+            .is_some_and(|w| !Arc::ptr_eq(w.stream(), cudnn.stream()))
+        {
+            *slot = None;
+        }
+        slot.get_or_insert_with(|| Workspace::new(cudnn.stream().clone()))
+    }
+
+    /// The default plain forward on the fused path (plan built by [`Self::fused_path`]).
+    pub(super) fn forward_fused(
+        &self,
+        cudnn: &Cudnn,
+        x: &impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        beta: &impl DeviceBuffer<T>,
+        y: &mut impl DeviceBufferMut<T>,
+    ) -> Result<()> {
+        self.check_forward_buffers(cudnn, x, gamma, beta, &*y)?;
+        let (n, d) = (self.len(), self.features());
+        let (xc, gc, bc) = (
+            aligned_input(cudnn, x, n)?,
+            aligned_input(cudnn, gamma, d)?,
+            aligned_input(cudnn, beta, d)?,
+        );
+        let mut yt = aligned_output(cudnn, &*y, n)?;
+        let cached = self.graph.borrow();
+        let g = cached
+            .as_ref()
+            .ok_or_else(|| Error::invalid("layer-norm graph plan", "built", "not built"))?;
+        let mut slot = self.workspace.borrow_mut();
+        let ws = self.forward_workspace(cudnn, &mut slot);
+        {
+            let mut args = Args::new(cudnn);
+            bind_in(&mut args, g.x, x, &xc)?;
+            bind_in(&mut args, g.gamma, gamma, &gc)?;
+            bind_in(&mut args, g.beta, beta, &bc)?;
+            bind_out(&mut args, g.y, &mut *y, &mut yt)?;
+            cudnn.execute(&g.plan, &args, ws)?;
+        }
+        copy_back(cudnn, yt, y, n)
+    }
+
+    /// The default training forward on the fused path (plans built by [`Self::fused_path`]):
+    /// the saved value holds the statistics and no `x̂`.
+    pub(super) fn forward_training_fused<'x>(
+        &self,
+        cudnn: &Cudnn,
+        x: &'x impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        beta: &impl DeviceBuffer<T>,
+        y: &mut impl DeviceBufferMut<T>,
+    ) -> Result<NormSaved<'x, T>> {
+        self.check_forward_buffers(cudnn, x, gamma, beta, &*y)?;
+        let (n, d, rows) = (self.len(), self.features(), self.rows());
+        let (xc, gc, bc) = (
+            aligned_input(cudnn, x, n)?,
+            aligned_input(cudnn, gamma, d)?,
+            aligned_input(cudnn, beta, d)?,
+        );
+        let mut yt = aligned_output(cudnn, &*y, n)?;
+        let cached = self.train.borrow();
+        let g = cached
+            .as_ref()
+            .ok_or_else(|| Error::invalid("layer-norm graph plans", "built", "not built"))?;
+        let [xi, gi, bi, yi, mi, vi] = g.fwd_ids;
+        let alloc_err = |e| Error::driver("allocating layer-norm statistics", e);
+        // SAFETY: the plan writes both statistics of every row before the saved value is
+        // returned; they are not read otherwise.
+        let mut mean = unsafe { cudnn.stream().alloc::<T::Param>(rows) }.map_err(alloc_err)?;
+        // SAFETY: as above.
+        let mut inv_std = unsafe { cudnn.stream().alloc::<T::Param>(rows) }.map_err(alloc_err)?;
+        let mut slot = self.workspace.borrow_mut();
+        let ws = self.forward_workspace(cudnn, &mut slot);
+        {
+            let mut args = Args::new(cudnn);
+            bind_in(&mut args, xi, x, &xc)?;
+            bind_in(&mut args, gi, gamma, &gc)?;
+            bind_in(&mut args, bi, beta, &bc)?;
+            bind_out(&mut args, yi, &mut *y, &mut yt)?;
+            // The statistics tensors are f32, `T::Param` of every type with a graph engine;
+            // the binding checks the type.
+            args.output(mi, &mut mean)?.output(vi, &mut inv_std)?;
+            cudnn.execute(&g.fwd, &args, ws)?;
+        }
+        copy_back(cudnn, yt, y, n)?;
+        let x_at = x.device_ptr(cudnn.stream()).0;
+        Ok(NormSaved {
+            xhat: None,
+            mean,
+            inv_std,
+            norm: self.core.id,
+            x: x_at,
+            _x: PhantomData,
+        })
+    }
+
+    /// The default backward of values the fused path saved.
+    #[allow(clippy::too_many_arguments)] // the layer's inputs and outputs
+    pub(super) fn backward_fused(
+        &self,
+        cudnn: &Cudnn,
+        saved: &NormSaved<'_, T>,
+        x: &impl DeviceBuffer<T>,
+        dy: &impl DeviceBuffer<T>,
+        gamma: &impl DeviceBuffer<T>,
+        dx: &mut impl DeviceBufferMut<T>,
+        dgamma: &mut impl DeviceBufferMut<T>,
+        dbeta: &mut impl DeviceBufferMut<T>,
+        workspace: &mut Workspace,
+    ) -> Result<()> {
+        let (full, affine) = (self.core.full_layout(), self.core.affine_layout());
+        cudnn.check_tensor("x", full, x, false)?;
+        cudnn.check_tensor("dy", full, dy, false)?;
+        cudnn.check_tensor("gamma", affine, gamma, false)?;
+        cudnn.check_tensor("dx", full, &*dx, true)?;
+        cudnn.check_tensor("dgamma", affine, &*dgamma, true)?;
+        cudnn.check_tensor("dbeta", affine, &*dbeta, true)?;
+        let rows = self.rows();
+        cudnn.check_buffer("saved mean", &saved.mean, rows)?;
+        cudnn.check_buffer("saved inverse std", &saved.inv_std, rows)?;
+        cudnn.check_workspace_context(workspace)?;
+        check_saved_origin(
+            cudnn,
+            "layer-norm saved values",
+            "the value returned by a training forward of this LayerNorm",
+            (saved.norm, saved.x),
+            self.core.id,
+            x,
+        )?;
+        // The saved values were allocated on the forward's stream: order this use with it.
+        let _order = crate::stream_order::cross_use(saved.mean.stream(), cudnn.stream())?;
+        self.build_graph_training_plans(cudnn)?;
+        let (n, d) = (self.len(), self.features());
+        let (xc, dyc, gc) = (
+            aligned_input(cudnn, x, n)?,
+            aligned_input(cudnn, dy, n)?,
+            aligned_input(cudnn, gamma, d)?,
+        );
+        let mut dxt = aligned_output(cudnn, &*dx, n)?;
+        let mut dgt = aligned_output(cudnn, &*dgamma, d)?;
+        let mut dbt = aligned_output(cudnn, &*dbeta, d)?;
+        let cached = self.train.borrow();
+        let g = cached.as_ref().expect("built above");
+        let [dyi, xi, gi, mi, vi, dxi, dgi, dbi] = g.bwd_ids;
+        {
+            let mut args = Args::new(cudnn);
+            bind_in(&mut args, dyi, dy, &dyc)?;
+            bind_in(&mut args, xi, x, &xc)?;
+            bind_in(&mut args, gi, gamma, &gc)?;
+            args.input(mi, &saved.mean)?.input(vi, &saved.inv_std)?;
+            bind_out(&mut args, dxi, &mut *dx, &mut dxt)?;
+            bind_out(&mut args, dgi, &mut *dgamma, &mut dgt)?;
+            bind_out(&mut args, dbi, &mut *dbeta, &mut dbt)?;
+            cudnn.execute(&g.bwd, &args, workspace)?;
+        }
+        copy_back(cudnn, dxt, dx, n)?;
+        copy_back(cudnn, dgt, dgamma, d)?;
+        copy_back(cudnn, dbt, dbeta, d)
     }
 }

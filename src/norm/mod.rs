@@ -14,8 +14,10 @@
 //! * [`LayerNorm`] and [`GroupNorm`] (instance norm is [`GroupNorm::instance`]) work the same way:
 //!   a shape-bound object, a training forward returning an owned [`NormSaved`], a backward that
 //!   consumes it by reference.
-//! * [`LayerNorm`] also runs through cuDNN's fused normalization graphs (one kernel per call,
-//!   f32/f16/bf16; the plans are built on first use, seconds once per process):
+//! * [`LayerNorm`] runs by default ([`LayerNormPath::Auto`]) on cuDNN's fused normalization
+//!   graphs (one kernel per call, f32/f16/bf16; the plans are built on the first call of each
+//!   direction, seconds once per process), and on the batch-norm formulation below where cuDNN
+//!   has no engine for the case (f64, for one). The graph path is also callable explicitly:
 //!   [`Cudnn::layer_norm_forward_graph`](crate::Cudnn::layer_norm_forward_graph) for inference,
 //!   [`Cudnn::layer_norm_forward_training_graph`](crate::Cudnn::layer_norm_forward_training_graph)
 //!   returning an owned [`LayerNormGraphSaved`] (per-row f32 statistics, no `x̂`) and
@@ -76,7 +78,8 @@
 //!
 //! All three normalize groups of consecutive elements of a packed row-major tensor and then apply
 //! a per-feature (layer norm) or per-channel (group / instance norm) affine map. cuDNN has no
-//! legacy call for them, so this module runs them as:
+//! legacy call for them, so this module runs group and instance norm, and layer norm where its
+//! fused graph path does not run ([`LayerNormPath`]), as:
 //!
 //! 1. **Statistics and `x̂`**: cuDNN's spatial batch normalization (training mode, scale 1,
 //!    bias 0, no running statistics) on a *regrouped view* `[1, R, M, 1]` of the same memory,
@@ -97,8 +100,9 @@
 //! packed tensor itself: the fastest of the views tried ([`NormMethod::default_for_layer`],
 //! [`NormMethod::default_for_group`], which say why).
 //!
-//! Memory: a training forward returns a [`NormSaved`] holding `x̂` (as many elements of `T` as
-//! `x`) and two statistics per group (`T::Param`); the plain forward ([`Cudnn::layer_norm_forward`](crate::Cudnn::layer_norm_forward),
+//! Memory: a training forward of this formulation returns a [`NormSaved`] holding `x̂` (as many
+//! elements of `T` as `x`) and two statistics per group (`T::Param`; the fused layer-norm path
+//! saves only the statistics); the plain forward ([`Cudnn::layer_norm_forward`](crate::Cudnn::layer_norm_forward),
 //! [`Cudnn::group_norm_forward`](crate::Cudnn::group_norm_forward)) and the backward pass use one scratch tensor of `x`'s size,
 //! kept by the normalization object and reused. The objects also keep small constant/scratch
 //! vectors: four of `R` parameters (scale 1, bias 0, and the discarded per-group gradients of
@@ -195,7 +199,7 @@ pub use batch::{
 };
 pub use fold::fold_batch_norm;
 pub use group::GroupNorm;
-pub use layer::LayerNorm;
+pub use layer::{LayerNorm, LayerNormPath};
 pub use layer_graph::LayerNormGraphSaved;
 pub use method::{FeatureLayout, NormAffine, NormMethod, NormParamGrads, NormStats};
 pub use rms::{RmsNorm, RmsNormSaved};

@@ -54,14 +54,18 @@ pub(super) fn check_origin_at(
     Ok(())
 }
 
-/// What a layer / group normalization training forward saves for the backward pass: the
-/// normalized input `x̂` (`x`'s element count, type `T`) and, per normalized group, the mean and
-/// the inverse standard deviation `1/sqrt(σ² + ε)` (biased variance), of type `T::Param`.
+/// What a layer / group normalization training forward saves for the backward pass: per
+/// normalized group, the mean and the inverse standard deviation `1/sqrt(σ² + ε)` (biased
+/// variance), of type `T::Param`, and, from the batch-norm formulation, the normalized input
+/// `x̂` (`x`'s element count, type `T`). A [`LayerNorm`](super::LayerNorm) on its fused graph
+/// path ([`LayerNormPath`](super::LayerNormPath)) saves no `x̂`: its backward kernel recomputes
+/// it from `x`, so the saved value costs `2·rows` parameters instead of a tensor.
 ///
 /// The backward call checks that it came from the same normalization object and that `x` is the
-/// buffer the forward read.
+/// buffer the forward read, and runs the path that saved it.
 pub struct NormSaved<'x, T: NormType> {
-    pub(super) xhat: CudaSlice<T>,
+    /// `None` when the fused graph path saved the value.
+    pub(super) xhat: Option<CudaSlice<T>>,
     pub(super) mean: CudaSlice<T::Param>,
     pub(super) inv_std: CudaSlice<T::Param>,
     pub(super) norm: u64,
@@ -74,16 +78,22 @@ pub struct NormSaved<'x, T: NormType> {
 impl<T: NormType> fmt::Debug for NormSaved<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NormSaved")
-            .field("elements", &self.xhat.len())
+            .field("xhat", &self.xhat.as_ref().map(|x| x.len()))
             .field("groups", &self.mean.len())
             .finish()
     }
 }
 
 impl<T: NormType> NormSaved<'_, T> {
-    /// The normalized input `x̂ = (x − μ)/sqrt(σ² + ε)`, laid out as `x`.
-    pub fn xhat(&self) -> &CudaSlice<T> {
-        &self.xhat
+    /// The normalized input `x̂ = (x − μ)/sqrt(σ² + ε)`, laid out as `x`, when the batch-norm
+    /// formulation saved it; `None` from a [`LayerNorm`](super::LayerNorm)'s fused graph path,
+    /// which keeps only the statistics.
+    pub fn xhat(&self) -> Option<&CudaSlice<T>> {
+        self.xhat.as_ref()
+    }
+    /// Whether the fused graph path saved this value (its backward runs that path too).
+    pub fn from_graph(&self) -> bool {
+        self.xhat.is_none()
     }
     /// The mean of each normalized group (row-major over the batch and group indices, like
     /// PyTorch's `[N, G]` for group norm and `[rows]` for layer norm).

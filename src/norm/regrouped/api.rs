@@ -5,11 +5,13 @@
 
 /// The accessors of a regrouped normalization object `$ty<T>` (fields `core: Regrouped<T>` and
 /// `layout: Layout`): `layout`, `dims`, `len`, `is_empty`, `epsilon`, `method` (documented with
-/// the default method `NormMethod::$default`), `with_method` and `backward_workspace_size`
-/// (documented by the attributes given).
+/// the default method `NormMethod::$default`), `with_method` (which then calls the type's own
+/// `method_chosen`) and `backward_workspace_size` (each documented by the attributes given).
 macro_rules! regrouped_accessors {
     (
         $ty:ident, $default:literal;
+        $(#[$with:meta])*
+        fn with_method;
         $(#[$ws:meta])*
         fn backward_workspace_size;
     ) => {
@@ -38,9 +40,10 @@ macro_rules! regrouped_accessors {
             pub fn method(&self) -> $crate::norm::NormMethod {
                 self.core.method
             }
-            /// The same normalization computed with another formulation ([`NormMethod`]): every
-            /// method gives the same result up to rounding; they differ in speed. Rebuilds the
-            /// descriptors (host only); saved values of the old object do not fit the new one.
+            $(#[$with])*
+            /// Every method gives the same result up to rounding; they differ in speed.
+            /// Rebuilds the descriptors (host only); saved values of the old object do not fit
+            /// the new one.
             pub fn with_method(
                 self,
                 method: $crate::norm::NormMethod,
@@ -48,7 +51,8 @@ macro_rules! regrouped_accessors {
                 Ok(Self {
                     core: self.core.with_method(method)?,
                     ..self
-                })
+                }
+                .method_chosen())
             }
             $(#[$ws])*
             #[doc(alias = "cudnnGetReductionWorkspaceSize")]

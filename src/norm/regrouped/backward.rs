@@ -227,7 +227,8 @@ impl<T: NormType> Regrouped<T> {
         let scratch = self.ensure_scratch(cudnn, &mut slot, true)?;
         let one = <T::Scalar as Scalar>::from_f64(1.0);
         let zero = <T::Scalar as Scalar>::from_f64(0.0);
-        self.param_grads(cudnn, scratch, &saved.xhat, dy, dgamma, dbeta, workspace)?;
+        let xhat = saved_xhat(saved)?;
+        self.param_grads(cudnn, scratch, xhat, dy, dgamma, dbeta, workspace)?;
         let Scratch {
             ones,
             dscale,
@@ -307,7 +308,7 @@ impl<T: NormType> Regrouped<T> {
         cudnn.check_tensor("dx", full, dx, true)?;
         cudnn.check_tensor("dgamma", affine, dgamma, true)?;
         cudnn.check_tensor("dbeta", affine, dbeta, true)?;
-        cudnn.check_tensor("saved x̂", full, &saved.xhat, false)?;
+        cudnn.check_tensor("saved x̂", full, saved_xhat(saved)?, false)?;
         cudnn.check_tensor("saved mean", self.stats.layout(), &saved.mean, false)?;
         cudnn.check_tensor(
             "saved inverse std",
@@ -420,4 +421,16 @@ impl<T: NormType> Regrouped<T> {
         }
         Ok(())
     }
+}
+
+/// The `x̂` a batch-norm formulation's training forward saved: [`Error::InvalidArgument`] for a
+/// value the fused graph path saved (no `x̂`), which only that path's backward takes.
+fn saved_xhat<'s, T: NormType>(saved: &'s NormSaved<'_, T>) -> Result<&'s CudaSlice<T>> {
+    saved.xhat.as_ref().ok_or_else(|| {
+        Error::invalid(
+            "normalization saved values",
+            "values saved by the batch-norm formulation's training forward (with x̂)",
+            "values saved by a layer norm's fused graph path",
+        )
+    })
 }

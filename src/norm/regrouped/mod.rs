@@ -223,6 +223,16 @@ impl<T: NormType> Regrouped<T> {
         self.full.span()
     }
 
+    /// The layout of x, y, dy, dx.
+    pub(in crate::norm) fn full_layout(&self) -> &Layout {
+        self.full.layout()
+    }
+
+    /// The layout of γ, β and their gradients.
+    pub(in crate::norm) fn affine_layout(&self) -> &Layout {
+        self.affine.layout()
+    }
+
     pub(super) fn features(&self) -> usize {
         self.affine.span()
     }
@@ -520,7 +530,7 @@ impl<T: NormType> Regrouped<T> {
         }
         let (xp, _gx) = x.device_ptr(cudnn.stream());
         Ok(NormSaved {
-            xhat,
+            xhat: Some(xhat),
             mean,
             inv_std,
             norm: self.id,
