@@ -18,6 +18,11 @@
 //!   passes (add, then gelu), so this baseline is if anything faster than PyTorch's. A line
 //!   `fused bias+gelu 8192x4096x1024 <policy>: fused A ms, unfused B ms (…), speedup S` gives
 //!   event-timed medians, and the fused and unfused results are compared once.
+//! * `lt_fp8_e4m3/<size>/{heuristic,autotune}`: square FP8 GEMMs of size 4096 and 8192
+//!   ([`BlasLt::matmul_fp8`]: E4M3 × E4M3 → bf16, device scales of 1), the shape of
+//!   PyTorch's `torch._scaled_mm(a, b.t(), …, out_dtype=torch.bfloat16)`; a JSON line
+//!   `{"op": "fp8_e4m3_gemm_<size>", "policy": …, "ms": …, "tflops": …}` gives the event-timed
+//!   median.
 //!
 //! With `--warm-up-time 1 --measurement-time 3` the whole run (36 criterion benchmarks, the
 //! autotunes and the event-timed lines) takes about 3 minutes on an H200. A filter argument
@@ -30,9 +35,12 @@ use std::sync::Arc;
 
 use common::{list_only, median_ms, sample_size, tflops, timed_iters, values, Args, BoxResult};
 use criterion::{Criterion, Throughput};
-use cudnn_safe::blas::lt::{BlasLt, Choice, Element, Epilogue, EpilogueData, Matmul, Policy};
+use cudnn_safe::blas::lt::{
+    BlasLt, Choice, Element, Epilogue, EpilogueData, Fp8Scaling, Matmul, Policy,
+};
 use cudnn_safe::cuda_context;
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
+use cudnn_safe::float8::F8E4M3;
 use cudnn_safe::half::{bf16, f16};
 
 /// Square sizes of the GEMM groups.
@@ -163,6 +171,88 @@ fn gemms(c: &mut Criterion, args: &Args, stream: &Arc<CudaStream>, lts: &mut Han
     for size in SIZES {
         gemm_group::<bf16>(c, args, stream, lts, &bf, size);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// FP8
+// ---------------------------------------------------------------------------------------------
+
+/// Square FP8 GEMMs `D = (1·A)·(1·B)ᵀ`, E4M3 inputs, bf16 output, scales read from the device
+/// (PyTorch's `torch._scaled_mm(a, b.t(), scale_a=1, scale_b=1, out_dtype=bfloat16)`).
+fn fp8_group(
+    c: &mut Criterion,
+    args: &Args,
+    stream: &Arc<CudaStream>,
+    lts: &mut Handles,
+    size: i64,
+) {
+    let group = format!("lt_fp8_e4m3/{size}");
+    let functions = ["heuristic", "autotune"];
+    if !args.runs_any(&group, &functions) {
+        list_only(c, &group, &functions);
+        return;
+    }
+    let prepared = (|| -> BoxResult<_> {
+        let op = Matmul::linear(size, size, size)?;
+        let to8 = |v: Vec<f32>| v.into_iter().map(F8E4M3::from_f32).collect::<Vec<_>>();
+        let a = stream.clone_htod(&to8(values::<f32>(op.a_len(), 1.0)))?;
+        let b = stream.clone_htod(&to8(values::<f32>(op.b_len(), 1.0)))?;
+        let d = stream.alloc_zeros::<bf16>(op.d_len())?;
+        let one = stream.clone_htod(&[1.0f32])?;
+        Ok((op, a, b, d, one))
+    })();
+    let (op, a, b, mut d, one) = match prepared {
+        Ok(v) => v,
+        Err(e) => {
+            println!("fp8 gemm {size}^3: skipped: {e}");
+            list_only(c, &group, &functions);
+            return;
+        }
+    };
+    let scaling = || Fp8Scaling::new().with_a_scale(&one).with_b_scale(&one);
+    let flops = op.flops();
+    let mut slowest: f64 = 0.0;
+    let mut ok = [false, false];
+    for (i, (policy, lt)) in lts.iter_mut().enumerate() {
+        let r = (|| -> BoxResult<(Choice, f64)> {
+            let choice =
+                lt.matmul_fp8(&op, 1.0, &a, &b, 0.0, &mut d, EpilogueData::None, scaling())?;
+            let ms = median_ms(stream, args.test, || {
+                lt.matmul_fp8(&op, 1.0, &a, &b, 0.0, &mut d, EpilogueData::None, scaling())?;
+                Ok(())
+            })?;
+            Ok((choice, ms))
+        })();
+        match r {
+            Ok((choice, ms)) => {
+                println!(
+                    "{{\"op\": \"fp8_e4m3_gemm_{size}\", \"policy\": \"{policy}\", \"ms\": {ms:.5}, \"tflops\": {:.1}, \"impl\": \"cudnn-safe\", \"choice\": \"{}\"}}",
+                    tflops(flops, ms),
+                    describe(&choice)
+                );
+                slowest = slowest.max(ms);
+                ok[i] = true;
+            }
+            Err(e) => println!("fp8 gemm {size}^3 {policy}: failed: {e}"),
+        }
+    }
+    let mut g = c.benchmark_group(&group);
+    g.throughput(Throughput::Elements(flops as u64));
+    g.sample_size(sample_size(slowest));
+    for (i, (policy, lt)) in lts.iter_mut().enumerate() {
+        if !ok[i] {
+            continue;
+        }
+        g.bench_function(*policy, |bch| {
+            bch.iter_custom(|iters| {
+                timed_iters(stream, iters, || {
+                    lt.matmul_fp8(&op, 1.0, &a, &b, 0.0, &mut d, EpilogueData::None, scaling())?;
+                    Ok(())
+                })
+            })
+        });
+    }
+    g.finish();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -365,6 +455,9 @@ fn main() {
     let mut c = Criterion::default().configure_from_args();
     fused_bias_gelu(&mut c, &args, &stream, &mut lts);
     gemms(&mut c, &args, &stream, &mut lts);
+    for size in [4096, 8192] {
+        fp8_group(&mut c, &args, &stream, &mut lts, size);
+    }
     c.final_summary();
     common::print_libraries();
 }

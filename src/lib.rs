@@ -181,6 +181,7 @@ pub use workspace::{Workspace, MAX_WORKSPACE_BYTES};
 pub use cudarc;
 /// The raw bindings and loader (for calling what this crate does not wrap yet).
 pub use cudnn_safe_sys as sys;
+pub use float8;
 pub use half;
 
 /// The README's example compiles as a doctest.

@@ -17,9 +17,11 @@ use std::sync::Arc;
 
 use common::{assert_send, assert_untouched, other_context, skip_or_fail, to_f64, Rng};
 use cudnn_safe::blas::lt::{
-    BlasLt, Candidate, Choice, Element, Epilogue, EpilogueData, Matmul, Policy, Source,
+    BlasLt, Candidate, Choice, Element, Epilogue, EpilogueData, Fp8, Fp8Output, Fp8Scaling, Matmul,
+    Policy, Source,
 };
 use cudnn_safe::cudarc::driver::CudaStream;
+use cudnn_safe::float8::{F8E4M3, F8E5M2};
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::{cuda_context, DType, DataType, Error};
 
@@ -1090,4 +1092,222 @@ fn handle_moves_to_another_thread() {
     let mut lt = worker.join().unwrap();
     let mut rng = Rng::new(16);
     run_case::<f32>(&stream, &mut lt, &mut rng, op, 1.0, 0.0, None, "back");
+}
+
+// ---------------------------------------------------------------------------------------------
+// FP8 (`BlasLt::matmul_fp8`)
+// ---------------------------------------------------------------------------------------------
+
+/// The FP8 element types' conversions, for building inputs and references.
+trait F8: Fp8 + Copy {
+    fn from(x: f64) -> Self;
+    fn to(self) -> f64;
+}
+impl F8 for F8E4M3 {
+    fn from(x: f64) -> Self {
+        F8E4M3::from_f64(x)
+    }
+    fn to(self) -> f64 {
+        self.to_f64()
+    }
+}
+impl F8 for F8E5M2 {
+    fn from(x: f64) -> Self {
+        F8E5M2::from_f64(x)
+    }
+    fn to(self) -> f64 {
+        self.to_f64()
+    }
+}
+
+/// Random FP8 values in ±4 (a spread of exponents, never all zero) and their f64 images.
+fn fp8_values<F: F8>(rng: &mut Rng, n: usize) -> (Vec<F>, Vec<f64>) {
+    let v: Vec<F> = (0..n).map(|_| F::from(rng.uniform(-4.0, 4.0))).collect();
+    let h: Vec<f64> = v.iter().map(|x| x.to()).collect();
+    assert!(h.iter().any(|&x| x != 0.0));
+    (v, h)
+}
+
+/// One FP8 matmul against the f64 reference of the dequantized inputs (`sa·A`, `sb·B`), D
+/// poisoned with NaN when `beta = 0`.
+#[allow(clippy::too_many_arguments)]
+fn fp8_case<A: F8, B: F8, O: Fp8Output>(
+    stream: &Arc<CudaStream>,
+    lt: &mut BlasLt,
+    rng: &mut Rng,
+    op: Matmul,
+    (alpha, beta): (f32, f32),
+    scales: Option<(f32, f32)>,
+    fast_accum: bool,
+) {
+    let (a_h, a64) = fp8_values::<A>(rng, op.a_len());
+    let (b_h, b64) = fp8_values::<B>(rng, op.b_len());
+    let (sa, sb) = scales.unwrap_or((1.0, 1.0));
+    let d_h: Vec<O> = if beta == 0.0 {
+        vec![nan::<O>(); op.d_len()]
+    } else {
+        rng.values(op.d_len())
+    };
+    let bias_h: Vec<O::Bias> = rng.values(op.bias_len().max(1));
+    let inputs = Inputs {
+        a: a64.iter().map(|x| x * f64::from(sa)).collect(),
+        b: b64.iter().map(|x| x * f64::from(sb)).collect(),
+        d0: to_f64(&d_h),
+        bias: to_f64(&bias_h),
+        aux: Vec::new(),
+    };
+    let want = reference(&op, f64::from(alpha), f64::from(beta), &inputs);
+    let a = stream.clone_htod(&a_h).unwrap();
+    let b = stream.clone_htod(&b_h).unwrap();
+    let mut d = stream.clone_htod(&d_h).unwrap();
+    let bias = stream.clone_htod(&bias_h).unwrap();
+    let (sa_d, sb_d) = (
+        stream.clone_htod(&[sa]).unwrap(),
+        stream.clone_htod(&[sb]).unwrap(),
+    );
+    let mut scaling = Fp8Scaling::new().with_fast_accum(fast_accum);
+    if scales.is_some() {
+        scaling = scaling.with_a_scale(&sa_d).with_b_scale(&sb_d);
+    }
+    let epi = if op.epilogue().uses_bias() {
+        EpilogueData::bias(&bias)
+    } else {
+        EpilogueData::None
+    };
+    let what = format!(
+        "fp8 {op} {}×{}→{} alpha {alpha} beta {beta} scales {scales:?} fast {fast_accum}",
+        std::any::type_name::<A>(),
+        std::any::type_name::<B>(),
+        O::DTYPE
+    );
+    lt.matmul_fp8(&op, alpha, &a, &b, beta, &mut d, epi, scaling)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    stream.synchronize().unwrap();
+    // Products of FP8 values are exact in f32; the sums are f32 (fast accumulation keeps part
+    // of them at lower precision), then rounded to the output type.
+    let tol = match (O::DTYPE, fast_accum) {
+        (DType::F32, true) => 5e-3,
+        _ => tol::<O>(&op),
+    };
+    check(
+        &what,
+        &stream.clone_dtoh(&d).unwrap(),
+        &want.d,
+        &want.d_mag,
+        tol,
+    );
+}
+
+#[test]
+fn fp8_matmul_matches_the_dequantized_reference() {
+    let Some((stream, mut lt)) = gpu() else {
+        return;
+    };
+    let mut rng = Rng::new(0xF8);
+    let plain = (1.0, 0.0);
+    for (m, k, n) in [(64, 128, 96), (37, 64, 40), (256, 512, 192)] {
+        let op = Matmul::linear(m, k, n).unwrap();
+        fp8_case::<F8E4M3, F8E4M3, bf16>(&stream, &mut lt, &mut rng, op, plain, None, false);
+        fp8_case::<F8E4M3, F8E4M3, f16>(&stream, &mut lt, &mut rng, op, plain, None, false);
+        fp8_case::<F8E4M3, F8E4M3, f32>(&stream, &mut lt, &mut rng, op, plain, None, false);
+        let scales = Some((0.37, 2.5));
+        fp8_case::<F8E4M3, F8E4M3, bf16>(&stream, &mut lt, &mut rng, op, plain, scales, false);
+        fp8_case::<F8E4M3, F8E4M3, f32>(&stream, &mut lt, &mut rng, op, plain, scales, true);
+        fp8_case::<F8E5M2, F8E4M3, bf16>(&stream, &mut lt, &mut rng, op, plain, scales, false);
+        fp8_case::<F8E4M3, F8E5M2, f16>(&stream, &mut lt, &mut rng, op, plain, scales, false);
+        // alpha and accumulation into D.
+        fp8_case::<F8E4M3, F8E4M3, f32>(&stream, &mut lt, &mut rng, op, (0.5, 1.5), scales, false);
+        for e in [
+            Epilogue::Relu,
+            Epilogue::Gelu,
+            Epilogue::Bias,
+            Epilogue::BiasRelu,
+            Epilogue::BiasGelu,
+        ] {
+            let op = op.with_epilogue(e);
+            fp8_case::<F8E4M3, F8E4M3, bf16>(&stream, &mut lt, &mut rng, op, plain, scales, false);
+            fp8_case::<F8E4M3, F8E4M3, f32>(&stream, &mut lt, &mut rng, op, plain, scales, false);
+        }
+    }
+    // The autotune times the candidates on the call's buffers and keeps the right result.
+    let mut tuned = BlasLt::new(stream.clone())
+        .unwrap()
+        .without_cache_file()
+        .with_policy(Policy::Benchmark);
+    let op = Matmul::linear(128, 256, 128).unwrap();
+    fp8_case::<F8E4M3, F8E4M3, bf16>(
+        &stream,
+        &mut tuned,
+        &mut rng,
+        op,
+        (1.0, 0.0),
+        Some((0.5, 0.25)),
+        false,
+    );
+}
+
+#[test]
+fn fp8_matmul_rejections_leave_d_untouched() {
+    let Some((stream, mut lt)) = gpu() else {
+        return;
+    };
+    let op = Matmul::linear(32, 64, 48).unwrap();
+    let a = stream.alloc_zeros::<F8E4M3>(op.a_len()).unwrap();
+    let b = stream.alloc_zeros::<F8E4M3>(op.b_len()).unwrap();
+    let b52 = stream.alloc_zeros::<F8E5M2>(op.b_len()).unwrap();
+    let a52 = stream.alloc_zeros::<F8E5M2>(op.a_len()).unwrap();
+    let before = vec![bf16::from_f64(7.0); op.d_len()];
+    let mut d = stream.clone_htod(&before).unwrap();
+    let none = || EpilogueData::None;
+    let scaling = Fp8Scaling::new;
+    let r = lt.matmul_fp8(&op, 1.0, &a52, &b52, 0.0, &mut d, none(), scaling());
+    assert!(matches!(r, Err(Error::UnsupportedDataType { .. })), "{r:?}");
+    let plain = Matmul::new(32, 48, 64).unwrap();
+    let r = lt.matmul_fp8(&plain, 1.0, &a, &b, 0.0, &mut d, none(), scaling());
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    let odd_k = Matmul::linear(32, 40, 48).unwrap();
+    let r = lt.matmul_fp8(&odd_k, 1.0, &a, &b, 0.0, &mut d, none(), scaling());
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    let short_a = a.slice(1..);
+    let r = lt.matmul_fp8(&op, 1.0, &short_a, &b52, 0.0, &mut d, none(), scaling());
+    assert!(
+        matches!(r, Err(Error::BufferTooSmall { name: "a", .. })),
+        "{r:?}"
+    );
+    let empty_scale = stream.alloc_zeros::<f32>(1).unwrap();
+    let empty = empty_scale.slice(1..);
+    let r = lt.matmul_fp8(
+        &op,
+        1.0,
+        &a,
+        &b,
+        0.0,
+        &mut d,
+        none(),
+        scaling().with_b_scale(&empty),
+    );
+    assert!(
+        matches!(
+            r,
+            Err(Error::BufferTooSmall {
+                name: "b_scale",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    let with_bias = op.with_epilogue(Epilogue::BiasGelu);
+    let r = lt.matmul_fp8(&with_bias, 1.0, &a, &b, 0.0, &mut d, none(), scaling());
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    let dgelu = op.with_epilogue(Epilogue::DGelu);
+    let r = lt.matmul_fp8(&dgelu, 1.0, &a, &b, 0.0, &mut d, none(), scaling());
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    let mut short_d = stream.clone_htod(&before[1..]).unwrap();
+    let r = lt.matmul_fp8(&op, 1.0, &a, &a52, 0.0, &mut short_d, none(), scaling());
+    assert!(
+        matches!(r, Err(Error::BufferTooSmall { name: "d", .. })),
+        "{r:?}"
+    );
+    assert_untouched("d", &stream, &d, &before);
+    assert_untouched("short d", &stream, &short_d, &before[1..]);
 }

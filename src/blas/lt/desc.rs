@@ -224,18 +224,45 @@ impl CuPlan {
 }
 
 /// The descriptors of one call: the operation and the layouts of cuBLASLt's A (our B), B (our
-/// A) and C = D.
+/// A), D, and C when its type differs from D's (an FP8 output).
 pub(super) struct Descs {
     pub(super) op: OpDesc,
     pub(super) cu_a: LayoutDesc,
     pub(super) cu_b: LayoutDesc,
     pub(super) d: LayoutDesc,
+    pub(super) c: Option<LayoutDesc>,
+}
+
+/// The cuBLASLt data types of one call's matrices, in our (row-major) names.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MatTypes {
+    pub(super) a: sys::cudaDataType,
+    pub(super) b: sys::cudaDataType,
+    /// C's type; `None`: D's.
+    pub(super) c: Option<sys::cudaDataType>,
+    pub(super) d: sys::cudaDataType,
+}
+
+impl MatTypes {
+    pub(super) fn uniform(t: sys::cudaDataType) -> Self {
+        MatTypes {
+            a: t,
+            b: t,
+            c: None,
+            d: t,
+        }
+    }
 }
 
 impl Descs {
     /// `bias` and `aux` are the device addresses set on the descriptor (0: not used by the
     /// epilogue). The heuristic reads them for their alignment only.
     pub(super) fn new(op: &Matmul, dtype: sys::cudaDataType, bias: u64, aux: u64) -> Result<Self> {
+        Self::typed(op, MatTypes::uniform(dtype), bias, aux)
+    }
+
+    /// [`new`](Self::new) with a data type per matrix.
+    pub(super) fn typed(op: &Matmul, types: MatTypes, bias: u64, aux: u64) -> Result<Self> {
         use sys::cublasLtMatmulDescAttributes_t as A;
         let desc = OpDesc::new(op.compute_type())?;
         let plan = CuPlan::of(op);
@@ -253,15 +280,26 @@ impl Descs {
             desc.set(A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux)?;
             desc.set(A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &op.aux_ld())?;
         }
-        let cu_a = LayoutDesc::new(dtype, plan.a.0, plan.a.1)?;
-        let cu_b = LayoutDesc::new(dtype, plan.b.0, plan.b.1)?;
-        let d = LayoutDesc::new(dtype, plan.d.0, plan.d.1)?;
+        // cuBLASLt's A is our B, its B our A.
+        let cu_a = LayoutDesc::new(types.b, plan.a.0, plan.a.1)?;
+        let cu_b = LayoutDesc::new(types.a, plan.b.0, plan.b.1)?;
+        let d = LayoutDesc::new(types.d, plan.d.0, plan.d.1)?;
+        let c = match types.c {
+            Some(t) => Some(LayoutDesc::new(t, plan.d.0, plan.d.1)?),
+            None => None,
+        };
         Ok(Descs {
             op: desc,
             cu_a,
             cu_b,
             d,
+            c,
         })
+    }
+
+    /// The layout of C: its own, or D's.
+    pub(super) fn c(&self) -> &LayoutDesc {
+        self.c.as_ref().unwrap_or(&self.d)
     }
 }
 

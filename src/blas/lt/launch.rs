@@ -8,7 +8,7 @@ use cudarc::cublaslt::{result, sys};
 use cudarc::driver::{CudaStream, DeviceSlice};
 
 use super::desc::{Alignments, Descs, PrefDesc, RawHeuristic};
-use super::tune::{candidate, ranked_of, Key, Ranked};
+use super::tune::{candidate, ranked_of, Key, Label, Ranked};
 #[cfg(doc)]
 use super::Policy;
 use super::{
@@ -171,7 +171,7 @@ impl BlasLt {
         let fake = u64::from(CANDIDATE_ALIGNMENT);
         let descs = Descs::new(op, T::cuda_type(), fake, fake)?;
         let ranked = self.heuristic(op, &descs, &align, count.clamp(1, MAX_CANDIDATES))?;
-        let shape = op.shape_code(T::DTYPE);
+        let shape = op.shape_code_of(Label::Uniform(T::DTYPE).code());
         Ok(ranked.iter().map(|r| candidate(r, shape, align)).collect())
     }
 
@@ -188,9 +188,10 @@ impl BlasLt {
         explicit: Option<&Candidate>,
     ) -> Result<Choice> {
         self.check_call(op, a, b, &*d, &epi)?;
-        let shape = op.shape_code(T::DTYPE);
+        let label = Label::Uniform(T::DTYPE);
+        let shape = op.shape_code_of(label.code());
         if let Some(c) = explicit {
-            self.check_candidate::<T>(c, op, shape)?;
+            self.check_candidate(label, c, op, shape)?;
         }
         self.bind()?;
         // The guards below borrow this local stream, not `self`, so the cache and the
@@ -226,7 +227,7 @@ impl BlasLt {
         let (ranked, source, key, chosen_for) = match explicit {
             Some(c) => (vec![ranked_of(c)], Source::Explicit, None, c.alignment),
             None => {
-                let (r, s, k) = self.decide::<T>(op, &descs, &align, &ptrs, alpha, beta)?;
+                let (r, s, k) = self.decide::<T>(label, op, &descs, &align, &ptrs, alpha, beta)?;
                 (r, s, Some(k), align)
             }
         };
@@ -237,7 +238,7 @@ impl BlasLt {
             beta,
             ptrs: &ptrs,
         };
-        let rank = self.launch_ranked::<T>(op, &call, &ranked, key.as_ref())?;
+        let rank = self.launch_ranked(label, op, &call, &ranked, key.as_ref())?;
         Ok(Choice {
             candidate: candidate(&ranked[rank], shape, chosen_for),
             source,
@@ -247,8 +248,9 @@ impl BlasLt {
 
     /// Refuses an explicit candidate found for another problem or needing more workspace than
     /// the limit.
-    fn check_candidate<T: Element>(
+    pub(super) fn check_candidate(
         &self,
+        label: Label,
         c: &Candidate,
         op: &Matmul,
         shape: [i64; 8],
@@ -256,7 +258,7 @@ impl BlasLt {
         if c.shape != shape {
             return Err(Error::invalid(
                 "matmul candidate",
-                format!("one found for {op} in {}", T::DTYPE),
+                format!("one found for {op} in {label}"),
                 format!("one found for problem {:?}", c.shape),
             ));
         }
@@ -272,8 +274,9 @@ impl BlasLt {
     /// Launches the first algorithm of `ranked` cuBLASLt accepts and returns its rank. Algorithms
     /// cuBLASLt refuses are dropped from the cache entry under `key`; one whose workspace could
     /// not be allocated is skipped.
-    fn launch_ranked<T: Element>(
+    pub(super) fn launch_ranked(
         &mut self,
+        label: Label,
         op: &Matmul,
         call: &Call<'_>,
         ranked: &[Ranked],
@@ -287,8 +290,7 @@ impl BlasLt {
                     if rank > 0 {
                         self.stats.fallbacks += 1;
                         log::warn!(
-                            "cuBLASLt {op} {}: fell back to algo {} (rank {rank}) after {}",
-                            T::DTYPE,
+                            "cuBLASLt {op} {label}: fell back to algo {} (rank {rank}) after {}",
                             r.algo_id,
                             failures.join("; ")
                         );
@@ -316,7 +318,7 @@ impl BlasLt {
         }
         Err(Error::NoAlgorithm {
             op: "cuBLASLt matmul",
-            detail: format!("{op} in {}: {}", T::DTYPE, failures.join("; ")),
+            detail: format!("{op} in {label}: {}", failures.join("; ")),
         })
     }
 
@@ -340,7 +342,7 @@ impl BlasLt {
                 descs.op.0,
                 descs.cu_a.0,
                 descs.cu_b.0,
-                descs.d.0,
+                descs.c().0,
                 descs.d.0,
                 pref.0,
                 count as c_int,
@@ -400,7 +402,7 @@ impl BlasLt {
                 descs.op.0,
                 descs.cu_a.0,
                 descs.cu_b.0,
-                descs.d.0,
+                descs.c().0,
                 descs.d.0,
                 &algo,
                 (&mut out as *mut RawHeuristic).cast::<sys::cublasLtMatmulHeuristicResult_t>(),
@@ -482,7 +484,7 @@ pub(super) fn launch(
             ptrs.a as *const c_void,
             descs.cu_b.0,
             ptrs.d as *const c_void,
-            descs.d.0,
+            descs.c().0,
             ptrs.d as *mut c_void,
             descs.d.0,
             &algo,

@@ -199,14 +199,16 @@ impl Matmul {
 
     /// The problem as integers (without pointer alignments): part of every cache key and the
     /// identity a [`Candidate`] is tied to.
-    pub(super) fn shape_code(&self, dtype: DType) -> [i64; 8] {
+    /// The problem as the cache keys it, `types` coding the element types
+    /// ([`Label::code`](super::tune::Label::code)).
+    pub(super) fn shape_code_of(&self, types: i64) -> [i64; 8] {
         [
             self.m,
             self.n,
             self.k,
             i64::from(self.trans_a),
             i64::from(self.trans_b),
-            dtype_code(dtype),
+            types,
             i64::from(self.tf32),
             self.epilogue.code(),
         ]

@@ -15,12 +15,14 @@
 
 mod desc;
 mod epilogue;
+mod fp8;
 mod handle;
 mod launch;
 mod matmul;
 mod tune;
 
 pub use epilogue::{Epilogue, EpilogueData};
+pub use fp8::{Fp8, Fp8Kind, Fp8Output, Fp8Scaling};
 pub use handle::BlasLt;
 pub use matmul::Matmul;
 pub use tune::{Candidate, Choice, Policy, Source, Stats};

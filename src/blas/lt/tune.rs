@@ -5,15 +5,76 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaStream, DevicePtrMut};
+use cudarc::driver::{CudaStream, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
 use super::desc::{Alignments, Descs};
+use super::fp8::Fp8Kind;
 use super::launch::{algo_id, alignment_of, launch, Call, Ptrs};
-use super::{BlasLt, Element, Matmul};
+use super::matmul::dtype_code;
+use super::{BlasLt, Matmul};
 use crate::blas::require_cublaslt;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::timing;
 use crate::tune::{self, Format};
+
+/// The element types of one call, as the cache keys them and the logs name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Label {
+    /// A, B, C and D of one type ([`BlasLt::matmul`]).
+    Uniform(DType),
+    /// FP8 A and B, D of type `d` ([`BlasLt::matmul_fp8`]), with or without fast accumulation.
+    Fp8 {
+        a: Fp8Kind,
+        b: Fp8Kind,
+        d: DType,
+        fast_accum: bool,
+    },
+}
+
+impl Label {
+    /// The key's type code: the data type's for [`Label::Uniform`] (the codes of cache files
+    /// written before FP8), a code above 100 000 for FP8.
+    pub(super) fn code(self) -> i64 {
+        match self {
+            Label::Uniform(d) => dtype_code(d),
+            Label::Fp8 {
+                a,
+                b,
+                d,
+                fast_accum,
+            } => {
+                100_000
+                    + 10_000 * a.code()
+                    + 1_000 * b.code()
+                    + 10 * dtype_code(d)
+                    + i64::from(fast_accum)
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Label {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Label::Uniform(d) => write!(f, "{d}"),
+            Label::Fp8 {
+                a,
+                b,
+                d,
+                fast_accum,
+            } => write!(
+                f,
+                "{a:?}×{b:?}→{d}{}",
+                if *fast_accum {
+                    " (fast accumulation)"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
+}
 
 /// Device time an autotune spends timing one candidate (after one warm-up launch), in ms.
 pub(super) const AUTOTUNE_BATCH_MS: f32 = 2.0;
@@ -240,8 +301,9 @@ impl BlasLt {
 
     /// The ranking for a call: from the cache, or decided now under the policy (and cached).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn decide<T: Element>(
+    pub(super) fn decide<D: DeviceRepr + ValidAsZeroBits>(
         &mut self,
+        label: Label,
         op: &Matmul,
         descs: &Descs,
         align: &Alignments,
@@ -249,7 +311,7 @@ impl BlasLt {
         alpha: f32,
         beta: f32,
     ) -> Result<(Vec<Ranked>, Source, Key)> {
-        let key = self.key(op.shape_code(T::DTYPE), align);
+        let key = self.key(op.shape_code_of(label.code()), align);
         if let Some(entry) = self.cache.get(&key) {
             if entry.verified {
                 self.stats.hits += 1;
@@ -290,14 +352,14 @@ impl BlasLt {
                     "timing cuBLASLt algorithms (a first decision for this problem)",
                 )?;
                 self.stats.benchmarks += 1;
-                ranked = self.autotune::<T>(op, descs, &ranked, ptrs, alpha, beta)?;
+                ranked = self.autotune::<D>(label, op, descs, &ranked, ptrs, alpha, beta)?;
                 Source::Benchmark
             }
         };
         let best = &ranked[0];
         log::info!(
             "cuBLASLt {op} {} {} ({:.1} ms): algo {} (heuristic rank {}){}, {} bytes of workspace; {} candidates",
-            T::DTYPE,
+            label,
             self.policy.name(),
             started.elapsed().as_secs_f64() * 1e3,
             best.algo_id,
@@ -327,8 +389,10 @@ impl BlasLt {
 
     /// Times every candidate on the call's buffers (a scratch D when `beta ≠ 0`) and returns
     /// them fastest first; candidates that fail to launch are dropped.
-    pub(super) fn autotune<T: Element>(
+    #[allow(clippy::too_many_arguments)] // the call's parts
+    pub(super) fn autotune<D: DeviceRepr + ValidAsZeroBits>(
         &mut self,
+        label: Label,
         op: &Matmul,
         descs: &Descs,
         candidates: &[Ranked],
@@ -342,7 +406,7 @@ impl BlasLt {
         let mut scratch = if beta != 0.0 {
             Some(
                 stream
-                    .alloc_zeros::<T>(op.d_len())
+                    .alloc_zeros::<D>(op.d_len())
                     .map_err(|e| Error::driver("allocating autotune scratch memory", e))?,
             )
         } else {
@@ -392,7 +456,7 @@ impl BlasLt {
         if timed.is_empty() {
             return Err(Error::NoAlgorithm {
                 op: "cuBLASLt matmul",
-                detail: format!("no candidate for {op} in {} could run", T::DTYPE),
+                detail: format!("no candidate for {op} in {label} could run"),
             });
         }
         let heuristic_first = candidates[0].index;
