@@ -15,6 +15,11 @@
 //!   `group_norm(x, 32)` has no affine parameters, this crate's always applies them);
 //! * `relu_fwd_bwd_…`, `bn_train_fwd_bwd_…`: forward then backward (PyTorch's autograd times
 //!   the same pair);
+//! * `<act>_<dtype>_…` and `<act>_fwd_bwd_<dtype>_…` for `act` in sigmoid, tanh, silu (swish with
+//!   β = 1), elu (α = 1), gelu and gelu_tanh, `dtype` fp32 and bf16: the activations the crate's
+//!   generated kernels run, forward (`2 × nb` bytes) and forward then backward (`5 × nb`: the
+//!   backward reads `y` or `x` and `dy` and writes `dx`; PyTorch's side times
+//!   `torch.autograd.grad`, which does not accumulate into `x.grad`);
 //!
 //! and `layernorm_fp32_32768x1024`: layer normalization over the last dimension.
 //!
@@ -44,18 +49,21 @@ use std::sync::Arc;
 use std::ffi::c_void;
 
 use common::{
-    exit_on_error, list_only, median_ms, print_header, print_op_error, print_op_line,
-    print_summary, sample_size, setup_or_skip, timed_iters, values, Args, BoxResult, Summary,
+    exit_on_error, list_only, median_ms, normal_values, print_header, print_op_error,
+    print_op_line, print_summary, sample_size, setup_or_skip, timed_iters, values, Args, BoxResult,
+    Summary,
 };
 use criterion::{Criterion, Throughput};
-use cudnn_safe::activation::{ActivationDesc, ActivationMode};
+use cudnn_safe::activation::{ActivationDesc, ActivationMode, GeluApproximation};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudnn_safe::half::bf16;
 use cudnn_safe::norm::{
     BatchNorm, BatchNormMode, BatchNormOps, GroupNorm, LayerNorm, RunningStats,
 };
 use cudnn_safe::pooling::{PoolingDesc, PoolingMode};
 use cudnn_safe::softmax::{SoftmaxAlgorithm, SoftmaxMode};
 use cudnn_safe::{Cudnn, TensorDesc, Workspace};
+use cudnn_safe::{DataType, Scalar};
 
 /// Criterion group of every benchmark here.
 const GROUP: &str = "nn";
@@ -100,6 +108,27 @@ const OPS: [&str; 13] = [
     GROUPNORM,
     RELU_FB,
     BN_FB,
+];
+
+/// The activations of the `<act>_<dtype>_…` and `<act>_fwd_bwd_<dtype>_…` rows (the PyTorch
+/// script's `ACTIVATIONS`).
+const ACTIVATIONS: [(&str, ActivationMode); 6] = [
+    ("sigmoid", ActivationMode::Sigmoid),
+    ("tanh", ActivationMode::Tanh),
+    ("silu", ActivationMode::Swish { beta: 1.0 }),
+    ("elu", ActivationMode::Elu { alpha: 1.0 }),
+    (
+        "gelu",
+        ActivationMode::Gelu {
+            approximate: GeluApproximation::Exact,
+        },
+    ),
+    (
+        "gelu_tanh",
+        ActivationMode::Gelu {
+            approximate: GeluApproximation::Tanh,
+        },
+    ),
 ];
 
 /// Criterion group of the ReLU-by-description benchmarks.
@@ -528,6 +557,8 @@ fn run(
             Ok(())
         });
     }
+    activations::<f32>(c, args, stream, cudnn, "fp32", s)?;
+    activations::<bf16>(c, args, stream, cudnn, "bf16", s)?;
     if let (Some(d), Some(bn)) = (pick(c, args, BN_FB, &mut data), &bn) {
         bench_op(c, args, st, s, GROUP, BN_FB, BN_FB, None, &mut || {
             let running = RunningStats::new(&mut d.running_mean, &mut d.running_var, MOMENTUM);
@@ -555,6 +586,72 @@ fn run(
                 &mut d.dweight,
                 &mut d.dbias,
             )?;
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
+/// The `<act>_<dtype>_32x256x56x56` and `<act>_fwd_bwd_<dtype>_32x256x56x56` rows for `T`
+/// (`dtype` its name in op names): [`ACTIVATIONS`] forward, and forward then backward, on
+/// standard-normal data as PyTorch's `randn` gives (set up only when one of them is selected).
+/// `sigmoid_fp32_…` is timed with the other f32 rows above.
+fn activations<T: DataType>(
+    c: &mut Criterion,
+    args: &Args,
+    stream: &Arc<CudaStream>,
+    cudnn: &Cudnn,
+    dtype: &str,
+    s: &mut Vec<Summary>,
+) -> BoxResult<()> {
+    let st: &CudaStream = stream;
+    // Criterion ids and JSON ops live for the whole run.
+    let name = |act: &str, fb: &str| -> &'static str {
+        Box::leak(format!("{act}{fb}_{dtype}_32x256x56x56").into_boxed_str())
+    };
+    let mut rows = Vec::new();
+    for (act, mode) in ACTIVATIONS {
+        let fwd = name(act, "");
+        if fwd != SIGMOID {
+            rows.push((fwd, mode, false));
+        }
+        rows.push((name(act, "_fwd_bwd"), mode, true));
+    }
+    let mut data = None;
+    for (op, mode, backward) in rows {
+        if !selected(c, args, op) {
+            continue;
+        }
+        let [n, ch, h, w] = DIMS;
+        let (d, x, y, dy, dx) = match &mut data {
+            Some(v) => v,
+            None => {
+                let d = TensorDesc::<T>::nchw(n, ch, h, w)?;
+                let len = d.span();
+                let x = stream.clone_htod(&normal_values::<T>(len))?;
+                let dy = stream.clone_htod(
+                    &normal_values::<T>(len)
+                        .into_iter()
+                        .rev()
+                        .collect::<Vec<_>>(),
+                )?;
+                let y = stream.alloc_zeros::<T>(len)?;
+                let dx = stream.alloc_zeros::<T>(len)?;
+                data.insert((d, x, y, dy, dx))
+            }
+        };
+        let nb = (d.span() * std::mem::size_of::<T>()) as f64;
+        let act = ActivationDesc::new(mode)?;
+        let (one, zero) = (
+            <T::Scalar as Scalar>::from_f64(1.0),
+            <T::Scalar as Scalar>::from_f64(0.0),
+        );
+        let bytes = if backward { 5.0 * nb } else { 2.0 * nb };
+        bench_op(c, args, st, s, GROUP, op, op, Some(bytes), &mut || {
+            cudnn.activation_forward(&act, one, d, &*x, zero, d, &mut *y)?;
+            if backward {
+                cudnn.activation_backward(&act, one, d, &*y, d, &*dy, d, &*x, zero, d, &mut *dx)?;
+            }
             Ok(())
         });
     }

@@ -316,6 +316,16 @@ pub enum Error {
         /// The base name searched for.
         searched: &'static str,
     },
+    /// An operation cuDNN has no kernel for (GELU) needs one of the crate's own, run-time
+    /// compiled kernels, and it is not available here: no NVRTC library, or compiling or loading
+    /// it failed (the reason says which). Nothing was enqueued.
+    #[error("{op} runs only on cudnn-safe's own kernel, which is not available: {reason}")]
+    KernelUnavailable {
+        /// The operation (e.g. `GELU forward`).
+        op: &'static str,
+        /// Why the kernel is not available.
+        reason: String,
+    },
     /// A workspace request exceeds the configured limit.
     #[error("workspace request of {requested} bytes exceeds the limit of {limit} bytes")]
     WorkspaceLimit {
@@ -509,6 +519,11 @@ impl Error {
                 .debug_struct("LibraryMissing")
                 .field("library", library)
                 .field("searched", searched)
+                .finish(),
+            Error::KernelUnavailable { op, reason } => f
+                .debug_struct("KernelUnavailable")
+                .field("op", op)
+                .field("reason", reason)
                 .finish(),
             Error::WorkspaceLimit { requested, limit } => f
                 .debug_struct("WorkspaceLimit")

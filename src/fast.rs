@@ -1,18 +1,29 @@
 //! The crate's own kernels, for the cases where cuDNN leaves bandwidth on the table.
 //!
-//! Today one: ReLU forward on packed `f32` tensors, where `cudnnActivationForward` stays well
-//! below a device copy's bandwidth however the tensor is described. ReLU is pure streaming, so
-//! a kernel that keeps enough 16-byte loads in flight runs at copy speed;
-//! [`Cudnn::activation_forward`] sends the cases it covers here and everything else to cuDNN.
+//! Element-wise activations stream memory, so a kernel that keeps enough 16-byte loads in
+//! flight runs at copy speed, where `cudnnActivationForward` / `cudnnActivationBackward` stay
+//! well below it however the tensor is described. [`Cudnn::activation_forward`] and
+//! [`Cudnn::activation_backward`] (and their in-place forms) send the cases below here,
+//! when every tensor of the call shares one packed layout, and everything else to cuDNN:
 //!
-//! The kernels are hand-written PTX, JIT-compiled by the driver once per handle on first use
-//! ([`KernelCache`]). Should that fail (a driver too old for the PTX, a GPU older than the
-//! target), the handle remembers it, logs it once at debug level and keeps using cuDNN.
+//! * ReLU forward on `f32`: the hand-written PTX kernels of this file, JIT-compiled by the
+//!   driver once per handle on first use ([`KernelCache`]).
+//! * Sigmoid, tanh, swish, ELU and GELU (exact and tanh), forward and backward, on `f32`,
+//!   `f16` and `bf16`: kernels generated from one CUDA C++ template (`elementwise.rs`), each
+//!   activation contributing its forward and backward body, compiled with NVRTC (`nvrtc.rs`)
+//!   once per process for each activation, type and direction by the first launch that needs
+//!   it, and loaded once per handle.
 //!
-//! What the kernels compute, for `i` in `0..n` (and nothing outside it):
+//! Should loading fail (no NVRTC library, a compile error, a driver too old for the PTX, a GPU
+//! older than the target), the handle remembers it, logs it once at debug level and keeps
+//! using cuDNN; GELU, which cuDNN's activation API lacks, then returns
+//! [`Error::KernelUnavailable`].
+//!
+//! What the ReLU kernels compute, for `i` in `0..n` (and nothing outside it):
 //! `y[i] = alpha·relu(x[i]) + beta·y[i]`, where `y[i]` is not read at all when `beta == 0` (so
 //! NaN left in `y` does not leak), and `relu(NaN)` is NaN when NaN propagates and 0 otherwise
-//! (cuDNN's `CUDNN_NOT_PROPAGATE_NAN` ReLU gives 0).
+//! (cuDNN's `CUDNN_NOT_PROPAGATE_NAN` ReLU gives 0). The generated kernels follow the same
+//! `alpha`/`beta` rule (see `elementwise.rs`).
 use std::cell::OnceCell;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -25,8 +36,11 @@ use crate::activation::NanPropagation;
 use crate::error::{Error, Result};
 use crate::handle::Cudnn;
 
+pub(crate) mod elementwise;
+mod nvrtc;
+
 /// Threads per block of every kernel here (also the PTX's `.maxntid`).
-const BLOCK: u32 = 256;
+pub(crate) const BLOCK: u32 = 256;
 
 /// Elements one thread of the vector kernels handles per loop trip: one 16-byte load, so a
 /// warp's access is 512 contiguous bytes (fully coalesced). A first version read 32 contiguous
@@ -216,9 +230,6 @@ pub(crate) struct FastKernels {
     relu: CudaFunction,
     relu_in_place: CudaFunction,
     relu_unaligned: CudaFunction,
-    /// The most blocks of [`BLOCK`] threads one launch uses (the grid's x limit); beyond it
-    /// the grid-stride loop gives threads several trips.
-    max_blocks: u32,
     /// Kept to synchronize before the module is unloaded (see `Drop`).
     ctx: Arc<CudaContext>,
 }
@@ -249,22 +260,21 @@ impl FastKernels {
                 relu,
                 relu_in_place,
                 relu_unaligned,
-                max_blocks: GRID_X_LIMIT,
                 ctx: Arc::clone(ctx),
             });
         }
         Err(failures.join("; "))
     }
+}
 
-    /// Blocks for `work` items (units or elements) of one thread each per trip: enough for
-    /// one item per thread (as PyTorch's elementwise kernels launch), at most `max_blocks`
-    /// (the grid's x limit), at least one block; the grid-stride loop covers any remainder.
-    fn blocks(&self, work: u64) -> u32 {
-        let wanted = work.div_ceil(u64::from(BLOCK));
-        u32::try_from(wanted)
-            .unwrap_or(u32::MAX)
-            .clamp(1, self.max_blocks)
-    }
+/// Blocks of [`BLOCK`] threads for `work` items (units or elements) of one thread each per
+/// trip: enough for one item per thread (as PyTorch's elementwise kernels launch), at most the
+/// grid's x limit, at least one block; the grid-stride loops cover any remainder.
+pub(crate) fn blocks(work: u64) -> u32 {
+    let wanted = work.div_ceil(u64::from(BLOCK));
+    u32::try_from(wanted)
+        .unwrap_or(u32::MAX)
+        .clamp(1, GRID_X_LIMIT)
 }
 
 impl Drop for FastKernels {
@@ -279,15 +289,20 @@ impl Drop for FastKernels {
     }
 }
 
-/// The per-handle kernel cache: empty until the first launch that could use a kernel, then
-/// either the loaded kernels or `None` (loading failed once; the handle stays on cuDNN).
+/// The per-handle kernel cache: each part empty until the first launch that could use it, then
+/// the loaded kernels or the remembered failure (the handle then stays on cuDNN).
 #[derive(Default)]
-pub(crate) struct KernelCache(OnceCell<Option<FastKernels>>);
+pub(crate) struct KernelCache {
+    /// The ReLU PTX module: loaded, or `None` (loading failed once).
+    relu: OnceCell<Option<FastKernels>>,
+    /// The generated activation modules, one per (activation, element type).
+    pub(crate) elementwise: elementwise::ElementwiseCache,
+}
 
 impl KernelCache {
-    /// Whether the kernels were loaded (so launches from them may still be in flight).
+    /// Whether any kernels were loaded (so launches from them may still be in flight).
     pub(crate) fn is_loaded(&self) -> bool {
-        matches!(self.0.get(), Some(Some(_)))
+        matches!(self.relu.get(), Some(Some(_))) || self.elementwise.any_loaded()
     }
 }
 
@@ -329,7 +344,7 @@ impl Cudnn {
     /// The handle's kernels, loaded on first use; `None` when they could not be loaded.
     fn fast_kernels(&self) -> Option<&FastKernels> {
         self.fast
-            .0
+            .relu
             .get_or_init(|| match FastKernels::load(self.context()) {
                 Ok(k) => Some(k),
                 Err(e) => {
@@ -372,9 +387,9 @@ impl Cudnn {
         };
         let n = n as u64;
         let (func, blocks) = match kernel {
-            ReluKernel::Vector => (&k.relu, k.blocks(n / UNIT)),
-            ReluKernel::VectorInPlace => (&k.relu_in_place, k.blocks(n / UNIT)),
-            ReluKernel::Scalar => (&k.relu_unaligned, k.blocks(n)),
+            ReluKernel::Vector => (&k.relu, blocks(n / UNIT)),
+            ReluKernel::VectorInPlace => (&k.relu_in_place, blocks(n / UNIT)),
+            ReluKernel::Scalar => (&k.relu_unaligned, blocks(n)),
         };
         let propagate = u32::from(nan == NanPropagation::Propagate);
         let cfg = LaunchConfig {
@@ -401,7 +416,7 @@ impl Cudnn {
         // (`relu_f32`) is used only for `x != y`, where the caller guarantees nothing writes
         // `x` during the kernel; `x == y` takes the kernel with coherent loads, where each
         // element is read and then written by one thread only. The grid is at least one
-        // block, at most `max_blocks`, of `BLOCK` threads (the PTX's `.maxntid`), no shared
+        // block, at most the grid's x limit, of `BLOCK` threads (the PTX's `.maxntid`), no shared
         // memory.
         unsafe { launch.launch(cfg) }
             .map_err(|e| Error::driver("launching cudnn-safe's ReLU kernel", e))?;
@@ -473,8 +488,8 @@ mod tests {
         let k = cudnn
             .fast_kernels()
             .expect("the ReLU module must load on this GPU (else cuDNN runs every ReLU)");
-        eprintln!("ReLU kernels: at most {} blocks of {BLOCK}", k.max_blocks);
-        assert!(k.max_blocks >= 1);
+        assert!(blocks(u64::MAX) == GRID_X_LIMIT && blocks(0) == 1);
+        let _ = k;
         let stream = cudnn.stream().clone();
         let n = 4 * 1024 + 7;
         let xs: Vec<f32> = (0..n + 1)

@@ -156,7 +156,7 @@ pub mod tune;
 mod version;
 mod workspace;
 
-pub use activation::{ActivationDesc, ActivationMode, NanPropagation};
+pub use activation::{ActivationDesc, ActivationMode, GeluApproximation, NanPropagation};
 pub use buffer::{DeviceBuffer, DeviceBufferMut};
 pub use capture::{CaptureBuffers, Captured};
 pub use dropout::{Dropout, DropoutReserve};

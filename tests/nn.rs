@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use common::Rng;
 use common::*;
-use cudnn_safe::activation::{ActivationDesc, ActivationMode, NanPropagation};
+use cudnn_safe::activation::{ActivationDesc, ActivationMode, GeluApproximation, NanPropagation};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::pooling::{PoolingDesc, PoolingMode};
@@ -544,14 +544,52 @@ fn max_pooling_propagates_nan_when_asked() {
 /// The clipped-ReLU ceiling, ELU alpha and swish beta of the tests (exact in every type).
 const CEILING: f64 = 1.5;
 
-const ACT_MODES: [ActivationMode; 6] = [
+const GELU: ActivationMode = ActivationMode::Gelu {
+    approximate: GeluApproximation::Exact,
+};
+const GELU_TANH: ActivationMode = ActivationMode::Gelu {
+    approximate: GeluApproximation::Tanh,
+};
+
+const ACT_MODES: [ActivationMode; 8] = [
     ActivationMode::Sigmoid,
     ActivationMode::Relu,
     ActivationMode::Tanh,
     ActivationMode::ClippedRelu { ceiling: CEILING },
     ActivationMode::Elu { alpha: 0.75 },
     ActivationMode::Swish { beta: 1.25 },
+    GELU,
+    GELU_TANH,
 ];
+
+/// `erf(x)` in f64 (the standard library has none): the Maclaurin series for `|x| < 3`
+/// (about 1e-14 absolute there), `1 − erfc(x)` from erfc's continued fraction beyond.
+fn erf(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    let a = x.abs();
+    if a < 3.0 {
+        // erf(x) = 2/√π · Σ (−1)ⁿ x^(2n+1) / (n!·(2n+1))
+        let (mut term, mut sum) = (x, x);
+        for n in 1..200 {
+            term *= -x * x / n as f64;
+            let t = term / (2 * n + 1) as f64;
+            sum += t;
+            if t.abs() < 1e-17 * sum.abs() {
+                break;
+            }
+        }
+        return sum * 2.0 / std::f64::consts::PI.sqrt();
+    }
+    // erfc(a) = e^(−a²)/√π · 1/(a + (1/2)/(a + 1/(a + (3/2)/(a + …))))
+    let mut t = a;
+    for k in (1..=80).rev() {
+        t = a + (k as f64 / 2.0) / t;
+    }
+    let erfc = (-a * a).exp() / std::f64::consts::PI.sqrt() / t;
+    (1.0 - erfc).copysign(x)
+}
 
 /// `(f(x), f′(x))` in f64.
 fn act_ref(mode: ActivationMode, x: f64) -> (f64, f64) {
@@ -581,7 +619,42 @@ fn act_ref(mode: ActivationMode, x: f64) -> (f64, f64) {
             let s = sigmoid(beta * x);
             (x * s, s + beta * x * s * (1.0 - s))
         }
+        ActivationMode::Gelu {
+            approximate: GeluApproximation::Exact,
+        } => {
+            let cdf = 0.5 * (1.0 + erf(x / std::f64::consts::SQRT_2));
+            let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+            (x * cdf, cdf + x * pdf)
+        }
+        ActivationMode::Gelu {
+            approximate: GeluApproximation::Tanh,
+        } => {
+            let (k, kappa) = ((2.0 / std::f64::consts::PI).sqrt(), 0.044715);
+            let t = (k * (x + kappa * x * x * x)).tanh();
+            let dt = (1.0 - t * t) * k * (1.0 + 3.0 * kappa * x * x);
+            (0.5 * x * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * x * dt)
+        }
         ActivationMode::Identity => (x, 1.0),
+    }
+}
+
+/// Whether `mode` is GELU (which runs only on the crate's own kernels).
+fn is_gelu(mode: ActivationMode) -> bool {
+    matches!(mode, ActivationMode::Gelu { .. })
+}
+
+/// Whether a GELU call on `T` tensors whose layouts are all `fmt` is refused before launch
+/// (cuDNN has no GELU; the crate's kernels take f32, f16 and bf16 on one packed layout), and
+/// the error it must be refused with.
+fn gelu_refusal<T: DataType>(mode: ActivationMode, fmt: Fmt) -> Option<Kind> {
+    if !is_gelu(mode) {
+        None
+    } else if T::DTYPE == DType::F64 {
+        Some(kind!(UnsupportedDataType))
+    } else if fmt == Fmt::Padded {
+        Some(kind!(InvalidArgument))
+    } else {
+        None
     }
 }
 
@@ -629,6 +702,10 @@ fn activation_case_scaled<T: DataType>(
         "activation {mode:?} {} {fmt:?} {dims:?} alpha {alpha} beta {beta}",
         T::DTYPE
     );
+    if let Some(kind) = gelu_refusal::<T>(mode, fmt) {
+        gelu_refused::<T>(s, cudnn, rng, &act, &t, &t, kind, &what);
+        return;
+    }
     let xv: Vec<T> = act_inputs(rng, t.len());
     let xf = to_f64(&xv);
     let refs: Vec<(f64, f64)> = xf.iter().map(|&v| act_ref(mode, v)).collect();
@@ -713,10 +790,66 @@ fn activation_case_scaled<T: DataType>(
     }
 }
 
-/// Shapes of the activation tests. ReLU forward on f32 runs the crate's own kernel when x and y
-/// share one packed layout (`First`, `Last`: alpha 1 / beta 0 and alpha 0.5 / beta 0 here,
-/// blending in `activation_packed_layouts_blend`); padded layouts, other modes and types go to
-/// cuDNN. Both paths are checked; the kernel's edge cases have their own tests below.
+/// Every activation call on GELU with input layout `xt` and output layout `yt` (forward:
+/// x → y, backward: y, dy in `yt`, x, dx in `xt`; in place on `yt`) must fail with `kind`
+/// before launch, leaving every output untouched.
+#[allow(clippy::too_many_arguments)] // the case, spelled out
+fn gelu_refused<T: DataType>(
+    s: &Arc<CudaStream>,
+    cudnn: &Cudnn,
+    rng: &mut Rng,
+    act: &ActivationDesc,
+    xt: &Tensor<T>,
+    yt: &Tensor<T>,
+    kind: Kind,
+    what: &str,
+) {
+    let (one, zero) = (scalar::<T>(1.0).0, scalar::<T>(0.0).0);
+    let (x, _) = xt.upload(s, &act_inputs(rng, xt.len()));
+    let (y_in, _) = yt.upload(s, &act_inputs(rng, yt.len()));
+    let (dy, _) = yt.upload(s, &rng.values(yt.len()));
+    let (mut y, y_before) = yt.upload(s, &rng.values(yt.len()));
+    let r = cudnn.activation_forward(act, one, &xt.desc, &x, zero, &yt.desc, &mut y);
+    rejected(&format!("{what} forward"), r, kind, s, &y, &y_before);
+    let r = cudnn.activation_forward_in_place(act, one, zero, &yt.desc, &mut y);
+    if xt.desc.layout().strides() == yt.desc.layout().strides() {
+        rejected(
+            &format!("{what} forward in place"),
+            r,
+            kind,
+            s,
+            &y,
+            &y_before,
+        );
+    } else {
+        // One packed layout in place: the crate's kernel runs.
+        r.unwrap_or_else(|e| panic!("{what} forward in place on {:?}: {e}", yt.dims));
+    }
+    let (mut dx, dx_before) = xt.upload(s, &rng.values(xt.len()));
+    let r = cudnn.activation_backward(
+        act, one, &yt.desc, &y_in, &yt.desc, &dy, &xt.desc, &x, zero, &xt.desc, &mut dx,
+    );
+    rejected(&format!("{what} backward"), r, kind, s, &dx, &dx_before);
+    if xt.desc.layout().strides() == yt.desc.layout().strides() {
+        let r = cudnn.activation_backward_in_place(
+            act, one, &yt.desc, &y_in, &xt.desc, &x, zero, &xt.desc, &mut dx,
+        );
+        rejected(
+            &format!("{what} backward in place"),
+            r,
+            kind,
+            s,
+            &dx,
+            &dx_before,
+        );
+    }
+}
+
+/// Shapes of the activation tests. On packed layouts (`First`, `Last`: alpha 1 / beta 0 and
+/// alpha 0.5 / beta 0 here, blending in `activation_packed_layouts_blend`) the crate's own
+/// kernels run: ReLU forward on f32, and sigmoid, tanh, swish, ELU and GELU forward and
+/// backward on f32, f16 and bf16; padded layouts, f64 and the other modes go to cuDNN (GELU is
+/// refused there). Both paths are checked; the kernels' edge cases have their own tests below.
 const ACT_DIMS: [&[i64]; 6] = [
     &[2, 3, 4, 5],
     &[2, 3, 2, 3, 4],
@@ -774,14 +907,20 @@ fn activation_takes_six_dimensions() {
 }
 
 /// Packed tensors with a blending `beta ≠ 0` (the prior output is read), in channels-first and
-/// channels-last order, for every float type (f32 ReLU on the crate's kernel, the rest on
-/// cuDNN); and the same with `beta = 0` on the largest count of these tests.
+/// channels-last order, for every float type (the crate's kernels where they run, cuDNN for
+/// the rest; f64 GELU refused); and the same with `beta = 0` on the largest count of these
+/// tests.
 #[test]
 fn activation_packed_layouts_blend() {
     let Some((s, cudnn)) = gpu() else { return };
     let mut rng = Rng::new(18);
     fn run<T: DataType>(s: &Arc<CudaStream>, cudnn: &Cudnn, rng: &mut Rng) {
-        for mode in [ActivationMode::Relu, ActivationMode::Swish { beta: 1.25 }] {
+        for mode in [
+            ActivationMode::Relu,
+            ActivationMode::Swish { beta: 1.25 },
+            ActivationMode::Sigmoid,
+            GELU_TANH,
+        ] {
             for fmt in [Fmt::First, Fmt::Last] {
                 activation_case_scaled::<T>(s, cudnn, rng, mode, &[4, 8, 8, 8], fmt, (1.25, -0.5));
             }
@@ -1201,6 +1340,463 @@ fn fast_relu_rejections_leave_output_untouched() {
         "{r:?}"
     );
     assert_untouched("rejected relu", &s, &y, &y_before);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The crate's generated activation kernels (sigmoid, tanh, swish, ELU, GELU; f32, f16, bf16)
+// ---------------------------------------------------------------------------------------------
+//
+// On tensors that share one packed layout, `activation_forward` and `activation_backward` run
+// kernels generated from one template (a loop over 16-byte vectors, then a tail of `n mod V`
+// elements, V = 4 for f32 and 8 for f16/bf16; a scalar loop when a pointer is not 16-byte
+// aligned). These tests aim at their edges: every tail length, tiny and large counts, views
+// one element into their buffer, blending, the in-place forms, NaN inputs, and elements past
+// the tensor that must keep their sentinel.
+
+/// The modes with a generated kernel.
+const GENERATED_MODES: [ActivationMode; 6] = [
+    ActivationMode::Sigmoid,
+    ActivationMode::Tanh,
+    ActivationMode::Swish { beta: 1.25 },
+    ActivationMode::Elu { alpha: 0.75 },
+    GELU,
+    GELU_TANH,
+];
+
+/// A device buffer of `len` elements: the sentinel, with `window` at `off`.
+fn window_buffer<T: DataType>(
+    s: &Arc<CudaStream>,
+    len: usize,
+    off: usize,
+    window: &[T],
+) -> CudaSlice<T> {
+    let mut host = vec![T::from_f64(SENTINEL); len];
+    host[off..off + window.len()].copy_from_slice(window);
+    s.clone_htod(&host).unwrap()
+}
+
+/// Checks a whole buffer: `want` (within `tol`) at `off..off + want.len()`, the sentinel
+/// everywhere else.
+fn check_window_close<T: DataType>(what: &str, got: &[T], off: usize, want: &[f64], tol: f64) {
+    assert_close(what, &got[off..off + want.len()], want, tol);
+    for (p, &g) in got.iter().enumerate() {
+        if p < off || p >= off + want.len() {
+            assert_eq!(
+                g.to_f64(),
+                SENTINEL,
+                "{what}: element {p} outside the tensor changed"
+            );
+        }
+    }
+}
+
+/// The descriptor of `n` packed elements as `[1, 1, 1, n]`.
+fn row<T: DataType>(n: usize) -> TensorDesc<T> {
+    TensorDesc::<T>::nchw(1, 1, 1, n as i64).unwrap()
+}
+
+/// Forward, forward in place, backward and backward in place of `mode` on `n` elements whose
+/// inputs sit `in_off` elements and outputs `out_off` elements into buffers of `n + SLACK`
+/// (the in-place forms at `out_off`), with `(alpha, beta)`, against the f64 reference; every
+/// element outside the tensor must keep its sentinel.
+#[allow(clippy::too_many_arguments)] // the case, spelled out
+fn generated_case<T: DataType>(
+    s: &Arc<CudaStream>,
+    cudnn: &Cudnn,
+    rng: &mut Rng,
+    mode: ActivationMode,
+    n: usize,
+    (in_off, out_off): (usize, usize),
+    (alpha, beta): (f64, f64),
+) {
+    let act = ActivationDesc::new(mode).unwrap();
+    let desc = row::<T>(n);
+    let len = n + SLACK;
+    let ((a, af), (b, bf)) = (scalar::<T>(alpha), scalar::<T>(beta));
+    let what = format!(
+        "{mode:?} {} n {n} in +{in_off} out +{out_off} alpha {alpha} beta {beta}",
+        T::DTYPE
+    );
+    let xv: Vec<T> = act_inputs(rng, n);
+    let xf = to_f64(&xv);
+    let refs: Vec<(f64, f64)> = xf.iter().map(|&v| act_ref(mode, v)).collect();
+    let f: Vec<f64> = refs.iter().map(|r| r.0).collect();
+    let prior = |rng: &mut Rng| -> Vec<T> {
+        if bf == 0.0 {
+            vec![poison::<T>(); n]
+        } else {
+            rng.values(n)
+        }
+    };
+    let x = window_buffer(s, len, in_off, &xv);
+
+    // Forward.
+    let y_prior = prior(rng);
+    let mut y = window_buffer(s, len, out_off, &y_prior);
+    cudnn
+        .activation_forward(
+            &act,
+            a,
+            &desc,
+            &x.slice(in_off..),
+            b,
+            &desc,
+            &mut y.slice_mut(out_off..),
+        )
+        .unwrap_or_else(|e| panic!("{what} forward: {e}"));
+    let want = blend(af, &f, bf, &to_f64(&y_prior));
+    check_window_close(
+        &format!("{what} forward"),
+        &download(s, &y),
+        out_off,
+        &want,
+        tol::<T>(),
+    );
+
+    // Forward in place (the prior output is the input).
+    let mut xy = window_buffer(s, len, out_off, &xv);
+    cudnn
+        .activation_forward_in_place(&act, a, b, &desc, &mut xy.slice_mut(out_off..))
+        .unwrap_or_else(|e| panic!("{what} forward in place: {e}"));
+    let want = blend(af, &f, bf, &xf);
+    check_window_close(
+        &format!("{what} forward in place"),
+        &download(s, &xy),
+        out_off,
+        &want,
+        tol::<T>(),
+    );
+
+    // Backward, from the forward's output as stored.
+    let y_stored: Vec<T> = f.iter().map(|&v| T::from_f64(v)).collect();
+    let y_in = window_buffer(s, len, in_off, &y_stored);
+    let dyv: Vec<T> = rng.values(n);
+    let dyf = to_f64(&dyv);
+    let dy = window_buffer(s, len, in_off, &dyv);
+    let grad: Vec<f64> = dyf.iter().zip(&refs).map(|(&d, r)| d * r.1).collect();
+    let dx_prior = prior(rng);
+    let mut dx = window_buffer(s, len, out_off, &dx_prior);
+    cudnn
+        .activation_backward(
+            &act,
+            a,
+            &desc,
+            &y_in.slice(in_off..),
+            &desc,
+            &dy.slice(in_off..),
+            &desc,
+            &x.slice(in_off..),
+            b,
+            &desc,
+            &mut dx.slice_mut(out_off..),
+        )
+        .unwrap_or_else(|e| panic!("{what} backward: {e}"));
+    let want = blend(af, &grad, bf, &to_f64(&dx_prior));
+    check_window_close(
+        &format!("{what} backward"),
+        &download(s, &dx),
+        out_off,
+        &want,
+        tol::<T>(),
+    );
+
+    // Backward in place: the gradient overwrites dy (at `out_off`).
+    let mut g = window_buffer(s, len, out_off, &dyv);
+    cudnn
+        .activation_backward_in_place(
+            &act,
+            a,
+            &desc,
+            &y_in.slice(in_off..),
+            &desc,
+            &x.slice(in_off..),
+            b,
+            &desc,
+            &mut g.slice_mut(out_off..),
+        )
+        .unwrap_or_else(|e| panic!("{what} backward in place: {e}"));
+    let want = blend(af, &grad, bf, &dyf);
+    check_window_close(
+        &format!("{what} backward in place"),
+        &download(s, &g),
+        out_off,
+        &want,
+        tol::<T>(),
+    );
+}
+
+/// Counts with every tail length of both vector widths and fewer than one vector, aligned and
+/// one element in, for every generated mode and type, plain, scaled and blending.
+fn generated_edges<T: DataType>(s: &Arc<CudaStream>, cudnn: &Cudnn, rng: &mut Rng) {
+    for mode in GENERATED_MODES {
+        for n in [1usize, 2, 3, 5, 7, 8, 9, 15, 17, 1021] {
+            for offs in [(0, 0), (1, 1), (1, 0), (0, 1)] {
+                for scales in [(1.0, 0.0), (0.5, 0.0), (1.25, -0.5)] {
+                    generated_case::<T>(s, cudnn, rng, mode, n, offs, scales);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn generated_activations_edges_f32() {
+    let Some((s, cudnn)) = gpu() else { return };
+    generated_edges::<f32>(&s, &cudnn, &mut Rng::new(51));
+}
+
+#[test]
+fn generated_activations_edges_f16() {
+    let Some((s, cudnn)) = gpu() else { return };
+    generated_edges::<f16>(&s, &cudnn, &mut Rng::new(52));
+}
+
+#[test]
+fn generated_activations_edges_bf16() {
+    let Some((s, cudnn)) = gpu() else { return };
+    generated_edges::<bf16>(&s, &cudnn, &mut Rng::new(53));
+}
+
+/// A large count (3·2²⁰ + 3 elements: thousands of blocks and a tail), aligned and one element
+/// in, blending, for GELU (tanh) and sigmoid in every type.
+#[test]
+fn generated_activations_large() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let mut rng = Rng::new(54);
+    fn run<T: DataType>(s: &Arc<CudaStream>, cudnn: &Cudnn, rng: &mut Rng) {
+        let n = 3 * (1 << 20) + 3;
+        for mode in [GELU_TANH, ActivationMode::Sigmoid] {
+            for offs in [(0, 0), (1, 1)] {
+                generated_case::<T>(s, cudnn, rng, mode, n, offs, (1.25, -0.5));
+            }
+        }
+    }
+    run::<f32>(&s, &cudnn, &mut rng);
+    run::<f16>(&s, &cudnn, &mut rng);
+    run::<bf16>(&s, &cudnn, &mut rng);
+}
+
+/// NaN inputs, in the vector body and in the tail, aligned and one element in, under both NaN
+/// rules: the generated kernels give NaN wherever an input is NaN (x forward; x or y, as the
+/// backward reads, and dy backward) and the reference elsewhere. Under `Propagate`, cuDNN (on
+/// the same values in a padded layout) must agree for the modes it has; under `NotPropagate`
+/// its answer at NaN inputs is printed.
+#[test]
+fn generated_activations_nan_inputs() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let mut rng = Rng::new(55);
+    fn run<T: DataType>(s: &Arc<CudaStream>, cudnn: &Cudnn, rng: &mut Rng) {
+        let dims = [1i64, 1, 13, 79]; // 1027 elements: vectors and a tail of 3
+        let n = 1027usize;
+        let nans = [0usize, 5, 8 * 17 + 3, 8 * 100, n - 3, n - 1];
+        let desc = row::<T>(n);
+        let (one, zero) = (scalar::<T>(1.0).0, scalar::<T>(0.0).0);
+        for mode in GENERATED_MODES {
+            for nan in [NanPropagation::Propagate, NanPropagation::NotPropagate] {
+                let act = ActivationDesc::builder(mode).nan(nan).build().unwrap();
+                for off in [0usize, 1] {
+                    let what = format!("{mode:?} {} {nan:?} at +{off}", T::DTYPE);
+                    let mut xv: Vec<T> = act_inputs(rng, n);
+                    for &i in &nans {
+                        xv[i] = T::from_f64(f64::NAN);
+                    }
+                    let want: Vec<f64> = to_f64(&xv).iter().map(|&v| act_ref(mode, v).0).collect();
+                    let x = window_buffer(s, n + SLACK, off, &xv);
+                    let mut y = window_buffer(s, n + SLACK, off, &vec![poison::<T>(); n]);
+                    cudnn
+                        .activation_forward(
+                            &act,
+                            one,
+                            &desc,
+                            &x.slice(off..),
+                            zero,
+                            &desc,
+                            &mut y.slice_mut(off..),
+                        )
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let got = download(s, &y);
+                    for (i, &w) in want.iter().enumerate() {
+                        let g = got[off + i].to_f64();
+                        if nans.contains(&i) {
+                            assert!(g.is_nan(), "{what} forward: f(NaN) gave {g} at {i}");
+                        } else {
+                            assert!(
+                                (g - w).abs() <= tol::<T>() * (1.0 + w.abs()),
+                                "{what} forward: element {i}: got {g}, want {w}"
+                            );
+                        }
+                    }
+                    // Backward: NaN in the saved tensor (x, and y = f(x)) and in dy elsewhere.
+                    let y_stored: Vec<T> = want.iter().map(|&v| T::from_f64(v)).collect();
+                    let mut dyv: Vec<T> = rng.values(n);
+                    dyv[n / 2] = T::from_f64(f64::NAN);
+                    let y_in = window_buffer(s, n + SLACK, off, &y_stored);
+                    let dy = window_buffer(s, n + SLACK, off, &dyv);
+                    let mut dx = window_buffer(s, n + SLACK, off, &vec![poison::<T>(); n]);
+                    cudnn
+                        .activation_backward(
+                            &act,
+                            one,
+                            &desc,
+                            &y_in.slice(off..),
+                            &desc,
+                            &dy.slice(off..),
+                            &desc,
+                            &x.slice(off..),
+                            zero,
+                            &desc,
+                            &mut dx.slice_mut(off..),
+                        )
+                        .unwrap_or_else(|e| panic!("{what} backward: {e}"));
+                    let got = download(s, &dx);
+                    for i in 0..n {
+                        let g = got[off + i].to_f64();
+                        if nans.contains(&i) || i == n / 2 {
+                            assert!(g.is_nan(), "{what} backward: NaN input gave {g} at {i}");
+                        } else {
+                            let w = dyv[i].to_f64() * act_ref(mode, xv[i].to_f64()).1;
+                            assert!(
+                                (g - w).abs() <= tol::<T>() * (1.0 + w.abs()),
+                                "{what} backward: element {i}: got {g}, want {w}"
+                            );
+                        }
+                    }
+                    if is_gelu(mode) || off != 0 {
+                        continue;
+                    }
+                    // cuDNN on the same values (a padded layout keeps it off the crate's kernel).
+                    let padded = Tensor::<T>::new(&dims, Fmt::Padded);
+                    let (px, _) = padded.upload(s, &xv);
+                    let (mut py, _, _) = padded.output(s, rng, 0.0);
+                    let r = cudnn.activation_forward(
+                        &act,
+                        one,
+                        &padded.desc,
+                        &px,
+                        zero,
+                        &padded.desc,
+                        &mut py,
+                    );
+                    if unsupported_bf16::<T>(&what, r) {
+                        continue;
+                    }
+                    let got = download(s, &py);
+                    for (i, &o) in padded.offs.iter().enumerate() {
+                        let g = got[o].to_f64();
+                        if !nans.contains(&i) {
+                            continue;
+                        }
+                        if nan == NanPropagation::Propagate {
+                            assert!(g.is_nan(), "{what} (cuDNN): f(NaN) gave {g} at {i}");
+                        } else if !g.is_nan() {
+                            eprintln!("note: cuDNN gives {g} for {what} at a NaN input (the crate's kernel gives NaN)");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    run::<f32>(&s, &cudnn, &mut rng);
+    run::<f16>(&s, &cudnn, &mut rng);
+    run::<bf16>(&s, &cudnn, &mut rng);
+}
+
+/// The generated kernels and cuDNN agree on the modes both have, on the same values
+/// (NCHW packed for the crate's kernel, padded for cuDNN's), forward and backward, f32.
+#[test]
+fn generated_activations_match_cudnn() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let mut rng = Rng::new(56);
+    let dims = [2i64, 5, 9, 11];
+    for mode in GENERATED_MODES.into_iter().filter(|&m| !is_gelu(m)) {
+        let act = ActivationDesc::new(mode).unwrap();
+        let (packed, padded) = (
+            Tensor::<f32>::new(&dims, Fmt::First),
+            Tensor::<f32>::new(&dims, Fmt::Padded),
+        );
+        let xv: Vec<f32> = act_inputs(&mut rng, packed.len());
+        let dyv: Vec<f32> = rng.values(packed.len());
+        let mut outs = Vec::new();
+        for t in [&packed, &padded] {
+            let (x, _) = t.upload(&s, &xv);
+            let (dy, _) = t.upload(&s, &dyv);
+            let (mut y, _, _) = t.output(&s, &mut rng, 0.0);
+            cudnn
+                .activation_forward(&act, 1.0, &t.desc, &x, 0.0, &t.desc, &mut y)
+                .unwrap();
+            let (mut dx, _, _) = t.output(&s, &mut rng, 0.0);
+            cudnn
+                .activation_backward(
+                    &act, 1.0, &t.desc, &y, &t.desc, &dy, &t.desc, &x, 0.0, &t.desc, &mut dx,
+                )
+                .unwrap();
+            let (yh, dxh) = (download(&s, &y), download(&s, &dx));
+            let pick = |h: &[f32]| -> Vec<f32> { t.offs.iter().map(|&o| h[o]).collect() };
+            outs.push((pick(&yh), pick(&dxh)));
+        }
+        let want_y = to_f64(&outs[1].0);
+        let want_dx = to_f64(&outs[1].1);
+        assert_close(
+            &format!("{mode:?} forward: crate vs cuDNN"),
+            &outs[0].0,
+            &want_y,
+            1e-5,
+        );
+        assert_close(
+            &format!("{mode:?} backward: crate vs cuDNN"),
+            &outs[0].1,
+            &want_dx,
+            1e-5,
+        );
+    }
+}
+
+/// GELU where its kernels cannot run is refused before launch, output untouched: f64 tensors,
+/// padded layouts, and x and y (or dy and dx) of different packed layouts.
+#[test]
+fn gelu_refuses_what_its_kernels_cannot_run() {
+    let Some((s, cudnn)) = gpu() else { return };
+    let mut rng = Rng::new(57);
+    let dims = [2i64, 3, 4, 5];
+    for mode in [GELU, GELU_TANH] {
+        let act = ActivationDesc::new(mode).unwrap();
+        let t = Tensor::<f64>::new(&dims, Fmt::First);
+        gelu_refused::<f64>(
+            &s,
+            &cudnn,
+            &mut rng,
+            &act,
+            &t,
+            &t,
+            kind!(UnsupportedDataType),
+            "GELU f64",
+        );
+        let t = Tensor::<f32>::new(&dims, Fmt::Padded);
+        gelu_refused::<f32>(
+            &s,
+            &cudnn,
+            &mut rng,
+            &act,
+            &t,
+            &t,
+            kind!(InvalidArgument),
+            "GELU padded",
+        );
+        let (xt, yt) = (
+            Tensor::<bf16>::new(&dims, Fmt::First),
+            Tensor::<bf16>::new(&dims, Fmt::Last),
+        );
+        gelu_refused::<bf16>(
+            &s,
+            &cudnn,
+            &mut rng,
+            &act,
+            &xt,
+            &yt,
+            kind!(InvalidArgument),
+            "GELU NCHW -> NHWC",
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -58,6 +58,32 @@ with torch.no_grad():
     xg = torch.randn(32, 256, 56, 56, device=dev)
     report("groupnorm32_fp32_32x256x56x56", bench(lambda: F.group_norm(xg, 32)), 2 * nb)
 
+# Activations on the crate's generated kernels (cudnn-safe's `nn` bench, same op names and byte
+# counts): forward `<op>_<dtype>_32x256x56x56` (x read, y written: 2 × nb) and forward+backward
+# `<op>_fwd_bwd_<dtype>_32x256x56x56` through `torch.autograd.grad`, which returns dx without
+# accumulating it into x.grad (forward 2 × nb, backward reads y or x and dy, writes dx: 3 × nb).
+# Timed as the Rust bench times them (`bench_like_rust`). SiLU is swish with β = 1.
+ACTIVATIONS = [
+    ("sigmoid", torch.sigmoid),
+    ("tanh", torch.tanh),
+    ("silu", F.silu),
+    ("elu", F.elu),
+    ("gelu", F.gelu),
+    ("gelu_tanh", lambda t: F.gelu(t, approximate="tanh")),
+]
+for dt, dname in [(torch.float32, "fp32"), (torch.bfloat16, "bf16")]:
+    xa = torch.randn(32, 256, 56, 56, device=dev, dtype=dt)
+    ga = torch.randn(32, 256, 56, 56, device=dev, dtype=dt)
+    nba = xa.numel() * xa.element_size()
+    xr = xa.clone().requires_grad_(True)
+    for name, fn in ACTIVATIONS:
+        with torch.no_grad():
+            if not (name == "sigmoid" and dname == "fp32"):  # reported above
+                report(f"{name}_{dname}_32x256x56x56",
+                       timing.bench_like_rust(lambda: fn(xa)), 2 * nba)
+        report(f"{name}_fwd_bwd_{dname}_32x256x56x56",
+               timing.bench_like_rust(lambda: torch.autograd.grad(fn(xr), xr, ga)), 5 * nba)
+
 # Layer norm training: the forward that saves the statistics and the backward, each alone (the
 # aten calls autograd makes), and both through autograd (cudnn-safe's `norm` bench:
 # `ln_fp32_32768x1024-train-graph`, `-bwd-graph`, `-train_bwd-graph`).
