@@ -1183,10 +1183,11 @@ fn fp8_case<A: F8, B: F8, O: Fp8Output>(
     lt.matmul_fp8(&op, alpha, &a, &b, beta, &mut d, epi, scaling)
         .unwrap_or_else(|e| panic!("{what}: {e}"));
     stream.synchronize().unwrap();
-    // Products of FP8 values are exact in f32; the sums are f32 (fast accumulation keeps part
-    // of them at lower precision), then rounded to the output type.
-    let tol = match (O::DTYPE, fast_accum) {
-        (DType::F32, true) => 5e-3,
+    // Products of FP8 values are exact; Hopper's FP8 tensor cores add them with fewer
+    // mantissa bits than f32 (about 1e-4 of the magnitude was seen on the H200, fast
+    // accumulation or not), then the sums are rounded to the output type.
+    let tol = match O::DTYPE {
+        DType::F32 => 1e-3,
         _ => tol::<O>(&op),
     };
     check(
@@ -1303,7 +1304,7 @@ fn fp8_matmul_rejections_leave_d_untouched() {
     let r = lt.matmul_fp8(&dgelu, 1.0, &a, &b, 0.0, &mut d, none(), scaling());
     assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
     let mut short_d = stream.clone_htod(&before[1..]).unwrap();
-    let r = lt.matmul_fp8(&op, 1.0, &a, &a52, 0.0, &mut short_d, none(), scaling());
+    let r = lt.matmul_fp8(&op, 1.0, &a, &b52, 0.0, &mut short_d, none(), scaling());
     assert!(
         matches!(r, Err(Error::BufferTooSmall { name: "d", .. })),
         "{r:?}"
