@@ -112,9 +112,10 @@ pub struct LayerNorm<T: NormType> {
     /// Under [`LayerNormPath::Auto`]: the inference plan (`[0]`) or the training plans (`[1]`)
     /// could not be built, so that direction runs the batch-norm formulation.
     pub(super) no_graph: Cell<[bool; 2]>,
-    /// The graph plan's workspace for the default forward calls, which take none (kept
-    /// between calls; replaced when a call comes on another stream).
-    pub(super) workspace: RefCell<Option<Workspace>>,
+    /// The graph plans' workspace for the default forward calls, which take none: never
+    /// freed or moved while the object lives (a larger need adds one), so captured calls stay
+    /// valid.
+    pub(super) workspace: RefCell<Vec<Workspace>>,
 }
 
 impl<T: NormType> fmt::Debug for LayerNorm<T> {
@@ -163,7 +164,7 @@ impl<T: NormType> LayerNorm<T> {
             train: RefCell::new(None),
             path: LayerNormPath::Auto,
             no_graph: Cell::new([false; 2]),
-            workspace: RefCell::new(None),
+            workspace: RefCell::new(Vec::new()),
         })
     }
     /// The same normalization running `path` ([`LayerNormPath`]; [`LayerNormPath::Auto`] by
@@ -218,7 +219,10 @@ impl Cudnn {
     /// plan is built on the first call on a handle (seconds the first time in a process,
     /// run-time compilation; its workspace is kept by `ln`), or the batch-norm formulation
     /// where cuDNN has no engine for the case. Buffers not 16-byte aligned (views starting
-    /// inside an allocation) go through aligned copies on the fused path.
+    /// inside an allocation) go through aligned copies on the fused path. The plan's
+    /// workspace is kept by `ln` and never freed or moved while `ln` lives, so the call can be
+    /// captured ([`Cudnn::capture`](crate::Cudnn::capture)) once it has run outside a capture
+    /// (the first call builds the plan and allocates).
     #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR")]
     #[doc(alias = "cudnnBatchNormalizationForwardTraining")]
     pub fn layer_norm_forward<T: NormType>(

@@ -3,7 +3,6 @@
 //! and the default calls' fused path ([`LayerNormPath`]) run it.
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 
@@ -514,20 +513,24 @@ impl<T: NormType> LayerNorm<T> {
         cudnn.check_tensor("y", full, y, true)
     }
 
-    /// The plan workspace of the default forward calls, which take none: kept by the object
-    /// for the handle's stream.
+    /// The plan workspace of the default forward calls, which take none, holding `need`
+    /// bytes once prepared. The object keeps it, and never frees or moves an allocation while
+    /// it lives: a call captured into a CUDA graph keeps pointing at valid memory. A larger
+    /// need (a plan rebuilt for another handle) adds a workspace rather than growing one;
+    /// other streams use the same memory (a workspace orders its uses across streams).
     fn forward_workspace<'w>(
         &self,
         cudnn: &Cudnn,
-        slot: &'w mut Option<Workspace>,
+        slot: &'w mut Vec<Workspace>,
+        need: usize,
     ) -> &'w mut Workspace {
-        if slot
-            .as_ref()
-            .is_some_and(|w| !Arc::ptr_eq(w.stream(), cudnn.stream()))
-        {
-            *slot = None;
+        let fits = slot
+            .last()
+            .is_some_and(|w| w.capacity() == 0 || w.capacity() >= need);
+        if !fits {
+            slot.push(Workspace::new(cudnn.stream().clone()));
         }
-        slot.get_or_insert_with(|| Workspace::new(cudnn.stream().clone()))
+        slot.last_mut().expect("pushed above when empty")
     }
 
     /// The default plain forward on the fused path (plan built by [`Self::fused_path`]).
@@ -552,7 +555,7 @@ impl<T: NormType> LayerNorm<T> {
             .as_ref()
             .ok_or_else(|| Error::invalid("layer-norm graph plan", "built", "not built"))?;
         let mut slot = self.workspace.borrow_mut();
-        let ws = self.forward_workspace(cudnn, &mut slot);
+        let ws = self.forward_workspace(cudnn, &mut slot, g.plan.workspace_size());
         {
             let mut args = Args::new(cudnn);
             bind_in(&mut args, g.x, x, &xc)?;
@@ -594,7 +597,7 @@ impl<T: NormType> LayerNorm<T> {
         // SAFETY: as above.
         let mut inv_std = unsafe { cudnn.stream().alloc::<T::Param>(rows) }.map_err(alloc_err)?;
         let mut slot = self.workspace.borrow_mut();
-        let ws = self.forward_workspace(cudnn, &mut slot);
+        let ws = self.forward_workspace(cudnn, &mut slot, g.fwd.workspace_size());
         {
             let mut args = Args::new(cudnn);
             bind_in(&mut args, xi, x, &xc)?;
