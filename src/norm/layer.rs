@@ -26,7 +26,7 @@ use crate::workspace::Workspace;
 /// direction on a handle: cuDNN compiles the kernel at run time, which takes seconds the first
 /// time in a process (later objects of the same shape and type reuse the compiled kernel).
 ///
-/// ```
+/// ```no_run
 /// use cudnn_safe::norm::{LayerNorm, LayerNormPath, NormMethod};
 /// use cudnn_safe::Layout;
 /// # fn main() -> cudnn_safe::Result<()> {
