@@ -35,7 +35,8 @@
 //!   10 steps); one JSON line per figure.
 //! * `--max-plans N` (default 4): graph plans the autotuner times per convolution direction and
 //!   source; `--refine N` and `--finalists N` set its knob refinement and finals (the library's
-//!   defaults otherwise; 0 turns them off). `--cache FILE`: keep its decisions in a file; a later
+//!   defaults otherwise; 0 turns them off); `--effort quick|thorough` its search effort
+//!   (`SearchEffort`, set before the other three). `--cache FILE`: keep its decisions in a file; a later
 //!   process starts from them (the remembered plans are rebuilt at start-up).
 //! * `--split-bn`: batch norm without the fused ReLU and add (separate calls instead).
 //!
@@ -56,7 +57,7 @@ use common::{Rng, Timer};
 use cudnn_safe::blas::Blas;
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::half::bf16;
-use cudnn_safe::tune::{FixedAlgos, Policy};
+use cudnn_safe::tune::{FixedAlgos, Policy, SearchEffort};
 use cudnn_safe::{Autotuner, Cudnn, Workspace};
 use resnet::{Arch, Res, Tensors};
 use resnet_train::{Elem, Profile, Sgd, TrainCx, TrainNet, CLASSES};
@@ -70,6 +71,7 @@ struct Options {
     max_plans: usize,
     refine: Option<usize>,
     finalists: Option<usize>,
+    effort: Option<SearchEffort>,
     cache: Option<PathBuf>,
     split_bn: bool,
 }
@@ -84,6 +86,7 @@ fn options() -> Res<Options> {
         max_plans: 4,
         refine: None,
         finalists: None,
+        effort: None,
         cache: None,
         split_bn: false,
     };
@@ -99,6 +102,7 @@ fn options() -> Res<Options> {
             "--max-plans" => o.max_plans = value()?.parse()?,
             "--refine" => o.refine = Some(value()?.parse()?),
             "--finalists" => o.finalists = Some(value()?.parse()?),
+            "--effort" => o.effort = Some(value()?.parse()?),
             "--cache" => o.cache = Some(value()?.into()),
             "--split-bn" => o.split_bn = true,
             _ => {
@@ -116,6 +120,7 @@ fn options() -> Res<Options> {
 }
 
 fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let Some((default, _)) = common::open_gpu("resnet_train") else {
         return ExitCode::from(2);
     };
@@ -159,7 +164,11 @@ impl Shared {
 }
 
 fn run(stream: &Arc<CudaStream>, o: &Options) -> Res<bool> {
-    let mut tuner = Autotuner::new(Policy::Benchmark).with_graph_plans(o.max_plans);
+    let mut tuner = Autotuner::new(Policy::Benchmark);
+    if let Some(e) = o.effort {
+        tuner = tuner.with_effort(e);
+    }
+    tuner = tuner.with_graph_plans(o.max_plans);
     if let Some(n) = o.refine {
         tuner = tuner.with_refine_knobs(n);
     }
@@ -464,11 +473,17 @@ fn time(sh: &mut Shared, arch: Arch, batch: i64) -> Res<bool> {
         first_step::<bf16>(sh, arch, batch, &weights, &data[0].0, &onehot, &mut nll, sgd)?;
     let st = sh.tuner.stats();
     println!(
-        "first step {first_s:.3} s: {} union searches ({} graph plans built, {:.3} s building on {} threads, {:.3} s searching in all), {} plans rebuilt, {} cache hits",
+        "first step {first_s:.3} s ({} effort): {} legacy benchmarks in {:.3} s; {} union searches ({} graph plans built, {} of them carried from earlier winners, which won {}; {:.3} s building on {} threads, {:.3} s in finals, {:.3} s searching in all), {} plans rebuilt, {} cache hits",
+        sh.tuner.effort().name(),
+        st.benchmarks,
+        st.find.as_secs_f64(),
         st.graph_searches,
         st.graph_plans,
+        st.carried,
+        st.carried_wins,
         st.graph_build.as_secs_f64(),
         cudnn_safe::graph::build_threads(),
+        st.graph_finals.as_secs_f64(),
         st.graph_search.as_secs_f64(),
         st.plan_builds,
         st.hits

@@ -32,7 +32,8 @@ use cudnn_safe::cudarc::driver::CudaSlice;
 use cudnn_safe::graph::{ConvParams, Graph};
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::tune::{
-    Choice, FixedAlgos, Policy, Source, DEFAULT_FINALISTS, DEFAULT_FINAL_SOLO_MS,
+    Choice, FixedAlgos, Policy, SearchEffort, Source, DEFAULT_FINALISTS, DEFAULT_FINAL_SOLO_MS,
+    QUICK_GRAPH_PLANS,
 };
 use cudnn_safe::tune::{ConvApi, GraphSearch};
 use cudnn_safe::DType;
@@ -4065,6 +4066,81 @@ fn union_finals_follow_the_tuner_knobs() {
         ));
     }
     println!("union finals knobs: {}", report.join("; "));
+}
+
+/// `SearchEffort::Quick` on two forward problems of one kind (f16 NHWC): each decision runs and
+/// matches the f64 reference (checked in `union_call`), the first pass decides (no finals, no
+/// knob refinement), at most `QUICK_GRAPH_PLANS` heuristic plans per search plus the earlier
+/// winners carried into the second, the legacy benchmark runs once per problem, and the
+/// decisions serve later calls from the cache. Then the same two problems under the default
+/// preset, whose first calls search more plans.
+#[test]
+fn union_quick_effort_decides_on_few_plans_and_carries_winners() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(1108);
+    let mode = &UNION_F16;
+    let second = Case {
+        strides: vec![1, 1],
+        ..Case::square(2, 16, 12, 24, 3, 1, 1, 1, mode.fmt)
+    };
+    let problems = [
+        union_setup::<f16>(&g, &mut rng, mode),
+        Setup::<f16>::new(&g, &mut rng, &second, mode.math, Gen::Uniform),
+    ];
+    let mut plans = Vec::new();
+    for effort in [SearchEffort::Quick, SearchEffort::Thorough] {
+        let mut tuner = fresh(Policy::Benchmark)
+            .with_effort(effort)
+            .with_graph_search(GraphSearch::Prefer);
+        let mut report = Vec::new();
+        for (i, s) in problems.iter().enumerate() {
+            let (first, _) = union_call(&g, &mut rng, &mut tuner, s, mode, 1.0, 0.0);
+            assert_eq!(
+                first.source,
+                Source::Benchmark,
+                "{} problem {i}",
+                effort.name()
+            );
+            assert!(
+                first.api.is_graph(),
+                "{}: {}",
+                effort.name(),
+                first.describe()
+            );
+            let (again, _) = union_call(&g, &mut rng, &mut tuner, s, mode, 1.0, 0.0);
+            assert_eq!(again.source, Source::Cache, "{} problem {i}", effort.name());
+            assert_eq!(again.api, first.api, "{} problem {i}", effort.name());
+            report.push(first.describe());
+        }
+        let st = tuner.stats();
+        assert_eq!((st.graph_searches, st.benchmarks), (2, 2), "{st:?}");
+        assert!(st.find > std::time::Duration::ZERO, "{st:?}");
+        if effort == SearchEffort::Quick {
+            assert_eq!(st.finalists, 0, "quick: the first pass decides: {st:?}");
+            assert!(st.carried <= 1, "one earlier winner to carry: {st:?}");
+            assert!(st.carried_wins <= st.carried, "{st:?}");
+            assert!(
+                st.graph_plans as usize <= 2 * QUICK_GRAPH_PLANS + 1,
+                "quick builds at most {QUICK_GRAPH_PLANS} heuristic plans per search (the fallback \
+                 list only when heuristics A propose none) and the carried winner: {st:?}"
+            );
+        }
+        println!(
+            "union {} effort: {} (plans {}, carried {} / won {}, find {:?}, finals {:?})",
+            effort.name(),
+            report.join(", "),
+            st.graph_plans,
+            st.carried,
+            st.carried_wins,
+            st.find,
+            st.graph_finals
+        );
+        plans.push(st.graph_plans);
+    }
+    assert!(
+        plans[0] <= plans[1],
+        "quick searched more plans than thorough: {plans:?}"
+    );
 }
 
 #[test]

@@ -7,7 +7,7 @@ use super::cache::{self, decode, load_file, Entry};
 use super::key::{call_key, Key};
 use super::search::HeldPlan;
 use super::{
-    Candidate, GraphSearch, Policy, Stats, DEFAULT_FINALISTS, DEFAULT_FINAL_SOLO_MS,
+    Candidate, GraphSearch, Policy, SearchEffort, Stats, DEFAULT_FINALISTS, DEFAULT_FINAL_SOLO_MS,
     DEFAULT_GRAPH_PLANS, DEFAULT_REFINE_KNOBS,
 };
 use crate::conv::{ConvDesc, ConvDirection, ConvFwdAlgo};
@@ -39,6 +39,11 @@ pub struct Autotuner {
     pub(super) heuristics_b: bool,
     pub(super) finalists: usize,
     pub(super) final_solo_ms: f32,
+    pub(super) effort: SearchEffort,
+    /// Engine configurations that won this tuner's union searches, by kind
+    /// ([`super::key::kind_of`]), most recent last (carried into later searches under
+    /// [`SearchEffort::Quick`]).
+    pub(super) winners: HashMap<[i64; 5], Vec<Arc<EngineConfig>>>,
     pub(super) cache: HashMap<Key, Arc<Entry>>,
     /// Plans of graph decisions, built on the handle they last ran on.
     pub(super) held: HashMap<Key, HeldPlan>,
@@ -78,6 +83,8 @@ impl Autotuner {
             heuristics_b: false,
             finalists: DEFAULT_FINALISTS,
             final_solo_ms: DEFAULT_FINAL_SOLO_MS,
+            effort: SearchEffort::Thorough,
+            winners: HashMap::new(),
             cache: HashMap::new(),
             held: HashMap::new(),
             path: None,
@@ -157,7 +164,9 @@ impl Autotuner {
     /// The union search runs after the legacy benchmark of a new problem: the problem is rebuilt
     /// as a graph (same dims, strides, data types, padding, strides, dilations, mode and compute
     /// type: `conv_fprop`, `conv_dgrad` or `conv_wgrad`, or `conv_fprop → bias → activation` for
-    /// the fused call); up to [`Autotuner::with_graph_plans`] plans from each of heuristics A,
+    /// the fused call); under the default [`SearchEffort::Thorough`] (see
+    /// [`Autotuner::with_effort`] for the cheaper preset), up to [`Autotuner::with_graph_plans`]
+    /// plans from each of heuristics A,
     /// heuristics B (with [`Autotuner::with_heuristics_b`]), the fallback list and the engine list
     /// (default knobs, no engine that compiles at run time) are built under a filter matching
     /// the legacy numerics (no tensor cores with [`MathType::Fma`](crate::conv::MathType::Fma),
@@ -280,6 +289,38 @@ impl Autotuner {
         self
     }
 
+    /// How much a benchmark policy's first call of a new problem searches (default
+    /// [`SearchEffort::Thorough`]; the table at [`SearchEffort`] lists what each preset sets).
+    /// Sets [`with_graph_plans`](Self::with_graph_plans),
+    /// [`with_refine_knobs`](Self::with_refine_knobs) and [`with_finalists`](Self::with_finalists)
+    /// to the preset's values: call those after this one to override them. Not part of the
+    /// cache key: decisions already made (or read from a cache file) stand.
+    ///
+    /// ```no_run
+    /// use cudnn_safe::tune::{Autotuner, Policy, SearchEffort};
+    /// // A short job on a cold cache: a cheap first call, the heuristics' best proposals.
+    /// let quick = Autotuner::new(Policy::Benchmark).with_effort(SearchEffort::Quick);
+    /// // Quick, but with the finals on the few plans it times.
+    /// let quick_finals = Autotuner::new(Policy::Benchmark)
+    ///     .with_effort(SearchEffort::Quick)
+    ///     .with_finalists(2);
+    /// # let _ = (quick, quick_finals);
+    /// ```
+    #[must_use]
+    pub fn with_effort(mut self, effort: SearchEffort) -> Self {
+        self.effort = effort;
+        let (plans, refine, finalists) = effort.knobs();
+        self.graph_plans = plans;
+        self.refine_knobs = refine;
+        self.finalists = finalists;
+        self
+    }
+
+    /// The search effort ([`Autotuner::with_effort`]).
+    pub fn effort(&self) -> SearchEffort {
+        self.effort
+    }
+
     /// The graph search mode ([`Autotuner::with_graph_search`]).
     pub fn graph_search(&self) -> GraphSearch {
         self.graph
@@ -337,6 +378,7 @@ impl Autotuner {
     pub fn clear(&mut self) {
         self.cache.clear();
         self.held.clear();
+        self.winners.clear();
         self.recent.clear();
     }
     /// Bytes of workspace currently held.

@@ -197,6 +197,19 @@ pub(super) fn call_key<A: DataType, B: DataType, W: DataType>(
     with_search(k, policy, graph)
 }
 
+/// The kind of a problem whose winning engine configurations [`SearchEffort::Quick`] carries
+/// into the searches of others: direction, the two data types, compute type and math type (the
+/// first five fields of [`problem_key`]).
+///
+/// [`SearchEffort::Quick`]: super::SearchEffort::Quick
+pub(super) fn kind_of(key: &Key) -> [i64; 5] {
+    let mut kind = [-1; 5];
+    for (k, v) in kind.iter_mut().zip(&key.problem) {
+        *k = *v;
+    }
+    kind
+}
+
 pub(super) fn dtype_code(d: DType) -> i64 {
     i64::from(d.raw().0)
 }

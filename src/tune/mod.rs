@@ -10,6 +10,7 @@
 //! | `benchmark = True`                       | [`Policy::Benchmark`]                           |
 //! | `deterministic = True`                   | [`Policy::Deterministic`]                       |
 //! | (none)                                   | [`Policy::Fixed`]: named algorithms             |
+//! | (none)                                   | [`SearchEffort`]: how much a first call searches |
 //! | `allow_tf32`                             | [`MathType`](crate::conv::MathType) of the conv |
 //! | `CUDNN_CONV_WSCAP_DBG` (workspace cap)   | [`Autotuner::with_workspace_limit`]             |
 //! | in-memory benchmark cache (per process)  | cache keyed by problem, GPU and cuDNN version, persisted with [`Autotuner::cache_file`] or `CUDNN_SAFE_AUTOTUNE_CACHE` |
@@ -76,7 +77,8 @@ pub(crate) use cache::{
     cudnn_device, device_name, entry_fields, entry_line, list, or_empty, Format,
 };
 pub use policy::{
-    Candidate, Choice, FixedAlgos, Policy, Source, Stats, WarmUp, COMPOSED_MIN_SPEEDUP,
-    DEFAULT_FINALISTS, DEFAULT_FINAL_SOLO_MS, DEFAULT_GRAPH_PLANS, DEFAULT_REFINE_KNOBS,
+    Candidate, Choice, FixedAlgos, Policy, SearchEffort, Source, Stats, WarmUp,
+    COMPOSED_MIN_SPEEDUP, DEFAULT_FINALISTS, DEFAULT_FINAL_SOLO_MS, DEFAULT_GRAPH_PLANS,
+    DEFAULT_REFINE_KNOBS, QUICK_GRAPH_PLANS,
 };
 pub use union::{ConvApi, GraphSearch};

@@ -30,6 +30,93 @@ pub const DEFAULT_REFINE_KNOBS: usize = 2;
 /// margin such calls run the legacy favourite.
 pub const COMPOSED_MIN_SPEEDUP: f32 = 1.5;
 
+/// How much a benchmark policy's first call of a new convolution problem searches
+/// ([`Autotuner::with_effort`](super::Autotuner::with_effort)): the cost of a cold start
+/// against the certainty of the steady-state pick. Each preset sets the knobs below it; a knob
+/// set after the preset overrides it.
+///
+/// | | [`Thorough`](SearchEffort::Thorough) (default) | [`Quick`](SearchEffort::Quick) |
+/// |---|---|---|
+/// | legacy benchmark (`cudnnFind…`) | twice, each algorithm keeps its better time | once |
+/// | graph plans from heuristics A ([`with_graph_plans`](super::Autotuner::with_graph_plans)) | 24 | 4 |
+/// | fallback list | 24 more | only when A proposes nothing |
+/// | engine list (every engine, default knobs) | 24 more | no |
+/// | configurations that won this tuner's earlier searches of the same kind | no | yes |
+/// | knob refinement ([`with_refine_knobs`](super::Autotuner::with_refine_knobs)) | 2 plans | none |
+/// | finals ([`with_finalists`](super::Autotuner::with_finalists)) | 6 | none |
+///
+/// "The same kind" is the same direction, data types, compute type and math type: the engine
+/// configurations that won a network's earlier layers are tried on its later ones (those that
+/// do not support a problem fail to build and cost little). Neither preset changes what is
+/// cached: a decision made under either serves both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SearchEffort {
+    /// Every source, knob refinement and the finals: the surest steady-state pick, the
+    /// slowest first call (a fraction of a second to a few seconds per problem).
+    #[default]
+    Thorough,
+    /// The heuristics' first proposals, the winners of earlier problems and one legacy
+    /// benchmark; the first pass decides: a first call several times cheaper.
+    Quick,
+}
+
+impl SearchEffort {
+    /// Short name (`"thorough"`, `"quick"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SearchEffort::Thorough => "thorough",
+            SearchEffort::Quick => "quick",
+        }
+    }
+    /// Times the legacy benchmark runs.
+    pub(super) fn find_runs(self) -> usize {
+        match self {
+            SearchEffort::Thorough => 2,
+            SearchEffort::Quick => 1,
+        }
+    }
+    /// Whether the fallback list and the engine list add plans whatever heuristics A proposed.
+    pub(super) fn every_source(self) -> bool {
+        self == SearchEffort::Thorough
+    }
+    /// Whether earlier winners of the same kind join a search.
+    pub(super) fn carries_winners(self) -> bool {
+        self == SearchEffort::Quick
+    }
+    /// The preset's `(graph plans, refined plans, finalists)`.
+    pub(super) fn knobs(self) -> (usize, usize, usize) {
+        match self {
+            SearchEffort::Thorough => {
+                (DEFAULT_GRAPH_PLANS, DEFAULT_REFINE_KNOBS, DEFAULT_FINALISTS)
+            }
+            SearchEffort::Quick => (QUICK_GRAPH_PLANS, 0, 0),
+        }
+    }
+}
+
+impl std::str::FromStr for SearchEffort {
+    type Err = crate::Error;
+    /// `"thorough"` or `"quick"` (as [`SearchEffort::name`] writes them).
+    fn from_str(s: &str) -> crate::Result<Self> {
+        match s {
+            "thorough" => Ok(SearchEffort::Thorough),
+            "quick" => Ok(SearchEffort::Quick),
+            _ => Err(crate::Error::invalid(
+                "search effort",
+                "\"thorough\" or \"quick\"",
+                s.to_string(),
+            )),
+        }
+    }
+}
+
+/// Graph plans from heuristics A under [`SearchEffort::Quick`].
+pub const QUICK_GRAPH_PLANS: usize = 4;
+
+/// Most earlier winners of one kind [`SearchEffort::Quick`] carries into a search (the most
+/// recent).
+pub(super) const MAX_CARRIED: usize = 4;
+
 /// How an [`Autotuner`](super::Autotuner) picks a convolution algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Policy {
@@ -181,6 +268,15 @@ pub struct Stats {
     /// each counts once per search, whatever the number of sweeps). 0 when no search was
     /// contested or [`Autotuner::with_finalists`](super::Autotuner::with_finalists) is 0.
     pub finalists: u64,
+    /// Wall time of the legacy benchmarks (`cudnnFind…`: every legacy algorithm run and timed).
+    pub find: Duration,
+    /// Wall time of the union searches' finals (part of `graph_search`).
+    pub graph_finals: Duration,
+    /// Graph plans a union search tried because they had won an earlier search of the same
+    /// kind ([`SearchEffort::Quick`]; part of `graph_plans`).
+    pub carried: u64,
+    /// Union searches won by such a carried plan.
+    pub carried_wins: u64,
 }
 
 /// What [`Autotuner::warm_up`](super::Autotuner::warm_up) did.

@@ -76,7 +76,10 @@ impl Autotuner {
                     "benchmarking algorithms (a tuner's first decision for this problem)",
                 )?;
                 self.stats.benchmarks += 1;
-                (benchmark(self.workspace(cudnn), find)?, Source::Benchmark)
+                let runs = self.effort.find_runs();
+                let found = benchmark(self.workspace(cudnn), runs, find);
+                self.stats.find += started.elapsed();
+                (found?, Source::Benchmark)
             }
         };
         let (ranking, refused) = rank(&perf, limit, self.policy == Policy::Deterministic);
@@ -721,29 +724,38 @@ impl Autotuner {
 /// cuDNN's benchmark of every algorithm (`find`, on `ws`), sorted: supported algorithms first,
 /// fastest first. cuDNN times each algorithm once; the first launch of a kernel in a process
 /// also pays for loading it (CUDA lazy module loading), which can misrank small problems by 1.5x
-/// or more. So find runs twice and each algorithm keeps its better time.
+/// or more. So find runs `runs` times (2 under [`SearchEffort::Thorough`]) and each algorithm
+/// keeps its best time; once under [`SearchEffort::Quick`] (the union search times the
+/// legacy favourite again).
+///
+/// [`SearchEffort::Thorough`]: super::SearchEffort::Thorough
+/// [`SearchEffort::Quick`]: super::SearchEffort::Quick
 fn benchmark<A: ConvAlgorithm>(
     ws: &mut Workspace,
+    runs: usize,
     mut find: impl FnMut(&mut Workspace) -> Result<Vec<AlgoPerf<A>>>,
 ) -> Result<Vec<AlgoPerf<A>>> {
-    let first = find(ws)?;
-    let mut second = find(ws)?;
-    for p in &mut second {
-        if let Some(q) = first
-            .iter()
-            .find(|q| q.algo == p.algo && q.math == p.math && q.is_supported())
-        {
-            if p.is_supported() && q.time_ms >= 0.0 && q.time_ms < p.time_ms {
-                p.time_ms = q.time_ms;
+    let mut best = find(ws)?;
+    for _ in 1..runs {
+        let first = best;
+        best = find(ws)?;
+        for p in &mut best {
+            if let Some(q) = first
+                .iter()
+                .find(|q| q.algo == p.algo && q.math == p.math && q.is_supported())
+            {
+                if p.is_supported() && q.time_ms >= 0.0 && q.time_ms < p.time_ms {
+                    p.time_ms = q.time_ms;
+                }
             }
         }
     }
-    second.sort_by(|a, b| {
+    best.sort_by(|a, b| {
         (!a.is_supported(), a.time_ms)
             .partial_cmp(&(!b.is_supported(), b.time_ms))
             .unwrap_or(std::cmp::Ordering::Equal)
     });
-    Ok(second)
+    Ok(best)
 }
 
 /// The candidates of `perf` a decision may run (supported, within `limit`, deterministic when

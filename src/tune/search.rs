@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::cache::GraphPick;
-use super::key::Key;
+use super::key::{kind_of, Key};
+use super::policy::MAX_CARRIED;
 use super::run::{alloc, falls_back, Decided};
 use super::union::{self as gunion, ConvGraph, Ids};
 use super::{Autotuner, Choice, ConvApi, GraphSearch, Policy, Source};
@@ -93,7 +94,8 @@ impl Autotuner {
     ) -> Option<GraphPick> {
         let started = Instant::now();
         self.stats.graph_searches += 1;
-        let found = self.union_time(cudnn, op, &legacy, conv, build, &mut trial);
+        let kind = kind_of(key);
+        let found = self.union_time(cudnn, op, kind, &legacy, conv, build, &mut trial);
         self.stats.graph_search += started.elapsed();
         let (pick, held) = match found {
             Ok(Some(found)) => found,
@@ -106,6 +108,7 @@ impl Autotuner {
                 return None;
             }
         };
+        remember_winner(self.winners.entry(kind).or_default(), &pick.config);
         self.held.insert((**key).clone(), held);
         if let Some(entry) = self.cache.get_mut(&**key) {
             Arc::make_mut(entry).graph = Some(pick.clone());
@@ -116,10 +119,12 @@ impl Autotuner {
     }
 
     /// The measuring part of [`Autotuner::union_search`]: the winning plan, if a graph plan wins.
+    #[allow(clippy::too_many_arguments)] // the parts of one search
     fn union_time(
         &mut self,
         cudnn: &Cudnn,
         op: &'static str,
+        kind: [i64; 5],
         (legacy_name, legacy_find_ms): &(String, f32),
         conv: &ConvDesc,
         build: impl FnOnce() -> Result<ConvGraph>,
@@ -128,7 +133,7 @@ impl Autotuner {
         let started = Instant::now();
         let cg = build()?;
         let deterministic = self.policy == Policy::Deterministic;
-        let (plans, skipped, build_time) = gunion::search_plans(
+        let (mut plans, skipped, mut build_time) = gunion::search_plans(
             cudnn,
             &cg.og,
             conv,
@@ -136,7 +141,34 @@ impl Autotuner {
             self.limit,
             self.graph_plans,
             self.heuristics_b,
+            self.effort.every_source(),
         )?;
+        let mut carried_configs = HashSet::new();
+        if self.effort.carries_winners() {
+            let carrying = Instant::now();
+            let winners = self.winners.get(&kind).cloned().unwrap_or_default();
+            let filter = gunion::filter(conv, deterministic, self.limit, &[], 1);
+            for config in winners.iter().rev() {
+                if plans.iter().any(|p| p.config() == &**config) {
+                    continue;
+                }
+                // A winner of another problem that this one's engine does not support fails to
+                // build: not logged.
+                let Ok(plan) = cg.og.plan_from_config(cudnn, config) else {
+                    continue;
+                };
+                if filter
+                    .refuse(plan.numerical_notes(), plan.behavior_notes())
+                    .is_none()
+                    && plan.workspace_size() <= self.limit
+                {
+                    carried_configs.insert(plan.config().clone());
+                    plans.push(plan);
+                }
+            }
+            build_time += carrying.elapsed();
+        }
+        self.stats.carried += carried_configs.len() as u64;
         let built = plans.len();
         self.stats.graph_plans += built as u64;
         self.stats.graph_build += build_time;
@@ -179,10 +211,15 @@ impl Autotuner {
                     *legacy_find_ms
                 }
             };
+        let finals_started = Instant::now();
         let finals_timed = t.finals(&mut legacy_ms, prefer, finalists, solo_ms)?;
+        let finals_time = finals_started.elapsed();
         let (ids, mut timed) = (t.ids, t.timed);
         self.stats.graph_plans += refined as u64;
         self.stats.finalists += finals_timed as u64;
+        if finals_timed > 0 {
+            self.stats.graph_finals += finals_time;
+        }
         let (ms, plan) = timed.swap_remove(0);
         let wins = prefer || legacy_ms < 0.0 || ms < legacy_ms;
         log::info!(
@@ -197,6 +234,9 @@ impl Autotuner {
             return Ok(None);
         }
         let config = Arc::new(plan.config().clone());
+        if carried_configs.contains(&*config) {
+            self.stats.carried_wins += 1;
+        }
         let pick = GraphPick {
             config: config.clone(),
             workspace: plan.workspace_size(),
@@ -604,6 +644,16 @@ pub(super) fn trial<
         Trial::Plan(plan, ids) => op.exec(cudnn, plan, ids, ws, inputs, &mut *out),
         Trial::Legacy => op.launch(cudnn, algo, (one, zero), inputs, ws, &mut *out),
     }
+}
+
+/// Adds `config` to the winners of one kind (most recent last, at most [`MAX_CARRIED`]: the
+/// oldest leaves first); a configuration already there moves to the end.
+pub(super) fn remember_winner(won: &mut Vec<Arc<EngineConfig>>, config: &Arc<EngineConfig>) {
+    won.retain(|c| **c != **config);
+    if won.len() >= MAX_CARRIED {
+        won.remove(0);
+    }
+    won.push(config.clone());
 }
 
 /// A refusal specific to the graph path, after which the legacy call can still run: the

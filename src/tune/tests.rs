@@ -6,13 +6,15 @@ use std::sync::Arc;
 use super::autotuner::MAX_FINAL_SOLO_MS;
 use super::cache::{decode, format_line, parse_line, Entry, GraphPick};
 use super::key::{
-    dtype_code, format_code, format_from_code, problem_key, with_search, Key, KeyProblem,
+    dtype_code, format_code, format_from_code, kind_of, problem_key, with_search, Key, KeyProblem,
 };
-use super::search::{final_ms, is_graph_only_refusal};
+use super::policy::MAX_CARRIED;
+use super::search::{final_ms, is_graph_only_refusal, remember_winner};
 use super::*;
 use crate::conv::{ConvDesc, ConvDirection, ConvFwdAlgo, ConvMode, MathType};
 use crate::dtype::{DType, DataType};
 use crate::error::Error;
+use crate::graph::EngineConfig;
 use crate::tensor::{FilterDesc, TensorDesc, TensorFormat};
 
 fn key(device: &str, problem: Vec<i64>) -> Key {
@@ -550,4 +552,59 @@ fn policies_have_distinct_codes() {
     ];
     let codes: std::collections::HashSet<i64> = all.iter().map(|p| p.code()).collect();
     assert_eq!(codes.len(), all.len());
+}
+
+#[test]
+fn search_effort_presets_set_their_knobs() {
+    let t = Autotuner::new(Policy::Benchmark).without_cache_file();
+    assert_eq!(t.effort(), SearchEffort::Thorough);
+    assert_eq!(
+        (t.graph_plans(), t.refine_knobs(), t.finalists()),
+        (DEFAULT_GRAPH_PLANS, DEFAULT_REFINE_KNOBS, DEFAULT_FINALISTS)
+    );
+    let q = t.with_effort(SearchEffort::Quick);
+    assert_eq!(q.effort(), SearchEffort::Quick);
+    assert_eq!(
+        (q.graph_plans(), q.refine_knobs(), q.finalists()),
+        (QUICK_GRAPH_PLANS, 0, 0)
+    );
+    assert_eq!(q.effort.find_runs(), 1);
+    assert!(q.effort.carries_winners() && !q.effort.every_source());
+    // A knob set after the preset overrides it; the preset set again restores its values.
+    let q = q.with_finalists(2);
+    assert_eq!((q.effort(), q.finalists()), (SearchEffort::Quick, 2));
+    let t = q.with_effort(SearchEffort::Thorough);
+    assert_eq!(t.finalists(), DEFAULT_FINALISTS);
+    assert_eq!(t.effort.find_runs(), 2);
+    assert!(!t.effort.carries_winners() && t.effort.every_source());
+    for e in [SearchEffort::Thorough, SearchEffort::Quick] {
+        assert_eq!(e.name().parse::<SearchEffort>().unwrap(), e);
+    }
+    let err = "fast".parse::<SearchEffort>().unwrap_err();
+    assert!(err.to_string().contains("search effort"), "{err}");
+}
+
+#[test]
+fn winners_are_remembered_most_recent_last_and_capped() {
+    let c = |i: usize| Arc::new(format!("eng{i}_k2=1").parse::<EngineConfig>().unwrap());
+    let mut won = Vec::new();
+    for i in 0..MAX_CARRIED + 2 {
+        remember_winner(&mut won, &c(i));
+    }
+    let names: Vec<String> = won.iter().map(|c| c.to_string()).collect();
+    let want: Vec<String> = (2..MAX_CARRIED + 2).map(|i| c(i).to_string()).collect();
+    assert_eq!(names, want, "the oldest leave first");
+    // A winner again moves to the end and is not held twice.
+    remember_winner(&mut won, &c(3));
+    assert_eq!(won.len(), MAX_CARRIED);
+    assert_eq!(won.last().unwrap().to_string(), c(3).to_string());
+    assert_eq!(won.iter().filter(|w| ***w == *c(3)).count(), 1);
+}
+
+#[test]
+fn problem_kinds_are_the_key_head() {
+    let k = key("dev", vec![1, 2, 2, 0, 1, 7, 8, 9]);
+    assert_eq!(kind_of(&k), [1, 2, 2, 0, 1]);
+    let short = key("dev", vec![2, 3]);
+    assert_eq!(kind_of(&short), [2, 3, -1, -1, -1]);
 }

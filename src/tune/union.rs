@@ -279,8 +279,11 @@ pub(crate) const SOURCES: [(Option<HeurMode>, &str); 4] = [
 ];
 
 /// The plans of a union search: up to `per_mode` new configurations from each of [`SOURCES`]
-/// (B only `with_b`; configurations an earlier source proposed are not counted twice). Returns the plans, how
-/// many configurations were skipped, and the wall time spent building.
+/// (B only `with_b`; configurations an earlier source proposed are not counted twice; without
+/// `every_source`, the fallback list only when no earlier source proposed a plan, and no
+/// engine list). Returns the plans, how many configurations were skipped, and the wall time
+/// spent building.
+#[allow(clippy::too_many_arguments)] // the filter's parts and the sources asked
 pub(crate) fn search_plans(
     cudnn: &Cudnn,
     og: &OperationGraph,
@@ -289,6 +292,7 @@ pub(crate) fn search_plans(
     workspace: usize,
     per_mode: usize,
     with_b: bool,
+    every_source: bool,
 ) -> Result<(Vec<Plan>, usize, std::time::Duration)> {
     let started = std::time::Instant::now();
     let mut plans: Vec<Plan> = Vec::new();
@@ -296,6 +300,11 @@ pub(crate) fn search_plans(
     let mut last_error = None;
     for (mode, name) in SOURCES {
         if mode == Some(HeurMode::B) && !with_b {
+            continue;
+        }
+        if !every_source
+            && (mode.is_none() || (mode == Some(HeurMode::Fallback) && !plans.is_empty()))
+        {
             continue;
         }
         // Later sources often repeat earlier ones: ask for enough to find `per_mode` new ones.
