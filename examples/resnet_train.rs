@@ -36,7 +36,9 @@
 //! * `--max-plans N` (default 4): graph plans the autotuner times per convolution direction and
 //!   source; `--refine N` and `--finalists N` set its knob refinement and finals (the library's
 //!   defaults otherwise; 0 turns them off); `--effort quick|thorough` its search effort
-//!   (`SearchEffort`, set before the other three). `--cache FILE`: keep its decisions in a file; a later
+//!   (`SearchEffort`, set before the other three; default `quick`: a cold ResNet-50 step
+//!   searches for seconds instead of a minute, to the same steady-state step time in the
+//!   measurements of docs/BENCHMARKS.md). `--cache FILE`: keep its decisions in a file; a later
 //!   process starts from them (the remembered plans are rebuilt at start-up).
 //! * `--split-bn`: batch norm without the fused ReLU and add (separate calls instead).
 //!
@@ -71,7 +73,7 @@ struct Options {
     max_plans: usize,
     refine: Option<usize>,
     finalists: Option<usize>,
-    effort: Option<SearchEffort>,
+    effort: SearchEffort,
     cache: Option<PathBuf>,
     split_bn: bool,
 }
@@ -86,7 +88,7 @@ fn options() -> Res<Options> {
         max_plans: 4,
         refine: None,
         finalists: None,
-        effort: None,
+        effort: SearchEffort::Quick,
         cache: None,
         split_bn: false,
     };
@@ -102,7 +104,7 @@ fn options() -> Res<Options> {
             "--max-plans" => o.max_plans = value()?.parse()?,
             "--refine" => o.refine = Some(value()?.parse()?),
             "--finalists" => o.finalists = Some(value()?.parse()?),
-            "--effort" => o.effort = Some(value()?.parse()?),
+            "--effort" => o.effort = value()?.parse()?,
             "--cache" => o.cache = Some(value()?.into()),
             "--split-bn" => o.split_bn = true,
             _ => {
@@ -164,11 +166,8 @@ impl Shared {
 }
 
 fn run(stream: &Arc<CudaStream>, o: &Options) -> Res<bool> {
-    let mut tuner = Autotuner::new(Policy::Benchmark);
-    if let Some(e) = o.effort {
-        tuner = tuner.with_effort(e);
-    }
-    tuner = tuner.with_graph_plans(o.max_plans);
+    let mut tuner =
+        Autotuner::new(Policy::Benchmark).with_effort(o.effort).with_graph_plans(o.max_plans);
     if let Some(n) = o.refine {
         tuner = tuner.with_refine_knobs(n);
     }

@@ -53,15 +53,6 @@ pub(crate) fn time_ms(
     time_with(stream, best, TARGET_MS, launch)
 }
 
-/// [`time_ms`] with rounds of at least `target_ms` and no early exit (a union search's warm-up).
-pub(crate) fn time_ms_for(
-    stream: &CudaStream,
-    target_ms: f32,
-    launch: impl FnMut() -> Result<()>,
-) -> Result<f32> {
-    time_with(stream, None, target_ms, launch)
-}
-
 fn time_with(
     stream: &CudaStream,
     best: Option<f32>,
@@ -166,28 +157,30 @@ pub(crate) fn sustained_ms(
     Ok(median(&times).unwrap_or(f32::NAN))
 }
 
-/// Runs `launch` back to back for about `heat_ms` of wall clock, in batches of about
-/// [`HEAT_BATCH_MS`] by `per_launch_ms` (each followed by a synchronize, so the clock measures
-/// the GPU's work rather than the enqueueing). A GPU that has been idle runs its first ~0.2 s of
-/// load at higher clocks than it settles to; candidates timed after this run are timed in the
-/// state a busy program sees.
+/// Runs `launch` back to back for about `heat_ms` of wall clock (at least one batch; none,
+/// returning NaN, when `heat_ms` is not positive), in
+/// batches of about [`HEAT_BATCH_MS`] by `per_launch_ms` (each timed with CUDA events and
+/// synchronized, so the clock measures the GPU's work rather than the enqueueing). A GPU that
+/// has been idle runs its first ~0.2 s of load at higher clocks than it settles to; candidates
+/// timed after this run are timed in the state a busy program sees. Returns the milliseconds
+/// per launch of the last batch (a rough time: no warm-up launch, one batch).
 pub(crate) fn heat(
     stream: &CudaStream,
     heat_ms: f32,
     per_launch_ms: f32,
     mut launch: impl FnMut() -> Result<()>,
-) -> Result<()> {
+) -> Result<f32> {
+    if heat_ms.is_nan() || heat_ms <= 0.0 {
+        return Ok(f32::NAN);
+    }
     let batch = iterations_for(per_launch_ms, HEAT_BATCH_MS).max(1);
     let started = std::time::Instant::now();
-    while started.elapsed().as_secs_f32() * 1e3 < heat_ms {
-        for _ in 0..batch {
-            launch()?;
+    loop {
+        let ms = batch_ms(stream, batch, &mut launch)?;
+        if started.elapsed().as_secs_f32() * 1e3 >= heat_ms {
+            return Ok(ms);
         }
-        stream
-            .synchronize()
-            .map_err(|e| Error::driver("synchronizing an autotune warm-up", e))?;
     }
-    Ok(())
 }
 
 /// GPU time of one batch of [`heat`], in ms.

@@ -176,7 +176,9 @@ impl Autotuner {
     /// plan and the legacy favourite are timed alike with CUDA events (on the caller's output,
     /// or on scratch memory when `beta ≠ 0`): a warm-up, a probe, then the best of 3 rounds of
     /// as many back-to-back launches as last 0.3 ms (a plan whose probe is 1.5× slower than
-    /// the best so far is not timed further); the knob neighbourhoods of the
+    /// the best so far is not timed further; the legacy favourite runs first for 8 ms to bring
+    /// the clocks up, and is not timed again when that run was over 3× slower per launch than
+    /// the best plan); the knob neighbourhoods of the
     /// [`Autotuner::with_refine_knobs`] fastest plans are built and timed the same way. Then the
     /// finals: up to six plans within 25% of the fastest, and the legacy favourite when it is
     /// that close, are timed again after 200 ms of the leader, each running alone for 25 ms

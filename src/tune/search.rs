@@ -37,8 +37,16 @@ const FINAL_TARGET_MS: f32 = 4.0;
 /// higher clocks of a GPU that was idle, where a long kernel runs faster than it will in a
 /// busy program, and close candidates can swap places between the two states).
 const FINAL_HEAT_MS: f32 = 200.0;
-/// Least duration of each of the warm-up rounds before a union search's first pass, in ms.
-const WARM_UP_MS: f32 = 2.0;
+/// Wall-clock milliseconds the legacy favourite runs before a union search's first pass (at
+/// least one launch), bringing the clocks back up after the plan builds.
+const WARM_UP_MS: f32 = 8.0;
+
+/// A legacy favourite whose warm-up ran this many times slower per launch than the first
+/// pass's best plan is not timed again: it cannot win, and the legacy algorithms of some
+/// problems run hundreds of times slower than the graph engines (bf16 backward data's ALGO_0,
+/// 7–19 ms per launch against 0.01–0.04 ms), where timing them would be most of a search.
+/// Three times [`timing::HOPELESS`]'s margin: the warm-up's time is one batch, not a timing.
+const LEGACY_HOPELESS: f32 = 3.0;
 
 /// A finalist's time from its sweeps: their mean (`None` when no sweep timed it).
 pub(super) fn final_ms(sweeps: &[f32]) -> Option<f32> {
@@ -182,7 +190,15 @@ impl Autotuner {
         // candidate timed first runs while the clocks ramp up again (on an H200 the legacy
         // algorithm timed first lost to graph plans that were 8 % slower in steady state).
         // A few milliseconds of the legacy call first bring the clocks back up for the plans.
-        let _ = timing::time_ms_for(cudnn.stream(), WARM_UP_MS, || trial(Trial::Legacy, ws));
+        let per_launch = if *legacy_find_ms > 0.0 {
+            *legacy_find_ms
+        } else {
+            1.0
+        };
+        let heated = timing::heat(cudnn.stream(), WARM_UP_MS, per_launch, || {
+            trial(Trial::Legacy, ws)
+        })
+        .unwrap_or(f32::NAN);
         let mut t = Trials {
             cudnn,
             ids: cg.ids,
@@ -203,14 +219,21 @@ impl Autotuner {
             );
             return Ok(None);
         }
-        let mut legacy_ms =
+        let hopeless = legacy_hopeless(t.bound, heated);
+        let mut legacy_ms = if hopeless {
+            log::debug!(
+                "union search: legacy {legacy_name} {heated:.4} ms in the warm-up: not timed again"
+            );
+            heated
+        } else {
             match timing::time_ms(cudnn.stream(), None, || (t.trial)(Trial::Legacy, t.ws)) {
                 Ok(ms) => ms,
                 Err(e) => {
                     log::debug!("union search: legacy {legacy_name} not timed: {e}");
                     *legacy_find_ms
                 }
-            };
+            }
+        };
         let finals_started = Instant::now();
         let finals_timed = t.finals(&mut legacy_ms, prefer, finalists, solo_ms)?;
         let finals_time = finals_started.elapsed();
@@ -644,6 +667,12 @@ pub(super) fn trial<
         Trial::Plan(plan, ids) => op.exec(cudnn, plan, ids, ws, inputs, &mut *out),
         Trial::Legacy => op.launch(cudnn, algo, (one, zero), inputs, ws, &mut *out),
     }
+}
+
+/// Whether the legacy favourite, `heated` ms per launch in its warm-up (NaN when the warm-up
+/// failed), cannot beat the first pass's best plan (`bound`): [`LEGACY_HOPELESS`] times slower.
+pub(super) fn legacy_hopeless(bound: Option<f32>, heated: f32) -> bool {
+    bound.is_some_and(|b| b > 0.0 && heated > b * LEGACY_HOPELESS)
 }
 
 /// Adds `config` to the winners of one kind (most recent last, at most [`MAX_CARRIED`]: the

@@ -9,7 +9,7 @@ use super::key::{
     dtype_code, format_code, format_from_code, kind_of, problem_key, with_search, Key, KeyProblem,
 };
 use super::policy::MAX_CARRIED;
-use super::search::{final_ms, is_graph_only_refusal, remember_winner};
+use super::search::{final_ms, is_graph_only_refusal, legacy_hopeless, remember_winner};
 use super::*;
 use crate::conv::{ConvDesc, ConvDirection, ConvFwdAlgo, ConvMode, MathType};
 use crate::dtype::{DType, DataType};
@@ -607,4 +607,15 @@ fn problem_kinds_are_the_key_head() {
     assert_eq!(kind_of(&k), [1, 2, 2, 0, 1]);
     let short = key("dev", vec![2, 3]);
     assert_eq!(kind_of(&short), [2, 3, -1, -1, -1]);
+}
+
+#[test]
+fn only_a_far_slower_legacy_favourite_skips_its_timing() {
+    // bf16 backward data: ALGO_0 at 6.8 ms per launch against a 0.011 ms graph plan.
+    assert!(legacy_hopeless(Some(0.011), 6.8));
+    // Close calls, a failed warm-up (NaN) or no plan timed: the legacy favourite is timed.
+    assert!(!legacy_hopeless(Some(0.1), 0.29));
+    assert!(!legacy_hopeless(Some(0.1), f32::NAN));
+    assert!(!legacy_hopeless(None, 6.8));
+    assert!(!legacy_hopeless(Some(0.0), 6.8));
 }
