@@ -159,7 +159,8 @@ pub(crate) fn sustained_ms(
 
 /// Runs `launch` back to back for about `heat_ms` of wall clock (at least one batch; none,
 /// returning NaN, when `heat_ms` is not positive), in
-/// batches of about [`HEAT_BATCH_MS`] by `per_launch_ms` (each timed with CUDA events and
+/// batches of about [`HEAT_BATCH_MS`] by `per_launch_ms` (sized by a first launch, before the
+/// batches, when that is not positive; each timed with CUDA events and
 /// synchronized, so the clock measures the GPU's work rather than the enqueueing). A GPU that
 /// has been idle runs its first ~0.2 s of load at higher clocks than it settles to; candidates
 /// timed after this run are timed in the state a busy program sees. Returns the milliseconds
@@ -173,11 +174,19 @@ pub(crate) fn heat(
     if heat_ms.is_nan() || heat_ms <= 0.0 {
         return Ok(f32::NAN);
     }
-    let batch = iterations_for(per_launch_ms, HEAT_BATCH_MS).max(1);
     let started = std::time::Instant::now();
+    let done = || started.elapsed().as_secs_f32() * 1e3 >= heat_ms;
+    let per_launch_ms = if per_launch_ms > 0.0 {
+        per_launch_ms
+    } else {
+        // No estimate: one launch (which may load the kernel: not the time returned) sizes
+        // the batches.
+        batch_ms(stream, 1, &mut launch)?
+    };
+    let batch = iterations_for(per_launch_ms, HEAT_BATCH_MS).max(1);
     loop {
         let ms = batch_ms(stream, batch, &mut launch)?;
-        if started.elapsed().as_secs_f32() * 1e3 >= heat_ms {
+        if done() {
             return Ok(ms);
         }
     }

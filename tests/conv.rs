@@ -4071,7 +4071,8 @@ fn union_finals_follow_the_tuner_knobs() {
 /// `SearchEffort::Quick` on two forward problems of one kind (f16 NHWC): each decision runs and
 /// matches the f64 reference (checked in `union_call`), the first pass decides (no finals, no
 /// knob refinement), at most `QUICK_GRAPH_PLANS` heuristic plans per search plus the earlier
-/// winners carried into the second, the legacy benchmark runs once per problem, and the
+/// winners carried into the second, no legacy benchmark runs (half precision: the heuristics
+/// rank the legacy algorithms, the union search times their first), and the
 /// decisions serve later calls from the cache. Then the same two problems under the default
 /// preset, whose first calls search more plans.
 #[test]
@@ -4114,7 +4115,10 @@ fn union_quick_effort_decides_on_few_plans_and_carries_winners() {
         }
         let st = tuner.stats();
         assert_eq!((st.graph_searches, st.benchmarks), (2, 2), "{st:?}");
-        assert!(st.find > std::time::Duration::ZERO, "{st:?}");
+        // In half precision the quick preset ranks the legacy algorithms by the heuristics:
+        // no legacy benchmark runs.
+        let zero = std::time::Duration::ZERO;
+        assert_eq!(st.find > zero, effort == SearchEffort::Thorough, "{st:?}");
         if effort == SearchEffort::Quick {
             assert_eq!(st.finalists, 0, "quick: the first pass decides: {st:?}");
             assert!(st.carried <= 1, "one earlier winner to carry: {st:?}");
@@ -4141,6 +4145,32 @@ fn union_quick_effort_decides_on_few_plans_and_carries_winners() {
         plans[0] <= plans[1],
         "quick searched more plans than thorough: {plans:?}"
     );
+}
+
+/// `SearchEffort::Quick` in strict f32: the legacy benchmark runs (once) and competes with the
+/// graph plans; the decision matches the reference and serves the next call from the cache.
+#[test]
+fn union_quick_effort_benchmarks_legacy_algorithms_in_f32() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(1109);
+    let mode = &UNION_FP32;
+    let s = union_setup::<f32>(&g, &mut rng, mode);
+    let mut tuner = fresh(Policy::Benchmark).with_effort(SearchEffort::Quick);
+    let (first, _) = union_call(&g, &mut rng, &mut tuner, &s, mode, 1.0, 0.0);
+    let (again, _) = union_call(&g, &mut rng, &mut tuner, &s, mode, 1.0, 0.0);
+    assert_eq!(
+        (first.source, again.source),
+        (Source::Benchmark, Source::Cache)
+    );
+    assert_eq!(again.api, first.api);
+    let st = tuner.stats();
+    assert_eq!(
+        (st.benchmarks, st.graph_searches, st.finalists),
+        (1, 1, 0),
+        "{st:?}"
+    );
+    assert!(st.find > std::time::Duration::ZERO, "{st:?}");
+    println!("union quick f32 strict: {}", first.describe());
 }
 
 #[test]

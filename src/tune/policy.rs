@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::ConvApi;
 use crate::conv::{ConvBwdDataAlgo, ConvBwdFilterAlgo, ConvFwdAlgo};
+use crate::dtype::DType;
 
 /// Most graph plans in a union search's finals by default (the fastest of the first pass; see
 /// [`Autotuner::with_finalists`](super::Autotuner::with_finalists)).
@@ -37,13 +38,19 @@ pub const COMPOSED_MIN_SPEEDUP: f32 = 1.5;
 ///
 /// | | [`Thorough`](SearchEffort::Thorough) (default) | [`Quick`](SearchEffort::Quick) |
 /// |---|---|---|
-/// | legacy benchmark (`cudnnFind…`) | twice, each algorithm keeps its better time | once |
+/// | legacy benchmark (`cudnnFind…`) | twice, each algorithm keeps its better time | once; none in f16/bf16 (see below) |
 /// | graph plans from heuristics A ([`with_graph_plans`](super::Autotuner::with_graph_plans)) | 24 | 4 |
 /// | fallback list | 24 more | only when A proposes nothing |
 /// | engine list (every engine, default knobs) | 24 more | no |
 /// | configurations that won this tuner's earlier searches of the same kind | no | yes |
 /// | knob refinement ([`with_refine_knobs`](super::Autotuner::with_refine_knobs)) | 2 plans | none |
 /// | finals ([`with_finalists`](super::Autotuner::with_finalists)) | 6 | none |
+///
+/// In f16 and bf16, where the graph engines (tensor cores, NHWC) beat the legacy algorithms by
+/// far, `Quick` ranks the legacy algorithms by cuDNN's heuristics (`cudnnGet…_v7`) without
+/// running them; the union search then times the first of them against the graph plans as
+/// always. The legacy ranking serves the calls the graph path does not (no plan runs, or an
+/// accumulating call whose plan is not [`COMPOSED_MIN_SPEEDUP`] times faster).
 ///
 /// "The same kind" is the same direction, data types, compute type and math type: the engine
 /// configurations that won a network's earlier layers are tried on its later ones (those that
@@ -56,7 +63,8 @@ pub enum SearchEffort {
     #[default]
     Thorough,
     /// The heuristics' first proposals, the winners of earlier problems and one legacy
-    /// benchmark; the first pass decides: a first call several times cheaper.
+    /// benchmark (none in half precision); the first pass decides: a first call several times
+    /// cheaper.
     Quick,
 }
 
@@ -78,6 +86,11 @@ impl SearchEffort {
     /// Whether the fallback list and the engine list add plans whatever heuristics A proposed.
     pub(super) fn every_source(self) -> bool {
         self == SearchEffort::Thorough
+    }
+    /// Whether a half-precision problem that the union search will time ranks its legacy
+    /// algorithms by cuDNN's heuristics instead of the legacy benchmark.
+    pub(super) fn untimed_legacy(self, dtype: DType) -> bool {
+        self == SearchEffort::Quick && matches!(dtype, DType::F16 | DType::BF16)
     }
     /// Whether earlier winners of the same kind join a search.
     pub(super) fn carries_winners(self) -> bool {

@@ -38,7 +38,11 @@ pub(super) struct Decided {
 
 impl Autotuner {
     /// Decides (or recalls) the ranking for a problem. `heuristics` and `find` are only called
-    /// on a miss; `find` receives the tuner's workspace.
+    /// on a miss; `find` receives the tuner's workspace. With `untimed_legacy` (a problem the
+    /// union search will time, under [`SearchEffort::Quick`], in half precision), a benchmark
+    /// policy ranks the legacy algorithms by the heuristics instead of running `find`.
+    ///
+    /// [`SearchEffort::Quick`]: super::SearchEffort::Quick
     pub(super) fn decide<A: ConvAlgorithm>(
         &mut self,
         cudnn: &Cudnn,
@@ -46,6 +50,7 @@ impl Autotuner {
         heuristics: impl FnOnce() -> Result<Vec<AlgoPerf<A>>>,
         find: impl FnMut(&mut Workspace) -> Result<Vec<AlgoPerf<A>>>,
         fixed: A,
+        untimed_legacy: bool,
     ) -> Result<Decided> {
         let key = match prepared {
             Prepared::Fixed => {
@@ -70,6 +75,15 @@ impl Autotuner {
         let limit = self.limit;
         let (perf, source) = match self.policy {
             Policy::Heuristic => (heuristics()?, Source::Heuristic),
+            // The union search that follows times the legacy favourite against the plans.
+            _ if untimed_legacy => {
+                crate::capture::refuse_during_capture(
+                    cudnn.stream(),
+                    "benchmarking algorithms (a tuner's first decision for this problem)",
+                )?;
+                self.stats.benchmarks += 1;
+                (heuristics()?, Source::Benchmark)
+            }
             _ => {
                 crate::capture::refuse_during_capture(
                     cudnn.stream(),
@@ -219,6 +233,9 @@ impl Autotuner {
         out: &mut impl DeviceBufferMut<C::Out>,
     ) -> Result<Choice<C::Algo>> {
         let accumulate = beta.to_f64() != 0.0;
+        let untimed_legacy = self.effort.untimed_legacy(<C::In as DataType>::DTYPE)
+            && self.union_on()
+            && op.eligible();
         let d = self.decide(
             cudnn,
             prepared,
@@ -232,6 +249,7 @@ impl Autotuner {
                 }
             },
             fixed,
+            untimed_legacy,
         )?;
         let best = d.entry.first::<C::Algo>();
         let name = <C::Algo as ConvAlgorithm>::DIRECTION.name();
@@ -419,6 +437,7 @@ impl Autotuner {
                 || fwd.heuristics(cudnn),
                 |ws| fwd.find(cudnn, (x, w), y, ws),
                 fixed,
+                false,
             )?
         };
         let best = d.entry.first::<ConvFwdAlgo>();

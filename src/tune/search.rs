@@ -190,12 +190,7 @@ impl Autotuner {
         // candidate timed first runs while the clocks ramp up again (on an H200 the legacy
         // algorithm timed first lost to graph plans that were 8 % slower in steady state).
         // A few milliseconds of the legacy call first bring the clocks back up for the plans.
-        let per_launch = if *legacy_find_ms > 0.0 {
-            *legacy_find_ms
-        } else {
-            1.0
-        };
-        let heated = timing::heat(cudnn.stream(), WARM_UP_MS, per_launch, || {
+        let heated = timing::heat(cudnn.stream(), WARM_UP_MS, *legacy_find_ms, || {
             trial(Trial::Legacy, ws)
         })
         .unwrap_or(f32::NAN);
