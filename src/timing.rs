@@ -8,8 +8,7 @@ use cudarc::driver::CudaStream;
 use crate::error::{Error, Result};
 
 /// Timing of candidates, for graph plans and legacy algorithms alike: one warm-up launch
-/// (kernel loading, variant pack; a candidate whose warm-up is far slower than the best so far
-/// stops there, [`first_launch_hopeless`]), a probe of [`PROBE`] launches, then the best of [`ROUNDS`]
+/// (kernel loading, variant pack), a probe of [`PROBE`] launches, then the best of [`ROUNDS`]
 /// rounds of back-to-back launches, as many per round as make it last at least [`TARGET_MS`]
 /// by the probe (between 1 and [`MAX_ITERATIONS`]): a 0.02 ms kernel is timed over 15 or 16
 /// launches per round, a 5 ms kernel over 1.
@@ -23,19 +22,6 @@ pub(crate) const MAX_ITERATIONS: usize = 100;
 /// A candidate whose probe is this many times slower than the best time so far is not timed
 /// further (its probe is its time): it cannot win, and 48 candidates must stay quick to search.
 pub(crate) const HOPELESS: f32 = 1.5;
-
-/// Milliseconds a first launch may spend loading its kernel (CUDA lazy module loading) beyond
-/// the time that makes a candidate hopeless ([`first_launch_hopeless`]).
-pub(crate) const FIRST_LAUNCH_ALLOWANCE_MS: f32 = 50.0;
-
-/// Whether a candidate whose first launch took `first_ms` (kernel loading included) cannot
-/// win against `best`: slower than [`HOPELESS`] times it by more than
-/// [`FIRST_LAUNCH_ALLOWANCE_MS`]. Such a candidate is not probed: a knob configuration can
-/// run seconds per launch where the best plan runs microseconds, and its probe alone would
-/// cost a search seconds.
-pub(crate) fn first_launch_hopeless(best: Option<f32>, first_ms: f32) -> bool {
-    best.is_some_and(|b| first_ms > b * HOPELESS + FIRST_LAUNCH_ALLOWANCE_MS)
-}
 
 /// Launches per round for a probe of `probe_ms` per launch.
 #[cfg(test)]
@@ -73,10 +59,7 @@ fn time_with(
     target_ms: f32,
     mut launch: impl FnMut() -> Result<()>,
 ) -> Result<f32> {
-    let first = batch_ms(stream, 1, &mut launch)?;
-    if first_launch_hopeless(best, first) {
-        return Ok(first);
-    }
+    batch_ms(stream, 1, &mut launch)?;
     let probe = batch_ms(stream, PROBE, &mut launch)?;
     if best.is_some_and(|b| probe > b * HOPELESS) {
         return Ok(probe);
@@ -215,18 +198,6 @@ pub(crate) const HEAT_BATCH_MS: f32 = 5.0;
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_a_far_slower_first_launch_ends_a_timing() {
-        // A 5 s launch against a 0.012 ms best: not probed.
-        assert!(first_launch_hopeless(Some(0.012), 5000.0));
-        // Kernel loading (tens of ms) does not count against a candidate.
-        assert!(!first_launch_hopeless(Some(0.012), 40.0));
-        assert!(!first_launch_hopeless(Some(2.0), 52.0));
-        assert!(first_launch_hopeless(Some(2.0), 53.5));
-        assert!(!first_launch_hopeless(None, 5000.0));
-        assert!(!first_launch_hopeless(Some(0.012), f32::NAN));
-    }
 
     #[test]
     fn sustained_rounds_keep_their_median() {
