@@ -80,6 +80,11 @@
 //!   `GRAPH_BENCH_PAIRED_SELF=1`: also time every graph pick once more as a further side, so
 //!   that each case reports the comparison's own noise (ops `paired_noise_conv_fwd_<mode>_<cfg>`
 //!   and a table: the pick against itself, and PyTorch's slowest process over its fastest).
+//! * `GRAPH_BENCH_EFFORT=both`: each union case is also searched by a second tuner with
+//!   [`SearchEffort::Quick`] on its own copy of the data (the default `Thorough` one keeps
+//!   heuristics B on, as above); the two picks are then timed in turns, 3 rounds each (ops
+//!   `union_quick_conv_fwd_<mode>_<cfg>`: the quick pick's median, both searches' wall time, the
+//!   ratio thorough/quick and the noise, the larger spread of either pick's own rounds).
 //! * `GRAPH_BENCH_FINALISTS`, `GRAPH_BENCH_FINAL_SOLO_MS`: the union tuner's
 //!   [`Autotuner::with_finalists`] and [`Autotuner::with_final_solo_ms`] (defaults 6 and 25 ms).
 //! * `GRAPH_BENCH_CONFIGS`: comma-separated parts of configuration names (such as
@@ -114,7 +119,7 @@ use cudnn_safe::graph::{
     PlanFilter, PlanGraph, PointwiseMode, TensorId,
 };
 use cudnn_safe::half::{bf16, f16};
-use cudnn_safe::tune::{Choice, Policy};
+use cudnn_safe::tune::{Choice, Policy, SearchEffort};
 use cudnn_safe::{
     ActivationDesc, ActivationMode, Autotuner, Cudnn, DType, DataType, FilterDesc, Layout,
     TensorDesc, TensorFormat, Workspace,
@@ -1664,6 +1669,7 @@ fn union_case<T: DataType<Scalar = f32>>(
     }
     eprintln!("graph bench: union {progress} {} {}", mode.name, cfg.name());
     let (cudnn, stream, test) = (run.cudnn, run.stream, run.args.test);
+    let mut quick = None;
     let measured = (|| -> BoxResult<Searched<T>> {
         let d = ConvData::<T>::new(cudnn, mode, cfg)?;
         let flops = d.flops;
@@ -1679,8 +1685,16 @@ fn union_case<T: DataType<Scalar = f32>>(
             tuner = tuner.with_final_solo_ms(ms);
         }
         let mut held = Held { d, tuner };
+        let searched = Instant::now();
         let first = held.forward(cudnn)?;
+        stream.synchronize()?;
+        let search_s = searched.elapsed().as_secs_f64();
         let ms = median_ms(stream, test, || held.call(cudnn))?;
+        if effort_both() && !test {
+            quick = Some(quick_beside::<T>(
+                cudnn, mode, cfg, &mut held, &first, search_s,
+            ));
+        }
         let others = if keep {
             let pick = first.describe();
             other_plans::<T>(cudnn, mode, cfg, pick.trim_start_matches("graph "))?
@@ -1689,6 +1703,12 @@ fn union_case<T: DataType<Scalar = f32>>(
         };
         Ok((ms, first, flops, held, others))
     })();
+    let quick_op = format!("union_quick_conv_fwd_{}_{}", mode.name, cfg.name());
+    match quick {
+        Some(Ok((ms, note))) => run.record(&quick_op, ms, &note),
+        Some(Err(e)) => print_op_error(&quick_op, &e),
+        None => {}
+    }
     match measured {
         Ok((ms, choice, flops, held, others)) => {
             run.record(
@@ -1708,6 +1728,56 @@ fn union_case<T: DataType<Scalar = f32>>(
             Some(Err(e.to_string()))
         }
     }
+}
+
+/// Whether `GRAPH_BENCH_EFFORT=both` asks for the quick search beside each union case.
+fn effort_both() -> bool {
+    std::env::var("GRAPH_BENCH_EFFORT").is_ok_and(|v| v.trim() == "both")
+}
+
+/// The quick search beside a held (thorough) union case: a second tuner with
+/// [`SearchEffort::Quick`] on its own copy of the data searches once; then both picks are timed
+/// in turns, 3 rounds each. Returns the quick pick's median and the line's notes: both picks,
+/// both searches' wall time, thorough/quick (> 1: the quick pick is faster) and the noise (the
+/// thorough pick's slowest round over its fastest, minus 1).
+fn quick_beside<T: DataType<Scalar = f32>>(
+    cudnn: &Cudnn,
+    mode: &Mode,
+    cfg: &Cfg,
+    thorough: &mut Held<T>,
+    thorough_pick: &Choice<ConvFwdAlgo>,
+    thorough_s: f64,
+) -> BoxResult<(f64, String)> {
+    let stream = cudnn.stream();
+    let d = ConvData::<T>::new(cudnn, mode, cfg)?;
+    let tuner = Autotuner::new(Policy::Benchmark)
+        .without_cache_file()
+        .with_effort(SearchEffort::Quick);
+    let mut quick = Held { d, tuner };
+    let searched = Instant::now();
+    let pick = quick.forward(cudnn)?;
+    stream.synchronize()?;
+    let quick_s = searched.elapsed().as_secs_f64();
+    let (mut t, mut q) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        t.push(median_ms(stream, false, || thorough.call(cudnn))?);
+        q.push(median_ms(stream, false, || quick.call(cudnn))?);
+    }
+    let (tm, qm) = (median(&t), median(&q));
+    let spread = |v: &[f64]| {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
+        hi / lo - 1.0
+    };
+    let note = format!(
+        "\"source\": \"{}\", \"thorough_source\": \"{}\", \"quick_search_s\": {quick_s:.3}, \"thorough_search_s\": {thorough_s:.3}, \"thorough_ms\": {tm:.5}, \"thorough_over_quick\": {:.4}, \"noise\": {:.4}",
+        pick.describe(),
+        thorough_pick.describe(),
+        tm / qm,
+        spread(&t).max(spread(&q)),
+    );
+    Ok((qm, note))
 }
 
 /// Geometric mean of `v` (1 when empty).

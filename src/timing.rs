@@ -48,15 +48,6 @@ fn iterations_within(probe_ms: f32, target_ms: f32, max: usize) -> usize {
 pub(crate) fn time_ms(
     stream: &CudaStream,
     best: Option<f32>,
-    launch: impl FnMut() -> Result<()>,
-) -> Result<f32> {
-    time_with(stream, best, TARGET_MS, launch)
-}
-
-fn time_with(
-    stream: &CudaStream,
-    best: Option<f32>,
-    target_ms: f32,
     mut launch: impl FnMut() -> Result<()>,
 ) -> Result<f32> {
     batch_ms(stream, 1, &mut launch)?;
@@ -64,7 +55,7 @@ fn time_with(
     if best.is_some_and(|b| probe > b * HOPELESS) {
         return Ok(probe);
     }
-    let n = iterations_for(probe, target_ms);
+    let n = iterations_for(probe, TARGET_MS);
     fastest_round(stream, ROUNDS, n, &mut launch)
 }
 

@@ -2532,6 +2532,7 @@ fn gpu_plan_cache_warm_up_replays_recorded_graphs() {
     let w = fresh.warm_up(&cudnn2, &mut ws).unwrap();
     eprintln!("{w:?}");
     assert_eq!((w.replayed, w.held, w.other), (2, 0, 1), "{w:?}");
+    assert!(w.building <= w.elapsed, "{w:?}");
     let reasons: Vec<&str> = w.skipped.iter().map(|k| k.reason.as_str()).collect();
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     assert!(

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 
 use super::backend::{attr, ffi, kind, Desc};
-use super::build::{GraphInner, TensorMeta};
-use super::engine::{EngineConfig, Plan};
+use super::build::{GraphInner, OperationGraph, TensorMeta};
+use super::engine::Plan;
 use super::{Graph, TensorId};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::{DType, DataType};
@@ -415,70 +415,99 @@ impl Cudnn {
     }
 }
 
-/// One entry of [`PlanCache::warm_up`]: the recorded graph read back and built, checked against
-/// its key, the chosen plan built and executed once on zero-filled scratch buffers.
-pub(crate) fn replay(
-    cudnn: &Cudnn,
-    ws: &mut Workspace,
-    key: &str,
-    cfg: &EngineConfig,
-    record: &str,
+/// One entry of [`PlanCache::warm_up`], read back: the recorded graph built and checked against
+/// its key, the bytes of each of its tensors' scratch buffers known and within the limit. Its
+/// plan is built next (with the other entries', on several threads), then [`Replay::run`].
+pub(crate) struct Replay {
+    pub(crate) og: OperationGraph,
+    /// Bytes of each scratch buffer, in the order of the graph's tensors (`io`).
+    sizes: Vec<usize>,
+    /// Their sum.
+    buffers: usize,
     max_scratch_bytes: usize,
-) -> Result<Plan> {
-    let og = Graph::from_json(record)?.build(cudnn)?;
-    if !key.ends_with(&format!(" | {}", og.signature())) {
-        return Err(Error::invalid(
-            "graph plan cache entry",
-            "a recorded graph of the signature in its key",
-            "a graph of another signature",
-        ));
+}
+
+impl Replay {
+    /// The recorded graph `record` of the entry `key` read back and built; its scratch buffers'
+    /// sizes checked against `max_scratch_bytes`.
+    pub(crate) fn prepare(
+        cudnn: &Cudnn,
+        key: &str,
+        record: &str,
+        max_scratch_bytes: usize,
+    ) -> Result<Replay> {
+        let og = Graph::from_json(record)?.build(cudnn)?;
+        if !key.ends_with(&format!(" | {}", og.signature())) {
+            return Err(Error::invalid(
+                "graph plan cache entry",
+                "a recorded graph of the signature in its key",
+                "a graph of another signature",
+            ));
+        }
+        let g = &og.inner;
+        let mut sizes = Vec::with_capacity(g.io.len());
+        for &i in &g.io {
+            let m = &g.meta[i];
+            let span = m.layout.as_ref().map_or(1, |l| l.span());
+            let bytes = span
+                .checked_mul(m.dtype.size())
+                .ok_or_else(|| Error::Overflow {
+                    what: "plan cache warm-up buffer",
+                    detail: format!("`{}`: {span} elements of {}", m.name, m.dtype),
+                })?;
+            sizes.push(bytes.max(1));
+        }
+        let buffers = sizes.iter().fold(0usize, |a, &b| a.saturating_add(b));
+        let replay = Replay {
+            og,
+            sizes,
+            buffers,
+            max_scratch_bytes,
+        };
+        if buffers > max_scratch_bytes {
+            return Err(replay.over(buffers));
+        }
+        Ok(replay)
     }
-    let g = &og.inner;
-    let mut sizes = Vec::with_capacity(g.io.len());
-    for &i in &g.io {
-        let m = &g.meta[i];
-        let span = m.layout.as_ref().map_or(1, |l| l.span());
-        let bytes = span
-            .checked_mul(m.dtype.size())
-            .ok_or_else(|| Error::Overflow {
-                what: "plan cache warm-up buffer",
-                detail: format!("`{}`: {span} elements of {}", m.name, m.dtype),
-            })?;
-        sizes.push(bytes.max(1));
-    }
-    let over = |bytes: usize| {
+
+    fn over(&self, bytes: usize) -> Error {
         Error::invalid(
             "plan cache warm-up scratch memory",
-            format!("at most {max_scratch_bytes} bytes (the warm-up's limit)"),
+            format!(
+                "at most {} bytes (the warm-up's limit)",
+                self.max_scratch_bytes
+            ),
             format!("{bytes} bytes"),
         )
-    };
-    let buffers = sizes.iter().fold(0usize, |a, &b| a.saturating_add(b));
-    if buffers > max_scratch_bytes {
-        return Err(over(buffers));
     }
-    let plan = og.plan_from_config(cudnn, cfg)?;
-    let total = buffers.saturating_add(plan.workspace_size());
-    if total > max_scratch_bytes {
-        return Err(over(total));
+
+    /// Executes `plan` (built from this graph) once on zero-filled scratch buffers, freed
+    /// afterwards, with `ws` grown to the plan's workspace size when the buffers and the
+    /// workspace fit the limit; returns the plan.
+    pub(crate) fn run(self, cudnn: &Cudnn, ws: &mut Workspace, plan: Plan) -> Result<Plan> {
+        let total = self.buffers.saturating_add(plan.workspace_size());
+        if total > self.max_scratch_bytes {
+            return Err(self.over(total));
+        }
+        let g = &self.og.inner;
+        let stream = cudnn.stream();
+        let mut bufs = Vec::with_capacity(g.io.len());
+        for (&i, &bytes) in g.io.iter().zip(&self.sizes) {
+            let m = &g.meta[i];
+            let buf = stream
+                .alloc_zeros::<u8>(bytes)
+                .map_err(|e| Error::driver("allocating a plan cache warm-up buffer", e))?;
+            bufs.push((i, m.dtype, m.is_output, buf));
+        }
+        let mut args = Args::new(cudnn);
+        for (i, dtype, output, buf) in &mut bufs {
+            let id = TensorId {
+                graph: g.graph_id,
+                index: *i,
+            };
+            args.scratch(id, *dtype, *output, buf)?;
+        }
+        cudnn.execute(&plan, &args, ws)?;
+        Ok(plan)
     }
-    let stream = cudnn.stream();
-    let mut bufs = Vec::with_capacity(g.io.len());
-    for (&i, &bytes) in g.io.iter().zip(&sizes) {
-        let m = &g.meta[i];
-        let buf = stream
-            .alloc_zeros::<u8>(bytes)
-            .map_err(|e| Error::driver("allocating a plan cache warm-up buffer", e))?;
-        bufs.push((i, m.dtype, m.is_output, buf));
-    }
-    let mut args = Args::new(cudnn);
-    for (i, dtype, output, buf) in &mut bufs {
-        let id = TensorId {
-            graph: g.graph_id,
-            index: *i,
-        };
-        args.scratch(id, *dtype, *output, buf)?;
-    }
-    cudnn.execute(&plan, &args, ws)?;
-    Ok(plan)
 }

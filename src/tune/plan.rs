@@ -248,6 +248,9 @@ pub struct WarmUp {
     pub other: usize,
     /// Largest workspace a replayed plan needs (the workspace was grown to it).
     pub workspace: usize,
+    /// Wall time of building the replayed entries' plans, all at once (those of engines that
+    /// compile at run time on [`crate::graph::build_threads`] threads): part of `elapsed`.
+    pub building: Duration,
     /// Wall time of the warm-up, the GPU work included.
     pub elapsed: Duration,
 }
@@ -469,10 +472,11 @@ impl PlanCache {
     }
 
     /// Start-up work for a cache read from a file: for every persisted entry of this handle's
-    /// GPU and cuDNN version, reads its graph back ([`Graph::from_json`](crate::graph::Graph::from_json), checked), builds it,
-    /// builds the chosen plan ([`OperationGraph::plan_from_config`]) and executes it once on
-    /// zero-filled scratch buffers (one per tensor, of its span; freed afterwards) with `ws`
-    /// (grown to the plan's workspace size), then holds the plan. A later [`PlanCache::get`] of a
+    /// GPU and cuDNN version, reads its graph back ([`Graph::from_json`](crate::graph::Graph::from_json), checked) and builds it;
+    /// then builds the chosen plans ([`OperationGraph::plan_from_config`]) all at once (those of
+    /// engines that compile at run time on [`crate::graph::build_threads`] threads); then
+    /// executes each plan once on zero-filled scratch buffers (one per tensor, of its span;
+    /// freed afterwards) with `ws` (grown to the plan's workspace size), and holds it. A later [`PlanCache::get`] of a
     /// graph with the same signature finds it, and its first execution finds its kernel loaded:
     /// CUDA loads a kernel lazily at its first launch, so without this warm-up the first real
     /// call pays for it (after [`graph::preload`](crate::graph::preload), that is what remains of a new process's first
@@ -482,8 +486,7 @@ impl PlanCache {
     /// record checks and cuDNN's validation, a key whose signature is not its graph's is
     /// skipped, and the scratch execution is checked like every [`Cudnn::execute`]. An entry
     /// that fails is reported in [`WarmUp::skipped`] (and logged) and left for
-    /// [`PlanCache::get_or_build`]. Each entry is logged at `info` level as it finishes (plans
-    /// of runtime-compiled engines take up to about a second each to build).
+    /// [`PlanCache::get_or_build`]. Each entry is logged at `info` level as it finishes.
     ///
     /// ```no_run
     /// # use cudnn_safe::tune::plan::PlanCache;
@@ -530,7 +533,11 @@ impl PlanCache {
         let mut keys: Vec<String> = self.configs.keys().cloned().collect();
         keys.sort();
         let total = keys.iter().filter(|k| k.starts_with(&prefix)).count();
+        // Read back every entry not held yet, build their plans all at once (those of engines
+        // that compile at run time on `graph::build_threads` threads), then execute each once.
         let mut seen = 0;
+        let mut ready = Vec::new();
+        let mut failed = Vec::new();
         for key in keys {
             if !key.starts_with(&prefix) {
                 done.other += 1;
@@ -546,9 +553,8 @@ impl PlanCache {
                 done.held += 1;
                 continue;
             }
-            let t = Instant::now();
-            let outcome = match self.graphs.get(&key) {
-                Some(record) => exec::replay(cudnn, ws, &key, &cfg, record, max_scratch_bytes),
+            let prepared = match self.graphs.get(&key) {
+                Some(record) => exec::Replay::prepare(cudnn, &key, record, max_scratch_bytes),
                 None => Err(Error::invalid(
                     "graph plan cache entry",
                     "a recorded graph",
@@ -556,24 +562,39 @@ impl PlanCache {
                      JSON cannot hold)",
                 )),
             };
-            match outcome {
+            match prepared {
+                Ok(r) => ready.push((seen, key, cfg, r)),
+                Err(e) => failed.push((seen, cfg, e)),
+            }
+        }
+        let t = Instant::now();
+        let plans = {
+            let jobs: Vec<_> = ready.iter().map(|(_, _, cfg, r)| (&r.og, cfg)).collect();
+            crate::graph::plans_from_configs(cudnn, &jobs)
+        };
+        done.building = t.elapsed();
+        for ((n, key, cfg, r), plan) in ready.into_iter().zip(plans) {
+            let t = Instant::now();
+            match plan.and_then(|p| r.run(cudnn, ws, p)) {
                 Ok(plan) => {
                     log::info!(
-                        "graph plan cache warm-up [{seen}/{total}]: {cfg} ready in {:.1} ms",
+                        "graph plan cache warm-up [{n}/{total}]: {cfg} ready, executed in {:.1} ms",
                         t.elapsed().as_secs_f64() * 1e3
                     );
                     done.replayed += 1;
                     done.workspace = done.workspace.max(plan.workspace_size());
                     self.plans.insert(key, plan);
                 }
-                Err(e) => {
-                    log::info!("graph plan cache warm-up [{seen}/{total}]: {cfg} skipped: {e}");
-                    done.skipped.push(Skipped {
-                        name: cfg.to_string(),
-                        reason: e.to_string(),
-                    });
-                }
+                Err(e) => failed.push((n, cfg, e)),
             }
+        }
+        failed.sort_by_key(|f| f.0);
+        for (n, cfg, e) in failed {
+            log::info!("graph plan cache warm-up [{n}/{total}]: {cfg} skipped: {e}");
+            done.skipped.push(Skipped {
+                name: cfg.to_string(),
+                reason: e.to_string(),
+            });
         }
         cudnn
             .stream()
@@ -582,12 +603,13 @@ impl PlanCache {
         done.elapsed = started.elapsed();
         log::info!(
             "graph plan cache warm-up: {} plans replayed, {} held, {} skipped, {} of other \
-             devices or versions, {:.1} ms",
+             devices or versions, {:.1} ms ({:.1} ms building plans)",
             done.replayed,
             done.held,
             done.skipped.len(),
             done.other,
-            done.elapsed.as_secs_f64() * 1e3
+            done.elapsed.as_secs_f64() * 1e3,
+            done.building.as_secs_f64() * 1e3
         );
         Ok(done)
     }

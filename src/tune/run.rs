@@ -73,23 +73,18 @@ impl Autotuner {
         self.stats.misses += 1;
         let started = Instant::now();
         let limit = self.limit;
-        let (perf, source) = match self.policy {
-            Policy::Heuristic => (heuristics()?, Source::Heuristic),
-            // The union search that follows times the legacy favourite against the plans.
-            _ if untimed_legacy => {
-                crate::capture::refuse_during_capture(
-                    cudnn.stream(),
-                    "benchmarking algorithms (a tuner's first decision for this problem)",
-                )?;
-                self.stats.benchmarks += 1;
+        let (perf, source) = if self.policy == Policy::Heuristic {
+            (heuristics()?, Source::Heuristic)
+        } else {
+            crate::capture::refuse_during_capture(
+                cudnn.stream(),
+                "benchmarking algorithms (a tuner's first decision for this problem)",
+            )?;
+            self.stats.benchmarks += 1;
+            if untimed_legacy {
+                // The union search that follows times the legacy favourite against the plans.
                 (heuristics()?, Source::Benchmark)
-            }
-            _ => {
-                crate::capture::refuse_during_capture(
-                    cudnn.stream(),
-                    "benchmarking algorithms (a tuner's first decision for this problem)",
-                )?;
-                self.stats.benchmarks += 1;
+            } else {
                 let runs = self.effort.find_runs();
                 let found = benchmark(self.workspace(cudnn), runs, find);
                 self.stats.find += started.elapsed();
