@@ -76,6 +76,8 @@ fn options() -> Res<Options> {
 }
 
 fn main() -> ExitCode {
+    // `RUST_LOG=cudnn_safe=info` lists every plan decision and warm-up entry.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let Some((default, _)) = common::open_gpu("resnet") else {
         return ExitCode::from(2);
     };
@@ -112,11 +114,13 @@ fn run(stream: &Arc<CudaStream>, cudnn: &Cudnn, o: &Options) -> Res<bool> {
         let p = cudnn_safe::graph::preload(cudnn)?;
         let w = plans.warm_up(cudnn, &mut ws)?;
         println!(
-            "start-up: preload {:.3} s (sub-libraries {:.3} s), warm-up {:.3} s ({} plans, {} skipped)",
+            "start-up: preload {:.3} s (sub-libraries {:.3} s), warm-up {:.3} s ({} plans, built in {:.3} s on {} threads; {} skipped)",
             (p.open + p.engines).as_secs_f64(),
             p.open.as_secs_f64(),
             w.elapsed.as_secs_f64(),
             w.replayed,
+            w.building.as_secs_f64(),
+            cudnn_safe::graph::build_threads(),
             w.skipped.len()
         );
     }
