@@ -219,7 +219,16 @@ fn conv(
         x.clone()
     };
     let w = w.contiguous()?;
-    x.apply_op2(&w, ConvForward { op, p, rank })
+    x.apply_op2(
+        &w,
+        ConvOp {
+            op,
+            p,
+            pass: Pass::Forward,
+            rank,
+            out: Vec::new(),
+        },
+    )
 }
 
 /// candle's own convolution, for tensors on the CPU.
@@ -335,145 +344,46 @@ fn zero<T: DataType>() -> T::Scalar {
     T::Scalar::from_f64(0.0)
 }
 
-/// The forward convolution of `x` (arg 1) with `w` (arg 2).
-struct ConvForward {
+/// Which of the three convolutions a [`ConvOp`] runs, on which two arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// `y` from (x, w).
+    Forward,
+    /// `dx` from (dy, w).
+    Data,
+    /// `dw` from (x, dy).
+    Filter,
+}
+
+/// One convolution pass as a candle operation of two tensors. `out` is the result's shape for
+/// the gradients (x's or w's); the forward computes its own (`rank` 3 drops the height of 1).
+struct ConvOp {
     op: &'static str,
     p: Conv2dParams,
+    pass: Pass,
     rank: usize,
-}
-
-impl ConvForward {
-    fn run<T: Elem>(
-        &self,
-        xs: &CudaStorage,
-        xl: &Layout,
-        ws: &CudaStorage,
-        wl: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let dev = xs.device().clone();
-        let (x_d, xr) = desc4::<T>(xl)?;
-        let w_d = filter4::<T>(wl.dims())?;
-        let x = view(xs.as_cuda_slice::<T>()?, xr, "x")?;
-        let w = view(
-            ws.as_cuda_slice::<T>()?,
-            wl.start_offset()..wl.start_offset() + wl.shape().elem_count(),
-            "w",
-        )?;
-        let p = self.p;
-        let (y, dims) = with_state(&dev, |cudnn, tuner, o| {
-            let conv = conv_desc::<T>(&p, o.allow_tf32)?;
-            let y_dims = conv.output_dims(x_d.dims(), w_d.dims())?;
-            let y_d = TensorDesc::<T>::nchw_nd(&y_dims)?;
-            let mut y = cudnn
-                .stream()
-                .alloc_zeros::<T>(y_d.span())
-                .map_err(|e| cudnn_safe::Error::driver("allocating the convolution's output", e))?;
-            let choice = tuner.forward(
-                cudnn,
-                one::<T>(),
-                &x_d,
-                &x,
-                &w_d,
-                &w,
-                &conv,
-                zero::<T>(),
-                &y_d,
-                &mut y,
-            )?;
-            log::debug!("{}: {}", self.op, choice.describe());
-            Ok((y, y_dims))
-        })?;
-        let mut shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
-        if self.rank == 3 {
-            shape.remove(2);
-        }
-        Ok((CudaStorage::wrap_cuda_slice(y, dev), Shape::from(shape)))
-    }
-}
-
-impl CustomOp2 for ConvForward {
-    fn name(&self) -> &'static str {
-        "cudnn-safe-conv-forward"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        Err(not_cpu(self.op))
-    }
-
-    fn cuda_fwd(
-        &self,
-        xs: &CudaStorage,
-        xl: &Layout,
-        ws: &CudaStorage,
-        wl: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        match xs.dtype() {
-            DType::F32 => self.run::<f32>(xs, xl, ws, wl),
-            DType::F16 => self.run::<f16>(xs, xl, ws, wl),
-            DType::BF16 => self.run::<bf16>(xs, xl, ws, wl),
-            d => Err(Error::dtype(self.op, "x", d)),
-        }
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _y: &Tensor,
-        dy: &Tensor,
-    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let dy = if dy.stride().contains(&0) {
-            dy.contiguous()?
-        } else {
-            dy.clone()
-        };
-        let dx = dy.apply_op2(
-            w,
-            ConvBackward {
-                op: self.op,
-                p: self.p,
-                data: true,
-                out: x.dims().to_vec(),
-            },
-        )?;
-        let dw = x.apply_op2(
-            &dy,
-            ConvBackward {
-                op: self.op,
-                p: self.p,
-                data: false,
-                out: w.dims().to_vec(),
-            },
-        )?;
-        Ok((Some(dx), Some(dw)))
-    }
-}
-
-fn not_cpu(op: &'static str) -> candle_core::Error {
-    Error::invalid(
-        op,
-        "device",
-        "a CUDA device for the cuDNN operation (the public functions run candle's own on the CPU)",
-        "cpu",
-    )
-}
-
-/// The convolution's gradients: with `data`, `dx` from (dy, w); else `dw` from (x, dy). `out`
-/// is the gradient's shape (x's or w's).
-struct ConvBackward {
-    op: &'static str,
-    p: Conv2dParams,
-    data: bool,
     out: Vec<usize>,
 }
 
-impl ConvBackward {
+/// A packed (contiguous) tensor's elements of its storage, checked to lie within it.
+fn packed<'a, T>(
+    s: &'a CudaSlice<T>,
+    l: &Layout,
+    arg: &'static str,
+) -> candle_core::Result<CudaView<'a, T>> {
+    let start = l.start_offset();
+    view(s, start..start + l.shape().elem_count(), arg)
+}
+
+/// A new buffer of `len` elements on the handle's stream.
+fn output<T: Elem>(cudnn: &cudnn_safe::Cudnn, len: usize) -> cudnn_safe::Result<CudaSlice<T>> {
+    cudnn
+        .stream()
+        .alloc_zeros::<T>(len)
+        .map_err(|e| cudnn_safe::Error::driver("allocating a convolution result", e))
+}
+
+impl ConvOp {
     fn run<T: Elem>(
         &self,
         s1: &CudaStorage,
@@ -483,79 +393,96 @@ impl ConvBackward {
     ) -> candle_core::Result<(CudaStorage, Shape)> {
         let dev = s1.device().clone();
         let p = self.p;
-        let out = dims4(&self.out);
-        let grad = if self.data {
-            // (dy, w) -> dx
-            let (dy_d, dyr) = desc4::<T>(l1)?;
-            let dy = view(s1.as_cuda_slice::<T>()?, dyr, "dy")?;
-            let w_d = filter4::<T>(l2.dims())?;
-            let w = view(
-                s2.as_cuda_slice::<T>()?,
-                l2.start_offset()..l2.start_offset() + l2.shape().elem_count(),
-                "w",
-            )?;
-            with_state(&dev, |cudnn, tuner, o| {
-                let conv = conv_desc::<T>(&p, o.allow_tf32)?;
-                let dx_d = TensorDesc::<T>::nchw_nd(&i64s(&out))?;
-                let mut dx = cudnn
-                    .stream()
-                    .alloc_zeros::<T>(dx_d.span())
-                    .map_err(|e| cudnn_safe::Error::driver("allocating dx", e))?;
-                tuner.backward_data(
-                    cudnn,
-                    one::<T>(),
-                    &w_d,
-                    &w,
-                    &dy_d,
-                    &dy,
-                    &conv,
-                    zero::<T>(),
-                    &dx_d,
-                    &mut dx,
-                )?;
-                Ok(dx)
-            })?
-        } else {
-            // (x, dy) -> dw
-            let (x_d, xr) = desc4::<T>(l1)?;
-            let x = view(s1.as_cuda_slice::<T>()?, xr, "x")?;
-            let (dy_d, dyr) = desc4::<T>(l2)?;
-            let dy = view(s2.as_cuda_slice::<T>()?, dyr, "dy")?;
-            let dw_d = filter4::<T>(&self.out)?;
-            with_state(&dev, |cudnn, tuner, o| {
-                let conv = conv_desc::<T>(&p, o.allow_tf32)?;
-                let mut dw = cudnn
-                    .stream()
-                    .alloc_zeros::<T>(dw_d.span())
-                    .map_err(|e| cudnn_safe::Error::driver("allocating dw", e))?;
-                tuner.backward_filter(
-                    cudnn,
-                    one::<T>(),
-                    &x_d,
-                    &x,
-                    &dy_d,
-                    &dy,
-                    &conv,
-                    zero::<T>(),
-                    &dw_d,
-                    &mut dw,
-                )?;
-                Ok(dw)
-            })?
+        let (result, dims) = match self.pass {
+            Pass::Forward => {
+                let (x_d, xr) = desc4::<T>(l1)?;
+                let x = view(s1.as_cuda_slice::<T>()?, xr, "x")?;
+                let w_d = filter4::<T>(l2.dims())?;
+                let w = packed(s2.as_cuda_slice::<T>()?, l2, "w")?;
+                with_state(&dev, |cudnn, tuner, o| {
+                    let conv = conv_desc::<T>(&p, o.allow_tf32)?;
+                    let y_dims = conv.output_dims(x_d.dims(), w_d.dims())?;
+                    let y_d = TensorDesc::<T>::nchw_nd(&y_dims)?;
+                    let mut y = output::<T>(cudnn, y_d.span())?;
+                    let choice = tuner.forward(
+                        cudnn,
+                        one::<T>(),
+                        &x_d,
+                        &x,
+                        &w_d,
+                        &w,
+                        &conv,
+                        zero::<T>(),
+                        &y_d,
+                        &mut y,
+                    )?;
+                    log::debug!("{}: {}", self.op, choice.describe());
+                    let mut dims: Vec<usize> = y_dims.iter().map(|&d| d as usize).collect();
+                    if self.rank == 3 {
+                        dims.remove(2);
+                    }
+                    Ok((y, dims))
+                })?
+            }
+            Pass::Data => {
+                let (dy_d, dyr) = desc4::<T>(l1)?;
+                let dy = view(s1.as_cuda_slice::<T>()?, dyr, "dy")?;
+                let w_d = filter4::<T>(l2.dims())?;
+                let w = packed(s2.as_cuda_slice::<T>()?, l2, "w")?;
+                let dx_d = TensorDesc::<T>::nchw_nd(&i64s(&dims4(&self.out))).map_err(wrap)?;
+                with_state(&dev, |cudnn, tuner, o| {
+                    let conv = conv_desc::<T>(&p, o.allow_tf32)?;
+                    let mut dx = output::<T>(cudnn, dx_d.span())?;
+                    tuner.backward_data(
+                        cudnn,
+                        one::<T>(),
+                        &w_d,
+                        &w,
+                        &dy_d,
+                        &dy,
+                        &conv,
+                        zero::<T>(),
+                        &dx_d,
+                        &mut dx,
+                    )?;
+                    Ok((dx, self.out.clone()))
+                })?
+            }
+            Pass::Filter => {
+                let (x_d, xr) = desc4::<T>(l1)?;
+                let x = view(s1.as_cuda_slice::<T>()?, xr, "x")?;
+                let (dy_d, dyr) = desc4::<T>(l2)?;
+                let dy = view(s2.as_cuda_slice::<T>()?, dyr, "dy")?;
+                let dw_d = filter4::<T>(&self.out)?;
+                with_state(&dev, |cudnn, tuner, o| {
+                    let conv = conv_desc::<T>(&p, o.allow_tf32)?;
+                    let mut dw = output::<T>(cudnn, dw_d.span())?;
+                    tuner.backward_filter(
+                        cudnn,
+                        one::<T>(),
+                        &x_d,
+                        &x,
+                        &dy_d,
+                        &dy,
+                        &conv,
+                        zero::<T>(),
+                        &dw_d,
+                        &mut dw,
+                    )?;
+                    Ok((dw, self.out.clone()))
+                })?
+            }
         };
-        Ok((
-            CudaStorage::wrap_cuda_slice(grad, dev),
-            Shape::from(self.out.clone()),
-        ))
+        Ok((CudaStorage::wrap_cuda_slice(result, dev), Shape::from(dims)))
     }
 }
 
-impl CustomOp2 for ConvBackward {
+impl CustomOp2 for ConvOp {
     fn name(&self) -> &'static str {
-        if self.data {
-            "cudnn-safe-conv-backward-data"
-        } else {
-            "cudnn-safe-conv-backward-filter"
+        match self.pass {
+            Pass::Forward => "cudnn-safe-conv-forward",
+            Pass::Data => "cudnn-safe-conv-backward-data",
+            Pass::Filter => "cudnn-safe-conv-backward-filter",
         }
     }
 
@@ -566,7 +493,13 @@ impl CustomOp2 for ConvBackward {
         _: &CpuStorage,
         _: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        Err(not_cpu(self.op))
+        Err(Error::invalid(
+            self.op,
+            "device",
+            "a CUDA device for the cuDNN operation (the public functions run candle's own on \
+             the CPU)",
+            "cpu",
+        ))
     }
 
     fn cuda_fwd(
@@ -580,7 +513,40 @@ impl CustomOp2 for ConvBackward {
             DType::F32 => self.run::<f32>(s1, l1, s2, l2),
             DType::F16 => self.run::<f16>(s1, l1, s2, l2),
             DType::BF16 => self.run::<bf16>(s1, l1, s2, l2),
-            d => Err(Error::dtype(self.op, "dy", d)),
+            d => {
+                let arg = if self.pass == Pass::Data { "dy" } else { "x" };
+                Err(Error::dtype(self.op, arg, d))
+            }
         }
+    }
+
+    /// The forward pass's gradients, through the same tuner (the gradients themselves have
+    /// none: no second derivatives).
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        if self.pass != Pass::Forward {
+            return Err(candle_core::Error::BackwardNotSupported { op: self.name() });
+        }
+        let (x, w) = (a, b);
+        let dy = if dy.stride().contains(&0) {
+            dy.contiguous()?
+        } else {
+            dy.clone()
+        };
+        let grad = |pass, out: &Tensor| ConvOp {
+            op: self.op,
+            p: self.p,
+            pass,
+            rank: self.rank,
+            out: out.dims().to_vec(),
+        };
+        let dx = dy.apply_op2(w, grad(Pass::Data, x))?;
+        let dw = x.apply_op2(&dy, grad(Pass::Filter, w))?;
+        Ok((Some(dx), Some(dw)))
     }
 }
