@@ -4,10 +4,10 @@ use candle_core::{
     backend::BackendStorage, CpuStorage, CudaStorage, CustomOp2, DType, Layout, Shape, Tensor,
 };
 use cudnn_safe::conv::{ConvDesc, MathType};
-use cudnn_safe::cudarc::driver::{CudaSlice, CudaView};
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::{DataType, FilterDesc, Scalar, TensorDesc, TensorFormat};
 
+use crate::buf::{output, packed, view, Elem};
 use crate::error::{wrap, Error};
 use crate::state::with_state;
 
@@ -314,29 +314,6 @@ fn conv_desc<T: DataType>(p: &Conv2dParams, allow_tf32: bool) -> cudnn_safe::Res
         .build::<T>()
 }
 
-/// The part `range` of a storage's slice, checked to lie within it.
-fn view<'a, T>(
-    s: &'a CudaSlice<T>,
-    range: std::ops::Range<usize>,
-    arg: &'static str,
-) -> candle_core::Result<CudaView<'a, T>> {
-    if range.end > s.len() {
-        return Err(Error::invalid(
-            "convolution",
-            arg,
-            format!("a layout within its storage of {} elements", s.len()),
-            range,
-        ));
-    }
-    Ok(s.slice(range))
-}
-
-/// An element type the convolution runs, with candle's CUDA storage access.
-trait Elem: DataType + candle_core::cuda::CudaDType + cudnn_safe::cudarc::driver::DeviceRepr {}
-impl Elem for f32 {}
-impl Elem for f16 {}
-impl Elem for bf16 {}
-
 fn one<T: DataType>() -> T::Scalar {
     T::Scalar::from_f64(1.0)
 }
@@ -365,24 +342,6 @@ struct ConvOp {
     out: Vec<usize>,
 }
 
-/// A packed (contiguous) tensor's elements of its storage, checked to lie within it.
-fn packed<'a, T>(
-    s: &'a CudaSlice<T>,
-    l: &Layout,
-    arg: &'static str,
-) -> candle_core::Result<CudaView<'a, T>> {
-    let start = l.start_offset();
-    view(s, start..start + l.shape().elem_count(), arg)
-}
-
-/// A new buffer of `len` elements on the handle's stream.
-fn output<T: Elem>(cudnn: &cudnn_safe::Cudnn, len: usize) -> cudnn_safe::Result<CudaSlice<T>> {
-    cudnn
-        .stream()
-        .alloc_zeros::<T>(len)
-        .map_err(|e| cudnn_safe::Error::driver("allocating a convolution result", e))
-}
-
 impl ConvOp {
     fn run<T: Elem>(
         &self,
@@ -396,14 +355,14 @@ impl ConvOp {
         let (result, dims) = match self.pass {
             Pass::Forward => {
                 let (x_d, xr) = desc4::<T>(l1)?;
-                let x = view(s1.as_cuda_slice::<T>()?, xr, "x")?;
+                let x = view(s1.as_cuda_slice::<T>()?, xr, self.op, "x")?;
                 let w_d = filter4::<T>(l2.dims())?;
-                let w = packed(s2.as_cuda_slice::<T>()?, l2, "w")?;
+                let w = packed(s2.as_cuda_slice::<T>()?, l2, self.op, "w")?;
                 with_state(&dev, |cudnn, tuner, o| {
                     let conv = conv_desc::<T>(&p, o.allow_tf32)?;
                     let y_dims = conv.output_dims(x_d.dims(), w_d.dims())?;
                     let y_d = TensorDesc::<T>::nchw_nd(&y_dims)?;
-                    let mut y = output::<T>(cudnn, y_d.span())?;
+                    let mut y = output::<T>(cudnn, y_d.span(), "allocating a convolution result")?;
                     let choice = tuner.forward(
                         cudnn,
                         one::<T>(),
@@ -426,13 +385,14 @@ impl ConvOp {
             }
             Pass::Data => {
                 let (dy_d, dyr) = desc4::<T>(l1)?;
-                let dy = view(s1.as_cuda_slice::<T>()?, dyr, "dy")?;
+                let dy = view(s1.as_cuda_slice::<T>()?, dyr, self.op, "dy")?;
                 let w_d = filter4::<T>(l2.dims())?;
-                let w = packed(s2.as_cuda_slice::<T>()?, l2, "w")?;
+                let w = packed(s2.as_cuda_slice::<T>()?, l2, self.op, "w")?;
                 let dx_d = TensorDesc::<T>::nchw_nd(&i64s(&dims4(&self.out))).map_err(wrap)?;
                 with_state(&dev, |cudnn, tuner, o| {
                     let conv = conv_desc::<T>(&p, o.allow_tf32)?;
-                    let mut dx = output::<T>(cudnn, dx_d.span())?;
+                    let mut dx =
+                        output::<T>(cudnn, dx_d.span(), "allocating a convolution result")?;
                     tuner.backward_data(
                         cudnn,
                         one::<T>(),
@@ -450,13 +410,14 @@ impl ConvOp {
             }
             Pass::Filter => {
                 let (x_d, xr) = desc4::<T>(l1)?;
-                let x = view(s1.as_cuda_slice::<T>()?, xr, "x")?;
+                let x = view(s1.as_cuda_slice::<T>()?, xr, self.op, "x")?;
                 let (dy_d, dyr) = desc4::<T>(l2)?;
-                let dy = view(s2.as_cuda_slice::<T>()?, dyr, "dy")?;
+                let dy = view(s2.as_cuda_slice::<T>()?, dyr, self.op, "dy")?;
                 let dw_d = filter4::<T>(&self.out)?;
                 with_state(&dev, |cudnn, tuner, o| {
                     let conv = conv_desc::<T>(&p, o.allow_tf32)?;
-                    let mut dw = output::<T>(cudnn, dw_d.span())?;
+                    let mut dw =
+                        output::<T>(cudnn, dw_d.span(), "allocating a convolution result")?;
                     tuner.backward_filter(
                         cudnn,
                         one::<T>(),

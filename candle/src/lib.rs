@@ -29,13 +29,18 @@
 //! assert_eq!(y.dims(), &[8, 128, 56, 56]);
 //! # Ok(()) }
 //! ```
+mod attention;
+mod buf;
 mod conv;
 mod error;
+mod norm;
 mod softmax;
 mod state;
 
+pub use attention::{sdpa, Causal};
 pub use conv::{conv1d, conv2d, conv2d_with, Conv2dParams};
 pub use error::{cudnn_error, Error};
+pub use norm::{layer_norm, rms_norm};
 pub use softmax::softmax_last_dim;
 pub use state::{options, set_options, Options};
 

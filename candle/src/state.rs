@@ -1,4 +1,5 @@
 //! Process-wide settings, and the cuDNN handle and autotuner of each thread and device.
+use std::any::Any;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -6,7 +7,7 @@ use std::sync::Mutex;
 use candle_core::cuda::DeviceId;
 use candle_core::CudaDevice;
 use cudnn_safe::tune::{Autotuner, Policy, SearchEffort};
-use cudnn_safe::Cudnn;
+use cudnn_safe::{Cudnn, Workspace};
 
 use crate::error::wrap;
 
@@ -87,6 +88,41 @@ struct State {
     tuner: Autotuner,
     /// The policy and effort the tuner was made with.
     made: (Policy, SearchEffort),
+    /// What the graph operations (attention, normalization) keep between calls.
+    held: Held,
+}
+
+/// What the graph operations keep on a thread's handle: a workspace, and their built graphs and
+/// plans by problem (each operation's own type under its own key).
+pub(crate) struct Held {
+    pub(crate) ws: Workspace,
+    pub(crate) objects: Objects,
+}
+
+/// Objects of any type by key.
+#[derive(Default)]
+pub(crate) struct Objects(HashMap<String, Box<dyn Any>>);
+
+impl Objects {
+    /// The object under `key`, made by `make` at the first call (an error is returned and
+    /// nothing kept).
+    pub(crate) fn get_or_make<O: Any>(
+        &mut self,
+        key: String,
+        make: impl FnOnce() -> cudnn_safe::Result<O>,
+    ) -> cudnn_safe::Result<&mut O> {
+        use std::collections::hash_map::Entry;
+        let slot = match self.0.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(v) => v.insert(Box::new(make()?)),
+        };
+        slot.downcast_mut::<O>()
+            .ok_or_else(|| cudnn_safe::Error::InvalidArgument {
+                what: "cudnn-safe-candle held object",
+                expected: "an object of the type its key names".into(),
+                got: "another type".into(),
+            })
+    }
 }
 
 thread_local! {
@@ -113,6 +149,10 @@ pub(crate) fn with_state<R>(
                 cudnn: Cudnn::new(dev.cuda_stream()).map_err(wrap)?,
                 tuner: tuner(&o),
                 made: (o.policy, o.effort),
+                held: Held {
+                    ws: Workspace::new(dev.cuda_stream()),
+                    objects: Objects::default(),
+                },
             }),
         };
         if state.made != (o.policy, o.effort) {
@@ -120,5 +160,29 @@ pub(crate) fn with_state<R>(
             state.made = (o.policy, o.effort);
         }
         f(&state.cudnn, &mut state.tuner, &o).map_err(wrap)
+    })
+}
+
+/// Runs `f` with this thread's handle for `dev` and what the graph operations keep on it.
+pub(crate) fn with_held<R>(
+    dev: &CudaDevice,
+    f: impl FnOnce(&Cudnn, &mut Held) -> cudnn_safe::Result<R>,
+) -> candle_core::Result<R> {
+    STATES.with(|states| {
+        let mut states = states.borrow_mut();
+        let o = options();
+        let state = match states.entry(dev.id()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(State {
+                cudnn: Cudnn::new(dev.cuda_stream()).map_err(wrap)?,
+                tuner: tuner(&o),
+                made: (o.policy, o.effort),
+                held: Held {
+                    ws: Workspace::new(dev.cuda_stream()),
+                    objects: Objects::default(),
+                },
+            }),
+        };
+        f(&state.cudnn, &mut state.held).map_err(wrap)
     })
 }

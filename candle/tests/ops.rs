@@ -3,9 +3,14 @@
 //! GPU tests skip without a GPU (`Device::new_cuda(0)` fails), and fail instead with
 //! `CUDNN_SAFE_REQUIRE_GPU=1`. Argument checks and the CPU path run everywhere.
 use candle_core::{DType, Device, Tensor, Var, D};
-use cudnn_safe_candle::{conv1d, conv2d, conv2d_with, softmax_last_dim, Conv2dParams, Error};
+use cudnn_safe_candle::{
+    conv1d, conv2d, conv2d_with, layer_norm, rms_norm, sdpa, softmax_last_dim, Causal,
+    Conv2dParams, Error,
+};
 
 fn cuda() -> Option<Device> {
+    // RUST_LOG=cudnn_safe_candle=debug shows the plans (and any fallback to candle's operations).
+    let _ = env_logger::builder().is_test(true).try_init();
     match Device::new_cuda(0) {
         Ok(d) => Some(d),
         Err(e) if std::env::var("CUDNN_SAFE_REQUIRE_GPU").as_deref() == Ok("1") => {
@@ -408,5 +413,434 @@ fn the_f64_reference_agrees_with_candles_cpu_convolution() {
                 "case {i} dw"
             );
         }
+    }
+}
+
+/// An attention case: sizes, mask, causal alignment, and whether q, k, v are strided views of
+/// `[b, s, h, d]` tensors (as after a projection) rather than packed `[b, h, s, d]`.
+#[derive(Debug, Clone, Copy)]
+struct Attn {
+    b: usize,
+    h: usize,
+    h_kv: usize,
+    s_q: usize,
+    s_kv: usize,
+    d: usize,
+    d_v: usize,
+    causal: Causal,
+    mask: Mask,
+    bshd: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mask {
+    None,
+    /// Additive float values `[1, h, s_q, s_kv]`.
+    Float,
+    /// A u8 keep-mask `[b, 1, s_q, s_kv]` (column 0 always kept).
+    Bool,
+}
+
+const ATTN: &[Attn] = &[
+    Attn {
+        b: 2,
+        h: 4,
+        h_kv: 4,
+        s_q: 33,
+        s_kv: 33,
+        d: 64,
+        d_v: 64,
+        causal: Causal::TopLeft,
+        mask: Mask::None,
+        bshd: false,
+    },
+    Attn {
+        b: 1,
+        h: 8,
+        h_kv: 2,
+        s_q: 17,
+        s_kv: 40,
+        d: 64,
+        d_v: 64,
+        causal: Causal::BottomRight,
+        mask: Mask::None,
+        bshd: true,
+    },
+    Attn {
+        b: 2,
+        h: 2,
+        h_kv: 1,
+        s_q: 24,
+        s_kv: 50,
+        d: 32,
+        d_v: 32,
+        causal: Causal::TopLeft,
+        mask: Mask::Float,
+        bshd: true,
+    },
+    Attn {
+        b: 3,
+        h: 2,
+        h_kv: 2,
+        s_q: 9,
+        s_kv: 31,
+        d: 128,
+        d_v: 128,
+        causal: Causal::No,
+        mask: Mask::Bool,
+        bshd: false,
+    },
+    // Head dimension 20: not a multiple of 8, candle's operations run it.
+    Attn {
+        b: 2,
+        h: 2,
+        h_kv: 2,
+        s_q: 12,
+        s_kv: 12,
+        d: 20,
+        d_v: 20,
+        causal: Causal::TopLeft,
+        mask: Mask::None,
+        bshd: false,
+    },
+];
+
+/// A random attention argument `[b, n, s, d]` (a transposed `[b, s, n, d]` one when `bshd`),
+/// the f64 copy alike, and the variables to take gradients of.
+fn attn_arg(
+    c: &Attn,
+    n: usize,
+    s: usize,
+    d: usize,
+    dtype: DType,
+    dev: &Device,
+    seed: u64,
+) -> (Var, Tensor, Var, Tensor) {
+    let dims = if c.bshd {
+        [c.b, s, n, d]
+    } else {
+        [c.b, n, s, d]
+    };
+    let (t, r) = random(&dims, dtype, dev, seed);
+    let (tv, rv) = (Var::from_tensor(&t).unwrap(), Var::from_tensor(&r).unwrap());
+    let view = |v: &Var| {
+        if c.bshd {
+            v.as_tensor().transpose(1, 2).unwrap()
+        } else {
+            v.as_tensor().clone()
+        }
+    };
+    let (x, xr) = (view(&tv), view(&rv));
+    (tv, x, rv, xr)
+}
+
+/// The mask of a case, in `dtype` (u8 for a keep-mask), on `dev`, and as additive f64 values
+/// on the CPU.
+fn attn_mask(c: &Attn, dtype: DType, dev: &Device) -> Option<(Tensor, Tensor)> {
+    match c.mask {
+        Mask::None => None,
+        Mask::Float => {
+            let (m, r) = random(&[1, c.h, c.s_q, c.s_kv], dtype, dev, 77);
+            Some((m, r))
+        }
+        Mask::Bool => {
+            let n = c.b * c.s_q * c.s_kv;
+            let keep: Vec<u8> = values(n, 78)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| u8::from(i % c.s_kv == 0 || *v > -0.3))
+                .collect();
+            let add: Vec<f64> = keep
+                .iter()
+                .map(|&k| if k == 1 { 0.0 } else { f64::NEG_INFINITY })
+                .collect();
+            let dims = [c.b, 1, c.s_q, c.s_kv];
+            let m = Tensor::from_vec(keep, &dims, &Device::Cpu)
+                .unwrap()
+                .to_device(dev)
+                .unwrap();
+            Some((m, Tensor::from_vec(add, &dims, &Device::Cpu).unwrap()))
+        }
+    }
+}
+
+/// Attention in f64 on the CPU: each query head's key and value heads gathered by index, the
+/// mask added, the causal mask applied element by element, softmax, and the product.
+fn reference_attention(
+    c: &Attn,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    scale: f64,
+) -> Tensor {
+    let group = |n: usize| {
+        let idx: Vec<u32> = (0..c.h).map(|i| (i / (c.h / n)) as u32).collect();
+        Tensor::new(idx, &Device::Cpu).unwrap()
+    };
+    let k = k
+        .contiguous()
+        .unwrap()
+        .index_select(&group(c.h_kv), 1)
+        .unwrap();
+    let v = v
+        .contiguous()
+        .unwrap()
+        .index_select(&group(c.h_kv), 1)
+        .unwrap();
+    let kt = k.transpose(2, 3).unwrap().contiguous().unwrap();
+    let mut s = (q.contiguous().unwrap().matmul(&kt).unwrap() * scale).unwrap();
+    if let Some(m) = mask {
+        s = s.broadcast_add(m).unwrap();
+    }
+    let shift = match c.causal {
+        Causal::BottomRight => Some(c.s_kv as i64 - c.s_q as i64),
+        Causal::TopLeft => Some(0),
+        _ => None,
+    };
+    if let Some(shift) = shift {
+        let keep: Vec<f64> = (0..c.s_q as i64)
+            .flat_map(|i| {
+                (0..c.s_kv as i64).map(move |j| {
+                    if j <= i + shift {
+                        0.0
+                    } else {
+                        f64::NEG_INFINITY
+                    }
+                })
+            })
+            .collect();
+        let m = Tensor::from_vec(keep, (c.s_q, c.s_kv), &Device::Cpu).unwrap();
+        s = s.broadcast_add(&m).unwrap();
+    }
+    let e = s
+        .broadcast_sub(&s.max_keepdim(3).unwrap())
+        .unwrap()
+        .exp()
+        .unwrap();
+    let p = e.broadcast_div(&e.sum_keepdim(3).unwrap()).unwrap();
+    p.matmul(&v.contiguous().unwrap()).unwrap()
+}
+
+#[test]
+fn sdpa_matches_f64_forward_and_backward() {
+    let Some(dev) = cuda() else { return };
+    for (i, c) in ATTN.iter().enumerate() {
+        for dtype in [DType::F16, DType::BF16, DType::F32] {
+            let seed = 100 + 10 * i as u64;
+            let (qv, q, qrv, qr) = attn_arg(c, c.h, c.s_q, c.d, dtype, &dev, seed);
+            let (kv, k, krv, kr) = attn_arg(c, c.h_kv, c.s_kv, c.d, dtype, &dev, seed + 1);
+            let (vv, v, vrv, vr) = attn_arg(c, c.h_kv, c.s_kv, c.d_v, dtype, &dev, seed + 2);
+            let mask = attn_mask(c, dtype, &dev);
+            let scale = 1.0 / (c.d as f64).sqrt();
+            let o = sdpa(&q, &k, &v, mask.as_ref().map(|m| &m.0), c.causal, scale).unwrap();
+            let or = reference_attention(c, &qr, &kr, &vr, mask.as_ref().map(|m| &m.1), scale);
+            let tol = tolerance(dtype).max(1e-4);
+            let e = rel_l2(&o, &or);
+            assert!(e <= tol, "case {i} {dtype:?} o: {e:e}");
+            let (g, gr) = random(o.dims(), dtype, &dev, seed + 3);
+            let grads = (&o * &g).unwrap().sum_all().unwrap().backward().unwrap();
+            let grads_r = (&or * &gr).unwrap().sum_all().unwrap().backward().unwrap();
+            for (name, a, b) in [("dq", &qv, &qrv), ("dk", &kv, &krv), ("dv", &vv, &vrv)] {
+                let got = grads.get(a.as_tensor()).unwrap();
+                let want = grads_r.get(b.as_tensor()).unwrap();
+                let e = rel_l2(got, want);
+                assert!(e <= 2.0 * tol, "case {i} {dtype:?} {name}: {e:e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn sdpa_on_the_cpu_matches_the_reference() {
+    for (i, c) in ATTN.iter().enumerate() {
+        let dev = Device::Cpu;
+        let (_, q, _, qr) = attn_arg(c, c.h, c.s_q, c.d, DType::F64, &dev, 200 + i as u64);
+        let (_, k, _, kr) = attn_arg(c, c.h_kv, c.s_kv, c.d, DType::F64, &dev, 210 + i as u64);
+        let (_, v, _, vr) = attn_arg(c, c.h_kv, c.s_kv, c.d_v, DType::F64, &dev, 220 + i as u64);
+        let mask = attn_mask(c, DType::F64, &dev);
+        let o = sdpa(&q, &k, &v, mask.as_ref().map(|m| &m.0), c.causal, 0.3).unwrap();
+        let or = reference_attention(c, &qr, &kr, &vr, mask.as_ref().map(|m| &m.1), 0.3);
+        assert!(rel_l2(&o, &or) < 1e-12, "case {i}");
+    }
+}
+
+/// Layer norm (with beta) or RMS norm (without) in f64 over the last dimension.
+fn reference_norm(x: &Tensor, g: &Tensor, b: Option<&Tensor>, eps: f64) -> Tensor {
+    let n = *x.dims().last().unwrap() as f64;
+    match b {
+        Some(b) => {
+            let mean = (x.sum_keepdim(D::Minus1).unwrap() / n).unwrap();
+            let c = x.broadcast_sub(&mean).unwrap();
+            let var = (c.sqr().unwrap().sum_keepdim(D::Minus1).unwrap() / n).unwrap();
+            let inv = ((var + eps).unwrap().sqrt().unwrap()).recip().unwrap();
+            c.broadcast_mul(&inv)
+                .unwrap()
+                .broadcast_mul(g)
+                .unwrap()
+                .broadcast_add(b)
+                .unwrap()
+        }
+        None => {
+            let ms = (x.sqr().unwrap().sum_keepdim(D::Minus1).unwrap() / n).unwrap();
+            let inv = ((ms + eps).unwrap().sqrt().unwrap()).recip().unwrap();
+            x.broadcast_mul(&inv).unwrap().broadcast_mul(g).unwrap()
+        }
+    }
+}
+
+#[test]
+fn layer_and_rms_norm_match_f64_forward_and_backward() {
+    let Some(dev) = cuda() else { return };
+    for dims in [[3usize, 5, 96], [2, 7, 77], [1, 4, 1024]] {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for layer in [true, false] {
+                let f = dims[2];
+                let (x, xr) = random(&dims, dtype, &dev, 300);
+                let (g, gr) = random(&[f], dtype, &dev, 301);
+                let (b, br) = random(&[f], dtype, &dev, 302);
+                let vars: Vec<Var> = [&x, &g, &b]
+                    .iter()
+                    .map(|t| Var::from_tensor(t).unwrap())
+                    .collect();
+                let rvars: Vec<Var> = [&xr, &gr, &br]
+                    .iter()
+                    .map(|t| Var::from_tensor(t).unwrap())
+                    .collect();
+                let eps = 1e-5f32;
+                let y = if layer {
+                    layer_norm(
+                        vars[0].as_tensor(),
+                        vars[1].as_tensor(),
+                        vars[2].as_tensor(),
+                        eps,
+                    )
+                } else {
+                    rms_norm(vars[0].as_tensor(), vars[1].as_tensor(), eps)
+                }
+                .unwrap();
+                let bias = layer.then(|| rvars[2].as_tensor());
+                let yr = reference_norm(
+                    rvars[0].as_tensor(),
+                    rvars[1].as_tensor(),
+                    bias,
+                    f64::from(eps),
+                );
+                let tol = tolerance(dtype);
+                let what = if layer { "layer_norm" } else { "rms_norm" };
+                let e = rel_l2(&y, &yr);
+                assert!(e <= tol, "{what} {dims:?} {dtype:?} y: {e:e}");
+                let (dy, dyr) = random(&dims, dtype, &dev, 303);
+                let grads = (&y * &dy).unwrap().sum_all().unwrap().backward().unwrap();
+                let grads_r = (&yr * &dyr).unwrap().sum_all().unwrap().backward().unwrap();
+                let n = if layer { 3 } else { 2 };
+                for (j, name) in ["dx", "dgamma", "dbeta"].iter().enumerate().take(n) {
+                    let got = grads.get(vars[j].as_tensor()).unwrap();
+                    let want = grads_r.get(rvars[j].as_tensor()).unwrap();
+                    let e = rel_l2(got, want);
+                    assert!(e <= 2.0 * tol, "{what} {dims:?} {dtype:?} {name}: {e:e}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn norms_and_softmax_agree_with_candle_nn() {
+    let Some(dev) = cuda() else { return };
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let (x, _) = random(&[4, 9, 256], dtype, &dev, 400);
+        let (g, _) = random(&[256], dtype, &dev, 401);
+        let (b, _) = random(&[256], dtype, &dev, 402);
+        let tol = tolerance(dtype);
+        let ln = layer_norm(&x, &g, &b, 1e-5).unwrap();
+        let want = candle_nn::ops::layer_norm(&x, &g, &b, 1e-5).unwrap();
+        assert!(rel_l2(&ln, &want) <= tol, "{dtype:?} layer_norm");
+        let rn = rms_norm(&x, &g, 1e-6).unwrap();
+        let want = candle_nn::ops::rms_norm(&x, &g, 1e-6).unwrap();
+        assert!(rel_l2(&rn, &want) <= tol, "{dtype:?} rms_norm");
+        let sm = softmax_last_dim(&x).unwrap();
+        let want = candle_nn::ops::softmax_last_dim(&x).unwrap();
+        assert!(rel_l2(&sm, &want) <= tol, "{dtype:?} softmax");
+    }
+}
+
+#[test]
+fn attention_and_norm_arguments_are_refused_naming_them() {
+    let mut devices = vec![Device::Cpu];
+    if let Some(d) = cuda() {
+        devices.push(d);
+    }
+    for dev in &devices {
+        let z = |dims: &[usize], dt: DType| Tensor::zeros(dims, dt, dev).unwrap();
+        let bf = DType::BF16;
+        let (q, k, v) = (
+            z(&[2, 4, 8, 64], bf),
+            z(&[2, 2, 10, 64], bf),
+            z(&[2, 2, 10, 64], bf),
+        );
+        assert!(sdpa(&q, &k, &v, None, true, 0.125).is_ok());
+        assert_eq!(
+            refused(sdpa(&z(&[2, 4, 64], bf), &k, &v, None, true, 0.1)),
+            "q"
+        );
+        assert_eq!(
+            refused(sdpa(
+                &q,
+                &z(&[2, 3, 10, 64], bf),
+                &z(&[2, 3, 10, 64], bf),
+                None,
+                true,
+                0.1
+            )),
+            "k"
+        );
+        assert_eq!(
+            refused(sdpa(&q, &z(&[2, 2, 10, 32], bf), &v, None, true, 0.1)),
+            "k"
+        );
+        assert_eq!(
+            refused(sdpa(&q, &k, &z(&[2, 2, 11, 64], bf), None, true, 0.1)),
+            "v"
+        );
+        assert_eq!(
+            refused(sdpa(
+                &q,
+                &k.to_dtype(DType::F16).unwrap(),
+                &v,
+                None,
+                true,
+                0.1
+            )),
+            "k"
+        );
+        assert_eq!(
+            refused(sdpa(&q, &k, &v, Some(&z(&[3, 1, 8, 10], bf)), false, 0.1)),
+            "mask"
+        );
+        assert_eq!(
+            refused(sdpa(&q, &k, &v, Some(&z(&[8, 10], DType::U32)), false, 0.1)),
+            "mask"
+        );
+        assert_eq!(refused(sdpa(&q, &k, &v, None, false, f64::NAN)), "scale");
+        let qi = z(&[2, 4, 8, 64], DType::U32);
+        assert_eq!(refused(sdpa(&qi, &qi, &qi, None, false, 0.1)), "q");
+        let x = z(&[3, 16], DType::F32);
+        let (g, b) = (z(&[16], DType::F32), z(&[16], DType::F32));
+        assert_eq!(
+            refused(layer_norm(&x, &z(&[15], DType::F32), &b, 1e-5)),
+            "gamma"
+        );
+        assert_eq!(
+            refused(layer_norm(&x, &g, &z(&[16], DType::F16), 1e-5)),
+            "beta"
+        );
+        assert_eq!(refused(layer_norm(&x, &g, &b, -1.0)), "eps");
+        assert_eq!(refused(rms_norm(&z(&[3, 16], DType::U32), &g, 1e-5)), "x");
+        assert_eq!(
+            refused(rms_norm(&x, &z(&[16, 1], DType::F32), 1e-5)),
+            "gamma"
+        );
+        assert!(rms_norm(&x, &g, 1e-6).is_ok());
     }
 }

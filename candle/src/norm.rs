@@ -1,0 +1,477 @@
+//! Layer and RMS normalization over the last dimension, forward and backward.
+use candle_core::{
+    backend::BackendStorage, CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Shape,
+    Tensor, D,
+};
+use cudnn_safe::cudarc::driver::CudaSlice;
+use cudnn_safe::half::{bf16, f16};
+use cudnn_safe::norm::RmsNorm;
+use cudnn_safe::{LayerNorm, NormType};
+
+use crate::buf::{cuda_device, cuda_slice, output, packed, tensor, Elem};
+use crate::error::{wrap, Error};
+use crate::state::with_held;
+
+/// `(x − mean) / sqrt(var + eps) · gamma + beta` over the last dimension of `x` (biased
+/// variance), as `candle_nn::ops::layer_norm(x, gamma, beta, eps)`, with the gradients of `x`,
+/// `gamma` and `beta` in candle's autograd (candle's own fused kernel has none).
+///
+/// `gamma` and `beta`: `[x.dim(-1)]`, of x's dtype, on x's device. f32, f16 and bf16 on a CUDA
+/// device run cuDNN (the fused normalization kernel where cuDNN has one for the shape, built at
+/// the first call of each shape on a thread and kept; the backward pass recomputes the
+/// statistics with a training forward, then runs cuDNN's backward); f64 and the CPU run candle's
+/// operations. Statistics are computed in f32 for f16 and bf16. A non-contiguous `x` is made
+/// contiguous first.
+///
+/// ```no_run
+/// # fn main() -> candle_core::Result<()> {
+/// use candle_core::{Device, Tensor};
+/// let dev = Device::new_cuda(0)?;
+/// let x = Tensor::randn(0f32, 1.0, (8, 128, 768), &dev)?;
+/// let (g, b) = (Tensor::ones(768, x.dtype(), &dev)?, Tensor::zeros(768, x.dtype(), &dev)?);
+/// let y = cudnn_safe_candle::layer_norm(&x, &g, &b, 1e-5)?;
+/// # Ok(()) }
+/// ```
+pub fn layer_norm(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+) -> candle_core::Result<Tensor> {
+    const OP: &str = "layer_norm";
+    check(OP, x, &[(gamma, "gamma"), (beta, "beta")], eps)?;
+    if !on_cudnn(x) {
+        let xf = widen(x)?;
+        let mean = xf.mean_keepdim(D::Minus1)?;
+        let c = xf.broadcast_sub(&mean)?;
+        let var = c.sqr()?.mean_keepdim(D::Minus1)?;
+        let y = c.broadcast_div(&(var + f64::from(eps))?.sqrt()?)?;
+        let y = y.to_dtype(x.dtype())?;
+        return y.broadcast_mul(gamma)?.broadcast_add(beta);
+    }
+    let op = Norm {
+        kind: Kind::Layer,
+        eps,
+    };
+    let (x, gamma, beta) = (x.contiguous()?, gamma.contiguous()?, beta.contiguous()?);
+    if x.track_op() || gamma.track_op() || beta.track_op() {
+        x.apply_op3(&gamma, &beta, op)
+    } else {
+        x.apply_op3_no_bwd(&gamma, &beta, &op)
+    }
+}
+
+/// `x / sqrt(mean(x²) + eps) · gamma` over the last dimension of `x`, as
+/// `candle_nn::ops::rms_norm(x, gamma, eps)`, with the gradients of `x` and `gamma` in
+/// candle's autograd (candle's own fused kernel has none).
+///
+/// `gamma`: `[x.dim(-1)]`, of x's dtype, on x's device. f32, f16 and bf16 on a CUDA device run
+/// cuDNN's RMS normalization (plans built at the first call of each shape on a thread and
+/// kept; the backward pass recomputes the statistics with a training forward); f64 and the CPU
+/// run candle's operations. A non-contiguous `x` is made contiguous first.
+///
+/// ```no_run
+/// # fn main() -> candle_core::Result<()> {
+/// use candle_core::{DType, Device, Tensor};
+/// let dev = Device::new_cuda(0)?;
+/// let x = Tensor::randn(0f32, 1.0, (4, 512, 4096), &dev)?.to_dtype(DType::BF16)?;
+/// let g = Tensor::ones(4096, DType::BF16, &dev)?;
+/// let y = cudnn_safe_candle::rms_norm(&x, &g, 1e-6)?;
+/// # Ok(()) }
+/// ```
+pub fn rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
+    const OP: &str = "rms_norm";
+    check(OP, x, &[(gamma, "gamma")], eps)?;
+    let tracked = x.track_op() || gamma.track_op();
+    if !on_cudnn(x) || !rms_plans(x, eps, tracked)? {
+        let xf = widen(x)?;
+        let ms = xf.sqr()?.mean_keepdim(D::Minus1)?;
+        let y = xf.broadcast_div(&(ms + f64::from(eps))?.sqrt()?)?;
+        return y.to_dtype(x.dtype())?.broadcast_mul(gamma);
+    }
+    let op = Norm {
+        kind: Kind::Rms,
+        eps,
+    };
+    let (x, gamma) = (x.contiguous()?, gamma.contiguous()?);
+    if tracked {
+        x.apply_op2(&gamma, op)
+    } else {
+        x.apply_op2_no_bwd(&gamma, &op)
+    }
+}
+
+/// Whether cuDNN has RMS-norm plans for x's shape (inference, and with `training` the
+/// forward-training and backward plans): built now and kept, so the operation finds them.
+/// Where it has none, the caller runs candle's operations.
+fn rms_plans(x: &Tensor, eps: f32, training: bool) -> candle_core::Result<bool> {
+    fn plans<T: Elem + NormType>(
+        x: &Tensor,
+        eps: f32,
+        training: bool,
+    ) -> candle_core::Result<bool> {
+        let Some(cuda) = x.device().as_cuda_device().ok() else {
+            return Ok(false);
+        };
+        let features = x.dims().last().copied().unwrap_or(1).max(1);
+        let rows = x.elem_count() / features;
+        let norm = Norm {
+            kind: Kind::Rms,
+            eps,
+        };
+        let layout = cudnn_safe::Layout::nchw_nd(&[rows as i64, features as i64]).map_err(wrap)?;
+        with_held(cuda, |cudnn, held| {
+            let made = held.objects.get_or_make(norm.key::<T>(rows, features), || {
+                RmsNorm::<T>::new(&layout, 1, f64::from(eps))
+            });
+            let built = made.and_then(|rn: &mut RmsNorm<T>| {
+                rn.build_plan(cudnn)?;
+                if training {
+                    rn.build_training_plans(cudnn)?;
+                }
+                Ok(())
+            });
+            if let Err(e) = &built {
+                log::warn!("rms_norm: no cuDNN plan for {rows}x{features} {:?}, candle's operations run it: {e}", T::DTYPE);
+            }
+            Ok(built.is_ok())
+        })
+    }
+    match x.dtype() {
+        DType::F32 => plans::<f32>(x, eps, training),
+        DType::F16 => plans::<f16>(x, eps, training),
+        DType::BF16 => plans::<bf16>(x, eps, training),
+        _ => Ok(false),
+    }
+}
+
+/// f16 and bf16 as f32 (candle's own normalization computes in f32 too).
+fn widen(x: &Tensor) -> candle_core::Result<Tensor> {
+    match x.dtype() {
+        DType::F16 | DType::BF16 => x.to_dtype(DType::F32),
+        _ => Ok(x.clone()),
+    }
+}
+
+fn on_cudnn(x: &Tensor) -> bool {
+    x.device().is_cuda() && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
+}
+
+fn check(
+    op: &'static str,
+    x: &Tensor,
+    params: &[(&Tensor, &'static str)],
+    eps: f32,
+) -> candle_core::Result<()> {
+    match x.dtype() {
+        DType::F32 | DType::F16 | DType::BF16 | DType::F64 => {}
+        d => return Err(Error::dtype(op, "x", d)),
+    }
+    let Some(&features) = x.dims().last() else {
+        return Err(Error::invalid(op, "x", "at least one dimension", x.dims()));
+    };
+    for &(p, arg) in params {
+        if p.dims() != [features] {
+            return Err(Error::invalid(
+                op,
+                arg,
+                format!("[{features}] (x's last dimension)"),
+                p.dims(),
+            ));
+        }
+        if p.dtype() != x.dtype() {
+            return Err(Error::invalid(
+                op,
+                arg,
+                format!("x's dtype {:?}", x.dtype()),
+                p.dtype(),
+            ));
+        }
+        if !p.device().same_device(x.device()) {
+            return Err(Error::invalid(
+                op,
+                arg,
+                format!("on x's device {:?}", x.device().location()),
+                p.device().location(),
+            ));
+        }
+    }
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(Error::invalid(op, "eps", "finite and at least 0", eps));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Layer,
+    Rms,
+}
+
+/// A normalization as a candle operation of (x, gamma[, beta]).
+struct Norm {
+    kind: Kind,
+    eps: f32,
+}
+
+/// x as `[rows, features]`.
+fn rows_features(l: &Layout) -> (usize, usize) {
+    let features = l.dims().last().copied().unwrap_or(1).max(1);
+    (l.shape().elem_count() / features, features)
+}
+
+impl Norm {
+    fn op(&self) -> &'static str {
+        match self.kind {
+            Kind::Layer => "layer_norm",
+            Kind::Rms => "rms_norm",
+        }
+    }
+
+    fn key<T: Elem>(&self, rows: usize, features: usize) -> String {
+        format!(
+            "{}-{:?}-{rows}x{features}-{}",
+            self.op(),
+            T::DTYPE,
+            self.eps.to_bits()
+        )
+    }
+
+    /// y from packed x, gamma (and beta).
+    fn forward<T: Elem + NormType>(
+        &self,
+        xs: &CudaStorage,
+        xl: &Layout,
+        gs: &CudaStorage,
+        gl: &Layout,
+        beta: Option<(&CudaStorage, &Layout)>,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        let op = self.op();
+        let dev = xs.device().clone();
+        let (rows, features) = rows_features(xl);
+        let x = packed(xs.as_cuda_slice::<T>()?, xl, op, "x")?;
+        let g = packed(gs.as_cuda_slice::<T>()?, gl, op, "gamma")?;
+        let b = match beta {
+            Some((s, l)) => Some(packed(s.as_cuda_slice::<T>()?, l, op, "beta")?),
+            None => None,
+        };
+        let layout = cudnn_safe::Layout::nchw_nd(&[rows as i64, features as i64]).map_err(wrap)?;
+        let key = self.key::<T>(rows, features);
+        let eps = f64::from(self.eps);
+        let y = with_held(&dev, |cudnn, held| {
+            let mut y = output::<T>(cudnn, rows * features, "allocating a normalization result")?;
+            match (self.kind, &b) {
+                (Kind::Layer, Some(b)) => {
+                    let ln = held
+                        .objects
+                        .get_or_make(key, || LayerNorm::<T>::new(&layout, 1, eps))?;
+                    cudnn.layer_norm_forward(ln, &x, &g, b, &mut y)?;
+                }
+                _ => {
+                    let rn = held
+                        .objects
+                        .get_or_make(key, || RmsNorm::<T>::new(&layout, 1, eps))?;
+                    cudnn.rms_norm_forward(rn, &x, &g, &mut y, &mut held.ws)?;
+                }
+            }
+            Ok(y)
+        })?;
+        Ok((CudaStorage::wrap_cuda_slice(y, dev), xl.shape().clone()))
+    }
+
+    /// dx, dgamma (and dbeta) from packed x, gamma and dy: a training forward recomputes the
+    /// statistics, then cuDNN's backward pass runs.
+    fn backward<T: Elem + NormType>(
+        &self,
+        x: &Tensor,
+        gamma: &Tensor,
+        beta: Option<&Tensor>,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Tensor, Tensor, Option<Tensor>)> {
+        let op = self.op();
+        let (xs, xl) = x.storage_and_layout();
+        let (gs, gl) = gamma.storage_and_layout();
+        let (dys, dyl) = dy.storage_and_layout();
+        let bs = beta.map(|b| b.storage_and_layout());
+        let dev = cuda_device(&xs, op, "x")?;
+        let xv = packed(cuda_slice::<T>(&xs, op, "x")?, xl, op, "x")?;
+        let gv = packed(cuda_slice::<T>(&gs, op, "gamma")?, gl, op, "gamma")?;
+        let dyv = packed(cuda_slice::<T>(&dys, op, "grad")?, dyl, op, "grad")?;
+        let bv = match &bs {
+            Some((s, l)) => Some(packed(cuda_slice::<T>(s, op, "beta")?, l, op, "beta")?),
+            None => None,
+        };
+        let (rows, features) = rows_features(xl);
+        let layout = cudnn_safe::Layout::nchw_nd(&[rows as i64, features as i64]).map_err(wrap)?;
+        let key = self.key::<T>(rows, features);
+        let eps = f64::from(self.eps);
+        let what = "allocating normalization gradients";
+        type Grads<T> = (CudaSlice<T>, CudaSlice<T>, Option<CudaSlice<T>>);
+        let (dx, dg, db): Grads<T> = with_held(&dev, |cudnn, held| {
+            let mut y = output::<T>(cudnn, rows * features, what)?;
+            let mut dx = output::<T>(cudnn, rows * features, what)?;
+            let mut dg = output::<T>(cudnn, features, what)?;
+            match (self.kind, &bv) {
+                (Kind::Layer, Some(b)) => {
+                    let mut db = output::<T>(cudnn, features, what)?;
+                    let ln = held
+                        .objects
+                        .get_or_make(key, || LayerNorm::<T>::new(&layout, 1, eps))?;
+                    let saved = cudnn.layer_norm_forward_training(ln, &xv, &gv, b, &mut y)?;
+                    cudnn.layer_norm_backward(
+                        ln,
+                        &saved,
+                        &xv,
+                        &dyv,
+                        &gv,
+                        &mut dx,
+                        &mut dg,
+                        &mut db,
+                        &mut held.ws,
+                    )?;
+                    Ok((dx, dg, Some(db)))
+                }
+                _ => {
+                    let rn = held
+                        .objects
+                        .get_or_make(key, || RmsNorm::<T>::new(&layout, 1, eps))?;
+                    let saved =
+                        cudnn.rms_norm_forward_training(rn, &xv, &gv, &mut y, &mut held.ws)?;
+                    cudnn.rms_norm_backward(
+                        rn,
+                        &saved,
+                        &xv,
+                        &dyv,
+                        &gv,
+                        &mut dx,
+                        &mut dg,
+                        &mut held.ws,
+                    )?;
+                    Ok((dx, dg, None))
+                }
+            }
+        })?;
+        Ok((
+            tensor(dx, &dev, xl.dims().to_vec()),
+            tensor(dg, &dev, vec![features]),
+            db.map(|db| tensor(db, &dev, vec![features])),
+        ))
+    }
+
+    fn cpu_refused(&self) -> candle_core::Error {
+        Error::invalid(
+            self.op(),
+            "device",
+            "a CUDA device for the cuDNN operation (the public functions run candle's own on \
+             the CPU)",
+            "cpu",
+        )
+    }
+}
+
+/// dy made packed (a broadcast gradient, such as that of a sum, has zero strides).
+fn packed_grad(dy: &Tensor) -> candle_core::Result<Tensor> {
+    dy.contiguous()
+}
+
+impl CustomOp2 for Norm {
+    fn name(&self) -> &'static str {
+        "cudnn-safe-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        Err(self.cpu_refused())
+    }
+
+    fn cuda_fwd(
+        &self,
+        xs: &CudaStorage,
+        xl: &Layout,
+        gs: &CudaStorage,
+        gl: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        match xs.dtype() {
+            DType::F32 => self.forward::<f32>(xs, xl, gs, gl, None),
+            DType::F16 => self.forward::<f16>(xs, xl, gs, gl, None),
+            DType::BF16 => self.forward::<bf16>(xs, xl, gs, gl, None),
+            d => Err(Error::dtype(self.op(), "x", d)),
+        }
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        gamma: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let dy = packed_grad(dy)?;
+        let (dx, dg, _) = match x.dtype() {
+            DType::F32 => self.backward::<f32>(x, gamma, None, &dy)?,
+            DType::F16 => self.backward::<f16>(x, gamma, None, &dy)?,
+            DType::BF16 => self.backward::<bf16>(x, gamma, None, &dy)?,
+            d => return Err(Error::dtype(self.op(), "x", d)),
+        };
+        Ok((Some(dx), Some(dg)))
+    }
+}
+
+impl CustomOp3 for Norm {
+    fn name(&self) -> &'static str {
+        "cudnn-safe-layer-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        Err(self.cpu_refused())
+    }
+
+    fn cuda_fwd(
+        &self,
+        xs: &CudaStorage,
+        xl: &Layout,
+        gs: &CudaStorage,
+        gl: &Layout,
+        bs: &CudaStorage,
+        bl: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        let b = Some((bs, bl));
+        match xs.dtype() {
+            DType::F32 => self.forward::<f32>(xs, xl, gs, gl, b),
+            DType::F16 => self.forward::<f16>(xs, xl, gs, gl, b),
+            DType::BF16 => self.forward::<bf16>(xs, xl, gs, gl, b),
+            d => Err(Error::dtype(self.op(), "x", d)),
+        }
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        gamma: &Tensor,
+        beta: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let dy = packed_grad(dy)?;
+        let (dx, dg, db) = match x.dtype() {
+            DType::F32 => self.backward::<f32>(x, gamma, Some(beta), &dy)?,
+            DType::F16 => self.backward::<f16>(x, gamma, Some(beta), &dy)?,
+            DType::BF16 => self.backward::<bf16>(x, gamma, Some(beta), &dy)?,
+            d => return Err(Error::dtype(self.op(), "x", d)),
+        };
+        Ok((Some(dx), Some(dg), db))
+    }
+}
