@@ -6,6 +6,7 @@ use std::sync::Mutex;
 
 use candle_core::cuda::DeviceId;
 use candle_core::CudaDevice;
+use cudnn_safe::graph::PlanCache;
 use cudnn_safe::tune::{Autotuner, Policy, SearchEffort};
 use cudnn_safe::{Cudnn, Workspace};
 
@@ -96,6 +97,8 @@ struct State {
 /// plans by problem (each operation's own type under its own key).
 pub(crate) struct Held {
     pub(crate) ws: Workspace,
+    /// The plans the fused convolutions chose (timed at their first call).
+    pub(crate) plans: PlanCache,
     pub(crate) objects: Objects,
 }
 
@@ -134,11 +137,11 @@ fn tuner(o: &Options) -> Autotuner {
     Autotuner::new(o.policy).with_effort(o.effort)
 }
 
-/// Runs `f` with this thread's handle (on `dev`'s stream) and tuner for `dev`, made at the first
-/// call.
-pub(crate) fn with_state<R>(
+/// Runs `f` on this thread's state for `dev` (made at the first call, the tuner renewed when the
+/// options' policy or effort changed).
+fn with<R>(
     dev: &CudaDevice,
-    f: impl FnOnce(&Cudnn, &mut Autotuner, &Options) -> cudnn_safe::Result<R>,
+    f: impl FnOnce(&mut State, &Options) -> cudnn_safe::Result<R>,
 ) -> candle_core::Result<R> {
     let o = options();
     STATES.with(|states| {
@@ -151,6 +154,7 @@ pub(crate) fn with_state<R>(
                 made: (o.policy, o.effort),
                 held: Held {
                     ws: Workspace::new(dev.cuda_stream()),
+                    plans: PlanCache::new(),
                     objects: Objects::default(),
                 },
             }),
@@ -159,8 +163,16 @@ pub(crate) fn with_state<R>(
             state.tuner = tuner(&o);
             state.made = (o.policy, o.effort);
         }
-        f(&state.cudnn, &mut state.tuner, &o).map_err(wrap)
+        f(state, &o).map_err(wrap)
     })
+}
+
+/// Runs `f` with this thread's handle (on `dev`'s stream) and tuner for `dev`.
+pub(crate) fn with_state<R>(
+    dev: &CudaDevice,
+    f: impl FnOnce(&Cudnn, &mut Autotuner, &Options) -> cudnn_safe::Result<R>,
+) -> candle_core::Result<R> {
+    with(dev, |s, o| f(&s.cudnn, &mut s.tuner, o))
 }
 
 /// Runs `f` with this thread's handle for `dev` and what the graph operations keep on it.
@@ -168,21 +180,5 @@ pub(crate) fn with_held<R>(
     dev: &CudaDevice,
     f: impl FnOnce(&Cudnn, &mut Held) -> cudnn_safe::Result<R>,
 ) -> candle_core::Result<R> {
-    STATES.with(|states| {
-        let mut states = states.borrow_mut();
-        let o = options();
-        let state = match states.entry(dev.id()) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(State {
-                cudnn: Cudnn::new(dev.cuda_stream()).map_err(wrap)?,
-                tuner: tuner(&o),
-                made: (o.policy, o.effort),
-                held: Held {
-                    ws: Workspace::new(dev.cuda_stream()),
-                    objects: Objects::default(),
-                },
-            }),
-        };
-        f(&state.cudnn, &mut state.held).map_err(wrap)
-    })
+    with(dev, |s, _| f(&s.cudnn, &mut s.held))
 }

@@ -1,11 +1,13 @@
 //! cudnn-safe-candle against float64 references on random inputs: convolution forward and
-//! backward (every dtype, strides, padding, dilation, groups, 1-D, strided inputs) and softmax.
+//! backward (every dtype, strides, padding, dilation, groups, 1-D, strided inputs), softmax,
+//! attention (GQA, causal alignments, masks, strided views) forward and backward, layer and RMS
+//! norm forward and backward, and the fused inference convolution with batch-norm folding.
 //! GPU tests skip without a GPU (`Device::new_cuda(0)` fails), and fail instead with
 //! `CUDNN_SAFE_REQUIRE_GPU=1`. Argument checks and the CPU path run everywhere.
 use candle_core::{DType, Device, Tensor, Var, D};
 use cudnn_safe_candle::{
-    conv1d, conv2d, conv2d_with, layer_norm, rms_norm, sdpa, softmax_last_dim, Causal,
-    Conv2dParams, Error,
+    conv1d, conv2d, conv2d_fused, conv2d_with, fold_batch_norm, layer_norm, rms_norm, sdpa,
+    softmax_last_dim, Causal, Conv2dParams, Error,
 };
 
 fn cuda() -> Option<Device> {
@@ -842,5 +844,142 @@ fn attention_and_norm_arguments_are_refused_naming_them() {
             "gamma"
         );
         assert!(rms_norm(&x, &g, 1e-6).is_ok());
+    }
+}
+
+#[test]
+fn conv2d_fused_matches_f64_with_bias_residual_and_relu() {
+    let Some(dev) = cuda() else { return };
+    for (i, c) in CASES.iter().enumerate() {
+        for dtype in [DType::F16, DType::BF16, DType::F32] {
+            let seed = 500 + 10 * i as u64;
+            let (x, x64) = random(&c.x, dtype, &dev, seed);
+            let (w, w64) = random(&c.w, dtype, &dev, seed + 1);
+            let (b, b64) = random(&[c.w[0]], dtype, &dev, seed + 2);
+            let p = Conv2dParams::new()
+                .padding([c.padding; 2])
+                .stride([c.stride; 2])
+                .dilation([c.dilation; 2])
+                .groups(c.groups);
+            let conv = x64
+                .conv2d(&w64, c.padding, c.stride, c.dilation, c.groups)
+                .unwrap();
+            let (z, z64) = random(conv.dims(), dtype, &dev, seed + 3);
+            let biased = conv
+                .broadcast_add(&b64.reshape((1, (), 1, 1)).unwrap())
+                .unwrap();
+            let tol = tolerance(dtype);
+            for (residual, relu) in [(false, false), (true, true), (false, true)] {
+                let y = conv2d_fused(&x, &w, &b, residual.then_some(&z), relu, &p).unwrap();
+                let mut want = biased.clone();
+                if residual {
+                    want = (want + &z64).unwrap();
+                }
+                if relu {
+                    want = want.relu().unwrap();
+                }
+                let e = rel_l2(&y, &want);
+                assert!(
+                    e <= tol,
+                    "case {i} {dtype:?} residual {residual} relu {relu}: {e:e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn conv2d_fused_chains_channels_last_and_folds_batch_norm() {
+    let Some(dev) = cuda() else { return };
+    let dtype = DType::F16;
+    let (x, x64) = random(&[2, 16, 12, 12], dtype, &dev, 600);
+    let (w, w64) = random(&[16, 16, 3, 3], dtype, &dev, 601);
+    let (g, g64) = random(&[16], DType::F32, &dev, 602);
+    let (beta, beta64) = random(&[16], DType::F32, &dev, 603);
+    let (mean, mean64) = random(&[16], DType::F32, &dev, 604);
+    let (v, v64) = random(&[16], DType::F32, &dev, 605);
+    let (var, var64) = (
+        (v.abs().unwrap() + 0.5).unwrap(),
+        (v64.abs().unwrap() + 0.5).unwrap(),
+    );
+    let (g, beta, mean, var) = [g, beta, mean, var]
+        .map(|t| t.to_dtype(dtype).unwrap())
+        .into();
+    let (wf, bf) = fold_batch_norm(&w, None, &g, &beta, &mean, &var, 1e-5).unwrap();
+    let p = Conv2dParams::new().padding([1, 1]);
+    // Two layers: the first one's channels-last output feeds the second as it is.
+    let y1 = conv2d_fused(&x, &wf, &bf, None, true, &p).unwrap();
+    assert_eq!(y1.stride(), &[12 * 12 * 16, 1, 12 * 16, 16]);
+    let y2 = conv2d_fused(&y1, &wf, &bf, Some(&x), true, &p).unwrap();
+    // f64: conv, batch norm, relu; again with the residual.
+    let bn = |t: &Tensor| {
+        let sh = |u: &Tensor| {
+            u.to_dtype(DType::F64)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap()
+                .to_dtype(DType::F64)
+                .unwrap()
+                .reshape((1, 16, 1, 1))
+                .unwrap()
+        };
+        let (g, b, m, v) = (sh(&g64), sh(&beta64), sh(&mean64), sh(&var64));
+        t.broadcast_sub(&m)
+            .unwrap()
+            .broadcast_div(&(v + 1e-5).unwrap().sqrt().unwrap())
+            .unwrap()
+            .broadcast_mul(&g)
+            .unwrap()
+            .broadcast_add(&b)
+            .unwrap()
+    };
+    let r1 = bn(&x64.conv2d(&w64, 1, 1, 1, 1).unwrap()).relu().unwrap();
+    let r2 = (bn(&r1.conv2d(&w64, 1, 1, 1, 1).unwrap()) + &x64)
+        .unwrap()
+        .relu()
+        .unwrap();
+    let tol = 2.0 * tolerance(dtype);
+    assert!(rel_l2(&y1, &r1) <= tol, "layer 1: {:e}", rel_l2(&y1, &r1));
+    assert!(rel_l2(&y2, &r2) <= tol, "layer 2: {:e}", rel_l2(&y2, &r2));
+}
+
+#[test]
+fn conv2d_fused_arguments_are_refused_naming_them() {
+    let mut devices = vec![Device::Cpu];
+    if let Some(d) = cuda() {
+        devices.push(d);
+    }
+    for dev in &devices {
+        let z = |dims: &[usize]| Tensor::zeros(dims, DType::F16, dev).unwrap();
+        let (x, w, b) = (z(&[2, 8, 9, 9]), z(&[4, 8, 3, 3]), z(&[4]));
+        let p = Conv2dParams::new();
+        assert_eq!(
+            conv2d_fused(&x, &w, &b, None, true, &p).unwrap().dims(),
+            &[2, 4, 7, 7]
+        );
+        assert_eq!(
+            refused(conv2d_fused(&x, &w, &z(&[5]), None, true, &p)),
+            "bias"
+        );
+        assert_eq!(
+            refused(conv2d_fused(&x, &z(&[4, 7, 3, 3]), &b, None, true, &p)),
+            "w"
+        );
+        assert_eq!(
+            refused(conv2d_fused(&x, &w, &b, Some(&z(&[2, 4, 9, 9])), true, &p)),
+            "residual"
+        );
+        assert_eq!(
+            refused(conv2d_fused(&z(&[2, 8, 9]), &w, &b, None, true, &p)),
+            "x"
+        );
+        let wf = w.to_dtype(DType::F32).unwrap();
+        assert_eq!(refused(conv2d_fused(&x, &wf, &b, None, true, &p)), "w");
+        assert_eq!(
+            refused(conv2d_fused(&x, &w, &b, None, true, &p.stride([0, 1]))),
+            "stride"
+        );
+        let big = z(&[4, 8, 11, 11]);
+        assert_eq!(refused(conv2d_fused(&x, &big, &b, None, true, &p)), "x");
     }
 }
