@@ -7,6 +7,12 @@
 //!   `cudnn-safe`'s union autotune (legacy algorithms and graph engines timed together, the
 //!   decision kept per problem, and in a file with `CUDNN_SAFE_AUTOTUNE_CACHE=path`); backward
 //!   (candle's autograd) through the same tuner's backward-data and backward-filter searches.
+//! * [`sdpa`]: scaled dot-product attention (PyTorch's `scaled_dot_product_attention`), cuDNN's
+//!   fused flash-attention kernels forward and backward for f16 and bf16: grouped-query heads,
+//!   [`Causal`] masks, additive or boolean masks, strided q, k, v.
+//! * [`layer_norm`], [`rms_norm`]: over the last dimension, with their gradients.
+//! * [`conv2d_fused`] with [`fold_batch_norm`]: an inference layer `relu(conv(x, w) + b + z)` as
+//!   one cuDNN graph, channels-last.
 //! * [`softmax_last_dim`]: cuDNN's softmax over the last dimension, with its gradient.
 //!
 //! f32, f16 and bf16 on CUDA devices. CPU tensors run candle's own implementation, so a model
