@@ -10,7 +10,7 @@ use cudnn_safe::graph::{Args, Graph, OperationGraph, Plan, PlanFilter, SdpaOptio
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::tune::Policy;
 
-use crate::buf::{cuda_device, cuda_slice, output, tensor, view, Elem};
+use crate::buf::{aligned, cuda_device, cuda_slice, output, tensor, view, Elem};
 use crate::error::Error;
 use crate::state::{options, with_held};
 
@@ -283,13 +283,18 @@ fn fused_applies(q: &Tensor, sz: &Sizes) -> bool {
         && head(sz.d_v)
 }
 
-/// `t` with unit stride along the head dimension and no broadcast (zero-stride) dimension, as
-/// the fused engines read it: itself when it is, a contiguous copy otherwise.
+/// `t` as the fused engines read it: unit stride along the head dimension, no broadcast
+/// (zero-stride) dimension, the other strides and the start 16-byte aligned. Itself when it
+/// is, a packed copy otherwise.
 fn ready(t: &Tensor) -> candle_core::Result<Tensor> {
-    if t.stride()[3] == 1 && !t.stride().contains(&0) {
+    let st = t.stride();
+    let vector = 16 / t.dtype().size_in_bytes();
+    let fits =
+        st[3] == 1 && st[..3].iter().all(|&s| s > 0 && s.is_multiple_of(vector)) && aligned(t);
+    if fits {
         Ok(t.clone())
     } else {
-        t.contiguous()
+        t.force_contiguous()
     }
 }
 
@@ -298,7 +303,8 @@ fn ready(t: &Tensor) -> candle_core::Result<Tensor> {
 fn bias(m: &Tensor, sz: &Sizes, dtype: DType) -> candle_core::Result<Tensor> {
     let [mb, mh] = sz.mask.unwrap_or([1, 1]);
     let m = additive(m, dtype)?;
-    m.broadcast_as((mb, mh, sz.s_q, sz.s_kv))?.contiguous()
+    m.broadcast_as((mb, mh, sz.s_q, sz.s_kv))?
+        .force_contiguous()
 }
 
 /// A mask as values added to the scores, of `dtype`.

@@ -108,3 +108,19 @@ pub(crate) fn tensor<T: Elem>(
         false,
     )
 }
+
+/// Whether a tensor's first element is 16-byte aligned (the graph engines' requirement; a new
+/// allocation is).
+pub(crate) fn aligned(t: &Tensor) -> bool {
+    (t.layout().start_offset() * t.dtype().size_in_bytes()).is_multiple_of(16)
+}
+
+/// `t` packed row-major with a 16-byte aligned start: itself when it is, a copy otherwise
+/// (gradients pass through the copy).
+pub(crate) fn packed_aligned(t: &Tensor) -> candle_core::Result<Tensor> {
+    if t.is_contiguous() && aligned(t) {
+        Ok(t.clone())
+    } else {
+        t.force_contiguous()
+    }
+}

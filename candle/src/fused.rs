@@ -5,7 +5,7 @@ use cudnn_safe::conv::{Epilogue, FusedConv};
 use cudnn_safe::graph::ConvParams;
 use cudnn_safe::half::{bf16, f16};
 
-use crate::buf::{cuda_device, cuda_slice, output, tensor, view, Elem};
+use crate::buf::{aligned, cuda_device, cuda_slice, output, packed_aligned, tensor, view, Elem};
 use crate::conv::Conv2dParams;
 use crate::error::Error;
 use crate::state::with_held;
@@ -61,7 +61,7 @@ pub fn conv2d_fused(
         return if relu { y.relu() } else { Ok(y) };
     }
     let (x, w) = (channels_last(x)?, channels_last(w)?);
-    let bias = bias.contiguous()?;
+    let bias = packed_aligned(bias)?;
     let z = residual.map(channels_last).transpose()?;
     let y = match x.dtype() {
         DType::F16 => run::<f16>(&x, &w, &bias, z.as_ref(), relu, p, &y_dims)?,
@@ -174,12 +174,15 @@ fn is_channels_last(l: &Layout) -> bool {
     }
 }
 
-/// `t` `[n, c, h, w]` stored channels-last: itself when it is, a copy otherwise.
+/// `t` `[n, c, h, w]` stored channels-last with a 16-byte aligned start: itself when it is, a
+/// copy otherwise.
 pub(crate) fn channels_last(t: &Tensor) -> candle_core::Result<Tensor> {
-    if is_channels_last(t.layout()) {
+    if is_channels_last(t.layout()) && aligned(t) {
         Ok(t.clone())
     } else {
-        t.permute((0, 2, 3, 1))?.contiguous()?.permute((0, 3, 1, 2))
+        t.permute((0, 2, 3, 1))?
+            .force_contiguous()?
+            .permute((0, 3, 1, 2))
     }
 }
 

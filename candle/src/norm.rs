@@ -8,7 +8,7 @@ use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::norm::RmsNorm;
 use cudnn_safe::{LayerNorm, NormType};
 
-use crate::buf::{cuda_device, cuda_slice, output, packed, tensor, Elem};
+use crate::buf::{cuda_device, cuda_slice, output, packed, packed_aligned, tensor, Elem};
 use crate::error::{wrap, Error};
 use crate::state::with_held;
 
@@ -53,7 +53,11 @@ pub fn layer_norm(
         kind: Kind::Layer,
         eps,
     };
-    let (x, gamma, beta) = (x.contiguous()?, gamma.contiguous()?, beta.contiguous()?);
+    let (x, gamma, beta) = (
+        packed_aligned(x)?,
+        packed_aligned(gamma)?,
+        packed_aligned(beta)?,
+    );
     if x.track_op() || gamma.track_op() || beta.track_op() {
         x.apply_op3(&gamma, &beta, op)
     } else {
@@ -93,7 +97,7 @@ pub fn rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> candle_core::Result<Ten
         kind: Kind::Rms,
         eps,
     };
-    let (x, gamma) = (x.contiguous()?, gamma.contiguous()?);
+    let (x, gamma) = (packed_aligned(x)?, packed_aligned(gamma)?);
     if tracked {
         x.apply_op2(&gamma, op)
     } else {

@@ -983,3 +983,73 @@ fn conv2d_fused_arguments_are_refused_naming_them() {
         assert_eq!(refused(conv2d_fused(&x, &big, &b, None, true, &p)), "x");
     }
 }
+
+#[test]
+fn views_starting_mid_vector_run_like_packed_tensors() {
+    let Some(dev) = cuda() else { return };
+    let dtype = DType::BF16;
+    let tol = tolerance(dtype);
+    // q, k, v: the last 64 of 72 values per row (start 4 elements in: not 16-byte aligned).
+    let view = |seed| {
+        let (t, r) = random(&[2, 4, 40, 72], dtype, &dev, seed);
+        (t.narrow(3, 4, 64).unwrap(), r.narrow(3, 4, 64).unwrap())
+    };
+    let ((q, qr), (k, kr), (v, vr)) = (view(700), view(701), view(702));
+    let c = Attn {
+        b: 2,
+        h: 4,
+        h_kv: 4,
+        s_q: 40,
+        s_kv: 40,
+        d: 64,
+        d_v: 64,
+        causal: Causal::TopLeft,
+        mask: Mask::None,
+        bshd: false,
+    };
+    let o = sdpa(&q, &k, &v, None, true, 0.125).unwrap();
+    let or = reference_attention(&c, &qr, &kr, &vr, None, 0.125);
+    assert!(rel_l2(&o, &or) <= tol, "sdpa: {:e}", rel_l2(&o, &or));
+    // Rows 1.. of a [4, 101] tensor: starts 101 elements in.
+    let (x, xr) = random(&[4, 101], dtype, &dev, 703);
+    let (g, gr) = random(&[101], dtype, &dev, 704);
+    let (b, br) = random(&[101], dtype, &dev, 705);
+    let (x, xr) = (x.narrow(0, 1, 3).unwrap(), xr.narrow(0, 1, 3).unwrap());
+    let y = rms_norm(&x, &g, 1e-6).unwrap();
+    assert!(
+        rel_l2(&y, &reference_norm(&xr, &gr, None, 1e-6)) <= tol,
+        "rms_norm"
+    );
+    let y = layer_norm(&x, &g, &b, 1e-5).unwrap();
+    assert!(
+        rel_l2(&y, &reference_norm(&xr, &gr, Some(&br), 1e-5)) <= tol,
+        "layer_norm"
+    );
+    // A channels-last convolution input that starts mid-vector.
+    let (xs, xs64) = random(&[1 + 2 * 8 * 9 * 9], dtype, &dev, 706);
+    let x = xs
+        .narrow(0, 1, 2 * 8 * 9 * 9)
+        .unwrap()
+        .reshape((2, 9, 9, 8))
+        .unwrap()
+        .permute((0, 3, 1, 2))
+        .unwrap();
+    let x64 = xs64
+        .narrow(0, 1, 2 * 8 * 9 * 9)
+        .unwrap()
+        .reshape((2, 9, 9, 8))
+        .unwrap()
+        .permute((0, 3, 1, 2))
+        .unwrap();
+    let (w, w64) = random(&[8, 8, 3, 3], dtype, &dev, 707);
+    let (b, b64) = random(&[8], dtype, &dev, 708);
+    let y = conv2d_fused(&x, &w, &b, None, false, &Conv2dParams::new()).unwrap();
+    let want = x64
+        .contiguous()
+        .unwrap()
+        .conv2d(&w64, 0, 1, 1, 1)
+        .unwrap()
+        .broadcast_add(&b64.reshape((1, 8, 1, 1)).unwrap())
+        .unwrap();
+    assert!(rel_l2(&y, &want) <= tol, "conv2d_fused");
+}
