@@ -10,7 +10,8 @@
 //! * [`sdpa`]: scaled dot-product attention (PyTorch's `scaled_dot_product_attention`), cuDNN's
 //!   fused flash-attention kernels forward and backward for f16 and bf16: grouped-query heads,
 //!   [`Causal`] masks, additive or boolean masks, strided q, k, v.
-//! * [`layer_norm`], [`rms_norm`]: over the last dimension, with their gradients.
+//! * [`layer_norm`], [`rms_norm`] (over the last dimension) and [`group_norm`], with their
+//!   gradients.
 //! * [`conv2d_fused`] with [`fold_batch_norm`]: an inference layer `relu(conv(x, w) + b + z)` as
 //!   one cuDNN graph, channels-last.
 //! * [`softmax_last_dim`]: cuDNN's softmax over the last dimension, with its gradient.
@@ -48,7 +49,7 @@ pub use attention::{sdpa, Causal};
 pub use conv::{conv1d, conv2d, conv2d_with, Conv2dParams};
 pub use error::{cudnn_error, Error};
 pub use fused::{conv2d_fused, fold_batch_norm};
-pub use norm::{layer_norm, rms_norm};
+pub use norm::{group_norm, layer_norm, rms_norm};
 pub use softmax::softmax_last_dim;
 pub use state::{options, set_options, Options};
 

@@ -6,7 +6,7 @@ use candle_core::{
 use cudnn_safe::cudarc::driver::CudaSlice;
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::norm::RmsNorm;
-use cudnn_safe::{LayerNorm, NormType};
+use cudnn_safe::{GroupNorm, LayerNorm, NormType};
 
 use crate::buf::{cuda_device, cuda_slice, output, packed, packed_aligned, tensor, Elem};
 use crate::error::{wrap, Error};
@@ -39,7 +39,15 @@ pub fn layer_norm(
     eps: f32,
 ) -> candle_core::Result<Tensor> {
     const OP: &str = "layer_norm";
-    check(OP, x, &[(gamma, "gamma"), (beta, "beta")], eps)?;
+    let f = features(OP, x)?;
+    check(
+        OP,
+        x,
+        f,
+        "x's last dimension",
+        &[(gamma, "gamma"), (beta, "beta")],
+        eps,
+    )?;
     if !on_cudnn(x) {
         let xf = widen(x)?;
         let mean = xf.mean_keepdim(D::Minus1)?;
@@ -85,7 +93,8 @@ pub fn layer_norm(
 /// ```
 pub fn rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
     const OP: &str = "rms_norm";
-    check(OP, x, &[(gamma, "gamma")], eps)?;
+    let f = features(OP, x)?;
+    check(OP, x, f, "x's last dimension", &[(gamma, "gamma")], eps)?;
     let tracked = x.track_op() || gamma.track_op();
     if !on_cudnn(x) || !rms_plans(x, eps, tracked)? {
         let xf = widen(x)?;
@@ -105,6 +114,94 @@ pub fn rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> candle_core::Result<Ten
     }
 }
 
+/// Group normalization (`torch.nn.functional.group_norm`, `candle_nn::GroupNorm`): the `c`
+/// channels of each sample of `x` `[n, c, ...]` split into `groups` groups of `c / groups`
+/// consecutive channels, each group (with all its positions) normalized to mean 0 and variance
+/// 1 (biased), then `y = x̂ · gamma + beta` per channel; instance norm is `groups = c`. The
+/// gradients of `x`, `gamma` and `beta` in candle's autograd.
+///
+/// `gamma` and `beta`: `[c]`, of x's dtype, on x's device. f32, f16 and bf16 on a CUDA device
+/// run cuDNN (its batch-norm calls on a regrouped view; the backward pass recomputes the
+/// statistics with a training forward); f64 and the CPU run candle's operations. A
+/// non-contiguous `x` is made contiguous first.
+///
+/// ```no_run
+/// # fn main() -> candle_core::Result<()> {
+/// use candle_core::{Device, Tensor};
+/// let dev = Device::new_cuda(0)?;
+/// let x = Tensor::randn(0f32, 1.0, (4, 320, 32, 32), &dev)?;
+/// let (g, b) = (Tensor::ones(320, x.dtype(), &dev)?, Tensor::zeros(320, x.dtype(), &dev)?);
+/// let y = cudnn_safe_candle::group_norm(&x, 32, &g, &b, 1e-5)?;
+/// # Ok(()) }
+/// ```
+pub fn group_norm(
+    x: &Tensor,
+    groups: usize,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+) -> candle_core::Result<Tensor> {
+    const OP: &str = "group_norm";
+    let dims = x.dims().to_vec();
+    if dims.len() < 2 {
+        return Err(Error::invalid(
+            OP,
+            "x",
+            "at least 2 dimensions [n, c, ...]",
+            dims,
+        ));
+    }
+    let c = dims[1];
+    if groups == 0 || !c.is_multiple_of(groups) {
+        return Err(Error::invalid(
+            OP,
+            "groups",
+            format!("a divisor of x's {c} channels"),
+            groups,
+        ));
+    }
+    check(
+        OP,
+        x,
+        c,
+        "x's channels, dimension 1",
+        &[(gamma, "gamma"), (beta, "beta")],
+        eps,
+    )?;
+    if x.elem_count() == 0 {
+        return x.zeros_like();
+    }
+    if !on_cudnn(x) {
+        let xf = widen(x)?.reshape((dims[0], groups, ()))?;
+        let mean = xf.mean_keepdim(D::Minus1)?;
+        let centred = xf.broadcast_sub(&mean)?;
+        let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
+        let y = centred.broadcast_div(&(var + f64::from(eps))?.sqrt()?)?;
+        let y = y.reshape(dims.as_slice())?.to_dtype(x.dtype())?;
+        let mut per_channel = vec![1; dims.len()];
+        per_channel[1] = c;
+        let (g, b) = (
+            gamma.reshape(per_channel.as_slice())?,
+            beta.reshape(per_channel.as_slice())?,
+        );
+        return y.broadcast_mul(&g)?.broadcast_add(&b);
+    }
+    let op = Norm {
+        kind: Kind::Group(groups),
+        eps,
+    };
+    let (x, gamma, beta) = (
+        packed_aligned(x)?,
+        packed_aligned(gamma)?,
+        packed_aligned(beta)?,
+    );
+    if x.track_op() || gamma.track_op() || beta.track_op() {
+        x.apply_op3(&gamma, &beta, op)
+    } else {
+        x.apply_op3_no_bwd(&gamma, &beta, &op)
+    }
+}
+
 /// Whether cuDNN has RMS-norm plans for x's shape (inference, and with `training` the
 /// forward-training and backward plans): built now and kept, so the operation finds them.
 /// Where it has none, the caller runs candle's operations.
@@ -117,15 +214,14 @@ fn rms_plans(x: &Tensor, eps: f32, training: bool) -> candle_core::Result<bool> 
         let Some(cuda) = x.device().as_cuda_device().ok() else {
             return Ok(false);
         };
-        let features = x.dims().last().copied().unwrap_or(1).max(1);
-        let rows = x.elem_count() / features;
         let norm = Norm {
             kind: Kind::Rms,
             eps,
         };
-        let layout = cudnn_safe::Layout::nchw_nd(&[rows as i64, features as i64]).map_err(wrap)?;
+        let (dims, _) = norm.dims(x.dims());
+        let layout = cudnn_safe::Layout::nchw_nd(&i64s(&dims)).map_err(wrap)?;
         with_held(cuda, |cudnn, held| {
-            let made = held.objects.get_or_make(norm.key::<T>(rows, features), || {
+            let made = held.objects.get_or_make(norm.key::<T>(&dims), || {
                 RmsNorm::<T>::new(&layout, 1, f64::from(eps))
             });
             let built = made.and_then(|rn: &mut RmsNorm<T>| {
@@ -136,7 +232,10 @@ fn rms_plans(x: &Tensor, eps: f32, training: bool) -> candle_core::Result<bool> 
                 Ok(())
             });
             if let Err(e) = &built {
-                log::warn!("rms_norm: no cuDNN plan for {rows}x{features} {:?}, candle's operations run it: {e}", T::DTYPE);
+                log::warn!(
+                    "rms_norm: no cuDNN plan for {dims:?} {:?}, candle's operations run it: {e}",
+                    T::DTYPE
+                );
             }
             Ok(built.is_ok())
         })
@@ -161,9 +260,13 @@ fn on_cudnn(x: &Tensor) -> bool {
     x.device().is_cuda() && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
 }
 
+/// x's dtype, and the parameters' shape (`[channels]`, `which` says what that is), dtype and
+/// device, and eps.
 fn check(
     op: &'static str,
     x: &Tensor,
+    channels: usize,
+    which: &str,
     params: &[(&Tensor, &'static str)],
     eps: f32,
 ) -> candle_core::Result<()> {
@@ -171,15 +274,12 @@ fn check(
         DType::F32 | DType::F16 | DType::BF16 | DType::F64 => {}
         d => return Err(Error::dtype(op, "x", d)),
     }
-    let Some(&features) = x.dims().last() else {
-        return Err(Error::invalid(op, "x", "at least one dimension", x.dims()));
-    };
     for &(p, arg) in params {
-        if p.dims() != [features] {
+        if p.dims() != [channels] {
             return Err(Error::invalid(
                 op,
                 arg,
-                format!("[{features}] (x's last dimension)"),
+                format!("[{channels}] ({which})"),
                 p.dims(),
             ));
         }
@@ -206,10 +306,20 @@ fn check(
     Ok(())
 }
 
+/// x's last dimension (which the norms over the last dimension normalize).
+fn features(op: &'static str, x: &Tensor) -> candle_core::Result<usize> {
+    match x.dims().last() {
+        Some(&f) => Ok(f),
+        None => Err(Error::invalid(op, "x", "at least one dimension", x.dims())),
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Layer,
     Rms,
+    /// Group norm in this many groups.
+    Group(usize),
 }
 
 /// A normalization as a candle operation of (x, gamma[, beta]).
@@ -218,10 +328,8 @@ struct Norm {
     eps: f32,
 }
 
-/// x as `[rows, features]`.
-fn rows_features(l: &Layout) -> (usize, usize) {
-    let features = l.dims().last().copied().unwrap_or(1).max(1);
-    (l.shape().elem_count() / features, features)
+fn i64s(v: &[usize]) -> Vec<i64> {
+    v.iter().map(|&u| u as i64).collect()
 }
 
 impl Norm {
@@ -229,14 +337,29 @@ impl Norm {
         match self.kind {
             Kind::Layer => "layer_norm",
             Kind::Rms => "rms_norm",
+            Kind::Group(_) => "group_norm",
         }
     }
 
-    fn key<T: Elem>(&self, rows: usize, features: usize) -> String {
+    /// The dims cuDNN's object describes x by (`[rows, features]` for the norms over the last
+    /// dimension, x's own for group norm), and the length of gamma.
+    fn dims(&self, x: &[usize]) -> (Vec<usize>, usize) {
+        match self.kind {
+            Kind::Group(_) => (x.to_vec(), x.get(1).copied().unwrap_or(1)),
+            _ => {
+                let features = x.last().copied().unwrap_or(1).max(1);
+                let rows = x.iter().product::<usize>() / features;
+                (vec![rows, features], features)
+            }
+        }
+    }
+
+    fn key<T: Elem>(&self, dims: &[usize]) -> String {
         format!(
-            "{}-{:?}-{rows}x{features}-{}",
+            "{}-{:?}-{dims:?}-{:?}-{}",
             self.op(),
             T::DTYPE,
+            self.kind,
             self.eps.to_bits()
         )
     }
@@ -252,24 +375,31 @@ impl Norm {
     ) -> candle_core::Result<(CudaStorage, Shape)> {
         let op = self.op();
         let dev = xs.device().clone();
-        let (rows, features) = rows_features(xl);
+        let (dims, _) = self.dims(xl.dims());
+        let len = xl.shape().elem_count();
         let x = packed(xs.as_cuda_slice::<T>()?, xl, op, "x")?;
         let g = packed(gs.as_cuda_slice::<T>()?, gl, op, "gamma")?;
         let b = match beta {
             Some((s, l)) => Some(packed(s.as_cuda_slice::<T>()?, l, op, "beta")?),
             None => None,
         };
-        let layout = cudnn_safe::Layout::nchw_nd(&[rows as i64, features as i64]).map_err(wrap)?;
-        let key = self.key::<T>(rows, features);
+        let layout = cudnn_safe::Layout::nchw_nd(&i64s(&dims)).map_err(wrap)?;
+        let key = self.key::<T>(&dims);
         let eps = f64::from(self.eps);
         let y = with_held(&dev, |cudnn, held| {
-            let mut y = output::<T>(cudnn, rows * features, "allocating a normalization result")?;
+            let mut y = output::<T>(cudnn, len, "allocating a normalization result")?;
             match (self.kind, &b) {
                 (Kind::Layer, Some(b)) => {
                     let ln = held
                         .objects
                         .get_or_make(key, || LayerNorm::<T>::new(&layout, 1, eps))?;
                     cudnn.layer_norm_forward(ln, &x, &g, b, &mut y)?;
+                }
+                (Kind::Group(groups), Some(b)) => {
+                    let gn = held
+                        .objects
+                        .get_or_make(key, || GroupNorm::<T>::new(&layout, groups as i64, eps))?;
+                    cudnn.group_norm_forward(gn, &x, &g, b, &mut y)?;
                 }
                 _ => {
                     let rn = held
@@ -305,17 +435,37 @@ impl Norm {
             Some((s, l)) => Some(packed(cuda_slice::<T>(s, op, "beta")?, l, op, "beta")?),
             None => None,
         };
-        let (rows, features) = rows_features(xl);
-        let layout = cudnn_safe::Layout::nchw_nd(&[rows as i64, features as i64]).map_err(wrap)?;
-        let key = self.key::<T>(rows, features);
+        let (dims, features) = self.dims(xl.dims());
+        let len = xl.shape().elem_count();
+        let layout = cudnn_safe::Layout::nchw_nd(&i64s(&dims)).map_err(wrap)?;
+        let key = self.key::<T>(&dims);
         let eps = f64::from(self.eps);
         let what = "allocating normalization gradients";
         type Grads<T> = (CudaSlice<T>, CudaSlice<T>, Option<CudaSlice<T>>);
         let (dx, dg, db): Grads<T> = with_held(&dev, |cudnn, held| {
-            let mut y = output::<T>(cudnn, rows * features, what)?;
-            let mut dx = output::<T>(cudnn, rows * features, what)?;
+            let mut y = output::<T>(cudnn, len, what)?;
+            let mut dx = output::<T>(cudnn, len, what)?;
             let mut dg = output::<T>(cudnn, features, what)?;
             match (self.kind, &bv) {
+                (Kind::Group(groups), Some(b)) => {
+                    let mut db = output::<T>(cudnn, features, what)?;
+                    let gn = held
+                        .objects
+                        .get_or_make(key, || GroupNorm::<T>::new(&layout, groups as i64, eps))?;
+                    let saved = cudnn.group_norm_forward_training(gn, &xv, &gv, b, &mut y)?;
+                    cudnn.group_norm_backward(
+                        gn,
+                        &saved,
+                        &xv,
+                        &dyv,
+                        &gv,
+                        &mut dx,
+                        &mut dg,
+                        &mut db,
+                        &mut held.ws,
+                    )?;
+                    Ok((dx, dg, Some(db)))
+                }
                 (Kind::Layer, Some(b)) => {
                     let mut db = output::<T>(cudnn, features, what)?;
                     let ln = held
@@ -428,7 +578,10 @@ impl CustomOp2 for Norm {
 
 impl CustomOp3 for Norm {
     fn name(&self) -> &'static str {
-        "cudnn-safe-layer-norm"
+        match self.kind {
+            Kind::Group(_) => "cudnn-safe-group-norm",
+            _ => "cudnn-safe-layer-norm",
+        }
     }
 
     fn cpu_fwd(

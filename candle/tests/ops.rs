@@ -1053,3 +1053,99 @@ fn views_starting_mid_vector_run_like_packed_tensors() {
         .unwrap();
     assert!(rel_l2(&y, &want) <= tol, "conv2d_fused");
 }
+
+/// Group norm in f64: mean and biased variance over each group of consecutive channels.
+fn reference_group_norm(x: &Tensor, groups: usize, g: &Tensor, b: &Tensor, eps: f64) -> Tensor {
+    let dims = x.dims().to_vec();
+    let xg = x.reshape((dims[0], groups, ())).unwrap();
+    let n = xg.dim(2).unwrap() as f64;
+    let mean = (xg.sum_keepdim(2).unwrap() / n).unwrap();
+    let c = xg.broadcast_sub(&mean).unwrap();
+    let var = (c.sqr().unwrap().sum_keepdim(2).unwrap() / n).unwrap();
+    let y = c
+        .broadcast_div(&(var + eps).unwrap().sqrt().unwrap())
+        .unwrap();
+    let mut per_channel = vec![1; dims.len()];
+    per_channel[1] = dims[1];
+    y.reshape(dims.as_slice())
+        .unwrap()
+        .broadcast_mul(&g.reshape(per_channel.as_slice()).unwrap())
+        .unwrap()
+        .broadcast_add(&b.reshape(per_channel.as_slice()).unwrap())
+        .unwrap()
+}
+
+#[test]
+fn group_norm_matches_f64_forward_and_backward() {
+    let devices: Vec<Device> = std::iter::once(Device::Cpu).chain(cuda()).collect();
+    for dev in &devices {
+        for (dims, groups) in [
+            (vec![2usize, 6, 5, 7], 3usize),
+            (vec![3, 8, 9], 8),
+            (vec![2, 32, 4, 4], 1),
+        ] {
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let c = dims[1];
+                let (x, xr) = random(&dims, dtype, dev, 800);
+                let (g, gr) = random(&[c], dtype, dev, 801);
+                let (b, br) = random(&[c], dtype, dev, 802);
+                let vars: Vec<Var> = [&x, &g, &b]
+                    .iter()
+                    .map(|t| Var::from_tensor(t).unwrap())
+                    .collect();
+                let rvars: Vec<Var> = [&xr, &gr, &br]
+                    .iter()
+                    .map(|t| Var::from_tensor(t).unwrap())
+                    .collect();
+                let y = cudnn_safe_candle::group_norm(
+                    vars[0].as_tensor(),
+                    groups,
+                    vars[1].as_tensor(),
+                    vars[2].as_tensor(),
+                    1e-5,
+                )
+                .unwrap();
+                let yr = reference_group_norm(
+                    rvars[0].as_tensor(),
+                    groups,
+                    rvars[1].as_tensor(),
+                    rvars[2].as_tensor(),
+                    1e-5,
+                );
+                let tol = tolerance(dtype).max(1e-4);
+                let e = rel_l2(&y, &yr);
+                assert!(e <= tol, "{dev:?} {dims:?}/{groups} {dtype:?} y: {e:e}");
+                let (dy, dyr) = random(&dims, dtype, dev, 803);
+                let grads = (&y * &dy).unwrap().sum_all().unwrap().backward().unwrap();
+                let grads_r = (&yr * &dyr).unwrap().sum_all().unwrap().backward().unwrap();
+                for (j, name) in ["dx", "dgamma", "dbeta"].iter().enumerate() {
+                    let got = grads.get(vars[j].as_tensor()).unwrap();
+                    let want = grads_r.get(rvars[j].as_tensor()).unwrap();
+                    let e = rel_l2(got, want);
+                    assert!(
+                        e <= 2.0 * tol,
+                        "{dev:?} {dims:?}/{groups} {dtype:?} {name}: {e:e}"
+                    );
+                }
+            }
+        }
+        let z = |d: &[usize]| Tensor::zeros(d, DType::F32, dev).unwrap();
+        let (x, g) = (z(&[2, 6, 4]), z(&[6]));
+        assert_eq!(
+            refused(cudnn_safe_candle::group_norm(&x, 4, &g, &g, 1e-5)),
+            "groups"
+        );
+        assert_eq!(
+            refused(cudnn_safe_candle::group_norm(&x, 0, &g, &g, 1e-5)),
+            "groups"
+        );
+        assert_eq!(
+            refused(cudnn_safe_candle::group_norm(&x, 3, &z(&[4]), &g, 1e-5)),
+            "gamma"
+        );
+        assert_eq!(
+            refused(cudnn_safe_candle::group_norm(&z(&[6]), 3, &g, &g, 1e-5)),
+            "x"
+        );
+    }
+}
