@@ -2,20 +2,24 @@
 //! last, and batch-norm folding for them.
 use candle_core::{DType, Layout, Tensor};
 use cudnn_safe::conv::{Epilogue, FusedConv};
-use cudnn_safe::graph::ConvParams;
+use cudnn_safe::graph::{ConvParams, PlanFilter};
 use cudnn_safe::half::{bf16, f16};
+use cudnn_safe::tune::SearchEffort;
 
 use crate::buf::{aligned, cuda_device, cuda_slice, output, packed_aligned, tensor, view, Elem};
 use crate::conv::Conv2dParams;
 use crate::error::Error;
-use crate::state::with_held;
+use crate::state::{options, with_held};
 
 const OP: &str = "conv2d_fused";
 
 /// An inference convolution layer, `y = [relu](conv2d(x, w) + bias [+ residual])`, as one
-/// cuDNN graph (the convolution with its bias, residual add and ReLU as the epilogue; the
-/// plan timed at the first call of each shape on a thread and kept), for a network whose batch
-/// norms are folded into its convolutions ([`fold_batch_norm`]).
+/// cuDNN graph (the convolution with its bias, residual add and ReLU as the epilogue), for a
+/// network whose batch norms are folded into its convolutions ([`fold_batch_norm`]). The plan
+/// is timed at the first call of each shape on a thread and kept: the heuristics' first four
+/// plans under [`SearchEffort::Quick`] (the default [`Options`](crate::Options)), all of them
+/// under [`SearchEffort::Thorough`]. Where no engine runs the graph (channel counts the fused
+/// kernels do not take, e.g. 3 input channels), the layer runs as separate operations.
 ///
 /// `x` `[n, c, h, w]`, `w` `[k, c / groups, r, s]`, `bias` `[k]`, `residual` of the output's
 /// shape, one dtype. The graph runs channels-last (NHWC): the result is `[n, k, h', w']` stored
@@ -53,23 +57,33 @@ pub fn conv2d_fused(
         .flatten()
         .any(Tensor::track_op);
     let fused = x.device().is_cuda() && matches!(x.dtype(), DType::F16 | DType::BF16);
-    if !fused || tracked {
-        let mut y = crate::conv2d_with(x, w, p)?.broadcast_add(&bias.reshape((1, (), 1, 1))?)?;
-        if let Some(z) = residual {
-            y = (y + z)?;
+    if fused && !tracked {
+        let (xc, wc) = (channels_last(x)?, channels_last(w)?);
+        let bc = packed_aligned(bias)?;
+        let zc = residual.map(channels_last).transpose()?;
+        let y = match x.dtype() {
+            DType::F16 => run::<f16>(&xc, &wc, &bc, zc.as_ref(), relu, p, &y_dims)?,
+            DType::BF16 => run::<bf16>(&xc, &wc, &bc, zc.as_ref(), relu, p, &y_dims)?,
+            d => return Err(Error::dtype(OP, "x", d)),
+        };
+        if let Some(y) = y {
+            return y.permute((0, 3, 1, 2));
         }
-        return if relu { y.relu() } else { Ok(y) };
     }
-    let (x, w) = (channels_last(x)?, channels_last(w)?);
-    let bias = packed_aligned(bias)?;
-    let z = residual.map(channels_last).transpose()?;
-    let y = match x.dtype() {
-        DType::F16 => run::<f16>(&x, &w, &bias, z.as_ref(), relu, p, &y_dims)?,
-        DType::BF16 => run::<bf16>(&x, &w, &bias, z.as_ref(), relu, p, &y_dims)?,
-        d => return Err(Error::dtype(OP, "x", d)),
-    };
-    y.permute((0, 3, 1, 2))
+    let mut y = crate::conv2d_with(x, w, p)?.broadcast_add(&bias.reshape((1, (), 1, 1))?)?;
+    if let Some(z) = residual {
+        y = (y + z)?;
+    }
+    if relu {
+        y.relu()
+    } else {
+        Ok(y)
+    }
 }
+
+/// Kept under a graph's key when no engine runs it: later calls go straight to the separate
+/// operations.
+struct NoEngine;
 
 /// Checks the arguments; returns the output's dims.
 fn check(
@@ -186,7 +200,8 @@ pub(crate) fn channels_last(t: &Tensor) -> candle_core::Result<Tensor> {
     }
 }
 
-/// The graph on packed channels-last arguments; the result as `[n, h', w', k]`.
+/// The graph on packed channels-last arguments; the result as `[n, h', w', k]`, or `None` when
+/// no cuDNN engine runs the graph (channel counts the fused kernels do not take).
 fn run<T: Elem>(
     x: &Tensor,
     w: &Tensor,
@@ -195,7 +210,7 @@ fn run<T: Elem>(
     relu: bool,
     p: &Conv2dParams,
     y_dims: &[usize; 4],
-) -> candle_core::Result<Tensor> {
+) -> candle_core::Result<Option<Tensor>> {
     let (xs, xl) = x.storage_and_layout();
     let (ws, wl) = w.storage_and_layout();
     let (bs, bl) = b.storage_and_layout();
@@ -233,12 +248,22 @@ fn run<T: Elem>(
         wl.dims()
     );
     let (xd, wd) = (i64s(xl.dims()), i64s(wl.dims()));
+    let quick = options().effort == SearchEffort::Quick;
     let y = with_held(&dev, |cudnn, held| {
+        let none = format!("{key}-no-engine");
+        if held.objects.contains(&none) {
+            return Ok(None);
+        }
         let layer = held.objects.get_or_make(key, || {
-            FusedConv::new(cudnn, T::DTYPE, xd, wd, &params, epi)
+            let layer = FusedConv::new(cudnn, T::DTYPE, xd, wd, &params, epi)?;
+            // A quick search times the heuristics' first few plans, not all of them.
+            Ok(match quick {
+                true => layer.with_filter(PlanFilter::default().with_max_plans(Some(QUICK_PLANS))),
+                false => layer,
+            })
         })?;
         let mut y = output::<T>(cudnn, layer.y_span(), "allocating a convolution result")?;
-        layer.run(
+        match layer.run(
             cudnn,
             &mut held.plans,
             &xv,
@@ -247,12 +272,22 @@ fn run<T: Elem>(
             zv,
             &mut y,
             &mut held.ws,
-        )?;
-        Ok(y)
+        ) {
+            Ok(()) => Ok(Some(y)),
+            Err(e @ cudnn_safe::Error::NoEngine { .. }) => {
+                log::debug!("{OP}: separate operations for {xd:?} * {wd:?}: {e}");
+                held.objects.insert(none, NoEngine);
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     })?;
     let [n, k, h, wo] = *y_dims;
-    Ok(tensor(y, &dev, vec![n, h, wo, k]))
+    Ok(y.map(|y| tensor(y, &dev, vec![n, h, wo, k])))
 }
+
+/// Plans a [`SearchEffort::Quick`] search times per fused layer.
+const QUICK_PLANS: usize = 4;
 
 /// A convolution followed by an inference batch norm as one convolution: `w' = w · γ / σ`,
 /// `b' = (b − μ) · γ / σ + β` per output channel, with `σ = sqrt(var + eps)` (the conv's own

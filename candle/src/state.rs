@@ -107,6 +107,16 @@ pub(crate) struct Held {
 pub(crate) struct Objects(HashMap<String, Box<dyn Any>>);
 
 impl Objects {
+    /// Whether an object is kept under `key`.
+    pub(crate) fn contains(&self, key: &str) -> bool {
+        self.0.contains_key(key)
+    }
+
+    /// Keeps `object` under `key` (replacing any).
+    pub(crate) fn insert<O: Any>(&mut self, key: String, object: O) {
+        self.0.insert(key, Box::new(object));
+    }
+
     /// The object under `key`, made by `make` at the first call (an error is returned and
     /// nothing kept).
     pub(crate) fn get_or_make<O: Any>(
