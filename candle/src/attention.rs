@@ -55,7 +55,8 @@ impl From<bool> for Causal {
 ///   scores (`−∞` masks), a `u8` tensor keeps the scores where it is 1 (PyTorch's boolean
 ///   mask). It gets no gradient.
 /// * `causal`: [`Causal`] (`true` is PyTorch's top-left `is_causal`), together with `mask` if
-///   both are given. A query with nothing to attend to gets NaN, as in PyTorch.
+///   both are given. A query whose every key is masked has no defined result (candle's
+///   operations give NaN, as PyTorch's math path does; the fused kernels need not).
 /// * `scale`: usually `1 / sqrt(d)`.
 ///
 /// Returns `[b, h, s_q, d_v]`, with the gradients of `q`, `k` and `v` in candle's autograd.
