@@ -11,7 +11,7 @@ use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::tune::Policy;
 
 use crate::buf::{aligned, cuda_device, cuda_slice, output, tensor, view, Elem};
-use crate::error::Error;
+use crate::error::{like, same_device, Error};
 use crate::state::{options, with_held};
 
 const OP: &str = "sdpa";
@@ -173,24 +173,8 @@ fn check(
         DType::F16 | DType::BF16 | DType::F32 | DType::F64 => {}
         dt => return Err(Error::dtype(OP, "q", dt)),
     }
-    for (t, arg) in [(k, "k"), (v, "v")] {
-        if t.dtype() != q.dtype() {
-            return Err(Error::invalid(
-                OP,
-                arg,
-                format!("q's dtype {:?}", q.dtype()),
-                t.dtype(),
-            ));
-        }
-        if !t.device().same_device(q.device()) {
-            return Err(Error::invalid(
-                OP,
-                arg,
-                format!("on q's device {:?}", q.device().location()),
-                t.device().location(),
-            ));
-        }
-    }
+    like(OP, q, "q", k, "k")?;
+    like(OP, q, "q", v, "v")?;
     if kb != b || kd != d {
         return Err(Error::invalid(
             OP,
@@ -246,14 +230,7 @@ fn mask_extents(m: &Tensor, q: &Tensor, full: [usize; 4]) -> candle_core::Result
         DType::U8 | DType::F16 | DType::BF16 | DType::F32 | DType::F64 => {}
         dt => return Err(Error::dtype(OP, "mask", dt)),
     }
-    if !m.device().same_device(q.device()) {
-        return Err(Error::invalid(
-            OP,
-            "mask",
-            format!("on q's device {:?}", q.device().location()),
-            m.device().location(),
-        ));
-    }
+    same_device(OP, q, "q", m, "mask")?;
     let dims = m.dims();
     let fits = dims.len() <= 4
         && dims

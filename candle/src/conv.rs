@@ -8,7 +8,7 @@ use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::{DataType, FilterDesc, Scalar, TensorDesc, TensorFormat};
 
 use crate::buf::{output, packed, view, Elem};
-use crate::error::{wrap, Error};
+use crate::error::{like, wrap, Error};
 use crate::state::with_state;
 
 /// A 2-D convolution's parameters, per spatial dimension (`[height, width]`), as cuDNN takes
@@ -147,22 +147,7 @@ fn conv(
         }
         float_dtype(op, arg, t.dtype())?;
     }
-    if x.dtype() != w.dtype() {
-        return Err(Error::invalid(
-            op,
-            "w",
-            format!("of x's element type {:?}", x.dtype()),
-            w.dtype(),
-        ));
-    }
-    if !x.device().same_device(w.device()) {
-        return Err(Error::invalid(
-            op,
-            "w",
-            format!("on x's device {:?}", x.device().location()),
-            w.device().location(),
-        ));
-    }
+    like(op, x, "x", w, "w")?;
     if p.groups == 0 {
         return Err(Error::invalid(op, "groups", "at least 1", p.groups));
     }

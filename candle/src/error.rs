@@ -88,6 +88,45 @@ impl Error {
     }
 }
 
+/// `t` (the argument `arg` of `op`) on the device of `r` (named `r_name`).
+pub(crate) fn same_device(
+    op: &'static str,
+    r: &candle_core::Tensor,
+    r_name: &str,
+    t: &candle_core::Tensor,
+    arg: &'static str,
+) -> candle_core::Result<()> {
+    if t.device().same_device(r.device()) {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            op,
+            arg,
+            format!("on {r_name}'s device {:?}", r.device().location()),
+            t.device().location(),
+        ))
+    }
+}
+
+/// `t` (the argument `arg` of `op`) of the dtype of `r` (named `r_name`) and on its device.
+pub(crate) fn like(
+    op: &'static str,
+    r: &candle_core::Tensor,
+    r_name: &str,
+    t: &candle_core::Tensor,
+    arg: &'static str,
+) -> candle_core::Result<()> {
+    if t.dtype() != r.dtype() {
+        return Err(Error::invalid(
+            op,
+            arg,
+            format!("{r_name}'s dtype {:?}", r.dtype()),
+            t.dtype(),
+        ));
+    }
+    same_device(op, r, r_name, t, arg)
+}
+
 /// The `cudnn-safe` error inside `e` (what cuDNN or the library's checks refused), if any.
 pub fn cudnn_error(e: &candle_core::Error) -> Option<&cudnn_safe::Error> {
     boxed(e)?.downcast_ref::<cudnn_safe::Error>()

@@ -8,7 +8,7 @@ use cudnn_safe::tune::SearchEffort;
 
 use crate::buf::{aligned, cuda_device, cuda_slice, output, packed_aligned, tensor, view, Elem};
 use crate::conv::Conv2dParams;
-use crate::error::Error;
+use crate::error::{like, Error};
 use crate::state::{options, with_held};
 
 const OP: &str = "conv2d_fused";
@@ -107,22 +107,7 @@ fn check(
         .into_iter()
         .chain(residual.map(|z| (z, "residual")))
     {
-        if t.dtype() != x.dtype() {
-            return Err(Error::invalid(
-                OP,
-                arg,
-                format!("x's dtype {:?}", x.dtype()),
-                t.dtype(),
-            ));
-        }
-        if !t.device().same_device(x.device()) {
-            return Err(Error::invalid(
-                OP,
-                arg,
-                format!("on x's device {:?}", x.device().location()),
-                t.device().location(),
-            ));
-        }
+        like(OP, x, "x", t, arg)?;
     }
     if p.groups == 0 {
         return Err(Error::invalid(OP, "groups", "at least 1", p.groups));

@@ -9,7 +9,7 @@ use cudnn_safe::norm::RmsNorm;
 use cudnn_safe::{GroupNorm, LayerNorm, NormType};
 
 use crate::buf::{cuda_device, cuda_slice, output, packed, packed_aligned, tensor, Elem};
-use crate::error::{wrap, Error};
+use crate::error::{like, wrap, Error};
 use crate::state::with_held;
 
 /// `(x − mean) / sqrt(var + eps) · gamma + beta` over the last dimension of `x` (biased
@@ -283,22 +283,7 @@ fn check(
                 p.dims(),
             ));
         }
-        if p.dtype() != x.dtype() {
-            return Err(Error::invalid(
-                op,
-                arg,
-                format!("x's dtype {:?}", x.dtype()),
-                p.dtype(),
-            ));
-        }
-        if !p.device().same_device(x.device()) {
-            return Err(Error::invalid(
-                op,
-                arg,
-                format!("on x's device {:?}", x.device().location()),
-                p.device().location(),
-            ));
-        }
+        like(op, x, "x", p, arg)?;
     }
     if !(eps.is_finite() && eps >= 0.0) {
         return Err(Error::invalid(op, "eps", "finite and at least 0", eps));
