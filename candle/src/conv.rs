@@ -166,7 +166,7 @@ fn conv(
             w.dims(),
         ));
     }
-    if per_group * p.groups != c_in {
+    if per_group.checked_mul(p.groups) != Some(c_in) {
         return Err(Error::invalid(
             op,
             "w",
@@ -181,18 +181,7 @@ fn conv(
     // The output's spatial sizes, as cuDNN computes them.
     let (x4, w4) = (dims4(x.dims()), dims4(w.dims()));
     for d in 0..2 {
-        let span = p.dilation[d] * (w4[2 + d] - 1) + 1;
-        if x4[2 + d] + 2 * p.padding[d] < span {
-            return Err(Error::invalid(
-                op,
-                "x",
-                format!(
-                    "spatial size (with padding {:?}) at least the dilated kernel's",
-                    p.padding
-                ),
-                x.dims(),
-            ));
-        }
+        out_len(op, &p, d, x4[2 + d], w4[2 + d], x.dims(), w.dims())?;
     }
     if x.device().is_cpu() {
         return cpu_conv(op, x, w, &p);
@@ -243,6 +232,52 @@ fn float_dtype(op: &'static str, arg: &'static str, dtype: DType) -> candle_core
         DType::F32 | DType::F16 | DType::BF16 => Ok(()),
         _ => Err(Error::dtype(op, arg, dtype)),
     }
+}
+
+/// The output length along spatial dimension `d` (cuDNN's formula), or the error naming what
+/// is wrong: a zero stride or dilation, an empty kernel, padding or dilation too large to
+/// compute with, or an input (with padding) shorter than the dilated kernel. Never overflows.
+pub(crate) fn out_len(
+    op: &'static str,
+    p: &Conv2dParams,
+    d: usize,
+    len: usize,
+    kernel: usize,
+    x_dims: &[usize],
+    w_dims: &[usize],
+) -> candle_core::Result<usize> {
+    let (pad, stride, dil) = (p.padding[d], p.stride[d], p.dilation[d]);
+    if stride == 0 {
+        return Err(Error::invalid(op, "stride", "at least 1", p.stride));
+    }
+    if dil == 0 {
+        return Err(Error::invalid(op, "dilation", "at least 1", p.dilation));
+    }
+    if kernel == 0 {
+        return Err(Error::invalid(op, "w", "a kernel of at least 1", w_dims));
+    }
+    let span = dil
+        .checked_mul(kernel - 1)
+        .and_then(|s| s.checked_add(1))
+        .ok_or_else(|| {
+            Error::invalid(op, "dilation", "a dilated kernel within usize", p.dilation)
+        })?;
+    let padded = pad
+        .checked_mul(2)
+        .and_then(|p2| p2.checked_add(len))
+        .ok_or_else(|| Error::invalid(op, "padding", "a padded size within usize", p.padding))?;
+    if padded < span {
+        return Err(Error::invalid(
+            op,
+            "x",
+            format!(
+                "spatial size (with padding {:?}) at least the dilated kernel's {span}",
+                p.padding
+            ),
+            x_dims,
+        ));
+    }
+    Ok((padded - span) / stride + 1)
 }
 
 /// `[n, c, l]` as `[n, c, 1, l]`; 4-D as it is.

@@ -112,7 +112,7 @@ fn check(
     if p.groups == 0 {
         return Err(Error::invalid(OP, "groups", "at least 1", p.groups));
     }
-    if cg * p.groups != c || k % p.groups != 0 {
+    if cg.checked_mul(p.groups) != Some(c) || k % p.groups != 0 {
         return Err(Error::invalid(
             OP,
             "w",
@@ -131,24 +131,8 @@ fn check(
             bias.dims(),
         ));
     }
-    let out = |i: usize, len: usize, kernel: usize| -> candle_core::Result<usize> {
-        let (pad, stride, dil) = (p.padding[i], p.stride[i], p.dilation[i]);
-        if stride == 0 {
-            return Err(Error::invalid(OP, "stride", "at least 1", p.stride));
-        }
-        if dil == 0 {
-            return Err(Error::invalid(OP, "dilation", "at least 1", p.dilation));
-        }
-        let span = dil * (kernel.max(1) - 1) + 1;
-        if len + 2 * pad < span {
-            return Err(Error::invalid(
-                OP,
-                "x",
-                format!("spatial size with padding at least the dilated kernel's {span}"),
-                x.dims(),
-            ));
-        }
-        Ok((len + 2 * pad - span) / stride + 1)
+    let out = |d: usize, len: usize, kernel: usize| {
+        crate::conv::out_len(OP, p, d, len, kernel, x.dims(), w.dims())
     };
     let y = [n, k, out(0, h, r)?, out(1, wd, s)?];
     if let Some(z) = residual {
@@ -303,7 +287,14 @@ pub fn fold_batch_norm(
     eps: f64,
 ) -> candle_core::Result<(Tensor, Tensor)> {
     const OP: &str = "fold_batch_norm";
-    let k = w.dims().first().copied().unwrap_or(0);
+    let Some(&k) = w.dims().first() else {
+        return Err(Error::invalid(
+            OP,
+            "w",
+            "at least one dimension [k, ...]",
+            w.dims(),
+        ));
+    };
     for (t, arg) in [
         (gamma, "gamma"),
         (beta, "beta"),

@@ -1149,3 +1149,47 @@ fn group_norm_matches_f64_forward_and_backward() {
         );
     }
 }
+
+#[test]
+fn absurd_sizes_are_refused_not_overflowed() {
+    let devices: Vec<Device> = std::iter::once(Device::Cpu).chain(cuda()).collect();
+    for dev in &devices {
+        let z = |dims: &[usize]| Tensor::zeros(dims, DType::F16, dev).unwrap();
+        let (x, w, b) = (z(&[1, 8, 9, 9]), z(&[8, 8, 3, 3]), z(&[8]));
+        let huge = usize::MAX / 2 + 1;
+        let p = Conv2dParams::new().padding([huge, 0]);
+        assert_eq!(refused(conv2d_with(&x, &w, &p)), "padding");
+        assert_eq!(
+            refused(conv2d_fused(&x, &w, &b, None, false, &p)),
+            "padding"
+        );
+        let p = Conv2dParams::new().dilation([usize::MAX, 1]);
+        assert_eq!(refused(conv2d_with(&x, &w, &p)), "dilation");
+        assert_eq!(
+            refused(conv2d_fused(&x, &w, &b, None, false, &p)),
+            "dilation"
+        );
+        let p = Conv2dParams::new().groups(usize::MAX);
+        assert_eq!(refused(conv2d_with(&x, &w, &p)), "w");
+        assert_eq!(refused(conv2d_fused(&x, &w, &b, None, false, &p)), "w");
+        let empty = z(&[8, 8, 0, 3]);
+        assert_eq!(refused(conv2d_with(&x, &empty, &Conv2dParams::new())), "w");
+        assert_eq!(
+            refused(conv2d_fused(
+                &x,
+                &empty,
+                &b,
+                None,
+                false,
+                &Conv2dParams::new()
+            )),
+            "w"
+        );
+        let scalar = Tensor::new(1f32, dev).unwrap();
+        let e = fold_batch_norm(&scalar, None, &b, &b, &b, &b, 1e-5).unwrap_err();
+        assert!(
+            matches!(Error::of(&e), Some(Error::InvalidArgument { arg: "w", .. })),
+            "{e}"
+        );
+    }
+}
