@@ -10,8 +10,9 @@
 //! * [`sdpa`]: scaled dot-product attention (PyTorch's `scaled_dot_product_attention`), cuDNN's
 //!   fused flash-attention kernels forward and backward for f16 and bf16: grouped-query heads,
 //!   [`Causal`] masks, additive or boolean masks, strided q, k, v.
-//! * [`layer_norm`], [`rms_norm`] (over the last dimension) and [`group_norm`], with their
-//!   gradients.
+//! * [`batch_norm`] (training, with the running statistics updated in place, and inference;
+//!   [`BatchNorm`] is the layer), [`layer_norm`], [`rms_norm`] (over the last dimension) and
+//!   [`group_norm`], with their gradients.
 //! * [`conv2d_fused`] with [`fold_batch_norm`]: an inference layer `relu(conv(x, w) + b + z)` as
 //!   one cuDNN graph, channels-last.
 //! * [`softmax_last_dim`]: cuDNN's softmax over the last dimension, with its gradient.
@@ -37,6 +38,7 @@
 //! # Ok(()) }
 //! ```
 mod attention;
+mod batch;
 mod buf;
 mod conv;
 mod error;
@@ -46,6 +48,7 @@ mod softmax;
 mod state;
 
 pub use attention::{sdpa, Causal};
+pub use batch::{batch_norm, BatchNorm};
 pub use conv::{conv1d, conv2d, conv2d_with, Conv2dParams};
 pub use error::{cudnn_error, Error};
 pub use fused::{conv2d_fused, fold_batch_norm};

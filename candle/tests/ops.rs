@@ -1193,3 +1193,345 @@ fn absurd_sizes_are_refused_not_overflowed() {
         );
     }
 }
+
+/// The f64 batch norm: y, and the updated running statistics when training.
+#[allow(clippy::type_complexity)]
+fn reference_batch_norm(
+    x: &Tensor,
+    running: Option<(&Tensor, &Tensor)>,
+    wb: Option<(&Tensor, &Tensor)>,
+    training: bool,
+    momentum: f64,
+    eps: f64,
+) -> (Tensor, Option<(Tensor, Tensor)>) {
+    let dims = x.dims().to_vec();
+    let c = dims[1];
+    let mut per = vec![1; dims.len()];
+    per[1] = c;
+    let axes: Vec<usize> = (0..dims.len()).filter(|&i| i != 1).collect();
+    let m = (x.elem_count() / c) as f64;
+    let (mean, var, updated) = if training {
+        let mean = (x.sum_keepdim(axes.as_slice()).unwrap() / m).unwrap();
+        let var = (x
+            .broadcast_sub(&mean)
+            .unwrap()
+            .sqr()
+            .unwrap()
+            .sum_keepdim(axes.as_slice())
+            .unwrap()
+            / m)
+            .unwrap();
+        let updated = running.map(|(rm, rv)| {
+            let (bm, bv) = (
+                mean.detach().flatten_all().unwrap(),
+                var.detach().flatten_all().unwrap(),
+            );
+            (
+                ((rm * (1.0 - momentum)).unwrap() + (bm * momentum).unwrap()).unwrap(),
+                ((rv * (1.0 - momentum)).unwrap() + (bv * (momentum * m / (m - 1.0))).unwrap())
+                    .unwrap(),
+            )
+        });
+        (mean, var, updated)
+    } else {
+        let (rm, rv) = running.unwrap();
+        (
+            rm.reshape(per.as_slice()).unwrap(),
+            rv.reshape(per.as_slice()).unwrap(),
+            None,
+        )
+    };
+    let mut y = x
+        .broadcast_sub(&mean)
+        .unwrap()
+        .broadcast_div(&(var + eps).unwrap().sqrt().unwrap())
+        .unwrap();
+    if let Some((w, b)) = wb {
+        y = y
+            .broadcast_mul(&w.reshape(per.as_slice()).unwrap())
+            .unwrap()
+            .broadcast_add(&b.reshape(per.as_slice()).unwrap())
+            .unwrap();
+    }
+    (y, updated)
+}
+
+#[test]
+fn batch_norm_matches_f64_with_running_statistics_and_gradients() {
+    let devices: Vec<Device> = std::iter::once(Device::Cpu).chain(cuda()).collect();
+    // (dims, channels-last storage, f32 parameters whatever x's dtype, affine)
+    let cases: &[(&[usize], bool, bool, bool)] = &[
+        (&[4, 6, 5, 7], false, false, true),
+        (&[4, 6, 5, 7], true, false, true),
+        (&[3, 8, 5, 4], true, true, true),
+        (&[5, 3], false, false, true),
+        (&[2, 4, 9], false, true, false),
+        (&[2, 3, 2, 3, 4], false, false, true),
+        (&[2, 3, 2, 2, 2, 3], false, false, true),
+    ];
+    let (momentum, eps) = (0.3, 1e-4);
+    for dev in &devices {
+        for &(dims, channels_last, f32_params, affine) in cases {
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let what = format!("{dev:?} {dims:?} cl={channels_last} {dtype:?}");
+                let c = dims[1];
+                let pdtype = if f32_params { DType::F32 } else { dtype };
+                let (x, xr) = if channels_last {
+                    // Stored [n, h, w, c]: the logical [n, c, h, w] is a permuted view.
+                    let nhwc = [dims[0], dims[2], dims[3], dims[1]];
+                    let (x, xr) = random(&nhwc, dtype, dev, 900);
+                    (
+                        x.permute((0, 3, 1, 2)).unwrap(),
+                        xr.permute((0, 3, 1, 2)).unwrap(),
+                    )
+                } else {
+                    random(dims, dtype, dev, 900)
+                };
+                let (w, wr) = random(&[c], pdtype, dev, 901);
+                let (b, br) = random(&[c], pdtype, dev, 902);
+                let (rm, rmr) = random(&[c], pdtype, dev, 903);
+                let (rv0, _) = random(&[c], DType::F64, dev, 904);
+                let rv = (rv0.abs().unwrap() + 0.5)
+                    .unwrap()
+                    .to_dtype(pdtype)
+                    .unwrap();
+                let rvr = rv
+                    .to_device(&Device::Cpu)
+                    .unwrap()
+                    .to_dtype(DType::F64)
+                    .unwrap();
+                let vars: Vec<Var> = [&x, &w, &b]
+                    .iter()
+                    .map(|t| Var::from_tensor(t).unwrap())
+                    .collect();
+                let rvars: Vec<Var> = [&xr, &wr, &br]
+                    .iter()
+                    .map(|t| Var::from_tensor(t).unwrap())
+                    .collect();
+                let (xv, wv, bv) = (
+                    vars[0].as_tensor(),
+                    vars[1].as_tensor(),
+                    vars[2].as_tensor(),
+                );
+                let (xrv, wrv, brv) = (
+                    rvars[0].as_tensor(),
+                    rvars[1].as_tensor(),
+                    rvars[2].as_tensor(),
+                );
+                let xv = if channels_last {
+                    // A Var is packed: give the operation the channels-last view again.
+                    let t = xv.permute((0, 2, 3, 1)).unwrap().contiguous().unwrap();
+                    t.permute((0, 3, 1, 2)).unwrap()
+                } else {
+                    xv.clone()
+                };
+                let tol = tolerance(dtype).max(1e-4);
+                // Training: batch statistics, running statistics updated in place.
+                let (rm_run, rv_run) = (rm.copy().unwrap(), rv.copy().unwrap());
+                let y = cudnn_safe_candle::batch_norm(
+                    &xv,
+                    Some((&rm_run, &rv_run)),
+                    affine.then_some(wv),
+                    affine.then_some(bv),
+                    true,
+                    momentum,
+                    eps,
+                )
+                .unwrap();
+                let (yr, updated) = reference_batch_norm(
+                    xrv,
+                    Some((&rmr, &rvr)),
+                    affine.then_some((wrv, brv)),
+                    true,
+                    momentum,
+                    eps,
+                );
+                assert_eq!(y.dims(), dims, "{what}");
+                let e = rel_l2(&y, &yr);
+                assert!(e <= tol, "{what} training y: {e:e}");
+                let (nm, nv) = updated.unwrap();
+                let ptol = tolerance(pdtype).max(1e-4);
+                let e = rel_l2(&rm_run, &nm);
+                assert!(e <= ptol, "{what} running mean: {e:e}");
+                let e = rel_l2(&rv_run, &nv);
+                assert!(e <= ptol, "{what} running var: {e:e}");
+                let (dy, dyr) = random(dims, dtype, dev, 905);
+                let grads = (&y * &dy).unwrap().sum_all().unwrap().backward().unwrap();
+                let grads_r = (&yr * &dyr).unwrap().sum_all().unwrap().backward().unwrap();
+                let names: &[&str] = if affine {
+                    &["dx", "dweight", "dbias"]
+                } else {
+                    &["dx"]
+                };
+                for (j, name) in names.iter().enumerate() {
+                    let got = grads.get(vars[j].as_tensor()).unwrap();
+                    let want = grads_r.get(rvars[j].as_tensor()).unwrap();
+                    let e = rel_l2(got, want);
+                    assert!(e <= 2.0 * tol, "{what} {name}: {e:e}");
+                }
+                // Inference by the running statistics: untracked (cuDNN's inference kernel on
+                // a GPU) and tracked (candle's operations, with gradients).
+                let (yr, _) = reference_batch_norm(
+                    xrv,
+                    Some((&rmr, &rvr)),
+                    affine.then_some((wrv, brv)),
+                    false,
+                    momentum,
+                    eps,
+                );
+                let (xd, wd, bd) = (xv.detach(), wv.detach(), bv.detach());
+                let y = cudnn_safe_candle::batch_norm(
+                    &xd,
+                    Some((&rm, &rv)),
+                    affine.then_some(&wd),
+                    affine.then_some(&bd),
+                    false,
+                    momentum,
+                    eps,
+                )
+                .unwrap();
+                let e = rel_l2(&y, &yr);
+                assert!(e <= tol, "{what} inference y: {e:e}");
+                let y = cudnn_safe_candle::batch_norm(
+                    &xv,
+                    Some((&rm, &rv)),
+                    affine.then_some(wv),
+                    affine.then_some(bv),
+                    false,
+                    momentum,
+                    eps,
+                )
+                .unwrap();
+                let e = rel_l2(&y, &yr);
+                assert!(e <= tol, "{what} tracked inference y: {e:e}");
+                let g = (&y * &dy).unwrap().sum_all().unwrap().backward().unwrap();
+                let gr = (&yr * &dyr).unwrap().sum_all().unwrap().backward().unwrap();
+                let e = rel_l2(g.get(vars[0].as_tensor()).unwrap(), gr.get(xrv).unwrap());
+                assert!(e <= 2.0 * tol, "{what} inference dx: {e:e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn batch_norm_agrees_with_candle_nn_and_refuses_bad_arguments() {
+    use candle_core::ModuleT;
+    let devices: Vec<Device> = std::iter::once(Device::Cpu).chain(cuda()).collect();
+    for dev in &devices {
+        let c = 16;
+        let (x, _) = random(&[8, c, 6, 6], DType::F32, dev, 950);
+        let (w, _) = random(&[c], DType::F32, dev, 951);
+        let (b, _) = random(&[c], DType::F32, dev, 952);
+        let zeros = Tensor::zeros(c, DType::F32, dev).unwrap();
+        let ones = Tensor::ones(c, DType::F32, dev).unwrap();
+        let theirs = candle_nn::BatchNorm::new_with_momentum(
+            c,
+            zeros.copy().unwrap(),
+            ones.copy().unwrap(),
+            w.clone(),
+            b.clone(),
+            1e-5,
+            0.2,
+        )
+        .unwrap();
+        let ours = cudnn_safe_candle::BatchNorm::new(
+            zeros.copy().unwrap(),
+            ones.copy().unwrap(),
+            Some((w.clone(), b.clone())),
+            1e-5,
+            0.2,
+        )
+        .unwrap();
+        for step in 0..3 {
+            let x = (&x + step as f64).unwrap();
+            let (a, e) = (
+                ours.forward_t(&x, true).unwrap(),
+                theirs.forward_t(&x, true).unwrap(),
+            );
+            assert!(rel_l2(&a, &e) <= 1e-5, "{dev:?} step {step} training");
+            for (a, e, name) in [
+                (ours.running_mean(), theirs.running_mean(), "mean"),
+                (ours.running_var(), theirs.running_var(), "var"),
+            ] {
+                assert!(rel_l2(a, e) <= 1e-5, "{dev:?} step {step} running {name}");
+            }
+            let (a, e) = (
+                ours.forward_t(&x, false).unwrap(),
+                theirs.forward_t(&x, false).unwrap(),
+            );
+            assert!(rel_l2(&a, &e) <= 1e-5, "{dev:?} step {step} inference");
+        }
+        let bn = |x: &Tensor,
+                  r: Option<(&Tensor, &Tensor)>,
+                  w: Option<&Tensor>,
+                  b: Option<&Tensor>,
+                  t: bool,
+                  m: f64,
+                  e: f64| cudnn_safe_candle::batch_norm(x, r, w, b, t, m, e);
+        let r = Some((&zeros, &ones));
+        let short = Tensor::zeros(c - 1, DType::F32, dev).unwrap();
+        let wide = Tensor::zeros(c, DType::F64, dev).unwrap();
+        let strided = Tensor::zeros((c, 2), DType::F32, dev)
+            .unwrap()
+            .narrow(1, 0, 1)
+            .unwrap()
+            .squeeze(1)
+            .unwrap();
+        let cases = [
+            (
+                bn(&x, Some((&short, &ones)), None, None, true, 0.1, 1e-5),
+                "running_mean",
+            ),
+            (
+                bn(&x, Some((&zeros, &wide)), None, None, true, 0.1, 1e-5),
+                "running_var",
+            ),
+            (
+                bn(&x, Some((&strided, &ones)), None, None, true, 0.1, 1e-5),
+                "running_mean",
+            ),
+            (bn(&x, r, Some(&w), None, true, 0.1, 1e-5), "bias"),
+            (bn(&x, r, Some(&wide), Some(&b), true, 0.1, 1e-5), "weight"),
+            (bn(&x, None, None, None, false, 0.1, 1e-5), "running_mean"),
+            (bn(&x, r, None, None, true, 1.5, 1e-5), "momentum"),
+            (bn(&x, r, None, None, true, 0.1, -1.0), "eps"),
+            (bn(&x, r, None, None, true, 0.1, f64::NAN), "eps"),
+            (
+                bn(
+                    &x.narrow(0, 0, 1)
+                        .unwrap()
+                        .narrow(2, 0, 1)
+                        .unwrap()
+                        .narrow(3, 0, 1)
+                        .unwrap(),
+                    r,
+                    None,
+                    None,
+                    true,
+                    0.1,
+                    1e-5,
+                ),
+                "x",
+            ),
+            (bn(&zeros, r, None, None, true, 0.1, 1e-5), "x"),
+            (
+                bn(
+                    &x.to_dtype(DType::U8).unwrap(),
+                    r,
+                    None,
+                    None,
+                    true,
+                    0.1,
+                    1e-5,
+                ),
+                "x",
+            ),
+        ];
+        for (i, (r, arg)) in cases.into_iter().enumerate() {
+            assert_eq!(refused(r), arg, "{dev:?} case {i}");
+        }
+        // Refused calls leave the running statistics as they were.
+        assert_eq!(flat(&zeros), vec![0.0; c]);
+        assert_eq!(flat(&ones), vec![1.0; c]);
+    }
+}
