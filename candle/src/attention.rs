@@ -122,14 +122,15 @@ pub fn sdpa(
     match res {
         Ok(o) => o.permute(inverse(&order)),
         Err(e) if unsupported.load(Ordering::Relaxed) => {
-            log::warn!(
-                "{OP}: no fused cuDNN plan for this problem, candle's operations run it: {e}"
-            );
+            log::debug!("{OP}: candle's operations: {e}");
             composed(q, k, v, mask, causal, scale)
         }
         Err(e) => Err(e),
     }
 }
+
+/// Kept under a problem's key when cuDNN has no plan for it.
+struct NoPlan;
 
 /// The sizes of an attention problem.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -535,8 +536,17 @@ impl Fused {
             None => None,
         };
         let key = self.key("fwd", qs.dtype(), &[ql, kl, vl]);
+        let none = format!("{key}-none");
         let (o, mem_dims) = with_held(&dev, |cudnn, held| {
-            let built = held.objects.get_or_make(key, || {
+            if held.objects.contains(&none) {
+                // Known to have no plan: the caller runs candle's operations.
+                self.unsupported.store(true, Ordering::Relaxed);
+                return Err(cudnn_safe::Error::NoEngine {
+                    graph: "scaled dot-product attention".into(),
+                    detail: "an earlier call of this problem found no plan".into(),
+                });
+            }
+            let made = held.objects.get_or_make(key, || {
                 self.build(cudnn, dtype, |g| {
                     let q = g.tensor("q", &i64s(ql.dims()), &i64s(ql.stride()), dtype)?;
                     let k = g.tensor("k", &i64s(kl.dims()), &i64s(kl.stride()), dtype)?;
@@ -552,7 +562,21 @@ impl Fused {
                         [Some(out.o), out.stats].into_iter().flatten().collect(),
                     ))
                 })
-            })?;
+            });
+            let built = match made {
+                Ok(built) => built,
+                Err(e) => {
+                    if self.unsupported.load(Ordering::Relaxed) {
+                        // Later calls of this problem go straight to candle's operations.
+                        log::warn!(
+                            "{OP}: no fused cuDNN plan for {:?}, candle's operations run it: {e}",
+                            self.sz
+                        );
+                        held.objects.insert(none, NoPlan);
+                    }
+                    return Err(e);
+                }
+            };
             if built.outs[0].1 != self.order {
                 return Err(order_mismatch(&built.outs[0].1, &self.order));
             }
