@@ -7,9 +7,16 @@
 //!
 //! ```text
 //! cargo run --example attention_block -- [--batch 8] [--heads 16] [--seq 4096] [--head-dim 128] [--iters 10] [--f16]
+//!                                         [--export DIR]
 //! ```
 //!
-//! Needs a CUDA GPU; bf16 by default (`--f16` for f16).
+//! Needs a CUDA GPU; bf16 by default (`--f16` for f16). Weights are random. `--export DIR`
+//! writes `DIR/block.safetensors`: the input `x`, the weights (`norm1`, `qkv` `[model, 3·model]`,
+//! `out`, `norm2`, `up`, `down`, each as the block multiplies by it) and both outputs
+//! (`y_candle`, `y_cudnn_safe`), in the block's dtype, so another framework can run the same
+//! block on the same input and compare.
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
@@ -21,6 +28,7 @@ struct Args {
     head_dim: usize,
     iters: usize,
     dtype: DType,
+    export: Option<PathBuf>,
 }
 
 fn args() -> Result<Args, String> {
@@ -31,6 +39,7 @@ fn args() -> Result<Args, String> {
         head_dim: 128,
         iters: 10,
         dtype: DType::BF16,
+        export: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -38,11 +47,12 @@ fn args() -> Result<Args, String> {
             a.dtype = DType::F16;
             continue;
         }
-        let value = it
-            .next()
-            .ok_or_else(|| format!("{flag} needs a value"))?
-            .parse::<usize>()
-            .map_err(|e| format!("{flag}: {e}"))?;
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        if flag == "--export" {
+            a.export = Some(PathBuf::from(value));
+            continue;
+        }
+        let value = value.parse::<usize>().map_err(|e| format!("{flag}: {e}"))?;
         match flag.as_str() {
             "--batch" => a.batch = value,
             "--heads" => a.heads = value,
@@ -190,6 +200,13 @@ fn run(a: &Args) -> candle_core::Result<bool> {
         "block: batch {} × seq {} × model {} ({} heads of {}), {:?}, causal; median of {} runs",
         a.batch, a.seq, model, a.heads, a.head_dim, a.dtype, a.iters
     );
+    if let Ok(v) = cudnn_safe_candle::cudnn_safe::versions() {
+        println!(
+            "  cuDNN {} from {}",
+            cudnn_safe_candle::cudnn_safe::format_version(v.cudnn),
+            v.library
+        );
+    }
     let w = Weights::new(model, a.dtype, &dev)?;
     let x = Tensor::randn(0f32, 1.0, (a.batch, a.seq, model), &dev)?.to_dtype(a.dtype)?;
     // candle-transformers' causal mask: 1 above the diagonal.
@@ -208,6 +225,26 @@ fn run(a: &Args) -> candle_core::Result<bool> {
     let y_candle = block(Ops::Candle, a, &w, &x, &mask)?;
     let err = rel_l2(&y_safe, &y_candle)?;
     println!("  outputs: relative L2 difference {err:.2e}");
+    if let Some(dir) = &a.export {
+        std::fs::create_dir_all(dir)?;
+        let named = [
+            ("x", &x),
+            ("norm1", &w.norm1),
+            ("qkv", &w.qkv),
+            ("out", &w.out),
+            ("norm2", &w.norm2),
+            ("up", &w.up),
+            ("down", &w.down),
+            ("y_candle", &y_candle),
+            ("y_cudnn_safe", &y_safe),
+        ];
+        let tensors = named
+            .into_iter()
+            .map(|(k, t)| Ok((k.to_string(), t.to_device(&Device::Cpu)?)))
+            .collect::<candle_core::Result<HashMap<_, _>>>()?;
+        candle_core::safetensors::save(&tensors, dir.join("block.safetensors"))?;
+        println!("  exported input, weights and outputs to {}", dir.display());
+    }
 
     let (b, s, h, d) = (a.batch, a.seq, a.heads, a.head_dim);
     let qkv = Tensor::randn(0f32, 1.0, (b, s, 3, h, d), &dev)?.to_dtype(a.dtype)?;

@@ -7,15 +7,33 @@
 //!
 //! ```text
 //! cargo run --example resnet50 -- [--batch 32] [--iters 10] [--bf16]
+//!                                 [--weights resnet50.safetensors] [--export DIR]
 //! ```
 //!
-//! Needs a CUDA GPU; f16 by default. Weights are random (He initialization; batch-norm
-//! statistics near identity), so the logits mean nothing, only their agreement does.
+//! Needs a CUDA GPU; f16 by default. The weights are a safetensors file with torchvision's
+//! names (`conv1.weight`, `bn1.running_mean`, `layer3.4.conv2.weight`, `layer2.0.downsample.1.bias`,
+//! `fc.weight`, ...: the names candle-transformers' ResNet reads too), any float dtype; without
+//! `--weights` they are random (He initialization, batch-norm statistics near identity, fixed
+//! seed), so the logits mean nothing, only their agreement does. `--export DIR` writes
+//! `DIR/resnet50.safetensors` (the weights in f32) and `DIR/resnet50_io.safetensors` (the input
+//! batch and both sets of logits, f32), so another framework can run the same model on the
+//! same input and compare.
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Module, ModuleT, Tensor, D};
 use candle_nn::{BatchNorm, Conv2d, Conv2dConfig};
 use cudnn_safe_candle::{conv2d_fused, fold_batch_norm, Conv2dParams};
+
+/// Tensors by torchvision name.
+type Weights = HashMap<String, Tensor>;
+
+fn get(w: &Weights, name: &str) -> candle_core::Result<Tensor> {
+    w.get(name)
+        .cloned()
+        .ok_or_else(|| candle_core::Error::Msg(format!("the weights have no `{name}`")))
+}
 
 /// One convolution and its batch norm, held both ways.
 struct Layer {
@@ -51,33 +69,112 @@ impl Rng {
     }
 }
 
-impl Layer {
-    /// A `k × c × r × r` convolution with stride and padding, and its batch norm; `gamma`
-    /// scales the norm's weight (small for a block's last layer, so the residual sum stays in
-    /// range).
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        rng: &mut Rng,
-        c: usize,
-        k: usize,
-        r: usize,
-        stride: usize,
-        pad: usize,
-        gamma: f32,
-        dtype: DType,
-        dev: &Device,
-    ) -> candle_core::Result<Layer> {
+/// The convolutions of ResNet-50 as (convolution name, batch-norm name, input channels, output
+/// channels, kernel size, stride), in order, and the residual blocks' last layers (whose norm
+/// weight starts small in random weights, so the residual sum stays in range).
+fn layer_names() -> Vec<(String, String, usize, usize, usize, usize, bool)> {
+    let mut v = vec![("conv1".into(), "bn1".into(), 3, 64, 7, 2, false)];
+    let mut c = 64;
+    for (stage, (width, count)) in [(64, 3), (128, 4), (256, 6), (512, 3)]
+        .into_iter()
+        .enumerate()
+    {
+        for i in 0..count {
+            let p = format!("layer{}.{i}", stage + 1);
+            let stride = if i == 0 && stage > 0 { 2 } else { 1 };
+            v.push((
+                format!("{p}.conv1"),
+                format!("{p}.bn1"),
+                c,
+                width,
+                1,
+                1,
+                false,
+            ));
+            v.push((
+                format!("{p}.conv2"),
+                format!("{p}.bn2"),
+                width,
+                width,
+                3,
+                stride,
+                false,
+            ));
+            v.push((
+                format!("{p}.conv3"),
+                format!("{p}.bn3"),
+                width,
+                4 * width,
+                1,
+                1,
+                true,
+            ));
+            if i == 0 {
+                let (conv, bn) = (format!("{p}.downsample.0"), format!("{p}.downsample.1"));
+                v.push((conv, bn, c, 4 * width, 1, stride, false));
+            }
+            c = 4 * width;
+        }
+    }
+    v
+}
+
+/// Random f32 weights under torchvision's names.
+fn random_weights(dev: &Device) -> candle_core::Result<Weights> {
+    let mut rng = Rng(42);
+    let mut w = Weights::new();
+    for (conv, bn, c, k, r, _, last) in layer_names() {
         // He initialization: uniform with the variance 2 / fan-in.
         let spread = (6.0 / (c * r * r) as f32).sqrt();
-        let w = rng
-            .tensor(&[k, c, r, r], 0.0, spread, dev)?
-            .to_dtype(dtype)?;
-        let g = rng.tensor(&[k], gamma, 0.1 * gamma, dev)?.to_dtype(dtype)?;
-        let beta = rng.tensor(&[k], 0.0, 0.1, dev)?.to_dtype(dtype)?;
-        let mean = rng.tensor(&[k], 0.0, 0.1, dev)?.to_dtype(dtype)?;
-        let var = rng.tensor(&[k], 1.0, 0.1, dev)?.to_dtype(dtype)?;
+        w.insert(
+            format!("{conv}.weight"),
+            rng.tensor(&[k, c, r, r], 0.0, spread, dev)?,
+        );
+        let gamma = if last { 0.2 } else { 1.0 };
+        w.insert(
+            format!("{bn}.weight"),
+            rng.tensor(&[k], gamma, 0.1 * gamma, dev)?,
+        );
+        w.insert(format!("{bn}.bias"), rng.tensor(&[k], 0.0, 0.1, dev)?);
+        w.insert(
+            format!("{bn}.running_mean"),
+            rng.tensor(&[k], 0.0, 0.1, dev)?,
+        );
+        w.insert(
+            format!("{bn}.running_var"),
+            rng.tensor(&[k], 1.0, 0.1, dev)?,
+        );
+    }
+    let spread = (3.0f32 / 2048.0).sqrt();
+    w.insert(
+        "fc.weight".into(),
+        rng.tensor(&[1000, 2048], 0.0, spread, dev)?,
+    );
+    w.insert("fc.bias".into(), rng.tensor(&[1000], 0.0, 0.01, dev)?);
+    Ok(w)
+}
+
+impl Layer {
+    /// The convolution `conv` (`[k, c, r, r]`, padding `r / 2`) and its batch norm `bn`.
+    fn new(
+        weights: &Weights,
+        conv: &str,
+        bn: &str,
+        stride: usize,
+        dtype: DType,
+    ) -> candle_core::Result<Layer> {
+        let f32 = |name: String| get(weights, &name)?.to_dtype(DType::F32);
+        let w = f32(format!("{conv}.weight"))?;
+        let (k, r) = (w.dim(0)?, w.dim(2)?);
+        let (g, beta) = (f32(format!("{bn}.weight"))?, f32(format!("{bn}.bias"))?);
+        let (mean, var) = (
+            f32(format!("{bn}.running_mean"))?,
+            f32(format!("{bn}.running_var"))?,
+        );
         let eps = 1e-5;
+        // Folded in f32, then rounded once.
         let (wf, bf) = fold_batch_norm(&w, None, &g, &beta, &mean, &var, eps)?;
+        let pad = r / 2;
         let cfg = Conv2dConfig {
             padding: pad,
             stride,
@@ -85,15 +182,15 @@ impl Layer {
             groups: 1,
             cudnn_fwd_algo: None,
         };
+        let d = |t: &Tensor| t.to_dtype(dtype);
         Ok(Layer {
-            conv: Conv2d::new(w, None, cfg),
-            bn: BatchNorm::new(k, mean, var, g, beta, eps)?,
-            w: wf,
-            b: bf,
+            conv: Conv2d::new(d(&w)?, None, cfg),
+            bn: BatchNorm::new(k, d(&mean)?, d(&var)?, d(&g)?, d(&beta)?, eps)?,
+            w: d(&wf)?,
+            b: d(&bf)?,
             params: Conv2dParams::new().padding([pad; 2]).stride([stride; 2]),
         })
     }
-
     /// candle's modules: convolution, batch norm, then the residual and ReLU.
     fn candle(
         &self,
@@ -146,40 +243,46 @@ struct Block {
 struct ResNet50 {
     stem: Layer,
     blocks: Vec<Block>,
-    fc: Tensor,
+    /// The classifier's weight transposed, `[2048, 1000]`, and its bias.
+    fc_t: Tensor,
+    fc_b: Tensor,
 }
 
 impl ResNet50 {
-    fn new(dtype: DType, dev: &Device) -> candle_core::Result<ResNet50> {
-        let mut rng = Rng(42);
-        let stem = Layer::new(&mut rng, 3, 64, 7, 2, 3, 1.0, dtype, dev)?;
+    /// The model from `weights` (torchvision's names), in `dtype`.
+    fn new(weights: &Weights, dtype: DType) -> candle_core::Result<ResNet50> {
+        let layer = |conv: &str, bn: &str, stride| Layer::new(weights, conv, bn, stride, dtype);
+        let stem = layer("conv1", "bn1", 2)?;
         let mut blocks = Vec::new();
-        let mut c = 64;
-        for (stage, (width, count)) in [(64, 3), (128, 4), (256, 6), (512, 3)]
-            .into_iter()
-            .enumerate()
-        {
+        for (stage, count) in [3, 4, 6, 3].into_iter().enumerate() {
             for i in 0..count {
+                let p = format!("layer{}.{i}", stage + 1);
                 let stride = if i == 0 && stage > 0 { 2 } else { 1 };
-                let out = 4 * width;
                 let layers = [
-                    Layer::new(&mut rng, c, width, 1, 1, 0, 1.0, dtype, dev)?,
-                    Layer::new(&mut rng, width, width, 3, stride, 1, 1.0, dtype, dev)?,
-                    Layer::new(&mut rng, width, out, 1, 1, 0, 0.2, dtype, dev)?,
+                    layer(&format!("{p}.conv1"), &format!("{p}.bn1"), 1)?,
+                    layer(&format!("{p}.conv2"), &format!("{p}.bn2"), stride)?,
+                    layer(&format!("{p}.conv3"), &format!("{p}.bn3"), 1)?,
                 ];
-                let down = if i == 0 {
-                    Some(Layer::new(&mut rng, c, out, 1, stride, 0, 1.0, dtype, dev)?)
-                } else {
-                    None
+                let down = match i {
+                    0 => Some(layer(
+                        &format!("{p}.downsample.0"),
+                        &format!("{p}.downsample.1"),
+                        stride,
+                    )?),
+                    _ => None,
                 };
                 blocks.push(Block { layers, down });
-                c = out;
             }
         }
-        let fc = rng
-            .tensor(&[2048, 1000], 0.0, (3.0f32 / 2048.0).sqrt(), dev)?
-            .to_dtype(dtype)?;
-        Ok(ResNet50 { stem, blocks, fc })
+        Ok(ResNet50 {
+            stem,
+            blocks,
+            fc_t: get(weights, "fc.weight")?
+                .to_dtype(dtype)?
+                .t()?
+                .contiguous()?,
+            fc_b: get(weights, "fc.bias")?.to_dtype(dtype)?,
+        })
     }
 
     /// Logits `[n, 1000]` of images `[n, 3, 224, 224]`.
@@ -199,7 +302,10 @@ impl ResNet50 {
             let y = b.layers[1].run(fused, &y, None, true)?;
             x = b.layers[2].run(fused, &y, Some(&shortcut), true)?;
         }
-        x.mean(D::Minus1)?.mean(D::Minus1)?.matmul(&self.fc)
+        x.mean(D::Minus1)?
+            .mean(D::Minus1)?
+            .matmul(&self.fc_t)?
+            .broadcast_add(&self.fc_b)
     }
 }
 
@@ -224,10 +330,36 @@ fn time(
     Ok(ms[ms.len() / 2])
 }
 
-fn run(batch: usize, iters: usize, dtype: DType) -> candle_core::Result<bool> {
+struct Args {
+    batch: usize,
+    iters: usize,
+    dtype: DType,
+    weights: Option<PathBuf>,
+    export: Option<PathBuf>,
+}
+
+fn run(a: &Args) -> candle_core::Result<bool> {
+    let (batch, iters, dtype) = (a.batch, a.iters, a.dtype);
     let dev = Device::new_cuda(0)?;
-    println!("ResNet-50 inference, batch {batch}, {dtype:?}, 224×224; median of {iters} runs");
-    let model = ResNet50::new(dtype, &dev)?;
+    let weights = match &a.weights {
+        Some(path) => candle_core::safetensors::load(path, &dev)?,
+        None => random_weights(&dev)?,
+    };
+    let source = match &a.weights {
+        Some(p) => p.display().to_string(),
+        None => "random weights".into(),
+    };
+    println!(
+        "ResNet-50 inference, batch {batch}, {dtype:?}, 224×224, {source}; median of {iters} runs"
+    );
+    if let Ok(v) = cudnn_safe_candle::cudnn_safe::versions() {
+        println!(
+            "  cuDNN {} from {}",
+            cudnn_safe_candle::cudnn_safe::format_version(v.cudnn),
+            v.library
+        );
+    }
+    let model = ResNet50::new(&weights, dtype)?;
     let x = Rng(7)
         .tensor(&[batch, 3, 224, 224], 0.0, 1.0, &dev)?
         .to_dtype(dtype)?;
@@ -266,6 +398,10 @@ fn run(batch: usize, iters: usize, dtype: DType) -> candle_core::Result<bool> {
         first[0],
         first[1]
     );
+    if let Some(dir) = &a.export {
+        export(dir, &weights, &x, &logits)?;
+        println!("  exported weights, input and logits to {}", dir.display());
+    }
     let ok = err.is_finite() && err < 5e-2;
     if !ok {
         println!("  FAILED: the logits differ by more than 5e-2");
@@ -273,22 +409,65 @@ fn run(batch: usize, iters: usize, dtype: DType) -> candle_core::Result<bool> {
     Ok(ok)
 }
 
-fn main() {
-    let (mut batch, mut iters, mut dtype) = (32, 10, DType::F16);
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut value = || args.next().and_then(|v| v.parse::<usize>().ok());
-        match a.as_str() {
-            "--batch" => batch = value().unwrap_or(batch),
-            "--iters" => iters = value().unwrap_or(iters).max(1),
-            "--bf16" => dtype = DType::BF16,
-            other => {
-                eprintln!("resnet50: unknown argument {other}");
-                std::process::exit(2);
-            }
+/// Writes `dir/resnet50.safetensors` (the weights in f32) and `dir/resnet50_io.safetensors` (the
+/// input and both sets of logits in f32).
+fn export(
+    dir: &std::path::Path,
+    weights: &Weights,
+    x: &Tensor,
+    logits: &[Tensor],
+) -> candle_core::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let cpu32 = |t: &Tensor| t.to_dtype(DType::F32)?.to_device(&Device::Cpu);
+    let w = weights
+        .iter()
+        .map(|(k, v)| Ok((k.clone(), cpu32(v)?)))
+        .collect::<candle_core::Result<HashMap<_, _>>>()?;
+    candle_core::safetensors::save(&w, dir.join("resnet50.safetensors"))?;
+    let io = HashMap::from([
+        ("input".to_string(), cpu32(x)?),
+        ("logits_candle".to_string(), cpu32(&logits[0])?),
+        ("logits_cudnn_safe".to_string(), cpu32(&logits[1])?),
+    ]);
+    candle_core::safetensors::save(&io, dir.join("resnet50_io.safetensors"))
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args {
+        batch: 32,
+        iters: 10,
+        dtype: DType::F16,
+        weights: None,
+        export: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--bf16" {
+            a.dtype = DType::BF16;
+            continue;
+        }
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let number = || value.parse::<usize>().map_err(|e| format!("{flag}: {e}"));
+        match flag.as_str() {
+            "--batch" => a.batch = number()?.max(1),
+            "--iters" => a.iters = number()?.max(1),
+            "--weights" => a.weights = Some(PathBuf::from(&value)),
+            "--export" => a.export = Some(PathBuf::from(&value)),
+            _ => return Err(format!("unknown flag {flag}")),
         }
     }
-    match run(batch, iters, dtype) {
+    Ok(a)
+}
+
+fn main() {
+    let a = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("resnet50: {e}");
+            std::process::exit(2);
+        }
+    };
+    match run(&a) {
         Ok(true) => {}
         Ok(false) => std::process::exit(1),
         Err(e) => {
