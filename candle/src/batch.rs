@@ -56,14 +56,23 @@ pub fn batch_norm(
     momentum: f64,
     eps: f64,
 ) -> candle_core::Result<Tensor> {
-    let c = check(x, running, weight, bias, training, momentum, eps)?;
+    let call = Call {
+        x,
+        running,
+        weight,
+        bias,
+        training,
+        momentum,
+        eps,
+    };
+    let c = call.check()?;
     if x.elem_count() == 0 {
         return x.zeros_like();
     }
     let tracked =
         x.track_op() || weight.is_some_and(Tensor::track_op) || bias.is_some_and(Tensor::track_op);
     if !on_cudnn(x) || (!training && tracked) {
-        return composed(x, running, weight, bias, training, momentum, eps);
+        return call.composed();
     }
     let dev = x.device();
     // Parameters in f32 (cuDNN's parameter type for every data type run here); gradients flow
@@ -164,15 +173,16 @@ impl BatchNorm {
             Some((w, b)) => (Some(w), Some(b)),
             None => (None, None),
         };
-        check(
-            &probe,
-            Some((&running_mean, &running_var)),
-            w,
-            b,
-            true,
+        Call {
+            x: &probe,
+            running: Some((&running_mean, &running_var)),
+            weight: w,
+            bias: b,
+            training: true,
             momentum,
             eps,
-        )?;
+        }
+        .check()?;
         Ok(BatchNorm {
             running_mean,
             running_var,
@@ -226,169 +236,184 @@ impl ModuleT for BatchNorm {
     }
 }
 
-/// Every argument against x: returns the channel count.
-fn check(
-    x: &Tensor,
-    running: Option<(&Tensor, &Tensor)>,
-    weight: Option<&Tensor>,
-    bias: Option<&Tensor>,
+/// The arguments of one [`batch_norm`] call.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    x: &'a Tensor,
+    running: Option<(&'a Tensor, &'a Tensor)>,
+    weight: Option<&'a Tensor>,
+    bias: Option<&'a Tensor>,
     training: bool,
     momentum: f64,
     eps: f64,
-) -> candle_core::Result<usize> {
-    match x.dtype() {
-        DType::F32 | DType::F16 | DType::BF16 | DType::F64 => {}
-        d => return Err(Error::dtype(OP, "x", d)),
-    }
-    let dims = x.dims();
-    if dims.len() < 2 {
-        return Err(Error::invalid(
-            OP,
-            "x",
-            "at least 2 dimensions [n, c, ...]",
-            dims,
-        ));
-    }
-    let c = dims[1];
-    let params = [
-        (running.map(|r| r.0), "running_mean"),
-        (running.map(|r| r.1), "running_var"),
-        (weight, "weight"),
-        (bias, "bias"),
-    ];
-    for (p, arg) in params {
-        let Some(p) = p else { continue };
-        if p.dims() != [c] {
-            return Err(Error::invalid(
-                OP,
-                arg,
-                format!("[{c}] (x's channels, dimension 1)"),
-                p.dims(),
-            ));
+}
+
+impl Call<'_> {
+    /// Every argument against x: returns the channel count.
+    fn check(self) -> candle_core::Result<usize> {
+        let Call {
+            x,
+            running,
+            weight,
+            bias,
+            training,
+            momentum,
+            eps,
+        } = self;
+        match x.dtype() {
+            DType::F32 | DType::F16 | DType::BF16 | DType::F64 => {}
+            d => return Err(Error::dtype(OP, "x", d)),
         }
-        if p.dtype() != x.dtype() && p.dtype() != DType::F32 {
-            return Err(Error::invalid(
-                OP,
-                arg,
-                format!("of x's dtype {:?} or f32", x.dtype()),
-                p.dtype(),
-            ));
-        }
-        same_device(OP, x, "x", p, arg)?;
-    }
-    if weight.is_some() != bias.is_some() {
-        let arg = if weight.is_some() { "bias" } else { "weight" };
-        return Err(Error::invalid(
-            OP,
-            arg,
-            "given with the other affine parameter (weight and bias, or neither)",
-            "absent",
-        ));
-    }
-    match running {
-        Some((m, v)) if training => {
-            for (t, arg) in [(m, "running_mean"), (v, "running_var")] {
-                if !t.is_contiguous() {
-                    return Err(Error::invalid(
-                        OP,
-                        arg,
-                        "contiguous (it is updated in place)",
-                        t.stride(),
-                    ));
-                }
-            }
-        }
-        None if !training => {
-            return Err(Error::invalid(
-                OP,
-                "running_mean",
-                "given when training is false (inference normalizes by the running statistics)",
-                "None",
-            ))
-        }
-        _ => {}
-    }
-    if training {
-        let per_channel = x.elem_count() / c.max(1);
-        if per_channel < 2 {
+        let dims = x.dims();
+        if dims.len() < 2 {
             return Err(Error::invalid(
                 OP,
                 "x",
-                "more than one value per channel when training",
+                "at least 2 dimensions [n, c, ...]",
                 dims,
             ));
         }
+        let c = dims[1];
+        let params = [
+            (running.map(|r| r.0), "running_mean"),
+            (running.map(|r| r.1), "running_var"),
+            (weight, "weight"),
+            (bias, "bias"),
+        ];
+        for (p, arg) in params {
+            let Some(p) = p else { continue };
+            if p.dims() != [c] {
+                return Err(Error::invalid(
+                    OP,
+                    arg,
+                    format!("[{c}] (x's channels, dimension 1)"),
+                    p.dims(),
+                ));
+            }
+            if p.dtype() != x.dtype() && p.dtype() != DType::F32 {
+                return Err(Error::invalid(
+                    OP,
+                    arg,
+                    format!("of x's dtype {:?} or f32", x.dtype()),
+                    p.dtype(),
+                ));
+            }
+            same_device(OP, x, "x", p, arg)?;
+        }
+        if weight.is_some() != bias.is_some() {
+            let arg = if weight.is_some() { "bias" } else { "weight" };
+            return Err(Error::invalid(
+                OP,
+                arg,
+                "given with the other affine parameter (weight and bias, or neither)",
+                "absent",
+            ));
+        }
+        match running {
+            Some((m, v)) if training => {
+                for (t, arg) in [(m, "running_mean"), (v, "running_var")] {
+                    if !t.is_contiguous() {
+                        return Err(Error::invalid(
+                            OP,
+                            arg,
+                            "contiguous (it is updated in place)",
+                            t.stride(),
+                        ));
+                    }
+                }
+            }
+            None if !training => {
+                return Err(Error::invalid(
+                    OP,
+                    "running_mean",
+                    "given when training is false (inference normalizes by the running statistics)",
+                    "None",
+                ))
+            }
+            _ => {}
+        }
+        if training {
+            let per_channel = x.elem_count() / c.max(1);
+            if per_channel < 2 {
+                return Err(Error::invalid(
+                    OP,
+                    "x",
+                    "more than one value per channel when training",
+                    dims,
+                ));
+            }
+        }
+        if !(momentum.is_finite() && (0.0..=1.0).contains(&momentum)) {
+            return Err(Error::invalid(OP, "momentum", "in 0..=1", momentum));
+        }
+        if !(eps.is_finite() && eps >= 0.0) {
+            return Err(Error::invalid(OP, "eps", "finite and at least 0", eps));
+        }
+        Ok(c)
     }
-    if !(momentum.is_finite() && (0.0..=1.0).contains(&momentum)) {
-        return Err(Error::invalid(OP, "momentum", "in 0..=1", momentum));
+    /// candle's operations (f64, the CPU, and inference with gradients): statistics in f32 for f16
+    /// and bf16, the running statistics updated in place when training.
+    fn composed(self) -> candle_core::Result<Tensor> {
+        let Call {
+            x,
+            running,
+            weight,
+            bias,
+            training,
+            momentum,
+            eps,
+        } = self;
+        let wide = match x.dtype() {
+            DType::F16 | DType::BF16 => DType::F32,
+            d => d,
+        };
+        let dims = x.dims();
+        let c = dims[1];
+        let mut per_channel = vec![1; dims.len()];
+        per_channel[1] = c;
+        let axes: Vec<usize> = (0..dims.len()).filter(|&i| i != 1).collect();
+        let xf = x.to_dtype(wide)?;
+        let (mean, var) = if training {
+            let mean = xf.mean_keepdim(axes.as_slice())?;
+            let var = xf
+                .broadcast_sub(&mean)?
+                .sqr()?
+                .mean_keepdim(axes.as_slice())?;
+            if let Some((rm, rv)) = running {
+                let m = (x.elem_count() / c) as f64;
+                let (bm, bv) = (mean.detach().flatten_all()?, var.detach().flatten_all()?);
+                let nm = ((rm.to_dtype(wide)? * (1.0 - momentum))? + (bm * momentum)?)?;
+                let nv = ((rv.to_dtype(wide)? * (1.0 - momentum))?
+                    + (bv * (momentum * m / (m - 1.0)))?)?;
+                store(rm, &nm)?;
+                store(rv, &nv)?;
+            }
+            (mean, var)
+        } else {
+            let (rm, rv) = running.expect("checked: inference has running statistics");
+            (
+                rm.detach()
+                    .to_dtype(wide)?
+                    .reshape(per_channel.as_slice())?,
+                rv.detach()
+                    .to_dtype(wide)?
+                    .reshape(per_channel.as_slice())?,
+            )
+        };
+        let mut y = xf
+            .broadcast_sub(&mean)?
+            .broadcast_div(&(var + eps)?.sqrt()?)?;
+        if let (Some(w), Some(b)) = (weight, bias) {
+            y = y
+                .broadcast_mul(&w.to_dtype(wide)?.reshape(per_channel.as_slice())?)?
+                .broadcast_add(&b.to_dtype(wide)?.reshape(per_channel.as_slice())?)?;
+        }
+        y.to_dtype(x.dtype())
     }
-    if !(eps.is_finite() && eps >= 0.0) {
-        return Err(Error::invalid(OP, "eps", "finite and at least 0", eps));
-    }
-    Ok(c)
 }
 
 fn on_cudnn(x: &Tensor) -> bool {
     x.device().is_cuda() && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
-}
-
-/// candle's operations (f64, the CPU, and inference with gradients): statistics in f32 for f16
-/// and bf16, the running statistics updated in place when training.
-fn composed(
-    x: &Tensor,
-    running: Option<(&Tensor, &Tensor)>,
-    weight: Option<&Tensor>,
-    bias: Option<&Tensor>,
-    training: bool,
-    momentum: f64,
-    eps: f64,
-) -> candle_core::Result<Tensor> {
-    let wide = match x.dtype() {
-        DType::F16 | DType::BF16 => DType::F32,
-        d => d,
-    };
-    let dims = x.dims();
-    let c = dims[1];
-    let mut per_channel = vec![1; dims.len()];
-    per_channel[1] = c;
-    let axes: Vec<usize> = (0..dims.len()).filter(|&i| i != 1).collect();
-    let xf = x.to_dtype(wide)?;
-    let (mean, var) = if training {
-        let mean = xf.mean_keepdim(axes.as_slice())?;
-        let var = xf
-            .broadcast_sub(&mean)?
-            .sqr()?
-            .mean_keepdim(axes.as_slice())?;
-        if let Some((rm, rv)) = running {
-            let m = (x.elem_count() / c) as f64;
-            let (bm, bv) = (mean.detach().flatten_all()?, var.detach().flatten_all()?);
-            let nm = ((rm.to_dtype(wide)? * (1.0 - momentum))? + (bm * momentum)?)?;
-            let nv =
-                ((rv.to_dtype(wide)? * (1.0 - momentum))? + (bv * (momentum * m / (m - 1.0)))?)?;
-            store(rm, &nm)?;
-            store(rv, &nv)?;
-        }
-        (mean, var)
-    } else {
-        let (rm, rv) = running.expect("checked: inference has running statistics");
-        (
-            rm.detach()
-                .to_dtype(wide)?
-                .reshape(per_channel.as_slice())?,
-            rv.detach()
-                .to_dtype(wide)?
-                .reshape(per_channel.as_slice())?,
-        )
-    };
-    let mut y = xf
-        .broadcast_sub(&mean)?
-        .broadcast_div(&(var + eps)?.sqrt()?)?;
-    if let (Some(w), Some(b)) = (weight, bias) {
-        y = y
-            .broadcast_mul(&w.to_dtype(wide)?.reshape(per_channel.as_slice())?)?
-            .broadcast_add(&b.to_dtype(wide)?.reshape(per_channel.as_slice())?)?;
-    }
-    y.to_dtype(x.dtype())
 }
 
 /// Writes `value` (`[c]`) into the running statistic `dst`, in dst's dtype.
