@@ -7,8 +7,12 @@
 //!
 //! ```text
 //! cargo run --example resnet50 -- [--batch 32] [--iters 10] [--bf16]
-//!                                 [--weights resnet50.safetensors] [--export DIR]
+//!                                 [--weights resnet50.safetensors] [--export DIR] [--train]
 //! ```
+//!
+//! `--train` also times a training step both ways: candle's `Conv2d` and
+//! `BatchNorm::forward_train` against this crate's `conv2d` and `batch_norm` (batch statistics,
+//! running statistics updated), forward and backward, with the logits and gradients compared.
 //!
 //! Needs a CUDA GPU; f16 by default. The weights are a safetensors file with torchvision's
 //! names (`conv1.weight`, `bn1.running_mean`, `layer3.4.conv2.weight`, `layer2.0.downsample.1.bias`,
@@ -22,7 +26,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use candle_core::{DType, Device, Module, ModuleT, Tensor, D};
+use candle_core::{DType, Device, Module, ModuleT, Tensor, Var, D};
 use candle_nn::{BatchNorm, Conv2d, Conv2dConfig};
 use cudnn_safe_candle::{conv2d_fused, fold_batch_norm, Conv2dParams};
 
@@ -35,7 +39,20 @@ fn get(w: &Weights, name: &str) -> candle_core::Result<Tensor> {
         .ok_or_else(|| candle_core::Error::Msg(format!("the weights have no `{name}`")))
 }
 
-/// One convolution and its batch norm, held both ways.
+/// How a forward pass runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    /// Inference with candle's modules.
+    Candle,
+    /// Inference with [`conv2d_fused`] on folded weights.
+    Fused,
+    /// Training (batch statistics, gradients) with candle's modules.
+    TrainCandle,
+    /// Training with this crate's `conv2d` and `batch_norm`.
+    TrainSafe,
+}
+
+/// One convolution and its batch norm, held every way.
 struct Layer {
     conv: Conv2d,
     bn: BatchNorm,
@@ -43,6 +60,16 @@ struct Layer {
     w: Tensor,
     b: Tensor,
     params: Conv2dParams,
+    /// Training: the convolution weight, the norm's weight and bias (shared by both training
+    /// paths), each path's norm (its own running statistics), candle's convolution on `tw`.
+    tw: Var,
+    tg: Var,
+    tb: Var,
+    train_conv: Conv2d,
+    train_bn: BatchNorm,
+    safe_bn: cudnn_safe_candle::BatchNorm,
+    pad: usize,
+    stride: usize,
 }
 
 /// Deterministic uniform values in [−1, 1).
@@ -183,22 +210,55 @@ impl Layer {
             cudnn_fwd_algo: None,
         };
         let d = |t: &Tensor| t.to_dtype(dtype);
+        let (tw, tg, tb) = (
+            Var::from_tensor(&d(&w)?)?,
+            Var::from_tensor(&d(&g)?)?,
+            Var::from_tensor(&d(&beta)?)?,
+        );
+        let (tgt, tbt) = (tg.as_tensor().clone(), tb.as_tensor().clone());
         Ok(Layer {
             conv: Conv2d::new(d(&w)?, None, cfg),
             bn: BatchNorm::new(k, d(&mean)?, d(&var)?, d(&g)?, d(&beta)?, eps)?,
             w: d(&wf)?,
             b: d(&bf)?,
             params: Conv2dParams::new().padding([pad; 2]).stride([stride; 2]),
+            train_conv: Conv2d::new(tw.as_tensor().clone(), None, cfg),
+            train_bn: BatchNorm::new(k, d(&mean)?, d(&var)?, tgt.clone(), tbt.clone(), eps)?,
+            safe_bn: cudnn_safe_candle::BatchNorm::new(
+                d(&mean)?.copy()?,
+                d(&var)?.copy()?,
+                Some((tgt, tbt)),
+                eps,
+                0.1,
+            )?,
+            tw,
+            tg,
+            tb,
+            pad,
+            stride,
         })
     }
-    /// candle's modules: convolution, batch norm, then the residual and ReLU.
-    fn candle(
+
+    /// The layer: convolution and batch norm (fused into one graph in [`Mode::Fused`]), then
+    /// the residual and ReLU.
+    fn run(
         &self,
+        mode: Mode,
         x: &Tensor,
         residual: Option<&Tensor>,
         relu: bool,
     ) -> candle_core::Result<Tensor> {
-        let mut y = self.bn.forward_t(&self.conv.forward(x)?, false)?;
+        let mut y = match mode {
+            Mode::Fused => return conv2d_fused(x, &self.w, &self.b, residual, relu, &self.params),
+            Mode::Candle => self.bn.forward_t(&self.conv.forward(x)?, false)?,
+            Mode::TrainCandle => self
+                .train_bn
+                .forward_t(&self.train_conv.forward(x)?, true)?,
+            Mode::TrainSafe => {
+                let c = cudnn_safe_candle::conv2d(x, &self.tw, self.pad, self.stride, 1, 1)?;
+                self.safe_bn.forward_t(&c, true)?
+            }
+        };
         if let Some(z) = residual {
             y = (y + z)?;
         }
@@ -206,30 +266,6 @@ impl Layer {
             y.relu()
         } else {
             Ok(y)
-        }
-    }
-
-    /// One fused cuDNN graph.
-    fn fused(
-        &self,
-        x: &Tensor,
-        residual: Option<&Tensor>,
-        relu: bool,
-    ) -> candle_core::Result<Tensor> {
-        conv2d_fused(x, &self.w, &self.b, residual, relu, &self.params)
-    }
-
-    fn run(
-        &self,
-        fused: bool,
-        x: &Tensor,
-        residual: Option<&Tensor>,
-        relu: bool,
-    ) -> candle_core::Result<Tensor> {
-        if fused {
-            self.fused(x, residual, relu)
-        } else {
-            self.candle(x, residual, relu)
         }
     }
 }
@@ -286,8 +322,8 @@ impl ResNet50 {
     }
 
     /// Logits `[n, 1000]` of images `[n, 3, 224, 224]`.
-    fn forward(&self, fused: bool, x: &Tensor) -> candle_core::Result<Tensor> {
-        let x = self.stem.run(fused, x, None, true)?;
+    fn forward(&self, mode: Mode, x: &Tensor) -> candle_core::Result<Tensor> {
+        let x = self.stem.run(mode, x, None, true)?;
         // candle-transformers' max pool: pad by 1 with the edge values, 3×3 window, stride 2.
         let mut x = x
             .pad_with_same(D::Minus1, 1, 1)?
@@ -295,12 +331,12 @@ impl ResNet50 {
             .max_pool2d_with_stride(3, 2)?;
         for b in &self.blocks {
             let shortcut = match &b.down {
-                Some(d) => d.run(fused, &x, None, false)?,
+                Some(d) => d.run(mode, &x, None, false)?,
                 None => x.clone(),
             };
-            let y = b.layers[0].run(fused, &x, None, true)?;
-            let y = b.layers[1].run(fused, &y, None, true)?;
-            x = b.layers[2].run(fused, &y, Some(&shortcut), true)?;
+            let y = b.layers[0].run(mode, &x, None, true)?;
+            let y = b.layers[1].run(mode, &y, None, true)?;
+            x = b.layers[2].run(mode, &y, Some(&shortcut), true)?;
         }
         x.mean(D::Minus1)?
             .mean(D::Minus1)?
@@ -336,6 +372,7 @@ struct Args {
     dtype: DType,
     weights: Option<PathBuf>,
     export: Option<PathBuf>,
+    train: bool,
 }
 
 fn run(a: &Args) -> candle_core::Result<bool> {
@@ -365,9 +402,9 @@ fn run(a: &Args) -> candle_core::Result<bool> {
         .to_dtype(dtype)?;
     let mut first = Vec::new();
     let mut logits = Vec::new();
-    for fused in [false, true] {
+    for mode in [Mode::Candle, Mode::Fused] {
         let t = Instant::now();
-        let y = model.forward(fused, &x)?;
+        let y = model.forward(mode, &x)?;
         dev.synchronize()?;
         first.push(t.elapsed().as_secs_f64());
         logits.push(y.to_dtype(DType::F32)?);
@@ -378,8 +415,8 @@ fn run(a: &Args) -> candle_core::Result<bool> {
         .to_scalar::<f32>()?;
     let norm = logits[0].sqr()?.sum_all()?.to_scalar::<f32>()?;
     let err = (diff / norm.max(f32::MIN_POSITIVE)).sqrt();
-    let candle_ms = time(&dev, iters, || model.forward(false, &x))?;
-    let fused_ms = time(&dev, iters, || model.forward(true, &x))?;
+    let candle_ms = time(&dev, iters, || model.forward(Mode::Candle, &x))?;
+    let fused_ms = time(&dev, iters, || model.forward(Mode::Fused, &x))?;
     println!(
         "  candle (cuDNN conv + BatchNorm)   first {:6.2} s   {candle_ms:8.3} ms/batch",
         first[0]
@@ -402,11 +439,99 @@ fn run(a: &Args) -> candle_core::Result<bool> {
         export(dir, &weights, &x, &logits)?;
         println!("  exported weights, input and logits to {}", dir.display());
     }
+    let train = match a.train {
+        true => Some(train(&model, &dev, &x, iters)?),
+        false => None,
+    };
     let ok = err.is_finite() && err < 5e-2;
     if !ok {
         println!("  FAILED: the logits differ by more than 5e-2");
     }
-    Ok(ok)
+    let train_ok = train.is_none_or(|t| t.is_finite() && t < 5e-2);
+    if !train_ok {
+        println!("  FAILED: the training passes differ by more than 5e-2");
+    }
+    Ok(ok && train_ok)
+}
+
+/// A training step both ways (batch-norm batch statistics, loss = mean of the squared logits,
+/// gradients of every convolution and norm weight): first call, median time per step, and how
+/// far logits and the first and last layers' gradients are apart (median of half the inference
+/// runs, at least 3). Returns the largest of those differences.
+fn train(model: &ResNet50, dev: &Device, x: &Tensor, iters: usize) -> candle_core::Result<f64> {
+    let step = |mode| -> candle_core::Result<(Tensor, candle_core::backprop::GradStore)> {
+        let y = model.forward(mode, x)?;
+        let grads = y.to_dtype(DType::F32)?.sqr()?.mean_all()?.backward()?;
+        Ok((y, grads))
+    };
+    let mut first = Vec::new();
+    let mut out = Vec::new();
+    for mode in [Mode::TrainCandle, Mode::TrainSafe] {
+        let t = Instant::now();
+        let r = step(mode)?;
+        dev.synchronize()?;
+        first.push(t.elapsed().as_secs_f64());
+        out.push(r);
+    }
+    let rel = |a: &Tensor, b: &Tensor| -> candle_core::Result<f64> {
+        let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
+        let d = (&a - &b)?.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+        let n = b.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+        Ok((d / n.max(f64::MIN_POSITIVE)).sqrt())
+    };
+    let grad = |i: usize, v: &Var| -> candle_core::Result<Tensor> {
+        out[i]
+            .1
+            .get(v.as_tensor())
+            .cloned()
+            .ok_or_else(|| candle_core::Error::Msg("a weight without a gradient".into()))
+    };
+    let last = &model.blocks[model.blocks.len() - 1].layers[2];
+    let errs = [
+        ("logits", rel(&out[1].0, &out[0].0)?),
+        (
+            "d conv1.weight",
+            rel(&grad(1, &model.stem.tw)?, &grad(0, &model.stem.tw)?)?,
+        ),
+        (
+            "d bn1.weight",
+            rel(&grad(1, &model.stem.tg)?, &grad(0, &model.stem.tg)?)?,
+        ),
+        (
+            "d bn1.bias",
+            rel(&grad(1, &model.stem.tb)?, &grad(0, &model.stem.tb)?)?,
+        ),
+        (
+            "d layer4.2.conv3.weight",
+            rel(&grad(1, &last.tw)?, &grad(0, &last.tw)?)?,
+        ),
+    ];
+    drop(out);
+    let iters = iters.div_ceil(2).max(3);
+    let candle_ms = time(dev, iters, || step(Mode::TrainCandle).map(|r| r.0))?;
+    let safe_ms = time(dev, iters, || step(Mode::TrainSafe).map(|r| r.0))?;
+    println!("  training step (forward + backward, batch statistics):");
+    println!(
+        "  candle (conv2d + BatchNorm::forward_train)   first {:6.2} s   {candle_ms:8.3} ms/step",
+        first[0]
+    );
+    println!(
+        "  cudnn-safe conv2d + batch_norm              first {:6.2} s   {safe_ms:8.3} ms/step",
+        first[1]
+    );
+    let list: Vec<String> = errs.iter().map(|(n, e)| format!("{n} {e:.2e}")).collect();
+    println!(
+        "  speed-up {:.2}×; relative L2 differences: {}",
+        candle_ms / safe_ms,
+        list.join(", ")
+    );
+    println!(
+        "{{\"example\":\"resnet50_train\",\"candle_ms\":{candle_ms:.4},\"safe_ms\":{safe_ms:.4},\"speedup\":{:.3},\"candle_first_s\":{:.3},\"safe_first_s\":{:.3}}}",
+        candle_ms / safe_ms,
+        first[0],
+        first[1]
+    );
+    Ok(errs.iter().map(|e| e.1).fold(0.0, f64::max))
 }
 
 /// Writes `dir/resnet50.safetensors` (the weights in f32) and `dir/resnet50_io.safetensors` (the
@@ -439,11 +564,16 @@ fn args() -> Result<Args, String> {
         dtype: DType::F16,
         weights: None,
         export: None,
+        train: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--bf16" {
             a.dtype = DType::BF16;
+            continue;
+        }
+        if flag == "--train" {
+            a.train = true;
             continue;
         }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
