@@ -167,12 +167,19 @@ impl BatchNorm {
                 ))
             }
         };
-        // The checks of a call on a [2, c] input of the statistics' dtype.
-        let probe = Tensor::zeros((2, c), running_mean.dtype(), running_mean.device())?;
         let (w, b) = match &weight_and_bias {
             Some((w, b)) => (Some(w), Some(b)),
             None => (None, None),
         };
+        // The checks of a call on a [2, c] input of the parameters' dtype (the first that is
+        // not f32, f32 parameters being allowed with any input).
+        let dtype = [Some(&running_mean), Some(&running_var), w, b]
+            .into_iter()
+            .flatten()
+            .map(Tensor::dtype)
+            .find(|&d| d != DType::F32)
+            .unwrap_or(DType::F32);
+        let probe = Tensor::zeros((2, c), dtype, running_mean.device())?;
         Call {
             x: &probe,
             running: Some((&running_mean, &running_var)),

@@ -1530,6 +1530,38 @@ fn batch_norm_agrees_with_candle_nn_and_refuses_bad_arguments() {
         for (i, (r, arg)) in cases.into_iter().enumerate() {
             assert_eq!(refused(r), arg, "{dev:?} case {i}");
         }
+        // The layer: f32 statistics with bf16 parameters (for bf16 inputs) are accepted; a
+        // statistic that is not [c] is refused by name.
+        let bf = Tensor::ones(c, DType::BF16, dev).unwrap();
+        let layer = cudnn_safe_candle::BatchNorm::new(
+            zeros.copy().unwrap(),
+            ones.copy().unwrap(),
+            Some((bf.clone(), bf.clone())),
+            1e-5,
+            0.1,
+        )
+        .unwrap();
+        let xb = x.to_dtype(DType::BF16).unwrap();
+        assert_eq!(layer.forward_t(&xb, true).unwrap().dtype(), DType::BF16);
+        assert!(flat(layer.running_var()).iter().all(|&v| v != 1.0));
+        let e = cudnn_safe_candle::BatchNorm::new(
+            Tensor::zeros((c, 1), DType::F32, dev).unwrap(),
+            ones.clone(),
+            None,
+            1e-5,
+            0.1,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                Error::of(&e),
+                Some(Error::InvalidArgument {
+                    arg: "running_mean",
+                    ..
+                })
+            ),
+            "{e}"
+        );
         // Refused calls leave the running statistics as they were.
         assert_eq!(flat(&zeros), vec![0.0; c]);
         assert_eq!(flat(&ones), vec![1.0; c]);
