@@ -8,9 +8,11 @@
 //! ```text
 //! cargo run --example resnet50 -- [--batch 32] [--iters 10] [--bf16]
 //!                                 [--weights resnet50.safetensors] [--export DIR] [--train]
+//!                                 [--thorough]
 //! ```
 //!
-//! `--train` also times a training step both ways: candle's `Conv2d` and
+//! `--thorough` times every plan of each fused layer at its first call (`SearchEffort::Thorough`)
+//! instead of the heuristics' first four. `--train` also times a training step both ways: candle's `Conv2d` and
 //! `BatchNorm::forward_train` against this crate's `conv2d` and `batch_norm` (batch statistics,
 //! running statistics updated), forward and backward, with the logits and gradients compared.
 //!
@@ -223,7 +225,9 @@ impl Layer {
             b: d(&bf)?,
             params: Conv2dParams::new().padding([pad; 2]).stride([stride; 2]),
             train_conv: Conv2d::new(tw.as_tensor().clone(), None, cfg),
-            train_bn: BatchNorm::new(k, d(&mean)?, d(&var)?, tgt.clone(), tbt.clone(), eps)?,
+            // f32 running statistics: `candle_nn::BatchNorm::forward_train` adds its f32 batch
+            // statistics to them, which fails for f16 or bf16 ones.
+            train_bn: BatchNorm::new(k, mean.copy()?, var.copy()?, tgt.clone(), tbt.clone(), eps)?,
             safe_bn: cudnn_safe_candle::BatchNorm::new(
                 d(&mean)?.copy()?,
                 d(&var)?.copy()?,
@@ -574,6 +578,13 @@ fn args() -> Result<Args, String> {
         }
         if flag == "--train" {
             a.train = true;
+            continue;
+        }
+        if flag == "--thorough" {
+            cudnn_safe_candle::set_options(
+                cudnn_safe_candle::Options::default()
+                    .with_effort(cudnn_safe_candle::cudnn_safe::tune::SearchEffort::Thorough),
+            );
             continue;
         }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
