@@ -150,18 +150,23 @@ fn block(
 ) -> candle_core::Result<Tensor> {
     let (b, s, model) = x.dims3()?;
     let (h, d) = (a.heads, a.head_dim);
+    // The projections as single 2-D matmuls over all b·s tokens, as `candle_nn::Linear` does
+    // for a contiguous input (a batched matmul against a broadcast weight is slower).
+    let linear = |t: &Tensor, w: &Tensor| -> candle_core::Result<Tensor> {
+        t.reshape((b * s, ()))?.matmul(w)?.reshape((b, s, ()))
+    };
     let h1 = rms(ops, x, &w.norm1)?;
-    let qkv = h1.broadcast_matmul(&w.qkv)?.reshape((b, s, 3, h, d))?;
+    let qkv = linear(&h1, &w.qkv)?.reshape((b, s, 3, h, d))?;
     let part = |i: usize| -> candle_core::Result<Tensor> {
         qkv.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2)
     };
     let (q, k, v) = (part(0)?, part(1)?, part(2)?);
     let o = attention(ops, &q, &k, &v, mask, 1.0 / (d as f64).sqrt())?;
     let o = o.transpose(1, 2)?.reshape((b, s, model))?;
-    let x = (x + o.broadcast_matmul(&w.out)?)?;
+    let x = (x + linear(&o, &w.out)?)?;
     let h2 = rms(ops, &x, &w.norm2)?;
-    let up = h2.broadcast_matmul(&w.up)?.silu()?;
-    x + up.broadcast_matmul(&w.down)?
+    let up = linear(&h2, &w.up)?.silu()?;
+    x + linear(&up, &w.down)?
 }
 
 /// Median milliseconds of `iters` runs of `f` (after two unmeasured ones), each synchronized.
