@@ -48,6 +48,16 @@
 //!   `union_conv_fwd_<mode>_geomean` line per mode gives the geometric mean, the number of graph
 //!   wins and the ratio to the better of the graph and legacy lines of the same run. Under
 //!   `cargo test --benches` only the tiny configuration runs.
+//! * **Union autotune, backward** (ops `union_conv_bwd_<mode>_<cfg>`, same modes and
+//!   configurations): one training step's backward, [`Autotuner::backward_data`] (dx from a
+//!   standard-normal dy and w) then [`Autotuner::backward_filter`] (dw from x and dy), alpha 1,
+//!   beta 0, both decided by one tuner set up as the forward union's (strict fp32 through the
+//!   same [`MathType::Fma`] descriptor, so neither search takes tensor cores). The first step
+//!   searches; `ms` is the steady-state step, `dx_ms` and `dw_ms` each direction alone, and
+//!   `source_dx` / `source_dw` say what ran; a `union_conv_bwd_<mode>_geomean` line per mode
+//!   gives the geometric mean and the graph wins per direction. PyTorch's counterpart:
+//!   `benches/pytorch/conv.py --backward`. Under `cargo test --benches` only the tiny
+//!   configuration runs.
 //! * **Paired comparison with PyTorch** (with `GRAPH_BENCH_PYTORCH` set; ops
 //!   `paired_conv_fwd_<mode>_<cfg>` and `…_geomean`): the union cases stay alive, several
 //!   PyTorch processes (`benches/pytorch/conv.py --serve`) run their benchmark-mode search on the
@@ -112,7 +122,10 @@ use common::{
     timed_iters, values, Args, BoxResult, Summary,
 };
 use criterion::{Criterion, Throughput};
-use cudnn_safe::conv::{ConvAlgorithm, ConvDesc, ConvFwdAlgo, FusedActivation, MathType};
+use cudnn_safe::conv::{
+    ConvAlgorithm, ConvBwdDataAlgo, ConvBwdFilterAlgo, ConvDesc, ConvFwdAlgo, FusedActivation,
+    MathType,
+};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::graph::{
     autotune, Args as Bindings, ConvParams, Graph, HeurMode, OperationGraph, Plan, PlanCache,
@@ -1652,6 +1665,23 @@ type Searched<T> = (f64, Choice<ConvFwdAlgo>, u64, Held<T>, Vec<OtherPlan>);
 /// comparison asked for it) the case itself with its other plans.
 type UnionOutcome = (f64, bool, Option<(Box<dyn PairedCall>, Vec<OtherPlan>)>);
 
+/// The union cases' tuner: [`Policy::Benchmark`], no cache file, heuristics B on (the documented
+/// union numbers search it: [`Autotuner::with_heuristics_b`]), and the finals' size and solo time
+/// when an experiment asks for others than the defaults (`GRAPH_BENCH_FINALISTS`,
+/// `GRAPH_BENCH_FINAL_SOLO_MS`).
+fn union_tuner() -> Autotuner {
+    let mut tuner = Autotuner::new(Policy::Benchmark)
+        .without_cache_file()
+        .with_heuristics_b(true);
+    if let Some(n) = env_number::<usize>("GRAPH_BENCH_FINALISTS") {
+        tuner = tuner.with_finalists(n);
+    }
+    if let Some(ms) = env_number::<f32>("GRAPH_BENCH_FINAL_SOLO_MS") {
+        tuner = tuner.with_final_solo_ms(ms);
+    }
+    tuner
+}
+
 /// One configuration in one mode through [`Autotuner::forward`] under [`Policy::Benchmark`]
 /// (union search on, no cache file): the first call decides, then the steady-state call is
 /// timed as the other lines are. Returns the time, whether a graph engine ran and, with `keep`,
@@ -1673,18 +1703,10 @@ fn union_case<T: DataType<Scalar = f32>>(
     let measured = (|| -> BoxResult<Searched<T>> {
         let d = ConvData::<T>::new(cudnn, mode, cfg)?;
         let flops = d.flops;
-        // Heuristics B on: the documented union numbers search it (`Autotuner::with_heuristics_b`).
-        let mut tuner = Autotuner::new(Policy::Benchmark)
-            .without_cache_file()
-            .with_heuristics_b(true);
-        // The finals' size, when an experiment asks for another than the default.
-        if let Some(n) = env_number::<usize>("GRAPH_BENCH_FINALISTS") {
-            tuner = tuner.with_finalists(n);
-        }
-        if let Some(ms) = env_number::<f32>("GRAPH_BENCH_FINAL_SOLO_MS") {
-            tuner = tuner.with_final_solo_ms(ms);
-        }
-        let mut held = Held { d, tuner };
+        let mut held = Held {
+            d,
+            tuner: union_tuner(),
+        };
         let searched = Instant::now();
         let first = held.forward(cudnn)?;
         stream.synchronize()?;
@@ -1859,6 +1881,169 @@ fn union(run: &mut Run, rows: &[Row]) {
         if let Err(e) = paired(run, &cmd, &mut held) {
             print_op_error("paired_conv_fwd", &e);
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Union autotune, backward: one training step's dx and dw through the Autotuner
+// ---------------------------------------------------------------------------------------------
+
+/// A backward union case: the forward case's data (x, w and the descriptors, whose math type
+/// makes the strict fp32 search leave tensor cores out as the forward's does), a random `dy`
+/// shaped like `y`, the two gradients and one tuner deciding both directions.
+struct HeldBwd<T: DataType> {
+    d: ConvData<T>,
+    dy: CudaSlice<T>,
+    dx: CudaSlice<T>,
+    dw: CudaSlice<T>,
+    tuner: Autotuner,
+}
+
+impl<T: DataType<Scalar = f32>> HeldBwd<T> {
+    fn new(cudnn: &Cudnn, mode: &Mode, cfg: &Cfg) -> BoxResult<Self> {
+        let stream = cudnn.stream();
+        let d = ConvData::<T>::new(cudnn, mode, cfg)?;
+        Ok(HeldBwd {
+            dy: stream.clone_htod(&normal_values::<T>(d.y_d.span()))?,
+            dx: stream.alloc_zeros::<T>(d.x_d.span())?,
+            dw: stream.alloc_zeros::<T>(d.w_d.span())?,
+            d,
+            tuner: union_tuner(),
+        })
+    }
+
+    /// `dx` from `dy` and `w` (the search on the first call).
+    fn data(&mut self, cudnn: &Cudnn) -> BoxResult<Choice<ConvBwdDataAlgo>> {
+        let d = &self.d;
+        Ok(self.tuner.backward_data(
+            cudnn,
+            1.0,
+            &d.w_d,
+            &d.wb,
+            &d.y_d,
+            &self.dy,
+            &d.conv,
+            0.0,
+            &d.x_d,
+            &mut self.dx,
+        )?)
+    }
+
+    /// `dw` from `x` and `dy` (the search on the first call).
+    fn filter(&mut self, cudnn: &Cudnn) -> BoxResult<Choice<ConvBwdFilterAlgo>> {
+        let d = &self.d;
+        Ok(self.tuner.backward_filter(
+            cudnn,
+            1.0,
+            &d.x_d,
+            &d.xb,
+            &d.y_d,
+            &self.dy,
+            &d.conv,
+            0.0,
+            &d.w_d,
+            &mut self.dw,
+        )?)
+    }
+}
+
+/// What one backward union case measured: the step's time (dx then dw), and whether a graph
+/// engine ran for dx and for dw.
+type BwdOutcome = (f64, bool, bool);
+
+/// One configuration in one mode through [`Autotuner::backward_data`] then
+/// [`Autotuner::backward_filter`] (one tuner as [`union_case`]'s): the first step decides both,
+/// then the steady-state step is timed, and each direction alone (`dx_ms`, `dw_ms`).
+fn union_bwd_case<T: DataType<Scalar = f32>>(
+    run: &mut Run,
+    mode: &Mode,
+    cfg: &Cfg,
+    progress: &str,
+) -> Option<Result<BwdOutcome, String>> {
+    let op = format!("union_conv_bwd_{}_{}", mode.name, cfg.name());
+    if !run.args.runs_any(GROUP, &[&op]) {
+        return None;
+    }
+    eprintln!(
+        "graph bench: union bwd {progress} {} {}",
+        mode.name,
+        cfg.name()
+    );
+    let (cudnn, stream, test) = (run.cudnn, run.stream, run.args.test);
+    let measured = (|| -> BoxResult<(f64, String, bool, bool)> {
+        let mut held = HeldBwd::<T>::new(cudnn, mode, cfg)?;
+        let searched = Instant::now();
+        let dx_pick = held.data(cudnn)?;
+        let dw_pick = held.filter(cudnn)?;
+        stream.synchronize()?;
+        let search_s = searched.elapsed().as_secs_f64();
+        let ms = median_ms(stream, test, || {
+            held.data(cudnn)?;
+            held.filter(cudnn)?;
+            Ok(())
+        })?;
+        let dx_ms = median_ms(stream, test, || held.data(cudnn).map(drop))?;
+        let dw_ms = median_ms(stream, test, || held.filter(cudnn).map(drop))?;
+        // Each backward direction costs as many FLOPs as the forward.
+        let flops = 2.0 * held.d.flops as f64;
+        let note = format!(
+            "\"dx_ms\": {dx_ms:.5}, \"dw_ms\": {dw_ms:.5}, \"source_dx\": \"{}\", \"source_dw\": \"{}\", \"search_s\": {search_s:.3}, \"TFLOP/s\": {:.1}",
+            dx_pick.describe(),
+            dw_pick.describe(),
+            tflops(flops, ms)
+        );
+        Ok((ms, note, dx_pick.api.is_graph(), dw_pick.api.is_graph()))
+    })();
+    match measured {
+        Ok((ms, note, dx_graph, dw_graph)) => {
+            run.record(&op, ms, &note);
+            Some(Ok((ms, dx_graph, dw_graph)))
+        }
+        Err(e) => {
+            print_op_error(&op, &e);
+            Some(Err(e.to_string()))
+        }
+    }
+}
+
+/// The backward union group: every measured mode and configuration (the tiny one under
+/// `cargo test --benches`), then per mode the geometric mean of the step times and the number
+/// of graph wins per direction.
+fn union_bwd(run: &mut Run) {
+    let modes = modes_from_env("GRAPH_BENCH_MODES", Mode::DEFAULT);
+    let cfgs: Vec<Cfg> = if run.args.test {
+        vec![TINY]
+    } else {
+        configs_from_env(&CONFIGS)
+    };
+    let total = modes.len() * cfgs.len();
+    let mut i = 0;
+    for mode in &modes {
+        let mut times = Vec::new();
+        let (mut dx_wins, mut dw_wins) = (0, 0);
+        for cfg in &cfgs {
+            i += 1;
+            let progress = format!("[{i}/{total}]");
+            let r = match mode.dtype {
+                DType::F16 => union_bwd_case::<f16>(run, mode, cfg, &progress),
+                DType::BF16 => union_bwd_case::<bf16>(run, mode, cfg, &progress),
+                _ => union_bwd_case::<f32>(run, mode, cfg, &progress),
+            };
+            if let Some(Ok((ms, dx_graph, dw_graph))) = r {
+                times.push(ms);
+                dx_wins += usize::from(dx_graph);
+                dw_wins += usize::from(dw_graph);
+            }
+        }
+        if times.is_empty() {
+            continue;
+        }
+        println!(
+            "{{\"op\": \"union_conv_bwd_{}_geomean\", \"ms\": {:.5}, \"configs\": {}, \"graph_wins_dx\": {dx_wins}, \"graph_wins_dw\": {dw_wins}, \"impl\": \"cudnn-safe\"}}",
+            mode.name,
+            geomean(&times),
+            times.len()
+        );
     }
 }
 
@@ -2414,6 +2599,7 @@ fn main() {
         layernorm(&mut run);
         conv_forward(&mut run, &mut rows);
         union(&mut run, &rows);
+        union_bwd(&mut run);
         Ok(())
     })();
     print_conv_table(&rows);

@@ -23,9 +23,9 @@ use common::*;
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::half::{bf16, f16};
 use cudnn_safe::norm::{
-    BatchNorm, BatchNormMode, BatchNormOps, BatchNormSaved, FeatureLayout, GroupNorm, LayerNorm,
-    LayerNormGraphSaved, LayerNormPath, NormAffine, NormMethod, NormParamGrads, NormStats,
-    NormType, RmsNorm, RmsNormSaved, RunningStats, MIN_EPSILON,
+    BatchNorm, BatchNormMode, BatchNormOps, BatchNormSaved, FeatureLayout, GroupNorm,
+    GroupNormPath, LayerNorm, LayerNormGraphSaved, LayerNormPath, NormAffine, NormMethod,
+    NormParamGrads, NormStats, NormType, RmsNorm, RmsNormSaved, RunningStats, MIN_EPSILON,
 };
 use cudnn_safe::{Cudnn, DType, DataType, Error, Layout, Workspace};
 
@@ -1795,6 +1795,163 @@ fn layer_norm_f64_runs_the_batch_norm_formulation() {
         "{r:?}"
     );
     assert_untouched("y (f64 graph path)", &stream, &y, &yb);
+}
+
+/// Group norm forward on the crate's kernel ([`GroupNormPath::Kernel`]): against the f64
+/// reference and the batch-norm formulation on the same inputs, for groups from 2 to 360,000
+/// elements, the vector loop (spatial size a multiple of 16 bytes) and the scalar one, rank 2
+/// (one position per channel), inputs far from zero (mean 100, as a sum of squares would lose
+/// them), and views starting one element into their allocation (the scalar loop), with
+/// nothing outside the view written.
+fn group_norm_kernel_cases<T: NormType>(seed: u64) {
+    let Some((stream, cudnn)) = gpu() else { return };
+    let eps = 1e-5;
+    // (dims, groups, offset of the inputs' values)
+    let cases: [(&[i64], i64, f64); 8] = [
+        (&[32, 64, 14, 14], 32, 0.0),
+        (&[3, 64, 16, 16], 8, 0.0),
+        (&[2, 6, 33, 35], 3, 0.0),
+        (&[5, 12], 4, 0.0),
+        (&[7, 10], 5, 0.0),
+        (&[1, 4, 300, 300], 1, 0.0),
+        (&[2, 8, 24, 24], 4, 100.0),
+        (&[4, 16, 7], 16, 0.0),
+    ];
+    for (i, (dims, groups, offset)) in cases.into_iter().enumerate() {
+        let what = format!(
+            "{} group norm kernel {dims:?} G={groups} +{offset}",
+            T::DTYPE
+        );
+        let gn = GroupNorm::<T>::new(&nchw(dims), groups, eps)
+            .unwrap()
+            .with_path(GroupNormPath::Kernel);
+        let bn = GroupNorm::<T>::new(&nchw(dims), groups, eps)
+            .unwrap()
+            .with_path(GroupNormPath::BatchNorm);
+        let maps = Norm::Group(GroupNorm::<T>::new(&nchw(dims), groups, eps).unwrap()).maps();
+        let (n, c) = (gn.len(), gn.channels());
+        let mut rng = Rng::new(seed + i as u64);
+        let xv: Vec<T> = rng
+            .values_in::<T>(n, -2.0, 2.0)
+            .iter()
+            .map(|v| T::from_f64(v.to_f64() + offset))
+            .collect();
+        let gv: Vec<T> = rng.values_in(c, 0.5, 1.5);
+        let bv: Vec<T> = rng.values(c);
+        let (y_ref, _, _, _) =
+            affine_forward_ref(&rounded(&xv), &maps, &rounded(&gv), &rounded(&bv), eps);
+        let (x, g, b) = (dev(&stream, &xv), dev(&stream, &gv), dev(&stream, &bv));
+        let mut y = poisoned_buffer::<T>(&stream, n);
+        cudnn
+            .group_norm_forward(&gn, &x, &g, &b, &mut y)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let y_kernel = download(&stream, &y);
+        assert_close(&what, &y_kernel, &y_ref, dtol::<T>());
+        let mut y = poisoned_buffer::<T>(&stream, n);
+        cudnn.group_norm_forward(&bn, &x, &g, &b, &mut y).unwrap();
+        assert_close(
+            &format!("{what} (batch-norm formulation)"),
+            &download(&stream, &y),
+            &y_ref,
+            dtol::<T>(),
+        );
+
+        // The same values one element into their allocations: the scalar loop, same results.
+        let shifted = |v: &[T]| {
+            let mut h = vec![T::from_f64(SENTINEL)];
+            h.extend_from_slice(v);
+            h.push(T::from_f64(SENTINEL));
+            dev(&stream, &h)
+        };
+        let (xs, gs, bs) = (shifted(&xv), shifted(&gv), shifted(&bv));
+        let mut ys = shifted(&vec![poison::<T>(); n]);
+        {
+            let (xv_, gv_, bv_) = (xs.slice(1..n + 1), gs.slice(1..c + 1), bs.slice(1..c + 1));
+            let mut yv = ys.slice_mut(1..n + 1);
+            cudnn
+                .group_norm_forward(&gn, &xv_, &gv_, &bv_, &mut yv)
+                .unwrap_or_else(|e| panic!("{what} (views): {e}"));
+        }
+        let got = download(&stream, &ys);
+        assert_close(
+            &format!("{what} (views)"),
+            &got[1..n + 1],
+            &y_ref,
+            dtol::<T>(),
+        );
+        assert_eq!(
+            (got[0].to_f64(), got[n + 1].to_f64()),
+            (
+                T::from_f64(SENTINEL).to_f64(),
+                T::from_f64(SENTINEL).to_f64()
+            ),
+            "{what}: written outside the view"
+        );
+    }
+}
+
+#[test]
+fn group_norm_kernel_matches_f64_and_the_batch_norm_formulation() {
+    group_norm_kernel_cases::<f32>(4100);
+    group_norm_kernel_cases::<f16>(4200);
+    group_norm_kernel_cases::<bf16>(4300);
+}
+
+/// The kernel path's refusals: f64 has no kernel ([`Error::UnsupportedDataType`]); a short
+/// buffer is refused before anything runs, naming it, on every path, and the output keeps its
+/// contents.
+#[test]
+fn group_norm_kernel_path_refusals() {
+    let Some((stream, cudnn)) = gpu() else { return };
+    let gn = GroupNorm::<f64>::new(&nchw(&[2, 4, 3]), 2, 1e-5)
+        .unwrap()
+        .with_path(GroupNormPath::Kernel);
+    let (x, g) = (dev(&stream, &[1.0f64; 24]), dev(&stream, &[1.0f64; 4]));
+    let mut y = dev(&stream, &[SENTINEL; 24]);
+    let r = cudnn.group_norm_forward(&gn, &x, &g, &g, &mut y);
+    assert!(
+        matches!(r, Err(Error::UnsupportedDataType { .. })),
+        "f64 on the kernel path: {r:?}"
+    );
+    let r = cudnn.group_norm_forward(&gn.with_path(GroupNormPath::Auto), &x, &g, &g, &mut y);
+    r.expect("f64 under Auto runs the batch-norm formulation");
+    for path in [GroupNormPath::Auto, GroupNormPath::Kernel] {
+        let gn = GroupNorm::<f32>::new(&nchw(&[2, 4, 3]), 2, 1e-5)
+            .unwrap()
+            .with_path(path);
+        let (x, g, short) = (
+            dev(&stream, &[1.0f32; 24]),
+            dev(&stream, &[1.0f32; 4]),
+            dev(&stream, &[1.0f32; 3]),
+        );
+        let mut y = dev(&stream, &[SENTINEL as f32; 24]);
+        for (name, r) in [
+            ("x", cudnn.group_norm_forward(&gn, &short, &g, &g, &mut y)),
+            (
+                "gamma",
+                cudnn.group_norm_forward(&gn, &x, &short, &g, &mut y),
+            ),
+            (
+                "beta",
+                cudnn.group_norm_forward(&gn, &x, &g, &short, &mut y),
+            ),
+        ] {
+            match r {
+                Err(Error::BufferTooSmall { name: n, .. }) => assert_eq!(n, name, "{path:?}"),
+                other => panic!("{path:?} short {name}: {other:?}"),
+            }
+        }
+        let mut short_y = dev(&stream, &[SENTINEL as f32; 23]);
+        let r = cudnn.group_norm_forward(&gn, &x, &g, &g, &mut short_y);
+        assert!(
+            matches!(r, Err(Error::BufferTooSmall { name: "y", .. })),
+            "{path:?} short y: {r:?}"
+        );
+        assert!(
+            download(&stream, &y).iter().all(|&v| v == SENTINEL as f32),
+            "{path:?}: a refused call wrote y"
+        );
+    }
 }
 
 /// Views that start one element into their allocation (not 16-byte aligned, which the graph

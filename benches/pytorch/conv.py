@@ -8,6 +8,13 @@ bf16 in channels-last, tf32 (`allow_tf32 = True`) and fp32 (`allow_tf32 = False`
 no bias, padding r // 2. Timing: `timing.bench_like_rust` (the Rust bench's batch rule) after the
 first call (which runs PyTorch's search) and 10 warm-up calls.
 
+`python3 benches/pytorch/conv.py --backward [fp16,bf16,tf32,fp32]` times the backward of the same
+cases instead, the counterpart of the Rust `union_conv_bwd_<mode>_<cfg>` ops: `y = conv(x)` once
+with `x.requires_grad_()`, then one `torch.autograd.grad(y, (x, conv.weight), dy,
+retain_graph=True)` per call (dx and dw; `dy` standard normal, shaped, typed and laid out like
+`y`), timed with `timing.bench_like_rust` after 11 warm-up calls (the first runs PyTorch's
+search). Prints one JSON line per case: {"mode", "cfg", "ms", "direction": "bwd"}.
+
 `python3 benches/pytorch/conv.py --serve` is the worker of the graph bench's paired comparison
 (`GRAPH_BENCH_PYTORCH`): it reads commands on stdin, one per line, and answers each on stdout:
 * `case NAME MODE N C H W K R S`: builds that case as above and runs its first call and warm-up
@@ -60,6 +67,34 @@ def time_case(case):
         return timing.bench_like_rust(lambda: conv(x))
 
 
+def prepare_backward(name, cfg):
+    """The backward of one case (dx and dw from dy), after 11 warm-up calls (the first runs
+    PyTorch's search): the call to time and its TF32 setting."""
+    dtype, layout, tf32 = MODES[name]
+    torch.backends.cudnn.allow_tf32 = tf32
+    (n, c, h, w, k, r, s) = cfg
+    x = torch.randn(n, c, h, w, device="cuda", dtype=dtype).to(memory_format=layout)
+    x.requires_grad_()
+    conv = nn.Conv2d(c, k, r, stride=s, padding=r // 2, bias=False)
+    conv = conv.to("cuda", dtype).to(memory_format=layout)
+    y = conv(x)
+    dy = torch.randn_like(y).to(memory_format=layout)
+
+    def step():
+        return torch.autograd.grad(y, (x, conv.weight), dy, retain_graph=True)
+
+    for _ in range(11):
+        step()
+    torch.cuda.synchronize()
+    return step, tf32
+
+
+def time_backward(case):
+    step, tf32 = case
+    torch.backends.cudnn.allow_tf32 = tf32
+    return timing.bench_like_rust(step)
+
+
 def serve():
     cases = {}
     for line in sys.stdin:
@@ -90,6 +125,14 @@ def main():
     torch.backends.cudnn.benchmark = True
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
         serve()
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--backward":
+        for name in (sys.argv[2].split(",") if len(sys.argv) > 2 else list(MODES)):
+            for cfg in CONFIGS:
+                (n, c, h, w, k, r, s) = cfg
+                ms = time_backward(prepare_backward(name, cfg))
+                print(json.dumps({"mode": name, "cfg": f"{n}x{c}x{h}x{w}_k{k}_r{r}_s{s}",
+                                  "ms": ms, "direction": "bwd"}), flush=True)
         return
     for name in (sys.argv[1].split(",") if len(sys.argv) > 1 else list(MODES)):
         for cfg in CONFIGS:
