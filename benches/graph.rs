@@ -89,7 +89,10 @@
 //!   `fp16_16x256x28x28_k512_r3_s1=eng62_k2=0_k13=1_k18=0_k25=0_k27=1_k28=1`).
 //!   `GRAPH_BENCH_PAIRED_SELF=1`: also time every graph pick once more as a further side, so
 //!   that each case reports the comparison's own noise (ops `paired_noise_conv_fwd_<mode>_<cfg>`
-//!   and a table: the pick against itself, and PyTorch's slowest process over its fastest).
+//!   and a table: the pick against itself, and PyTorch's slowest process over its fastest) and
+//!   a verdict: `behind` only when the by-round ratio is below 1 by more than that same-plan
+//!   noise, `ahead` when above 1 by more, `tie` otherwise; `paired_noise_conv_fwd_verdicts`
+//!   lists the cases behind.
 //! * `GRAPH_BENCH_EFFORT=both`: each union case is also searched by a second tuner with
 //!   [`SearchEffort::Quick`] on its own copy of the data (the default `Thorough` one keeps
 //!   heuristics B on, as above); the two picks are then timed in turns, 3 rounds each (ops
@@ -2376,9 +2379,10 @@ type PairedRow = (String, f64, f64, Vec<f64>, f64);
 /// timed again in the same rounds (present when it is among the other plans, as
 /// `GRAPH_BENCH_PAIRED_SELF=1` makes it for every graph pick), and the slowest PyTorch
 /// process over the fastest (each process runs its own search, so this also holds the spread
-/// of PyTorch's picks). Prints a `paired_noise_conv_fwd_<mode>_<cfg>` line per case that has
-/// either, and a table: a case whose ratio to PyTorch lies within the distance of the pick
-/// from itself is a tie at this method's resolution.
+/// of PyTorch's picks). Prints a `paired_noise_conv_fwd_<mode>_<cfg>` line per case with its
+/// verdict ([`verdict`]: a case whose by-round ratio to PyTorch lies within the distance of the
+/// pick from itself is a tie at this method's resolution, and only one below 1 by more is
+/// `behind`), a table, and a `paired_noise_conv_fwd_verdicts` line naming the cases behind.
 fn noise_floor(
     held: &[HeldCase],
     ours: &[Vec<f64>],
@@ -2406,11 +2410,14 @@ fn noise_floor(
         let slowest = per_run.iter().copied().fold(0.0, f64::max);
         let spread = slowest / fastest;
         let opt = |x: Option<f64>| x.map_or("null".to_string(), |x| format!("{x:.3}"));
+        let noise = same_plan_noise(self_ratio, self_by_round);
+        let verdict = verdict(*by_round, noise);
         println!(
-            "{{\"op\": \"paired_noise_conv_fwd_{name}\", \"pytorch_over_cudnn_safe\": {:.3}, \"median_round_ratio\": {by_round:.3}, \"pick_again_over_pick\": {}, \"pick_again_over_pick_by_round\": {}, \"pytorch_slowest_over_fastest_process\": {spread:.3}, \"impl\": \"cudnn-safe\"}}",
+            "{{\"op\": \"paired_noise_conv_fwd_{name}\", \"pytorch_over_cudnn_safe\": {:.3}, \"median_round_ratio\": {by_round:.3}, \"pick_again_over_pick\": {}, \"pick_again_over_pick_by_round\": {}, \"same_plan_noise\": {}, \"verdict\": \"{verdict}\", \"pytorch_slowest_over_fastest_process\": {spread:.3}, \"impl\": \"cudnn-safe\"}}",
             py / ms,
             opt(self_ratio),
-            opt(self_by_round)
+            opt(self_by_round),
+            opt(noise)
         );
         rows.push((
             name.clone(),
@@ -2419,20 +2426,63 @@ fn noise_floor(
             self_ratio,
             self_by_round,
             spread,
+            verdict,
         ));
     }
     println!("\nnoise of the comparison: the pick against itself in the same rounds, PyTorch's processes against each other");
     println!(
-        "{:<34} {:>7} {:>9} {:>12} {:>12} {:>12}",
+        "{:<34} {:>7} {:>9} {:>12} {:>12} {:>12}  verdict",
         "case", "ratio", "by round", "pick again", "by round", "PyTorch max/min"
     );
     let opt = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.3}"));
-    for (name, ratio, by_round, again, again_r, spread) in rows {
+    let mut behind: Vec<String> = Vec::new();
+    for (name, ratio, by_round, again, again_r, spread, verdict) in rows {
         println!(
-            "{name:<34} {ratio:>7.3} {by_round:>9.3} {:>12} {:>12} {spread:>12.3}",
+            "{name:<34} {ratio:>7.3} {by_round:>9.3} {:>12} {:>12} {spread:>12.3}  {verdict}",
             opt(again),
             opt(again_r)
         );
+        if verdict == "behind" {
+            behind.push(name);
+        }
+    }
+    println!(
+        "{{\"op\": \"paired_noise_conv_fwd_verdicts\", \"behind\": [{}], \"impl\": \"cudnn-safe\"}}",
+        behind
+            .iter()
+            .map(|n| format!("\"{n}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+}
+
+/// The same-plan noise of a paired case: how far the union's pick timed again in the same
+/// rounds lies from the pick itself (the larger distance from 1 of its overall and its
+/// by-round ratio), or `None` when the pick was not timed again (`GRAPH_BENCH_PAIRED_SELF`).
+fn same_plan_noise(again: Option<f64>, again_by_round: Option<f64>) -> Option<f64> {
+    match (again, again_by_round) {
+        (None, None) => None,
+        (a, b) => Some(
+            [a, b]
+                .into_iter()
+                .flatten()
+                .map(|r| (r - 1.0).abs())
+                .fold(0.0, f64::max),
+        ),
+    }
+}
+
+/// A paired case's verdict from its by-round ratio (PyTorch / cudnn-safe) and same-plan noise:
+/// `behind` only when the ratio is below 1 by more than the noise, `ahead` when above 1 by
+/// more than it, `tie` otherwise; without a noise figure, `behind` / `ahead` by the sign alone,
+/// marked `(no noise figure)`.
+fn verdict(by_round: f64, noise: Option<f64>) -> &'static str {
+    match noise {
+        Some(n) if by_round < 1.0 - n => "behind",
+        Some(n) if by_round > 1.0 + n => "ahead",
+        Some(_) => "tie",
+        None if by_round < 1.0 => "behind (no noise figure)",
+        None => "ahead (no noise figure)",
     }
 }
 
