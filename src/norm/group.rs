@@ -25,7 +25,7 @@ use crate::tensor::Layout;
 /// at run time with NVRTC (once per process and element type, tenths of a second), so it needs
 /// the NVRTC library at run time.
 ///
-/// ```
+/// ```no_run
 /// use cudnn_safe::norm::{GroupNorm, GroupNormPath, NormMethod};
 /// use cudnn_safe::Layout;
 /// # fn main() -> cudnn_safe::Result<()> {
