@@ -190,15 +190,6 @@ impl Elem {
     pub(crate) fn per_vector(self) -> u64 {
         16 / self.size()
     }
-
-    /// Vectors each thread of an activation's vector kernel loads per trip (the template's
-    /// `UNITS_IN_FLIGHT`): the launch sizes its grid for that many per thread.
-    pub(crate) fn units_in_flight(self) -> u64 {
-        match self {
-            Elem::F32 => 1,
-            Elem::F16 | Elem::Bf16 => 2,
-        }
-    }
 }
 
 /// The direction of a module (each module holds one direction's two kernels).
@@ -291,11 +282,6 @@ pub(crate) const TEMPLATE: &str = r#"
 #define K_SQRT_2_OVER_PI 0.79788456080286535588f
 #define K_GELU_KAPPA 0.044715f
 
-// 16-byte vectors each thread of a vector kernel loads before computing any: two for the
-// 16-bit types (eight elements each, whose arithmetic otherwise lowers occupancy below what
-// keeps enough loads in flight), one for f32.
-#define UNITS_IN_FLIGHT(R) (sizeof(R) == 2 ? 2 : 1)
-
 template <class D, class Op>
 __device__ __forceinline__ void forward_vec(const typename D::R* x, typename D::R* y, u64 n,
                                             float alpha, float beta, float p) {
@@ -305,31 +291,17 @@ __device__ __forceinline__ void forward_vec(const typename D::R* x, typename D::
   const u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   const u64 stride = (u64)gridDim.x * blockDim.x;
   const bool blend = beta != 0.0f;
-  // UNITS_IN_FLIGHT(R) vectors per trip, all loaded before any is computed.
-  const int W = UNITS_IN_FLIGHT(R);
-  for (u64 u0 = t; u0 < units; u0 += W * stride) {
-    Pack<R> a[W], o[W];
+  for (u64 u = t; u < units; u += stride) {
+    Pack<R> a, o, r;
+    a.v = reinterpret_cast<const uint4*>(x)[u];
+    if (blend) o.v = reinterpret_cast<const uint4*>(y)[u];
 #pragma unroll
-    for (int w = 0; w < W; ++w) {
-      const u64 u = u0 + w * stride;
-      if (u < units) {
-        a[w].v = reinterpret_cast<const uint4*>(x)[u];
-        if (blend) o[w].v = reinterpret_cast<const uint4*>(y)[u];
-      }
+    for (int k = 0; k < V; ++k) {
+      float v = alpha * Op::fwd(D::load(a.e[k]), p);
+      if (blend) v = fmaf(beta, D::load(o.e[k]), v);
+      r.e[k] = D::store(v);
     }
-#pragma unroll
-    for (int w = 0; w < W; ++w) {
-      const u64 u = u0 + w * stride;
-      if (u >= units) break;
-      Pack<R> r;
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        float v = alpha * Op::fwd(D::load(a[w].e[k]), p);
-        if (blend) v = fmaf(beta, D::load(o[w].e[k]), v);
-        r.e[k] = D::store(v);
-      }
-      reinterpret_cast<uint4*>(y)[u] = r.v;
-    }
+    reinterpret_cast<uint4*>(y)[u] = r.v;
   }
   const u64 done = units * V;
   if (t < n - done) {
@@ -362,31 +334,18 @@ __device__ __forceinline__ void backward_vec(const typename D::R* s, const typen
   const u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   const u64 stride = (u64)gridDim.x * blockDim.x;
   const bool blend = beta != 0.0f;
-  const int W = UNITS_IN_FLIGHT(R);
-  for (u64 u0 = t; u0 < units; u0 += W * stride) {
-    Pack<R> a[W], g[W], o[W];
+  for (u64 u = t; u < units; u += stride) {
+    Pack<R> a, g, o, r;
+    a.v = reinterpret_cast<const uint4*>(s)[u];
+    g.v = reinterpret_cast<const uint4*>(dy)[u];
+    if (blend) o.v = reinterpret_cast<const uint4*>(dx)[u];
 #pragma unroll
-    for (int w = 0; w < W; ++w) {
-      const u64 u = u0 + w * stride;
-      if (u < units) {
-        a[w].v = reinterpret_cast<const uint4*>(s)[u];
-        g[w].v = reinterpret_cast<const uint4*>(dy)[u];
-        if (blend) o[w].v = reinterpret_cast<const uint4*>(dx)[u];
-      }
+    for (int k = 0; k < V; ++k) {
+      float v = alpha * Op::bwd(D::load(a.e[k]), D::load(g.e[k]), p);
+      if (blend) v = fmaf(beta, D::load(o.e[k]), v);
+      r.e[k] = D::store(v);
     }
-#pragma unroll
-    for (int w = 0; w < W; ++w) {
-      const u64 u = u0 + w * stride;
-      if (u >= units) break;
-      Pack<R> r;
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        float v = alpha * Op::bwd(D::load(a[w].e[k]), D::load(g[w].e[k]), p);
-        if (blend) v = fmaf(beta, D::load(o[w].e[k]), v);
-        r.e[k] = D::store(v);
-      }
-      reinterpret_cast<uint4*>(dx)[u] = r.v;
-    }
+    reinterpret_cast<uint4*>(dx)[u] = r.v;
   }
   const u64 done = units * V;
   if (t < n - done) {
@@ -611,10 +570,7 @@ impl Cudnn {
             .ok_or_else(|| format!("a pointer is not aligned to {} bytes", elem.size()))?;
         let module = self.act_module(op, elem, dir).map_err(str::to_string)?;
         Ok(if vector {
-            (
-                &module.vector,
-                blocks(n / elem.per_vector() / elem.units_in_flight()),
-            )
+            (&module.vector, blocks(n / elem.per_vector()))
         } else {
             (&module.scalar, blocks(n))
         })
@@ -667,9 +623,8 @@ impl Cudnn {
             .arg(&param);
         // SAFETY: the arguments match the kernel's parameters one for one in type and order
         // (two pointers, u64, three floats; `ENTRIES`). The kernel touches exactly the elements
-        // `0..n` of `x` and `y` (units `u < n / V` cover `V·u..V·u + V`: every unit a trip
-        // loads or stores is checked against `n / V` first; the tail `V·(n / V)..n`, the
-        // scalar loop `0..n`), which the caller guarantees are valid, on
+        // `0..n` of `x` and `y` (units `u < n / V` cover `V·u..V·u + V`, the tail
+        // `V·(n / V)..n`, the scalar loop `0..n`), which the caller guarantees are valid, on
         // this context, alive and ordered on this stream. The vector kernel is picked only when
         // both pointers are 16-byte aligned (its `uint4` accesses need it), the scalar one when
         // they are aligned to the element size. Each element is read and then written by one
