@@ -12,9 +12,7 @@
 //!   updating the running statistics (momentum 0.1) — spatial mode, PyTorch's for NCHW;
 //! * `softmax_channel_…`: softmax over `C` at every `(n, h, w)` (PyTorch's `softmax(dim=1)`);
 //! * `groupnorm32_…`: group normalization in 32 groups (`γ = 1`, `β = 0`: PyTorch's
-//!   `group_norm(x, 32)` has no affine parameters, this crate's always applies them), on the
-//!   default path (the crate's kernel); `groupnorm32_bn_…` the same on the batch-norm
-//!   formulation (not in the PyTorch script);
+//!   `group_norm(x, 32)` has no affine parameters, this crate's always applies them);
 //! * `relu_fwd_bwd_…`, `bn_train_fwd_bwd_…`: forward then backward (PyTorch's autograd times
 //!   the same pair);
 //! * `<act>_<dtype>_…` and `<act>_fwd_bwd_<dtype>_…` for `act` in sigmoid, tanh, silu (swish with
@@ -60,7 +58,7 @@ use cudnn_safe::activation::{ActivationDesc, ActivationMode, GeluApproximation};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use cudnn_safe::half::bf16;
 use cudnn_safe::norm::{
-    BatchNorm, BatchNormMode, BatchNormOps, GroupNorm, GroupNormPath, LayerNorm, RunningStats,
+    BatchNorm, BatchNormMode, BatchNormOps, GroupNorm, LayerNorm, RunningStats,
 };
 use cudnn_safe::pooling::{PoolingDesc, PoolingMode};
 use cudnn_safe::softmax::{SoftmaxAlgorithm, SoftmaxMode};
@@ -92,14 +90,11 @@ const BN_TRAIN_EX: &str = "bn_train_fwd_ex_fp32_32x256x56x56";
 const SOFTMAX: &str = "softmax_channel_fp32_32x256x56x56";
 const LAYERNORM: &str = "layernorm_fp32_32768x1024";
 const GROUPNORM: &str = "groupnorm32_fp32_32x256x56x56";
-/// The same group norm on the batch-norm formulation ([`GroupNormPath::BatchNorm`]): not in the
-/// PyTorch script; the default (`groupnorm32_…`) runs the crate's kernel.
-const GROUPNORM_BN: &str = "groupnorm32_bn_fp32_32x256x56x56";
 const RELU_FB: &str = "relu_fwd_bwd_fp32_32x256x56x56";
 const BN_FB: &str = "bn_train_fwd_bwd_fp32_32x256x56x56";
 
 /// Every operation, in the order they run (the PyTorch script's order).
-const OPS: [&str; 14] = [
+const OPS: [&str; 13] = [
     COPY,
     RELU,
     SIGMOID,
@@ -111,7 +106,6 @@ const OPS: [&str; 14] = [
     SOFTMAX,
     LAYERNORM,
     GROUPNORM,
-    GROUPNORM_BN,
     RELU_FB,
     BN_FB,
 ];
@@ -548,25 +542,6 @@ fn run(
             GROUP,
             GROUPNORM,
             GROUPNORM,
-            Some(2.0 * nb),
-            &mut || Ok(cudnn.group_norm_forward(&gn, &d.x, &gamma, &beta, &mut d.y)?),
-        );
-    }
-
-    if let Some(d) = pick(c, args, GROUPNORM_BN, &mut data) {
-        let gn = GroupNorm::<f32>::new(&cudnn_safe::Layout::nchw_nd(&DIMS)?, GN_GROUPS, EPS)?
-            .with_path(GroupNormPath::BatchNorm);
-        let gamma = stream.clone_htod(&vec![1.0f32; gn.channels()])?;
-        let beta = stream.alloc_zeros::<f32>(gn.channels())?;
-        let nb = d.bytes();
-        bench_op(
-            c,
-            args,
-            st,
-            s,
-            GROUP,
-            GROUPNORM_BN,
-            GROUPNORM_BN,
             Some(2.0 * nb),
             &mut || Ok(cudnn.group_norm_forward(&gn, &d.x, &gamma, &beta, &mut d.y)?),
         );

@@ -37,7 +37,6 @@ use crate::error::{Error, Result};
 use crate::handle::Cudnn;
 
 pub(crate) mod elementwise;
-pub(crate) mod group_norm;
 mod nvrtc;
 
 /// Threads per block of every kernel here (also the PTX's `.maxntid`).
@@ -298,16 +297,12 @@ pub(crate) struct KernelCache {
     relu: OnceCell<Option<FastKernels>>,
     /// The generated activation modules, one per (activation, element type).
     pub(crate) elementwise: elementwise::ElementwiseCache,
-    /// The generated group-norm modules, one per element type.
-    pub(crate) group_norm: group_norm::GroupNormCache,
 }
 
 impl KernelCache {
     /// Whether any kernels were loaded (so launches from them may still be in flight).
     pub(crate) fn is_loaded(&self) -> bool {
-        matches!(self.relu.get(), Some(Some(_)))
-            || self.elementwise.any_loaded()
-            || self.group_norm.any_loaded()
+        matches!(self.relu.get(), Some(Some(_))) || self.elementwise.any_loaded()
     }
 }
 

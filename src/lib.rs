@@ -165,8 +165,7 @@ pub use error::{Error, LoadError, Result, Status, StatusFamily};
 pub use graph::{LayerNormGrads, LayerNormOutputs};
 pub use handle::{cuda_context, Cudnn};
 pub use norm::{
-    BatchNorm, BatchNormMode, BatchNormOps, GroupNorm, GroupNormPath, LayerNorm, NormMethod,
-    NormType,
+    BatchNorm, BatchNormMode, BatchNormOps, GroupNorm, LayerNorm, NormMethod, NormType,
 };
 pub use ops::OpTensorOp;
 pub use pooling::{PoolingDesc, PoolingMode};

@@ -170,7 +170,7 @@ impl Elem {
     }
 
     /// The template's conversion struct.
-    pub(crate) fn traits(self) -> &'static str {
+    fn traits(self) -> &'static str {
         match self {
             Elem::F32 => "F32",
             Elem::F16 => "F16",
@@ -221,12 +221,19 @@ fn module_key(op: ActOp, elem: Elem, dir: Dir) -> String {
     format!("{}.cu", kernel_name(op, elem, dir, false))
 }
 
-/// The CUDA C++ every generated module starts with (activations and `group_norm.rs`): integer
-/// typedefs, the element types' conversions to and from `float` and the 16-byte vector.
-pub(crate) const TYPES: &str = r#"// cudnn-safe: generated kernels (see src/fast/elementwise.rs and src/fast/group_norm.rs).
+/// The CUDA C++ shared by every module: element conversions, the 16-byte vector, and the
+/// forward and backward loops as templates over an element type `D` and an activation `Op`.
+/// [`source`] appends the activation's `struct Op` and one direction's two `extern "C"` entry
+/// points.
+pub(crate) const TEMPLATE: &str = r#"// cudnn-safe: element-wise activation kernels (generated; see src/fast/elementwise.rs).
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
+
+#define K_SQRT1_2 0.70710678118654752440f
+#define K_INV_SQRT_2PI 0.39894228040143267794f
+#define K_SQRT_2_OVER_PI 0.79788456080286535588f
+#define K_GELU_KAPPA 0.044715f
 
 // Element types: the stored bits R and their conversions to and from float (round to nearest
 // even, NaN kept NaN).
@@ -270,17 +277,6 @@ template <class R> union Pack {
   uint4 v;
   R e[16 / sizeof(R)];
 };
-"#;
-
-/// The CUDA C++ shared by every activation module, after [`TYPES`]: the GELU constants and the
-/// forward and backward loops as templates over an element type `D` and an activation `Op`.
-/// [`source`] appends the activation's `struct Op` and one direction's two `extern "C"` entry
-/// points.
-pub(crate) const TEMPLATE: &str = r#"
-#define K_SQRT1_2 0.70710678118654752440f
-#define K_INV_SQRT_2PI 0.39894228040143267794f
-#define K_SQRT_2_OVER_PI 0.79788456080286535588f
-#define K_GELU_KAPPA 0.044715f
 
 template <class D, class Op>
 __device__ __forceinline__ void forward_vec(const typename D::R* x, typename D::R* y, u64 n,
@@ -411,7 +407,7 @@ $NAME(const $D::R* s, const $D::R* dy, $D::R* dx, u64 n, float alpha, float beta
 "#;
 
 /// The complete CUDA C++ source of the module of `op` on `elem` in direction `dir`:
-/// [`TYPES`] and [`TEMPLATE`], then the direction's entries with the activation's body, the element type and
+/// [`TEMPLATE`], then the direction's entries with the activation's body, the element type and
 /// the kernel name `act_<op>_<type>_<fwd|bwd>` substituted. (Only the direction's templates
 /// are instantiated, so a module compiles in about half the time of one with both.)
 pub(crate) fn source(op: ActOp, elem: Elem, dir: Dir) -> String {
@@ -431,8 +427,7 @@ pub(crate) fn source(op: ActOp, elem: Elem, dir: Dir) -> String {
         .replace("$ELEM", elem.name())
         .replace("$BLOCK", &BLOCK.to_string())
         .replace("$D", elem.traits());
-    let mut s = String::with_capacity(TYPES.len() + TEMPLATE.len() + entries.len());
-    s.push_str(TYPES);
+    let mut s = String::with_capacity(TEMPLATE.len() + entries.len());
     s.push_str(TEMPLATE);
     s.push_str(&entries);
     s

@@ -1,62 +1,11 @@
-//! Group and instance normalization ([`GroupNorm`]): the forward's path ([`GroupNormPath`]:
-//! the crate's kernel or batch-norm calls on regrouped views), the training calls on the
-//! regrouped views.
+//! Group and instance normalization ([`GroupNorm`]), batch-norm calls on regrouped views.
 use std::fmt;
-
-use cudarc::driver::sys::CUdeviceptr;
 
 use super::method::NormMethod;
 use super::regrouped::{regrouped_accessors, regrouped_launches, Regrouped};
 use super::{packed_dims, NormType};
-use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::error::{Error, Result};
-use crate::fast::elementwise::{Elem, Outcome};
-use crate::fast::group_norm::GnShape;
-use crate::handle::Cudnn;
 use crate::tensor::Layout;
-
-/// Which implementation [`Cudnn::group_norm_forward`] (the forward that saves nothing) runs.
-/// The training forward and the backward always run the batch-norm formulation
-/// ([`GroupNorm::method`]).
-///
-/// The crate's kernel is one launch that reads `x` for the group statistics and again (mostly
-/// from L2) to write `y` with the per-channel affine step: three passes over the tensor's bytes
-/// at most, against the batch-norm formulation's four or more. It is generated CUDA compiled
-/// at run time with NVRTC (once per process and element type, tenths of a second), so it needs
-/// the NVRTC library at run time.
-///
-/// ```no_run
-/// use cudnn_safe::norm::{GroupNorm, GroupNormPath, NormMethod};
-/// use cudnn_safe::Layout;
-/// # fn main() -> cudnn_safe::Result<()> {
-/// let x = Layout::nchw_nd(&[8, 64, 32, 32])?;
-/// let gn = GroupNorm::<f32>::new(&x, 32, 1e-5)?;
-/// assert_eq!(gn.path(), GroupNormPath::Auto);
-/// // Never compile a kernel at run time:
-/// let gn = gn.with_path(GroupNormPath::BatchNorm);
-/// assert_eq!(gn.path(), GroupNormPath::BatchNorm);
-/// // Choosing a batch-norm formulation chooses that path too:
-/// let gn = GroupNorm::<f32>::new(&x, 32, 1e-5)?.with_method(NormMethod::reductions())?;
-/// assert_eq!(gn.path(), GroupNormPath::BatchNorm);
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum GroupNormPath {
-    /// The default: the crate's kernel for f32, f16 and bf16 when it is available (NVRTC
-    /// present, the compile and load succeeded on this handle, every buffer aligned to its
-    /// element size, a group of at most 2^32 − 1 elements); the batch-norm formulation
-    /// otherwise, and always for f64. Why the kernel is not available is logged once per
-    /// handle at debug level.
-    #[default]
-    Auto,
-    /// Only the crate's kernel: where it is not available, [`Error::KernelUnavailable`] with
-    /// the reason ([`Error::UnsupportedDataType`] for f64).
-    Kernel,
-    /// Only the batch-norm formulation of [`GroupNorm::method`]: nothing is compiled at run
-    /// time.
-    BatchNorm,
-}
 
 /// Group normalization of a packed NCHW-style tensor `[N, C, spatial...]`: the `C` channels of
 /// each sample are split into `G` groups of `C/G` consecutive channels, each group (with its
@@ -64,19 +13,15 @@ pub enum GroupNormPath {
 /// type `T`). PyTorch's `group_norm`. Instance normalization is `G = C`
 /// ([`GroupNorm::instance`]); layer normalization over `[C, spatial...]` is `G = 1`.
 ///
-/// The forward that saves nothing runs the crate's own kernel by default ([`GroupNormPath`]).
-/// The training forward and the backward (and the forward where the kernel is not available)
-/// are computed by cuDNN as described in the [module documentation](crate::norm): batch-norm
+/// Computed by cuDNN as described in the [module documentation](crate::norm): batch-norm
 /// statistics over the regrouped view `[1, N·G, (C/G)·H·W, 1]`, then the per-channel affine
 /// map, by default ([`NormMethod::default_for_group`]) as one batch-norm inference on the
-/// tensor itself; other formulations are chosen with [`with_method`](Self::with_method). The
-/// input must be packed channels-first; convert channels-last data with
+/// tensor itself; other formulations are chosen with [`with_method`](Self::with_method). The input must be packed channels-first; convert channels-last data with
 /// [`Cudnn::transform_tensor`](crate::Cudnn::transform_tensor) first. `Send`, not `Sync`.
 pub struct GroupNorm<T: NormType> {
     core: Regrouped<T>,
     layout: Layout,
     groups: i64,
-    path: GroupNormPath,
 }
 
 impl<T: NormType> fmt::Debug for GroupNorm<T> {
@@ -87,7 +32,6 @@ impl<T: NormType> fmt::Debug for GroupNorm<T> {
             .field("groups", &self.groups)
             .field("epsilon", &self.core.epsilon)
             .field("method", &self.core.method)
-            .field("path", &self.path)
             .finish()
     }
 }
@@ -120,7 +64,6 @@ impl<T: NormType> GroupNorm<T> {
             core: Regrouped::new(n, c, s, groups, epsilon, NormMethod::default_for_group())?,
             layout: x.clone(),
             groups,
-            path: GroupNormPath::Auto,
         })
     }
     /// Instance normalization of a tensor laid out as `x`: one group per channel.
@@ -143,91 +86,9 @@ impl<T: NormType> GroupNorm<T> {
 }
 
 impl<T: NormType> GroupNorm<T> {
-    /// Choosing a formulation ([`with_method`](Self::with_method)) chooses the batch-norm path.
+    /// Nothing else depends on the method.
     fn method_chosen(self) -> Self {
-        self.with_path(GroupNormPath::BatchNorm)
-    }
-    /// The same normalization with its forward running `path` ([`GroupNormPath`];
-    /// [`GroupNormPath::Auto`] by default). Host only.
-    pub fn with_path(mut self, path: GroupNormPath) -> Self {
-        self.path = path;
         self
-    }
-    /// The path [`Cudnn::group_norm_forward`] runs ([`GroupNormPath`]).
-    pub fn path(&self) -> GroupNormPath {
-        self.path
-    }
-
-    /// The forward that saves nothing, on this object's [`GroupNormPath`].
-    pub(super) fn forward_default(
-        &self,
-        cudnn: &Cudnn,
-        x: &impl DeviceBuffer<T>,
-        gamma: &impl DeviceBuffer<T>,
-        beta: &impl DeviceBuffer<T>,
-        y: &mut impl DeviceBufferMut<T>,
-    ) -> Result<()> {
-        if self.path == GroupNormPath::BatchNorm {
-            return self.core.forward(cudnn, x, gamma, beta, y);
-        }
-        let Some(elem) = Elem::of(T::DTYPE) else {
-            if self.path == GroupNormPath::Kernel {
-                return Err(Error::UnsupportedDataType {
-                    op: "group-norm kernel",
-                    detail: format!("{} (the kernel takes f32, f16 and bf16)", T::DTYPE),
-                });
-            }
-            return self.core.forward(cudnn, x, gamma, beta, y);
-        };
-        let (full, affine) = (self.core.full_layout(), self.core.affine_layout());
-        cudnn.check_tensor("x", full, x, false)?;
-        cudnn.check_tensor("gamma", affine, gamma, false)?;
-        cudnn.check_tensor("beta", affine, beta, false)?;
-        cudnn.check_tensor("y", full, &*y, true)?;
-        let dims = self.layout.dims();
-        let c = dims[1] as u64;
-        let shape = GnShape {
-            n: dims[0] as u64,
-            groups: self.groups as u64,
-            cg: c / self.groups as u64,
-            s: dims[2..].iter().product::<i64>() as u64,
-        };
-        let outcome = {
-            let stream = cudnn.stream();
-            let (xp, _gx) = x.device_ptr(stream);
-            let (gp, _gg) = gamma.device_ptr(stream);
-            let (bp, _gb) = beta.device_ptr(stream);
-            let (yp, _gy) = y.device_ptr_mut(stream);
-            // SAFETY: `x` and `y` were checked above to hold the packed tensor's
-            // `N·C·S = n·groups·cg·s` elements of `T` (whose element type is `elem`) and `γ`,
-            // `β` its `C = groups·cg`, all on the handle's context; the guards keep them alive
-            // and ordered on the handle's stream until the launch is enqueued. `y` is borrowed
-            // exclusively while `x`, `γ` and `β` are borrowed shared, so it overlaps none of
-            // them. The epsilon was checked finite and non-negative at construction.
-            unsafe {
-                cudnn.group_norm_forward_fast(
-                    elem,
-                    [
-                        xp as CUdeviceptr,
-                        gp as CUdeviceptr,
-                        bp as CUdeviceptr,
-                        yp as CUdeviceptr,
-                    ],
-                    shape,
-                    self.core.epsilon as f32,
-                )
-            }?
-        };
-        match outcome {
-            Outcome::Launched => Ok(()),
-            Outcome::Unavailable(reason) if self.path == GroupNormPath::Kernel => {
-                Err(Error::KernelUnavailable {
-                    op: "group-norm forward",
-                    reason,
-                })
-            }
-            Outcome::Unavailable(_) => self.core.forward(cudnn, x, gamma, beta, y),
-        }
     }
 }
 
@@ -245,10 +106,7 @@ regrouped_accessors! {
 regrouped_launches! {
     GroupNorm, gn;
     /// Group (or instance) normalization forward, saving nothing. `x`, `y`:
-    /// [`GroupNorm::len`] elements; `γ`, `β`: [`GroupNorm::channels`]; all checked before
-    /// anything is enqueued. Runs `gn`'s [`GroupNormPath`]: by default one launch of the
-    /// crate's kernel (compiled at the first call of the element type in the process), else
-    /// the batch-norm formulation.
+    /// [`GroupNorm::len`] elements; `γ`, `β`: [`GroupNorm::channels`].
     #[doc(alias = "cudnnBatchNormalizationForwardTraining")]
     fn group_norm_forward;
     /// [`group_norm_forward`](Self::group_norm_forward) that also returns `x̂` and the

@@ -24,10 +24,6 @@
 //!   [`Cudnn::layer_norm_backward_graph`](crate::Cudnn::layer_norm_backward_graph): one kernel
 //!   per direction, where the batch-norm formulation below makes several passes over the
 //!   tensor.
-//! * [`GroupNorm`]'s forward that saves nothing runs by default ([`GroupNormPath::Auto`]) one
-//!   kernel of the crate's own (f32/f16/bf16, compiled with NVRTC at the first call of each
-//!   element type), and the batch-norm formulation below where the kernel is not available;
-//!   its training forward and backward run that formulation.
 //! * [`RmsNorm`] (`y = x · γ / sqrt(mean(x²) + ε)`, no mean, no bias) runs only on those
 //!   graphs: [`Cudnn::rms_norm_forward`](crate::Cudnn::rms_norm_forward),
 //!   [`Cudnn::rms_norm_forward_training`](crate::Cudnn::rms_norm_forward_training) returning an
@@ -82,9 +78,8 @@
 //!
 //! All three normalize groups of consecutive elements of a packed row-major tensor and then apply
 //! a per-feature (layer norm) or per-channel (group / instance norm) affine map. cuDNN has no
-//! legacy call for them, so this module runs group and instance norm (but the forward of
-//! [`GroupNormPath::Auto`]), and layer norm where its fused graph path does not run
-//! ([`LayerNormPath`]), as:
+//! legacy call for them, so this module runs group and instance norm, and layer norm where its
+//! fused graph path does not run ([`LayerNormPath`]), as:
 //!
 //! 1. **Statistics and `x̂`**: cuDNN's spatial batch normalization (training mode, scale 1,
 //!    bias 0, no running statistics) on a *regrouped view* `[1, R, M, 1]` of the same memory,
@@ -203,7 +198,7 @@ pub use batch::{
     BatchNorm, BatchNormBuilder, BatchNormMode, BatchNormOps, BatchNormSaved, RunningStats,
 };
 pub use fold::fold_batch_norm;
-pub use group::{GroupNorm, GroupNormPath};
+pub use group::GroupNorm;
 pub use layer::{LayerNorm, LayerNormPath};
 pub use layer_graph::LayerNormGraphSaved;
 pub use method::{FeatureLayout, NormAffine, NormMethod, NormParamGrads, NormStats};

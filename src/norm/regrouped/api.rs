@@ -67,8 +67,7 @@ macro_rules! regrouped_accessors {
 }
 
 /// The three `Cudnn` launches of a regrouped normalization object `$ty<T>`, taken as `$obj`:
-/// the forward saving nothing (the object's own `forward_default`, which picks its path), the
-/// training forward returning
+/// the forward saving nothing, the training forward returning
 /// [`NormSaved`](crate::norm::NormSaved), and the backward (`dx`, `dγ`, `dβ`), each documented
 /// by the attributes given and delegating to the object's `core`.
 macro_rules! regrouped_launches {
@@ -91,7 +90,7 @@ macro_rules! regrouped_launches {
                 beta: &impl $crate::buffer::DeviceBuffer<T>,
                 y: &mut impl $crate::buffer::DeviceBufferMut<T>,
             ) -> $crate::error::Result<()> {
-                $obj.forward_default(self, x, gamma, beta, y)
+                $obj.core.forward(self, x, gamma, beta, y)
             }
 
             $(#[$train])*
