@@ -93,6 +93,12 @@
 //!   a verdict: `behind` only when the by-round ratio is below 1 by more than that same-plan
 //!   noise, `ahead` when above 1 by more, `tie` otherwise; `paired_noise_conv_fwd_verdicts`
 //!   lists the cases behind.
+//!   `GRAPH_BENCH_PAIRED_CUDA_GRAPHS=1`: both sides also timed with their call captured in a
+//!   CUDA graph, as two more sides of the same rounds (ours through [`Cudnn::capture`], each
+//!   PyTorch process through `torch.cuda.CUDAGraph`), so the host's cost per call drops out
+//!   (ops `paired_graph_conv_fwd_<mode>_<cfg>` and `…_geomean`, with the eager by-round ratio
+//!   of the same rounds beside, and a table). The bench runs on the per-thread default stream
+//!   for this: CUDA cannot capture the legacy default stream.
 //! * `GRAPH_BENCH_EFFORT=both`: each union case is also searched by a second tuner with
 //!   [`SearchEffort::Quick`] on its own copy of the data (the default `Thorough` one keeps
 //!   heuristics B on, as above); the two picks are then timed in turns, 3 rounds each (ops
@@ -121,8 +127,8 @@ use std::time::Instant;
 
 use common::{
     batch_ms, enqueue_loop, exit_on_error, list_only, median_ms, normal_values, per_call_us,
-    print_header, print_op_error, print_op_line, print_summary, sample_size, setup_or_skip, tflops,
-    timed_iters, values, Args, BoxResult, Summary,
+    print_header, print_op_error, print_op_line, print_summary, sample_size,
+    setup_per_thread_or_skip, tflops, timed_iters, values, Args, BoxResult, Summary,
 };
 use criterion::{Criterion, Throughput};
 use cudnn_safe::conv::{
@@ -1493,16 +1499,17 @@ struct Held<T: DataType> {
     tuner: Autotuner,
 }
 
-/// A call the paired comparison times: a held union case, or one graph plan of a case.
+/// A call the paired comparison times: a held union case, or one graph plan of a case. It
+/// returns the crate's error so that [`Cudnn::capture`] can record it into a CUDA graph.
 trait PairedCall {
-    fn call(&mut self, cudnn: &Cudnn) -> BoxResult<()>;
+    fn call(&mut self, cudnn: &Cudnn) -> cudnn_safe::Result<()>;
 }
 
 impl<T: DataType<Scalar = f32>> Held<T> {
     /// The steady-state call: the tuner's decision (the search on the first call).
-    fn forward(&mut self, cudnn: &Cudnn) -> BoxResult<Choice<ConvFwdAlgo>> {
+    fn forward(&mut self, cudnn: &Cudnn) -> cudnn_safe::Result<Choice<ConvFwdAlgo>> {
         let d = &mut self.d;
-        Ok(self.tuner.forward(
+        self.tuner.forward(
             cudnn,
             1.0,
             &d.x_d,
@@ -1513,12 +1520,12 @@ impl<T: DataType<Scalar = f32>> Held<T> {
             0.0,
             &d.y_d,
             &mut d.y_legacy,
-        )?)
+        )
     }
 }
 
 impl<T: DataType<Scalar = f32>> PairedCall for Held<T> {
-    fn call(&mut self, cudnn: &Cudnn) -> BoxResult<()> {
+    fn call(&mut self, cudnn: &Cudnn) -> cudnn_safe::Result<()> {
         self.forward(cudnn)?;
         Ok(())
     }
@@ -1551,7 +1558,7 @@ impl<T: DataType<Scalar = f32>> PlanCall<T> {
 }
 
 impl<T: DataType<Scalar = f32>> PairedCall for PlanCall<T> {
-    fn call(&mut self, cudnn: &Cudnn) -> BoxResult<()> {
+    fn call(&mut self, cudnn: &Cudnn) -> cudnn_safe::Result<()> {
         let d = &mut self.d;
         let mut b = Bindings::new(cudnn);
         b.input(d.x, &d.xb)?
@@ -1714,7 +1721,7 @@ fn union_case<T: DataType<Scalar = f32>>(
         let first = held.forward(cudnn)?;
         stream.synchronize()?;
         let search_s = searched.elapsed().as_secs_f64();
-        let ms = median_ms(stream, test, || held.call(cudnn))?;
+        let ms = median_ms(stream, test, || Ok(held.call(cudnn)?))?;
         if effort_both() && !test {
             quick = Some(quick_beside::<T>(
                 cudnn, mode, cfg, &mut held, &first, search_s,
@@ -1785,8 +1792,8 @@ fn quick_beside<T: DataType<Scalar = f32>>(
     let quick_s = searched.elapsed().as_secs_f64();
     let (mut t, mut q) = (Vec::new(), Vec::new());
     for _ in 0..3 {
-        t.push(median_ms(stream, false, || thorough.call(cudnn))?);
-        q.push(median_ms(stream, false, || quick.call(cudnn))?);
+        t.push(median_ms(stream, false, || Ok(thorough.call(cudnn)?))?);
+        q.push(median_ms(stream, false, || Ok(quick.call(cudnn)?))?);
     }
     let (tm, qm) = (median(&t), median(&q));
     let spread = |v: &[f64]| {
@@ -2184,6 +2191,12 @@ fn paired(run: &mut Run, cmd: &str, held: &mut [HeldCase]) -> BoxResult<()> {
     }
     let mut ours = vec![Vec::new(); held.len()];
     let mut theirs = vec![vec![Vec::new(); runs]; held.len()];
+    // Both sides captured in CUDA graphs (`GRAPH_BENCH_PAIRED_CUDA_GRAPHS=1`): ours and each
+    // PyTorch process's, per case, one time per round.
+    let graphs = env_number::<u32>("GRAPH_BENCH_PAIRED_CUDA_GRAPHS").unwrap_or(0) > 0;
+    let mut ours_graph: Vec<Vec<f64>> = vec![Vec::new(); held.len()];
+    let mut theirs_graph = vec![vec![Vec::new(); runs]; held.len()];
+    let mut graph_errors: Vec<Option<String>> = vec![None; held.len()];
     // Per case, per other plan, its time in each round.
     let mut other_ms: Vec<Vec<Vec<f64>>> = held
         .iter()
@@ -2198,19 +2211,40 @@ fn paired(run: &mut Run, cmd: &str, held: &mut [HeldCase]) -> BoxResult<()> {
                 ours.len(),
                 name(mode, cfg)
             );
-            let sides = runs + 1 + others.len();
+            // Sides: ours, each PyTorch process, the other plans, then with CUDA graphs ours
+            // captured and each PyTorch process's captured call.
+            let eager = runs + 1 + others.len();
+            let sides = eager + if graphs { runs + 1 } else { 0 };
             for k in 0..sides {
                 match (k + round) % sides {
-                    0 => ours[i].push(median_ms(stream, test, || case.call(cudnn))?),
+                    0 => ours[i].push(median_ms(stream, test, || Ok(case.call(cudnn)?))?),
                     side if side <= runs => {
                         let ms =
                             workers[side - 1].ask(&format!("time {}", name(mode, cfg)), "MS")?;
                         theirs[i][side - 1].push(ms.parse::<f64>()?);
                     }
-                    side => {
+                    side if side < eager => {
                         let other = &mut others[side - runs - 1].1;
                         other_ms[i][side - runs - 1]
-                            .push(median_ms(stream, test, || other.call(cudnn))?);
+                            .push(median_ms(stream, test, || Ok(other.call(cudnn)?))?);
+                    }
+                    side if side == eager => {
+                        if graph_errors[i].is_some() {
+                            continue;
+                        }
+                        match captured_ms(cudnn, stream, test, case.as_mut()) {
+                            Ok(ms) => ours_graph[i].push(ms),
+                            Err(e) => {
+                                let op = format!("paired_graph_conv_fwd_{}", name(mode, cfg));
+                                print_op_error(&op, &e);
+                                graph_errors[i] = Some(e.to_string());
+                            }
+                        }
+                    }
+                    side => {
+                        let w = side - eager - 1;
+                        let ms = workers[w].ask(&format!("graph {}", name(mode, cfg)), "MS")?;
+                        theirs_graph[i][w].push(ms.parse::<f64>()?);
                     }
                 }
             }
@@ -2356,6 +2390,16 @@ fn paired(run: &mut Run, cmd: &str, held: &mut [HeldCase]) -> BoxResult<()> {
         );
     }
     noise_floor(held, &ours, &other_ms, &table);
+    if graphs {
+        let names: Vec<String> = held.iter().map(|(m, c, _, _)| name(m, c)).collect();
+        paired_graphs(
+            &names,
+            &held.iter().map(|(m, _, _, _)| m.name).collect::<Vec<_>>(),
+            &ours_graph,
+            &theirs_graph,
+            &table,
+        );
+    }
     if !other_lines.is_empty() {
         println!(
             "\nother plans of the same cases, timed in the same rounds (GRAPH_BENCH_PAIRED_PLANS)"
@@ -2370,6 +2414,116 @@ fn paired(run: &mut Run, cmd: &str, held: &mut [HeldCase]) -> BoxResult<()> {
     }
     Ok(())
 }
+
+/// Milliseconds per replay of `case` captured into a CUDA graph ([`Cudnn::capture`]; the case
+/// has run before, so its tuner has decided and its workspace has grown), timed like every
+/// other side ([`median_ms`]). The graph is dropped before returning.
+fn captured_ms(
+    cudnn: &Cudnn,
+    stream: &CudaStream,
+    test: bool,
+    case: &mut dyn PairedCall,
+) -> BoxResult<f64> {
+    let graph = cudnn.capture((), |c, _| case.call(c))?;
+    graph.upload()?;
+    let ms = median_ms(stream, test, || Ok(graph.launch()?))?;
+    drop(graph);
+    Ok(ms)
+}
+
+/// The paired comparison with both sides captured in CUDA graphs, so that neither side's host
+/// cost per call counts: per case the median over rounds of our replay, PyTorch's median
+/// process (each process's median over rounds of its `torch.cuda.CUDAGraph` replay), their
+/// ratio and its by-round median, beside the eager by-round ratio of the same rounds. Prints a
+/// `paired_graph_conv_fwd_<mode>_<cfg>` line per case, a `…_geomean` line per mode and a
+/// table. A case whose capture failed (its error line was printed) is left out.
+fn paired_graphs(
+    names: &[String],
+    modes: &[&str],
+    ours: &[Vec<f64>],
+    theirs: &[Vec<Vec<f64>>],
+    table: &[PairedRow],
+) {
+    let mut rows: Vec<GraphRow> = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        if ours[i].is_empty() || theirs[i].iter().any(|v| v.len() != ours[i].len()) {
+            continue;
+        }
+        let ms = median(&ours[i]);
+        let per_run: Vec<f64> = theirs[i].iter().map(|v| median(v)).collect();
+        let py = median(&per_run);
+        let by_round = median(
+            &(0..ours[i].len())
+                .map(|r| median(&theirs[i].iter().map(|v| v[r]).collect::<Vec<_>>()) / ours[i][r])
+                .collect::<Vec<_>>(),
+        );
+        let eager_by_round = table[i].4;
+        let list = |v: &[f64]| {
+            v.iter()
+                .map(|x| format!("{x:.5}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!(
+            "{{\"op\": \"paired_graph_conv_fwd_{name}\", \"ms\": {ms:.5}, \"pytorch_ms\": {py:.5}, \"pytorch_over_cudnn_safe\": {:.3}, \"median_round_ratio\": {by_round:.3}, \"eager_median_round_ratio\": {eager_by_round:.3}, \"rounds_ms\": [{}], \"pytorch_runs_ms\": [{}], \"measure\": \"both sides replay a CUDA graph of one call\", \"impl\": \"cudnn-safe\"}}",
+            py / ms,
+            list(&ours[i]),
+            list(&per_run)
+        );
+        rows.push((i, ms, py, by_round, eager_by_round));
+    }
+    if rows.is_empty() {
+        println!("paired comparison in CUDA graphs: no case was captured on both sides");
+        return;
+    }
+    println!(
+        "
+paired comparison with both sides in CUDA graphs (ms per replay; ratio = PyTorch / cudnn-safe)"
+    );
+    println!(
+        "{:<34} {:>11} {:>11} {:>7} {:>9} {:>9}",
+        "case", "cudnn-safe", "PyTorch", "ratio", "by round", "eager"
+    );
+    for &(i, ms, py, by_round, eager) in &rows {
+        println!(
+            "{:<34} {ms:>11.4} {py:>11.4} {:>7.3} {by_round:>9.3} {eager:>9.3}",
+            names[i],
+            py / ms
+        );
+    }
+    let mut seen: Vec<&str> = Vec::new();
+    for &(i, ..) in &rows {
+        if !seen.contains(&modes[i]) {
+            seen.push(modes[i]);
+        }
+    }
+    for mode in seen {
+        let of: Vec<&GraphRow> = rows.iter().filter(|r| modes[r.0] == mode).collect();
+        let g =
+            |f: &dyn Fn(&GraphRow) -> f64| geomean(&of.iter().map(|r| f(r)).collect::<Vec<_>>());
+        let (ours_g, py_g) = (g(&|r| r.1), g(&|r| r.2));
+        let (by_round_g, eager_g) = (g(&|r| r.3), g(&|r| r.4));
+        let (worst, worst_name) = of
+            .iter()
+            .map(|r| (r.3, names[r.0].as_str()))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .unwrap_or((f64::NAN, ""));
+        println!(
+            "{{\"op\": \"paired_graph_conv_fwd_{mode}_geomean\", \"ms\": {ours_g:.5}, \"pytorch_ms\": {py_g:.5}, \"pytorch_over_cudnn_safe\": {:.3}, \"median_round_ratio_geomean\": {by_round_g:.3}, \"eager_median_round_ratio_geomean\": {eager_g:.3}, \"smallest_median_round_ratio\": {worst:.3}, \"smallest_median_round_layer\": \"{worst_name}\", \"configs\": {}, \"impl\": \"cudnn-safe\"}}",
+            py_g / ours_g,
+            of.len()
+        );
+        println!(
+            "{:<34} {ours_g:>11.4} {py_g:>11.4} {:>7.3} {by_round_g:>9.3} {eager_g:>9.3}",
+            format!("{mode} geomean"),
+            py_g / ours_g
+        );
+    }
+}
+
+/// One case of the CUDA-graph paired table: its index, our median, PyTorch's median process,
+/// the by-round ratio and the eager by-round ratio.
+type GraphRow = (usize, f64, f64, f64, f64);
 
 /// One case of the paired table: name, our median, PyTorch's median process, each process's
 /// median, and the median of the rounds' own ratios.
@@ -2627,7 +2781,9 @@ fn layernorm_bwd(run: &mut Run, op: &str, bytes: f64) -> BoxResult<()> {
 
 fn main() {
     let _ = env_logger::try_init();
-    let Some((stream, cudnn)) = setup_or_skip() else {
+    // The per-thread default stream, so that the paired comparison can capture its calls into
+    // CUDA graphs (CUDA cannot capture the legacy default stream).
+    let Some((stream, cudnn)) = setup_per_thread_or_skip() else {
         return;
     };
     print_header(&stream, &cudnn);

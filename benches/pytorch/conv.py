@@ -21,6 +21,10 @@ search). Prints one JSON line per case: {"mode", "cfg", "ms", "direction": "bwd"
   (PyTorch's search); answers `OK`.
 * `time NAME`: times the case with `timing.bench_like_rust` (with its mode's TF32 setting, which
   is part of PyTorch's plan-cache key); answers `MS <milliseconds per call>`.
+* `graph NAME`: the case's call captured once (at its first `graph`, after warm-up calls on a
+  side stream) into a `torch.cuda.CUDAGraph`, timed by replaying it with
+  `timing.bench_like_rust`; answers `MS <milliseconds per replay>`. The counterpart of the graph
+  bench's `paired_graph_conv_fwd_<mode>_<cfg>` sides (`GRAPH_BENCH_PAIRED_CUDA_GRAPHS=1`).
 * `quit` (or end of input): exits.
 An unknown mode or name is answered `ERR <why>`. Other lines it prints (the header) start with `{`.
 """
@@ -67,6 +71,26 @@ def time_case(case):
         return timing.bench_like_rust(lambda: conv(x))
 
 
+def capture_case(case):
+    """The case's call captured into a CUDA graph (same input, same module, same TF32 setting,
+    so PyTorch's plan cache gives the plan its search picked), after three warm-up calls on a
+    side stream as PyTorch's CUDA-graph notes ask."""
+    x, conv, tf32 = case
+    torch.backends.cudnn.allow_tf32 = tf32
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad():
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                conv(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = conv(x)
+    torch.cuda.synchronize()
+    return graph, y
+
+
 def prepare_backward(name, cfg):
     """The backward of one case (dx and dw from dy), after 11 warm-up calls (the first runs
     PyTorch's search): the call to time and its TF32 setting."""
@@ -97,6 +121,7 @@ def time_backward(case):
 
 def serve():
     cases = {}
+    graphs = {}
     for line in sys.stdin:
         words = line.split()
         if not words:
@@ -113,6 +138,14 @@ def serve():
                 if words[1] not in cases:
                     raise ValueError(f"no case named {words[1]}")
                 print(f"MS {time_case(cases[words[1]]):.6f}", flush=True)
+            elif words[0] == "graph" and len(words) == 2:
+                if words[1] not in cases:
+                    raise ValueError(f"no case named {words[1]}")
+                if words[1] not in graphs:
+                    graphs[words[1]] = capture_case(cases[words[1]])
+                torch.backends.cudnn.allow_tf32 = cases[words[1]][2]
+                replay = graphs[words[1]][0].replay
+                print(f"MS {timing.bench_like_rust(replay):.6f}", flush=True)
             else:
                 raise ValueError(f"unknown command {line.strip()!r}")
         except Exception as e:  # answered, so the bench reports it instead of waiting
