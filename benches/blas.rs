@@ -19,8 +19,9 @@
 //!   `fused bias+gelu 8192x4096x1024 <policy>: fused A ms, unfused B ms (…), speedup S` gives
 //!   event-timed medians, and the fused and unfused results are compared once.
 //! * `lt_fp8_e4m3/<size>/{heuristic,autotune}`: square FP8 GEMMs of size 4096 and 8192
-//!   ([`BlasLt::matmul_fp8`]: E4M3 × E4M3 → bf16, device scales of 1), the shape of
-//!   PyTorch's `torch._scaled_mm(a, b.t(), …, out_dtype=torch.bfloat16)`; a JSON line
+//!   ([`BlasLt::matmul_fp8`]: E4M3 × E4M3 → bf16, device scales of 1, standard-normal inputs),
+//!   the shape and data of `benches/pytorch/gemm.py fp8`'s `torch._scaled_mm(a, b.t(), …,
+//!   out_dtype=torch.bfloat16)`; a JSON line
 //!   `{"op": "fp8_e4m3_gemm_<size>", "policy": …, "ms": …, "tflops": …}` gives the event-timed
 //!   median.
 //!
@@ -33,7 +34,9 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{list_only, median_ms, sample_size, tflops, timed_iters, values, Args, BoxResult};
+use common::{
+    list_only, median_ms, normal_values, sample_size, tflops, timed_iters, values, Args, BoxResult,
+};
 use criterion::{Criterion, Throughput};
 use cudnn_safe::blas::lt::{
     BlasLt, Choice, Element, Epilogue, EpilogueData, Fp8Scaling, Matmul, Policy,
@@ -195,8 +198,12 @@ fn fp8_group(
     let prepared = (|| -> BoxResult<_> {
         let op = Matmul::linear(size, size, size)?;
         let to8 = |v: Vec<f32>| v.into_iter().map(F8E4M3::from_f32).collect::<Vec<_>>();
-        let a = stream.clone_htod(&to8(values::<f32>(op.a_len(), 1.0)))?;
-        let b = stream.clone_htod(&to8(values::<f32>(op.b_len(), 1.0)))?;
+        // Standard-normal values rounded to E4M3, as PyTorch's `randn(...).to(float8_e4m3fn)`:
+        // a power-limited GEMM's clocks depend on the data.
+        let a = stream.clone_htod(&to8(normal_values::<f32>(op.a_len())))?;
+        let b = stream.clone_htod(&to8(normal_values::<f32>(op.a_len() + op.b_len())
+            [op.a_len()..]
+            .to_vec()))?;
         let d = stream.alloc_zeros::<bf16>(op.d_len())?;
         let one = stream.clone_htod(&[1.0f32])?;
         Ok((op, a, b, d, one))

@@ -7,6 +7,10 @@ line: {"op", "ms" (median per call), ...}:
 * `bias_gelu_bf16_8192x4096x1024-fused`: `torch._addmm_activation(b, a, w.T, use_gelu=True)`,
   PyTorch's fused cuBLASLt GEMM + bias + GELU(tanh) (the bench's `lt_fused_bias_gelu`);
 * `bias_gelu_bf16_8192x4096x1024-unfused`: `gelu(a @ w.T + b, approximate="tanh")` in eager.
+* `fp8_e4m3_gemm_<n>` for n = 4096 and 8192: `torch._scaled_mm(a, b.t(), scale_a=1, scale_b=1,
+  out_dtype=torch.bfloat16)`, `a`, `b` standard normal rounded to E4M3 (the bench's
+  `lt_fp8_e4m3/<n>`), with its TFLOP/s.
+`python3 benches/pytorch/gemm.py fp8` (or `bf16`) runs only those lines.
 Timing: `timing.bench_like_rust` (the Rust bench's `median_ms` rule: batches of about 25 ms, run
 for `BENCH_HEAT_MS` first, median of 5), after 5 warm-up calls.
 """
@@ -37,7 +41,19 @@ def report(op, ms, **extra):
     print(json.dumps(row), flush=True)
 
 
+which = sys.argv[1:] or ["bf16", "fp8"]
 with torch.no_grad():
+    if "fp8" in which:
+        for n in (4096, 8192):
+            a = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn)
+            b = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn)
+            one = torch.tensor(1.0, device=dev)
+            ms = bench(lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
+                                                out_dtype=bf))
+            report(f"fp8_e4m3_gemm_{n}", ms, TFLOPs=round(2 * n ** 3 / ms / 1e9, 1))
+            del a, b
+    if "bf16" not in which:
+        sys.exit(0)
     n = 8192
     a = torch.randn(n, n, device=dev, dtype=bf)
     w = torch.randn(n, n, device=dev, dtype=bf)
