@@ -300,7 +300,7 @@ fn ln_graph(d: &Dims) -> Result<(Graph, Vec<TensorId>)> {
     Ok((g, vec![x, scale, bias, out.y]))
 }
 
-/// `c = a·w + bias` (then GELU, then `+ residual`): tensors a, w, bias, [residual], c.
+/// `c = a·w + bias` (then GELU, then `+ residual`): tensors a, w, bias, `[residual]`, c.
 fn linear_graph(
     m: usize,
     k: usize,
