@@ -77,18 +77,8 @@ def capture_case(case):
     side stream as PyTorch's CUDA-graph notes ask."""
     x, conv, tf32 = case
     torch.backends.cudnn.allow_tf32 = tf32
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
     with torch.no_grad():
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                conv(x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = conv(x)
-    torch.cuda.synchronize()
-    return graph, y
+        return timing.cuda_graph(lambda: conv(x))
 
 
 def prepare_backward(name, cfg):

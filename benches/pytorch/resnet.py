@@ -121,15 +121,7 @@ def time_cases(cases):
         with torch.no_grad():
             t = timing.bench(lambda: m(x), reps=30, warm=10)
             print(json.dumps({"op": f"{case}_eager", "ms": t, "ips": b / t * 1e3}), flush=True)
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(3):
-                    m(x)
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                m(x)
+            g, _ = timing.cuda_graph(lambda: m(x))
             t = timing.bench(g.replay, reps=30, warm=10)
             print(json.dumps({"op": f"{case}_cudagraph", "ms": t, "ips": b / t * 1e3}), flush=True)
         del m

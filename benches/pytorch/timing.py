@@ -67,6 +67,23 @@ def bench(fn, reps, warm, batches=7):
     return _median(fn, reps, batches)
 
 
+def cuda_graph(fn, warm=3):
+    """`fn`'s work captured into a `torch.cuda.CUDAGraph` after `warm` calls on a side stream
+    (PyTorch's CUDA-graph recipe): the graph, to time with `graph.replay`, and what the captured
+    call returned (the tensors each replay writes)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warm):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    torch.cuda.synchronize()
+    return graph, out
+
+
 # The Rust benches' batch rule (benches/common/mod.rs: BATCH_MS, BATCHES).
 BATCH_MS = 25.0
 BATCHES = 5
