@@ -65,8 +65,9 @@ impl From<bool> for Causal {
 /// flash-attention kernels (the score matrix is never stored; the backward pass is cuDNN's
 /// fused one, deterministic under [`Policy::Deterministic`](cudnn_safe::tune::Policy)); the
 /// plans are built at the first call of each problem on a thread and kept. Other cases (f32,
-/// f64, other head dimensions, the CPU, or a problem cuDNN has no engine for) run candle's
-/// matmul and softmax, with the same results up to rounding.
+/// f64, other head dimensions, [`Causal::BottomRight`] with a mask or with `s_q > s_kv`, the
+/// CPU, or a problem cuDNN has no engine for) run candle's matmul and softmax, with the same
+/// results up to rounding.
 ///
 /// A bad argument is an [`Error`] naming it, returned before anything runs.
 ///
@@ -96,7 +97,7 @@ pub fn sdpa(
     if [sz.b, sz.h, sz.s_q, sz.d_v].contains(&0) {
         return Tensor::zeros((sz.b, sz.h, sz.s_q, sz.d_v), q.dtype(), q.device());
     }
-    if !fused_applies(q, &sz) {
+    if !fused_applies(q, &sz, mask.is_some(), causal) {
         return composed(q, k, v, mask, causal, scale);
     }
     let (qr, kr, vr) = (ready(q)?, ready(k)?, ready(v)?);
@@ -253,13 +254,17 @@ fn mask_extents(m: &Tensor, q: &Tensor, full: [usize; 4]) -> candle_core::Result
     Ok([padded[0], padded[1]])
 }
 
-/// Whether cuDNN's fused engines take the problem.
-fn fused_applies(q: &Tensor, sz: &Sizes) -> bool {
-    let head = |d: usize| d <= 128 && d.is_multiple_of(8);
+/// Whether cuDNN's fused engines take the problem: f16 or bf16 on a CUDA device, head
+/// dimensions of 8 to 128 in steps of 8, and a bottom-right diagonal only without a mask and
+/// with `s_q <= s_kv` (the engines take no bias with that diagonal).
+fn fused_applies(q: &Tensor, sz: &Sizes, masked: bool, causal: Causal) -> bool {
+    let head = |d: usize| d > 0 && d <= 128 && d.is_multiple_of(8);
+    let diagonal = causal != Causal::BottomRight || (!masked && sz.s_q <= sz.s_kv);
     q.device().is_cuda()
         && matches!(q.dtype(), DType::F16 | DType::BF16)
         && head(sz.d)
         && head(sz.d_v)
+        && diagonal
 }
 
 /// `t` as the fused engines read it: unit stride along the head dimension, no broadcast
@@ -486,7 +491,9 @@ impl Fused {
     }
 
     /// Builds a graph with `add` and its first heuristic plan; marks the problem unsupported
-    /// when cuDNN has none.
+    /// (candle's operations run it) when the graph refuses the problem or cuDNN has no plan.
+    /// The arguments were checked before: a refusal here is the fused graph's, not the
+    /// caller's.
     fn build(
         &self,
         cudnn: &cudnn_safe::Cudnn,
@@ -494,16 +501,17 @@ impl Fused {
         add: impl FnOnce(&mut Graph) -> cudnn_safe::Result<(Vec<TensorId>, Vec<TensorId>)>,
     ) -> cudnn_safe::Result<Built> {
         let mut g = Graph::new(dtype, cudnn_safe::DType::F32, cudnn_safe::DType::F32);
-        let (ids, outs) = add(&mut g)?;
-        let outs = outs
-            .iter()
-            .map(|&t| packed_order(&g, t))
-            .collect::<cudnn_safe::Result<Vec<_>>>()?;
-        let planned = g
-            .build(cudnn)
-            .and_then(|og| og.plan(cudnn, &PlanFilter::default()).map(|p| (og, p)));
+        let planned = add(&mut g).and_then(|(ids, outs)| {
+            let outs = outs
+                .iter()
+                .map(|&t| packed_order(&g, t))
+                .collect::<cudnn_safe::Result<Vec<_>>>()?;
+            let og = g.build(cudnn)?;
+            let plan = og.plan(cudnn, &PlanFilter::default())?;
+            Ok((og, plan, ids, outs))
+        });
         match planned {
-            Ok((og, plan)) => {
+            Ok((og, plan, ids, outs)) => {
                 log::debug!("{OP}: plan {}", plan.name());
                 Ok(Built {
                     og,
@@ -577,7 +585,13 @@ impl Fused {
                     return Err(e);
                 }
             };
-            if built.outs[0].1 != self.order {
+            // The output is packed in q's memory order. Axes of extent 1 address nothing, so
+            // their place in either order is arbitrary (their strides tie with a neighbour's).
+            let o_dims = [self.sz.b, self.sz.h, self.sz.s_q, self.sz.d_v];
+            let moving = |order: &[usize]| -> Vec<usize> {
+                order.iter().copied().filter(|&a| o_dims[a] != 1).collect()
+            };
+            if moving(&built.outs[0].1) != moving(&self.order) {
                 return Err(order_mismatch(&built.outs[0].1, &self.order));
             }
             let n_in = 3 + usize::from(self.bias.is_some());
@@ -613,7 +627,7 @@ impl Fused {
                 cudnn.execute(&built.plan, &args, &mut held.ws)?;
             }
             *self.stats.lock().unwrap_or_else(|p| p.into_inner()) = stats;
-            Ok((o, built.outs[0].0.clone()))
+            Ok((o, permuted(&o_dims, &self.order)))
         })?;
         Ok((CudaStorage::wrap_cuda_slice(o, dev), Shape::from(mem_dims)))
     }

@@ -29,7 +29,8 @@ const OP: &str = "batch_norm";
 ///
 /// `running_mean`, `running_var`, `weight` and `bias`: `[c]`, on x's device, of x's dtype or
 /// f32 (f32 parameters with f16/bf16 data is PyTorch's mixed precision); the running statistics
-/// must be contiguous when they are updated. `weight` and `bias` absent mean 1 and 0.
+/// must be contiguous when they are updated, and share no memory with each other or with `x`,
+/// `weight` and `bias`. `weight` and `bias` absent mean 1 and 0.
 /// `momentum` in `0..=1`, `eps` finite and at least 0.
 ///
 /// f32, f16 and bf16 on a CUDA device run cuDNN (statistics in f32; a packed or channels-last
@@ -328,6 +329,30 @@ impl Call<'_> {
                         ));
                     }
                 }
+                // Both statistics are written after the batch is normalized, and the backward
+                // pass reads x, weight and bias again: no written element may be read or
+                // written by another argument.
+                if overlap(m, v) {
+                    return Err(Error::invalid(
+                        OP,
+                        "running_var",
+                        "memory of its own (both running statistics are updated in place)",
+                        "a view overlapping running_mean",
+                    ));
+                }
+                let read = [(Some(x), "x"), (weight, "weight"), (bias, "bias")];
+                for (t, t_arg) in read.into_iter().filter_map(|(t, a)| Some((t?, a))) {
+                    for (s, s_arg) in [(m, "running_mean"), (v, "running_var")] {
+                        if overlap(s, t) {
+                            return Err(Error::invalid(
+                                OP,
+                                s_arg,
+                                format!("no memory shared with `{t_arg}` (it is updated in place)"),
+                                format!("a view overlapping `{t_arg}`"),
+                            ));
+                        }
+                    }
+                }
             }
             None if !training => {
                 return Err(Error::invalid(
@@ -427,6 +452,30 @@ fn on_cudnn(x: &Tensor) -> bool {
 fn store(dst: &Tensor, value: &Tensor) -> candle_core::Result<()> {
     let value = value.detach().to_dtype(dst.dtype())?.contiguous()?;
     dst.slice_set(&value, 0, 0)
+}
+
+/// Whether `a` and `b` are views of one storage whose element ranges (first to last element
+/// each reaches) intersect. Conservative for strided views that interleave without touching.
+fn overlap(a: &Tensor, b: &Tensor) -> bool {
+    fn reach(l: &Layout) -> std::ops::Range<usize> {
+        let at = l.start_offset();
+        let last = l
+            .dims()
+            .iter()
+            .zip(l.stride())
+            .try_fold(at, |acc, (&d, &s)| Some(acc + d.checked_sub(1)? * s));
+        last.map_or(at..at, |last| at..last + 1)
+    }
+    // The storage's address identifies it while both tensors hold it; one lock at a time.
+    fn storage(t: &Tensor) -> *const candle_core::Storage {
+        &*t.storage_and_layout().0
+    }
+    let (ra, rb) = (reach(a.layout()), reach(b.layout()));
+    std::ptr::eq(storage(a), storage(b))
+        && !ra.is_empty()
+        && !rb.is_empty()
+        && ra.start < rb.end
+        && rb.start < ra.end
 }
 
 /// A new f32 device buffer holding `t` (`[c]`), for cuDNN to update.

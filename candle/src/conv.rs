@@ -186,9 +186,11 @@ fn conv(
     if x.device().is_cpu() {
         return cpu_conv(op, x, w, &p);
     }
-    // Zero strides (broadcast) are no layout cuDNN takes; filters are packed.
+    // Zero strides (broadcast) are no layout cuDNN takes; filters are packed. A copy even where
+    // candle calls the view contiguous (zero strides only on axes of extent 1, as after
+    // `broadcast_left`): the strides go to cuDNN as they are.
     let x = if x.stride().contains(&0) {
-        x.contiguous()?
+        x.force_contiguous()?
     } else {
         x.clone()
     };
@@ -515,7 +517,7 @@ impl CustomOp2 for ConvOp {
         }
         let (x, w) = (a, b);
         let dy = if dy.stride().contains(&0) {
-            dy.contiguous()?
+            dy.force_contiguous()?
         } else {
             dy.clone()
         };

@@ -223,14 +223,25 @@ fn run<T: Elem>(
         if held.objects.contains(&none) {
             return Ok(None);
         }
-        let layer = held.objects.get_or_make(key, || {
+        let made = held.objects.get_or_make(key, || {
             let layer = FusedConv::new(cudnn, T::DTYPE, xd, wd, &params, epi)?;
             // A quick search times the heuristics' first few plans, not all of them.
             Ok(match quick {
                 true => layer.with_filter(PlanFilter::default().with_max_plans(Some(QUICK_PLANS))),
                 false => layer,
             })
-        })?;
+        });
+        let layer = match made {
+            Ok(layer) => layer,
+            // cuDNN refusing the graph itself (a status of the "not supported" family when it
+            // is built) is the same verdict as no engine running it.
+            Err(e) if not_supported(&e) => {
+                log::debug!("{OP}: separate operations for {xd:?} * {wd:?}: {e}");
+                held.objects.insert(none, NoEngine);
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
         let mut y = output::<T>(cudnn, layer.y_span(), "allocating a convolution result")?;
         match layer.run(
             cudnn,
@@ -253,6 +264,18 @@ fn run<T: Elem>(
     })?;
     let [n, k, h, wo] = *y_dims;
     Ok(y.map(|y| tensor(y, &dev, vec![n, h, wo, k])))
+}
+
+/// Whether `e` is cuDNN saying it does not take the graph (no engine, or a status of the
+/// "not supported" family), rather than a failure the caller must see.
+fn not_supported(e: &cudnn_safe::Error) -> bool {
+    match e {
+        cudnn_safe::Error::NoEngine { .. } => true,
+        cudnn_safe::Error::Cudnn { status, .. } => {
+            status.family() == cudnn_safe::StatusFamily::NotSupported
+        }
+        _ => false,
+    }
 }
 
 /// Plans a [`SearchEffort::Quick`] search times per fused layer.

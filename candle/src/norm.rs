@@ -48,6 +48,9 @@ pub fn layer_norm(
         &[(gamma, "gamma"), (beta, "beta")],
         eps,
     )?;
+    if x.elem_count() == 0 {
+        return x.zeros_like();
+    }
     if !on_cudnn(x) {
         let xf = widen(x)?;
         let mean = xf.mean_keepdim(D::Minus1)?;
@@ -95,6 +98,9 @@ pub fn rms_norm(x: &Tensor, gamma: &Tensor, eps: f32) -> candle_core::Result<Ten
     const OP: &str = "rms_norm";
     let f = features(OP, x)?;
     check(OP, x, f, "x's last dimension", &[(gamma, "gamma")], eps)?;
+    if x.elem_count() == 0 {
+        return x.zeros_like();
+    }
     let tracked = x.track_op() || gamma.track_op();
     if !on_cudnn(x) || !rms_plans(x, eps, tracked)? {
         let xf = widen(x)?;
@@ -508,9 +514,11 @@ impl Norm {
     }
 }
 
-/// dy made packed (a broadcast gradient, such as that of a sum, has zero strides).
+/// dy made packed with a 16-byte aligned start, as the graph engines take it: a broadcast
+/// gradient (that of a sum) has zero strides, and nothing makes a gradient candle hands over
+/// start on a 16-byte boundary.
 fn packed_grad(dy: &Tensor) -> candle_core::Result<Tensor> {
-    dy.contiguous()
+    packed_aligned(dy)
 }
 
 impl CustomOp2 for Norm {

@@ -29,6 +29,9 @@ pub fn softmax_last_dim(x: &Tensor) -> candle_core::Result<Tensor> {
     if x.rank() == 0 {
         return Err(Error::invalid(OP, "x", "at least one dimension", x.dims()));
     }
+    if x.elem_count() == 0 {
+        return x.zeros_like();
+    }
     if x.device().is_cpu() {
         let m = x.max_keepdim(D::Minus1)?;
         let e = x.broadcast_sub(&m)?.exp()?;

@@ -242,6 +242,42 @@ fn conv2d_takes_strided_inputs_and_per_dimension_parameters() {
         .conv2d(&w64, 0, 1, 1, 1)
         .unwrap();
     assert!(rel_l2(&y, &yr) <= 1e-5);
+    // A batch axis of extent 1 made by `broadcast_left` (stride 0, which candle calls
+    // contiguous): copied packed for cuDNN, the gradient reaching the unbatched tensor.
+    let (img, img64) = random(&[4, 9, 11], DType::F32, &dev, 8);
+    let (iv, iv64) = (
+        Var::from_tensor(&img).unwrap(),
+        Var::from_tensor(&img64).unwrap(),
+    );
+    let xb = iv.as_tensor().broadcast_left(1).unwrap();
+    assert_eq!(xb.stride()[0], 0);
+    let y = conv2d(&xb, &w, 1, 1, 1, 1).unwrap();
+    let yr = iv64
+        .as_tensor()
+        .unsqueeze(0)
+        .unwrap()
+        .conv2d(&w64, 1, 1, 1, 1)
+        .unwrap();
+    let e = rel_l2(&y, &yr);
+    assert!(e <= 1e-5, "broadcast x: {e:e}");
+    let grads = y.sum_all().unwrap().backward().unwrap();
+    let grads_r = yr.sum_all().unwrap().backward().unwrap();
+    let e = rel_l2(
+        grads.get(iv.as_tensor()).unwrap(),
+        grads_r.get(iv64.as_tensor()).unwrap(),
+    );
+    assert!(e <= 1e-5, "broadcast x, dx: {e:e}");
+    // The same in 1-D: `[c, l]` broadcast to `[1, c, l]`.
+    let (seq, seq64) = random(&[4, 30], DType::F32, &dev, 9);
+    let (w1, w164) = random(&[3, 4, 5], DType::F32, &dev, 10);
+    let y = conv1d(&seq.broadcast_left(1).unwrap(), &w1, 2, 1, 1, 1).unwrap();
+    let yr = seq64
+        .unsqueeze(0)
+        .unwrap()
+        .conv1d(&w164, 2, 1, 1, 1)
+        .unwrap();
+    let e = rel_l2(&y, &yr);
+    assert!(e <= 1e-5, "broadcast 1-D x: {e:e}");
     // Per-dimension padding, stride and dilation: the reference pads by hand and subsamples.
     let p = Conv2dParams::new()
         .padding([2, 0])
@@ -492,6 +528,20 @@ const ATTN: &[Attn] = &[
         mask: Mask::Bool,
         bshd: false,
     },
+    // The bottom-right diagonal with a mask: the fused engines take no bias with that
+    // diagonal, candle's operations run it.
+    Attn {
+        b: 2,
+        h: 2,
+        h_kv: 2,
+        s_q: 16,
+        s_kv: 24,
+        d: 64,
+        d_v: 64,
+        causal: Causal::BottomRight,
+        mask: Mask::Float,
+        bshd: false,
+    },
     // Head dimension 20: not a multiple of 8, candle's operations run it.
     Attn {
         b: 2,
@@ -667,6 +717,62 @@ fn sdpa_on_the_cpu_matches_the_reference() {
     }
 }
 
+/// q, k and v as views of one packed `[b, s, 3, h, d]` projection (narrow, squeeze, transpose),
+/// with axes of extent 1 (one head, one query, one batch entry), whose strides tie with a
+/// neighbour's: forward and the gradient of the projection against f64.
+#[test]
+fn sdpa_takes_packed_qkv_views_with_axes_of_extent_one() {
+    let Some(dev) = cuda() else { return };
+    let d = 64;
+    for (i, &(b, h, s)) in [(2usize, 1usize, 24usize), (1, 1, 16), (2, 4, 1), (1, 2, 9)]
+        .iter()
+        .enumerate()
+    {
+        let c = Attn {
+            b,
+            h,
+            h_kv: h,
+            s_q: s,
+            s_kv: s,
+            d,
+            d_v: d,
+            causal: Causal::TopLeft,
+            mask: Mask::None,
+            bshd: false,
+        };
+        for dtype in [DType::F16, DType::BF16] {
+            let seed = 1500 + 10 * i as u64;
+            let (qkv, qkv64) = random(&[b, s, 3, h, d], dtype, &dev, seed);
+            let (var, var64) = (
+                Var::from_tensor(&qkv).unwrap(),
+                Var::from_tensor(&qkv64).unwrap(),
+            );
+            let part = |t: &Tensor, j: usize| {
+                t.narrow(2, j, 1)
+                    .unwrap()
+                    .squeeze(2)
+                    .unwrap()
+                    .transpose(1, 2)
+                    .unwrap()
+            };
+            let (t, r) = (var.as_tensor(), var64.as_tensor());
+            let scale = 1.0 / (d as f64).sqrt();
+            let o = sdpa(&part(t, 0), &part(t, 1), &part(t, 2), None, true, scale).unwrap();
+            let or = reference_attention(&c, &part(r, 0), &part(r, 1), &part(r, 2), None, scale);
+            assert_eq!(o.dims(), &[b, h, s, d]);
+            let tol = tolerance(dtype);
+            let what = format!("b {b} h {h} s {s} {dtype:?}");
+            let e = rel_l2(&o, &or);
+            assert!(e <= tol, "{what} o: {e:e}");
+            let (g, gr) = random(o.dims(), dtype, &dev, seed + 1);
+            let grads = (&o * &g).unwrap().sum_all().unwrap().backward().unwrap();
+            let grads_r = (&or * &gr).unwrap().sum_all().unwrap().backward().unwrap();
+            let e = rel_l2(grads.get(t).unwrap(), grads_r.get(r).unwrap());
+            assert!(e <= 2.0 * tol, "{what} dqkv: {e:e}");
+        }
+    }
+}
+
 /// Layer norm (with beta) or RMS norm (without) in f64 over the last dimension.
 fn reference_norm(x: &Tensor, g: &Tensor, b: Option<&Tensor>, eps: f64) -> Tensor {
     let n = *x.dims().last().unwrap() as f64;
@@ -742,6 +848,30 @@ fn layer_and_rms_norm_match_f64_forward_and_backward() {
                     let e = rel_l2(got, want);
                     assert!(e <= 2.0 * tol, "{what} {dims:?} {dtype:?} {name}: {e:e}");
                 }
+            }
+        }
+    }
+}
+
+/// Inputs with no elements (no rows, or rows of no features) give results of the same shape,
+/// as PyTorch's, on every device.
+#[test]
+fn empty_inputs_give_empty_results() {
+    let devices: Vec<Device> = std::iter::once(Device::Cpu).chain(cuda()).collect();
+    for dev in &devices {
+        for dims in [&[0usize, 8][..], &[3, 0], &[2, 0, 5]] {
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let x = Tensor::zeros(dims, dtype, dev).unwrap();
+                let f = *dims.last().unwrap();
+                let g = Tensor::ones(f, dtype, dev).unwrap();
+                let b = Tensor::zeros(f, dtype, dev).unwrap();
+                let what = format!("{dev:?} {dims:?} {dtype:?}");
+                let y = layer_norm(&x, &g, &b, 1e-5).expect(&what);
+                assert_eq!(y.dims(), x.dims(), "layer_norm {what}");
+                let y = rms_norm(&x, &g, 1e-5).expect(&what);
+                assert_eq!(y.dims(), x.dims(), "rms_norm {what}");
+                let y = softmax_last_dim(&x).expect(&what);
+                assert_eq!(y.dims(), x.dims(), "softmax_last_dim {what}");
             }
         }
     }
@@ -1477,7 +1607,31 @@ fn batch_norm_agrees_with_candle_nn_and_refuses_bad_arguments() {
             .unwrap()
             .squeeze(1)
             .unwrap();
+        // Running statistics that share memory with each other or with an input: one storage
+        // holding x and, right after it, room for one statistic.
+        let n_x = x.elem_count();
+        let (all, _) = random(&[n_x + c], DType::F32, dev, 953);
+        let x_in = all.narrow(0, 0, n_x).unwrap().reshape(x.dims()).unwrap();
+        let after = all.narrow(0, n_x, c).unwrap();
+        let into_x = all.narrow(0, n_x - 3, c).unwrap();
+        let before = flat(&all);
         let cases = [
+            (
+                bn(&x, Some((&zeros, &zeros)), None, None, true, 0.1, 1e-5),
+                "running_var",
+            ),
+            (
+                bn(&x_in, Some((&into_x, &ones)), None, None, true, 0.1, 1e-5),
+                "running_mean",
+            ),
+            (
+                bn(&x, Some((&zeros, &w)), Some(&w), Some(&b), true, 0.1, 1e-5),
+                "running_var",
+            ),
+            (
+                bn(&x, Some((&b, &ones)), Some(&w), Some(&b), true, 0.1, 1e-5),
+                "running_mean",
+            ),
             (
                 bn(&x, Some((&short, &ones)), None, None, true, 0.1, 1e-5),
                 "running_mean",
@@ -1530,6 +1684,12 @@ fn batch_norm_agrees_with_candle_nn_and_refuses_bad_arguments() {
         for (i, (r, arg)) in cases.into_iter().enumerate() {
             assert_eq!(refused(r), arg, "{dev:?} case {i}");
         }
+        assert_eq!(flat(&all), before, "{dev:?}: a refused call wrote");
+        // A statistic right after x in the same storage shares no element with it.
+        let var = Tensor::ones(c, DType::F32, dev).unwrap();
+        bn(&x_in, Some((&after, &var)), None, None, true, 0.1, 1e-5).unwrap();
+        assert_ne!(flat(&after), before[n_x..].to_vec(), "{dev:?}: not updated");
+        assert_eq!(flat(&all)[..n_x], before[..n_x], "{dev:?}: x changed");
         // The layer: f32 statistics with bf16 parameters (for bf16 inputs) are accepted; a
         // statistic that is not [c] is refused by name.
         let bf = Tensor::ones(c, DType::BF16, dev).unwrap();
