@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Shape, Tensor, Var};
 use cudnn_safe::cudarc::driver::CudaSlice;
 use cudnn_safe::graph::{Args, Graph, OperationGraph, Plan, PlanFilter, SdpaOptions, TensorId};
 use cudnn_safe::half::{bf16, f16};
@@ -685,8 +685,17 @@ impl Fused {
         }
         let deterministic = options().policy == Policy::Deterministic;
         let key = self.key("bwd", q.dtype(), &[ql, kl, vl]);
+        let none = format!("{key}-none");
         let grads = with_held(&dev, |cudnn, held| {
-            let built = held.objects.get_or_make(key, || {
+            if held.objects.contains(&none) {
+                // Known to have no plan: the caller takes the gradients by candle's operations.
+                self.unsupported.store(true, Ordering::Relaxed);
+                return Err(cudnn_safe::Error::NoEngine {
+                    graph: "scaled dot-product attention backward".into(),
+                    detail: "an earlier call of this problem found no plan".into(),
+                });
+            }
+            let made = held.objects.get_or_make(key, || {
                 self.build(cudnn, dtype, |g| {
                     let q = g.tensor("q", &i64s(ql.dims()), &i64s(ql.stride()), dtype)?;
                     let k = g.tensor("k", &i64s(kl.dims()), &i64s(kl.stride()), dtype)?;
@@ -712,7 +721,21 @@ impl Fused {
                     ids.extend(gr.dq_accum);
                     Ok((ids, vec![gr.dq, gr.dk, gr.dv]))
                 })
-            })?;
+            });
+            let built = match made {
+                Ok(built) => built,
+                Err(e) => {
+                    if self.unsupported.load(Ordering::Relaxed) {
+                        log::warn!(
+                            "{OP}: no fused cuDNN backward plan for {:?}, candle's operations \
+                             take the gradients: {e}",
+                            self.sz
+                        );
+                        held.objects.insert(none, NoPlan);
+                    }
+                    return Err(e);
+                }
+            };
             let n_in = 6 + usize::from(self.bias.is_some());
             let span = |i: usize| built.og.span(built.ids[i]);
             let q = in_view(Ok(qc), ql, span(0)?, "q")?;
@@ -766,6 +789,40 @@ impl Fused {
             .try_into()
             .map_err(|_| Error::invalid(OP, "backward", "three gradients", "fewer"))?;
         Ok([dq, dk, dv])
+    }
+}
+
+impl Fused {
+    /// dq, dk, dv by candle's autograd of [`composed`] on copies of the arguments, where cuDNN
+    /// has no fused backward plan for a problem whose forward ran fused. `d_o` is the output's
+    /// gradient in the forward output's memory order.
+    fn composed_backward(
+        &self,
+        [q, k, v]: [&Tensor; 3],
+        d_o: &Tensor,
+    ) -> candle_core::Result<[Tensor; 3]> {
+        let (qv, kv, vv) = (
+            Var::from_tensor(&q.detach())?,
+            Var::from_tensor(&k.detach())?,
+            Var::from_tensor(&v.detach())?,
+        );
+        let o = composed(
+            qv.as_tensor(),
+            kv.as_tensor(),
+            vv.as_tensor(),
+            self.bias.as_ref(),
+            self.causal,
+            self.scale,
+        )?;
+        let d_o = d_o.permute(inverse(&self.order))?;
+        let grads = (o * d_o)?.sum_all()?.backward()?;
+        let grad = |v: &Var, arg: &'static str| {
+            grads
+                .get(v.as_tensor())
+                .cloned()
+                .ok_or_else(|| Error::invalid(OP, arg, "a gradient", "none"))
+        };
+        Ok([grad(&qv, "q")?, grad(&kv, "k")?, grad(&vv, "v")?])
     }
 }
 
@@ -860,10 +917,18 @@ impl CustomOp3 for Fused {
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let grad = grad.contiguous()?;
-        let [dq, dk, dv] = match q.dtype() {
-            DType::F16 => self.backward::<f16>([q, k, v], o, &grad)?,
-            DType::BF16 => self.backward::<bf16>([q, k, v], o, &grad)?,
+        let fused = match q.dtype() {
+            DType::F16 => self.backward::<f16>([q, k, v], o, &grad),
+            DType::BF16 => self.backward::<bf16>([q, k, v], o, &grad),
             d => return Err(Error::dtype(OP, "q", d)),
+        };
+        let [dq, dk, dv] = match fused {
+            Ok(grads) => grads,
+            Err(e) if self.unsupported.load(Ordering::Relaxed) => {
+                log::debug!("{OP}: gradients by candle's operations: {e}");
+                self.composed_backward([q, k, v], &grad)?
+            }
+            Err(e) => return Err(e),
         };
         Ok((Some(dq), Some(dk), Some(dv)))
     }

@@ -124,7 +124,8 @@ pub fn conv1d(
 /// Errors (before any GPU work), each naming the argument: ranks other than 4; element types
 /// other than f32, f16 and bf16, or different ones; different devices; `groups` 0 or not
 /// dividing both channel counts; `c_in` not `w`'s input channels × `groups`; stride or dilation
-/// 0; an empty output. `x` may be strided (its strides go to cuDNN); `w` is made contiguous.
+/// 0; an empty output. `x` may be strided (its strides go to cuDNN); `w` is made contiguous. A
+/// batch of 0, or 0 output channels, gives an empty result of the output's shape (as PyTorch).
 pub fn conv2d_with(x: &Tensor, w: &Tensor, p: &Conv2dParams) -> candle_core::Result<Tensor> {
     conv(CONV2D, x, w, *p, 4)
 }
@@ -180,8 +181,17 @@ fn conv(
     }
     // The output's spatial sizes, as cuDNN computes them.
     let (x4, w4) = (dims4(x.dims()), dims4(w.dims()));
-    for d in 0..2 {
-        out_len(op, &p, d, x4[2 + d], w4[2 + d], x.dims(), w.dims())?;
+    let mut spatial = [0; 2];
+    for (d, len) in spatial.iter_mut().enumerate() {
+        *len = out_len(op, &p, d, x4[2 + d], w4[2 + d], x.dims(), w.dims())?;
+    }
+    if x4[0] == 0 || c_out == 0 {
+        // An empty batch or no output channels: an empty result, as PyTorch's.
+        let y: Vec<usize> = match rank {
+            3 => vec![x4[0], c_out, spatial[1]],
+            _ => vec![x4[0], c_out, spatial[0], spatial[1]],
+        };
+        return Tensor::zeros(y, x.dtype(), x.device());
     }
     if x.device().is_cpu() {
         return cpu_conv(op, x, w, &p);

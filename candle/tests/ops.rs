@@ -853,8 +853,8 @@ fn layer_and_rms_norm_match_f64_forward_and_backward() {
     }
 }
 
-/// Inputs with no elements (no rows, or rows of no features) give results of the same shape,
-/// as PyTorch's, on every device.
+/// Inputs with no elements (no rows, or rows of no features; a convolution's empty batch or no
+/// output channels) give empty results of the right shape, as PyTorch's, on every device.
 #[test]
 fn empty_inputs_give_empty_results() {
     let devices: Vec<Device> = std::iter::once(Device::Cpu).chain(cuda()).collect();
@@ -873,6 +873,21 @@ fn empty_inputs_give_empty_results() {
                 let y = softmax_last_dim(&x).expect(&what);
                 assert_eq!(y.dims(), x.dims(), "softmax_last_dim {what}");
             }
+        }
+        // Convolution of an empty batch, or with no output channels.
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let x = Tensor::zeros((0, 4, 9, 9), dtype, dev).unwrap();
+            let w = Tensor::ones((6, 2, 3, 3), dtype, dev).unwrap();
+            let y = conv2d(&x, &w, 1, 2, 1, 2).unwrap();
+            assert_eq!(y.dims(), &[0, 6, 5, 5], "{dev:?} {dtype:?}");
+            let (x1, _) = random(&[2, 4, 9, 9], dtype, dev, 1700);
+            let w0 = Tensor::ones((0, 4, 3, 3), dtype, dev).unwrap();
+            let y = conv2d(&x1, &w0, 0, 1, 1, 1).unwrap();
+            assert_eq!(y.dims(), &[2, 0, 7, 7], "{dev:?} {dtype:?}");
+            let x3 = Tensor::zeros((0, 4, 20), dtype, dev).unwrap();
+            let w3 = Tensor::ones((3, 4, 5), dtype, dev).unwrap();
+            let y = conv1d(&x3, &w3, 2, 1, 1, 1).unwrap();
+            assert_eq!(y.dims(), &[0, 3, 20], "{dev:?} {dtype:?}");
         }
     }
 }
