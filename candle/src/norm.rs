@@ -336,6 +336,9 @@ impl Norm {
     /// dimension, x's own for group norm), and the length of gamma.
     fn dims(&self, x: &[usize]) -> (Vec<usize>, usize) {
         match self.kind {
+            // Group norm depends on n, c and the positions per channel only: ranks above 4
+            // are folded to [n, c, positions].
+            Kind::Group(_) if x.len() > 4 => (vec![x[0], x[1], x[2..].iter().product()], x[1]),
             Kind::Group(_) => (x.to_vec(), x.get(1).copied().unwrap_or(1)),
             _ => {
                 let features = x.last().copied().unwrap_or(1).max(1);

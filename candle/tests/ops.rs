@@ -1228,6 +1228,9 @@ fn group_norm_matches_f64_forward_and_backward() {
             (vec![2usize, 6, 5, 7], 3usize),
             (vec![3, 8, 9], 8),
             (vec![2, 32, 4, 4], 1),
+            // Ranks 5 and 6: positions folded to one dimension.
+            (vec![1, 6, 2, 3, 4], 2),
+            (vec![2, 4, 2, 1, 3, 2], 2),
         ] {
             for dtype in [DType::F32, DType::F16, DType::BF16] {
                 let c = dims[1];
