@@ -174,9 +174,13 @@ fn bench_case<T: Element>(
 
     // Every plan is chosen and the workspace grown: one forward captured, the input and the
     // logits travelling with the graph.
-    let graph = cudnn.capture((x, logits), |_, (x, logits)| {
-        net.forward(&mut cx, x, &mut scratch, logits)
-    })?;
+    // SAFETY: the closure reaches device memory through `buffers`, `&mut` borrows and shared
+    // borrows of the network, which holds none behind interior mutability; all outlive the graph.
+    let graph = unsafe {
+        cudnn.capture((x, logits), |_, (x, logits)| {
+            net.forward(&mut cx, x, &mut scratch, logits)
+        })
+    }?;
     graph.upload()?;
     let mut replay = || -> BoxResult<()> { Ok(graph.launch()?) };
     let ms = replay().and_then(|()| median_ms(stream, args.test, &mut replay))?;

@@ -228,8 +228,11 @@ fn case_run<T: Element>(
     let cudnn = cx.cudnn;
     let eager_ms = bench(&stream, &mut || net.forward(cx, &x, &mut scratch, &mut logits))?;
     // Capture one forward; the input and the logits travel with the graph.
-    let mut graph =
-        cudnn.capture((x, logits), |_, (x, logits)| net.forward(cx, x, &mut scratch, logits))?;
+    // SAFETY: the closure reaches device memory through `buffers`, `&mut` borrows and shared
+    // borrows of the network, which holds none behind interior mutability; all outlive the graph.
+    let mut graph = unsafe {
+        cudnn.capture((x, logits), |_, (x, logits)| net.forward(cx, x, &mut scratch, logits))
+    }?;
     graph.upload()?;
     let graph_ms = bench(&stream, &mut || graph.launch())?;
     let replayed = stream.clone_dtoh(&graph.buffers_mut().1)?;

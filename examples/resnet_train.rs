@@ -359,10 +359,14 @@ fn check<T: Elem>(sh: &mut Shared, arch: Arch, file: &Tensors) -> Res<bool> {
 
     // A replay of the captured step computes the same gradients.
     let mut cx = sh.check_cx::<T>();
-    let replayed = cx
-        .cudnn
-        .capture((x, onehot, nll), |_, (x, onehot, nll)| net.step(&mut cx, x, onehot, nll, None))
-        .and_then(|graph| graph.launch());
+    // SAFETY: the closure reaches device memory through `buffers`, `&mut` borrows and shared
+    // borrows of the network, which holds none behind interior mutability; all outlive the graph.
+    let replayed = unsafe {
+        cx.cudnn.capture((x, onehot, nll), |_, (x, onehot, nll)| {
+            net.step(&mut cx, x, onehot, nll, None)
+        })
+    }
+    .and_then(|graph| graph.launch());
     match replayed {
         Ok(()) => {
             stream.synchronize()?;
@@ -434,9 +438,12 @@ fn train(sh: &mut Shared, arch: Arch, batch: i64, o: &Options) -> Res<bool> {
     let cp = net.in_channels as usize;
     let inputs: Vec<Vec<bf16>> = data.iter().map(|(x, _)| resnet::to_input(x, n, cp)).collect();
     let mut cx = sh.cx();
-    let mut graph = cx
-        .cudnn
-        .capture((x, onehot, nll), |_, (x, onehot, nll)| net.step(&mut cx, x, onehot, nll, sgd))?;
+    // SAFETY: the closure reaches device memory through `buffers`, `&mut` borrows and shared
+    // borrows of the network, which holds none behind interior mutability; all outlive the graph.
+    let mut graph = unsafe {
+        cx.cudnn
+            .capture((x, onehot, nll), |_, (x, onehot, nll)| net.step(&mut cx, x, onehot, nll, sgd))
+    }?;
     for step in 2..=o.steps {
         let b = (step - 1) % data.len();
         {
@@ -508,9 +515,12 @@ fn time(sh: &mut Shared, arch: Arch, batch: i64) -> Res<bool> {
     stream.synchronize()?;
     let totals = prof.totals()?;
     let mut cx = sh.cx();
-    let graph = cx
-        .cudnn
-        .capture((x, onehot, nll), |_, (x, onehot, nll)| net.step(&mut cx, x, onehot, nll, sgd))?;
+    // SAFETY: the closure reaches device memory through `buffers`, `&mut` borrows and shared
+    // borrows of the network, which holds none behind interior mutability; all outlive the graph.
+    let graph = unsafe {
+        cx.cudnn
+            .capture((x, onehot, nll), |_, (x, onehot, nll)| net.step(&mut cx, x, onehot, nll, sgd))
+    }?;
     graph.upload()?;
     let mut f = || graph.launch();
     timer.batch(3, &mut f)?;

@@ -38,9 +38,14 @@
 //!   length with those recorded at capture and refuses to replay on a mismatch.
 //!
 //! Buffers that change between replays belong in `buffers`; weights and scratch can simply be
-//! borrowed by the closure. One contract the types cannot state: memory the closure reaches
-//! through interior mutability (a `Mutex` or `RefCell` holding a buffer) must not be replaced
-//! while the graph lives — pass such buffers in `buffers` instead.
+//! borrowed by the closure. The crate's own memory and plans (normalization scratch, sequence
+//! lengths, plans built per handle, kernels) are never freed or replaced while the objects
+//! holding them live. What the types cannot see is the caller's own interior mutability: a
+//! buffer the closure reaches through a `static`, a `Cell`, `RefCell` or `Mutex` could be
+//! replaced, and freed, through a shared borrow while the graph still writes to it. That is
+//! why [`Cudnn::capture`] is `unsafe`: its caller promises that no such memory is freed or
+//! replaced while the graph lives (pass such buffers in `buffers` instead, where a replacement
+//! is detected).
 //!
 //! ```no_run
 //! use cudnn_safe::{cuda_context, ActivationDesc, ActivationMode, Cudnn, TensorDesc};
@@ -57,9 +62,13 @@
 //! // Once before capturing: kernels load at their first launch, which a capture cannot record.
 //! cudnn.activation_forward(&relu, 1.0, &d, &x, 0.0, &d, &mut y)?;
 //! // The input is borrowed by the closure; the output travels with the graph.
-//! let mut graph = cudnn.capture(y, |cudnn, y| {
-//!     cudnn.activation_forward(&relu, 1.0, &d, &x, 0.0, &d, y)
-//! })?;
+//! // SAFETY: the closure reaches device memory only through `y` (in `buffers`) and plain
+//! // borrows, which last as long as the graph.
+//! let mut graph = unsafe {
+//!     cudnn.capture(y, |cudnn, y| {
+//!         cudnn.activation_forward(&relu, 1.0, &d, &x, 0.0, &d, y)
+//!     })
+//! }?;
 //! for _ in 0..10 {
 //!     graph.launch()?;
 //! }
@@ -325,9 +334,23 @@ impl Cudnn {
     ///
     /// The [module documentation](crate::capture) says what the graph keeps alive and shows an
     /// example.
+    ///
+    /// # Safety
+    ///
+    /// Every replay reads and writes the device addresses the calls used at capture. Memory
+    /// reached through `buffers` (compared before each replay), through borrows the closure
+    /// holds (which last as long as the graph) and through values it owns is kept valid by
+    /// the types. The caller guarantees the rest: device memory `body` reaches through a
+    /// `static` or through interior mutability (a `Cell`, `RefCell`, `Mutex`, `OnceCell` or
+    /// the like holding a buffer or a workspace) is neither freed nor replaced while the
+    /// returned [`Captured`] exists.
     #[doc(alias = "cuStreamBeginCapture")]
     #[doc(alias = "cuStreamEndCapture")]
-    pub fn capture<'env, B, F>(&'env self, mut buffers: B, body: F) -> Result<Captured<'env, B>>
+    pub unsafe fn capture<'env, B, F>(
+        &'env self,
+        mut buffers: B,
+        body: F,
+    ) -> Result<Captured<'env, B>>
     where
         B: CaptureBuffers,
         F: FnMut(&Cudnn, &mut B) -> Result<()> + 'env,

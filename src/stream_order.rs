@@ -7,7 +7,9 @@
 //! contract makes the *user* order their buffers), nor on streams the context does not count
 //! (`wrap_borrowed_stream`). The user cannot order memory they never see, so the crate orders its
 //! own: a use on a stream other than the previous use's waits for that stream, and the free on
-//! the allocating stream waits for the last use.
+//! the allocating stream waits for the last use. Streams compare as cudarc compares them, handle
+//! and context together: the raw handle alone is no identity (every context's default stream is
+//! null).
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
@@ -26,7 +28,7 @@ impl UseOrder {
     /// blocks the host).
     pub(crate) fn enter(&mut self, alloc: &CudaStream, stream: &Arc<CudaStream>) -> Result<()> {
         let prev: &CudaStream = self.last.as_deref().unwrap_or(alloc);
-        if prev.cu_stream() != stream.cu_stream() {
+        if prev != stream.as_ref() {
             stream.join(prev).map_err(|e| {
                 Error::driver(
                     "ordering a stream after the previous use of scratch memory",
@@ -34,7 +36,7 @@ impl UseOrder {
                 )
             })?;
         }
-        self.last = (stream.cu_stream() != alloc.cu_stream()).then(|| stream.clone());
+        self.last = (stream.as_ref() != alloc).then(|| stream.clone());
         Ok(())
     }
 
@@ -43,7 +45,7 @@ impl UseOrder {
     /// is synchronized instead (and a failure of that is logged).
     pub(crate) fn release(&mut self, alloc: &CudaStream) {
         if let Some(last) = self.last.take() {
-            if last.cu_stream() == alloc.cu_stream() {
+            if last.as_ref() == alloc {
                 return;
             }
             if let Err(e) = alloc.join(&last) {
@@ -75,7 +77,7 @@ pub(crate) fn cross_use<'a>(
     alloc: &'a CudaStream,
     stream: &'a CudaStream,
 ) -> Result<Option<CrossUse<'a>>> {
-    if alloc.cu_stream() == stream.cu_stream() {
+    if alloc == stream {
         return Ok(None);
     }
     stream

@@ -111,7 +111,7 @@ fn packed_strides(dims: &[i64], order: &[usize]) -> Result<Vec<i64>> {
 }
 
 /// The no-overlap rule of [`Layout::is_non_overlapping`], on validated dims and strides.
-fn strides_non_overlapping(dims: &[i64], strides: &[i64]) -> bool {
+pub(crate) fn strides_non_overlapping(dims: &[i64], strides: &[i64]) -> bool {
     let mut axes: Vec<(i64, i64)> = dims
         .iter()
         .zip(strides)

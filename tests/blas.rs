@@ -274,6 +274,8 @@ struct Problem {
     pads: [i64; 3],
     /// Extra stride beyond the span of a, b, c (negative: stride 0, for inputs only).
     gaps: [i64; 3],
+    /// C's batch stride instead of the one `gaps` gives (matrices that interleave).
+    c_stride: Option<i64>,
     batch: Option<i64>,
     alpha: f64,
     beta: f64,
@@ -294,6 +296,7 @@ impl Problem {
                 rng.range_inclusive(1, 4),
             ],
             gaps: [0, 0, 0],
+            c_stride: None,
             batch: None,
             alpha: rng.factor(),
             beta: 0.0,
@@ -304,17 +307,21 @@ impl Problem {
         let batch = self.batch.unwrap_or(1);
         let (ar, ac) = stored(self.ta, self.m, self.k);
         let (br, bc) = stored(self.tb, self.k, self.n);
+        let mut c = Lay::new(
+            self.order,
+            self.m,
+            self.n,
+            self.pads[2],
+            self.gaps[2],
+            batch,
+        );
+        if let Some(stride) = self.c_stride {
+            c.stride = stride;
+        }
         [
             Lay::new(self.order, ar, ac, self.pads[0], self.gaps[0], batch),
             Lay::new(self.order, br, bc, self.pads[1], self.gaps[1], batch),
-            Lay::new(
-                self.order,
-                self.m,
-                self.n,
-                self.pads[2],
-                self.gaps[2],
-                batch,
-            ),
+            c,
         ]
     }
 }
@@ -464,6 +471,21 @@ fn strided_cases<T: GemmType>(seed: u64, order: Order) {
     let mut p = Problem::random(&mut rng, order, Transpose::Yes, Transpose::No, 24);
     p.batch = Some(1);
     run_gemm::<T>(&stream, &blas, &mut rng, &p);
+    // Output matrices that interleave without meeting: row-major C stored as [m, batch, n]
+    // (ldc = batch·n, stride n), column-major as [n, batch, m]; beta 0 and beta ≠ 0.
+    for beta_zero in [true, false] {
+        let mut p = Problem::random(&mut rng, order, Transpose::No, Transpose::Yes, 24);
+        let batch = 3;
+        p.batch = Some(batch);
+        let inner = match order {
+            Order::Row => p.n,
+            Order::Col => p.m,
+        };
+        p.pads[2] = inner * (batch - 1);
+        p.c_stride = Some(inner);
+        p.beta = if beta_zero { 0.0 } else { rng.factor() };
+        run_gemm::<T>(&stream, &blas, &mut rng, &p);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

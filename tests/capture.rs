@@ -14,7 +14,36 @@ use std::sync::Arc;
 use common::{download, gpu, Rng};
 use cudnn_safe::cudarc::driver::{CudaSlice, CudaStream};
 use cudnn_safe::half::{bf16, f16};
-use cudnn_safe::{Cudnn, Error, TensorDesc, Workspace};
+use cudnn_safe::{CaptureBuffers, Captured, Cudnn, Error, TensorDesc, Workspace};
+
+/// [`Cudnn::capture`] for these tests.
+trait CaptureInTests {
+    fn capture_in_test<'e, B, F>(
+        &'e self,
+        buffers: B,
+        body: F,
+    ) -> cudnn_safe::Result<Captured<'e, B>>
+    where
+        B: CaptureBuffers,
+        F: FnMut(&Cudnn, &mut B) -> cudnn_safe::Result<()> + 'e;
+}
+
+impl CaptureInTests for Cudnn {
+    fn capture_in_test<'e, B, F>(
+        &'e self,
+        buffers: B,
+        body: F,
+    ) -> cudnn_safe::Result<Captured<'e, B>>
+    where
+        B: CaptureBuffers,
+        F: FnMut(&Cudnn, &mut B) -> cudnn_safe::Result<()> + 'e,
+    {
+        // SAFETY: every closure in these tests reaches device memory only through `buffers`
+        // and plain borrows, which outlive the graph; none holds memory behind interior
+        // mutability.
+        unsafe { self.capture(buffers, body) }
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // CUDA-graph capture of a sequence of calls (Cudnn::capture)
@@ -36,7 +65,7 @@ fn capturing_the_default_stream_is_refused_before_anything_happens() {
     };
     let mut ran = false;
     let e = cudnn
-        .capture((), |_, _| {
+        .capture_in_test((), |_, _| {
             ran = true;
             Ok(())
         })
@@ -90,7 +119,7 @@ fn a_captured_sequence_replays_with_the_inputs_of_each_launch() {
         .add_tensor(1.0, &d, &ones, 1.0, &d, &mut warm)
         .unwrap();
     let mut graph = cudnn
-        .capture((x, y), |cudnn, (x, y)| {
+        .capture_in_test((x, y), |cudnn, (x, y)| {
             cudnn.activation_forward(&relu, 1.0, &d, x, 0.0, &d, &mut t)?;
             cudnn.transform_tensor(2.0, &d, &t, 0.0, &d, y)?;
             cudnn.add_tensor(1.0, &d, &ones, 1.0, &d, y)
@@ -167,7 +196,7 @@ fn copies_and_conversions_replay_in_a_graph() {
     )
     .unwrap();
     let mut graph = cudnn
-        .capture((same, narrow, added), |c, (s, nw, a)| {
+        .capture_in_test((same, narrow, added), |c, (s, nw, a)| {
             copies(c, (&d32, &d16), &x, (s, nw, a))
         })
         .unwrap();
@@ -197,7 +226,9 @@ fn work_a_graph_cannot_record_is_an_error_during_capture() {
     };
     // Growing a workspace.
     let mut ws = Workspace::new(stream.clone());
-    let e = cudnn.capture((), |_, _| ws.reserve(1 << 20)).unwrap_err();
+    let e = cudnn
+        .capture_in_test((), |_, _| ws.reserve(1 << 20))
+        .unwrap_err();
     assert!(
         matches!(
             e,
@@ -233,7 +264,7 @@ fn work_a_graph_cannot_record_is_an_error_during_capture() {
     let mut ws = Workspace::new(stream.clone());
     ws.reserve(256 << 20).unwrap();
     let e = cudnn
-        .capture((), |cudnn, _| {
+        .capture_in_test((), |cudnn, _| {
             layer.run(cudnn, &mut plans, &x, &w, &b, None, &mut y, &mut ws)
         })
         .unwrap_err();
@@ -246,7 +277,7 @@ fn work_a_graph_cannot_record_is_an_error_during_capture() {
         .memcpy_htod(&vec![f16::NAN; layer.y_span()], &mut y)
         .unwrap();
     let graph = cudnn
-        .capture((), |cudnn, _| {
+        .capture_in_test((), |cudnn, _| {
             layer.run(cudnn, &mut plans, &x, &w, &b, None, &mut y, &mut ws)
         })
         .unwrap();
@@ -270,7 +301,7 @@ fn capturing_while_cudarc_orders_buffers_by_events_is_refused() {
     let ctx = common::other_context(default.context());
     let stream = ctx.new_stream().unwrap();
     let cudnn = Cudnn::new(stream).unwrap();
-    let e = cudnn.capture((), |_, _| Ok(())).unwrap_err();
+    let e = cudnn.capture_in_test((), |_, _| Ok(())).unwrap_err();
     assert!(
         matches!(
             e,
@@ -289,7 +320,7 @@ fn a_panic_during_capture_ends_the_capture() {
         return;
     };
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let _ = cudnn.capture((), |_, _| -> cudnn_safe::Result<()> {
+        let _ = cudnn.capture_in_test((), |_, _| -> cudnn_safe::Result<()> {
             panic!("inside the capture")
         });
     }));
@@ -299,7 +330,7 @@ fn a_panic_during_capture_ends_the_capture() {
     stream.memcpy_htod(&[2.0f32; 8], &mut z).unwrap();
     assert!(download(&stream, &z).iter().all(|&v| v == 2.0));
     let graph = cudnn
-        .capture(z, |c, z| {
+        .capture_in_test(z, |c, z| {
             c.stream().memset_zeros(z).map_err(|e| Error::Driver {
                 context: "test memset",
                 source: e,

@@ -245,7 +245,15 @@ impl Cudnn {
                 detail: format!("{} (f32, f64, f16 or bf16)", T::DTYPE),
             });
         }
-        let mut want = vec![1i64; dy_desc.dims().len()];
+        let rank = dy_desc.dims().len();
+        if rank < 2 {
+            return Err(Error::invalid(
+                "dy rank",
+                "at least 2 dimensions [N, K, spatial...]",
+                format!("{:?}", dy_desc.dims()),
+            ));
+        }
+        let mut want = vec![1i64; rank];
         want[1] = dy_desc.dims()[1];
         shape_rule(
             "db",

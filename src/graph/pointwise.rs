@@ -366,11 +366,6 @@ impl Graph {
                 }
             }
         };
-        let xi = self.operand(x, None, OP)?;
-        let bi = match b {
-            Some(b) => Some(self.operand(b, Some(r), OP)?),
-            None => None,
-        };
         if let PointwiseMode::GenIndex { axis } = mode {
             if axis < 0 || axis >= r as i64 {
                 return Err(Error::invalid(
@@ -380,6 +375,13 @@ impl Graph {
                 ));
             }
         }
+        // Every refusal before the graph changes: b (a scalar's rank may be refused) before
+        // x, whose marking as read cannot fail once b's did not.
+        let bi = match b {
+            Some(b) => Some(self.operand(b, Some(r), OP)?),
+            None => None,
+        };
+        let xi = self.operand(x, None, OP)?;
         let y = self.output("pointwise.y", dims, &order, self.ops.len())?;
         let int_operands = matches!(mode, PointwiseMode::Add | PointwiseMode::Sub)
             && self.tensors[xi].dtype == DType::I32

@@ -9,7 +9,8 @@
 use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock};
 
-use super::{Graph, Op};
+use super::pointwise::Arity;
+use super::{Graph, Op, PointwiseMode};
 use crate::error::{Error, Result};
 
 /// Ranks a tensor descriptor takes (`CUDNN_DIM_MAX`).
@@ -212,6 +213,7 @@ impl Graph {
             }
         }
         for (o, op) in self.ops.iter().enumerate() {
+            self.check_operands(o, op)?;
             let rank = |i: usize| self.tensors[i].dims.len();
             let (operands, want) = match (op, op.conv_operands()) {
                 (_, Some((operands, conv))) => {
@@ -238,6 +240,116 @@ impl Graph {
 }
 
 impl Graph {
+    /// The builder methods' rules on operation `o`'s operands that cuDNN's own validation does
+    /// not cover: no operation reads a tensor it writes; by-value scalars only where the
+    /// builders put them (pointwise and select `b`, a norm's epsilon and momentum: elsewhere
+    /// the variant pack would hand a kernel the host address of the value); pointwise modes
+    /// as the builder takes them (parameters finite, a leaky ReLU's slope 0, the operand count,
+    /// a generated index's axis); and the output dimensions of pointwise, select, pointwise
+    /// backward and transpose operations as the builders derive them (an output smaller than
+    /// what the operation iterates over would be written past its buffer).
+    fn check_operands(&self, o: usize, op: &Op) -> Result<()> {
+        let t = |i: usize| &self.tensors[i];
+        let refuse = |what: String| Err(bad(format!("operation #{o} ({}): {what}", op.name())));
+        let reads = op.reads();
+        if let Some(&i) = op.writes().iter().find(|i| reads.contains(i)) {
+            return refuse(format!("reads and writes `{}`", t(i).name));
+        }
+        let by_value: Vec<usize> = match op {
+            Op::Pointwise { b, .. } => b.iter().copied().collect(),
+            Op::Select { b, .. } => vec![*b],
+            Op::NormFwd(n) => n.scalar_operands(),
+            _ => Vec::new(),
+        };
+        let misplaced = reads
+            .iter()
+            .find(|&&i| t(i).scalar.is_some() && !by_value.contains(&i));
+        if let Some(&i) = misplaced {
+            return refuse(format!(
+                "by-value scalar `{}` as a tensor operand",
+                t(i).name
+            ));
+        }
+        // b of x's rank with each dimension equal to x's or 1 (either way for pointwise).
+        let broadcast = |x: &[i64], b: &[i64], both_ways: bool| -> Option<Vec<i64>> {
+            let fits = b.len() == x.len()
+                && x.iter()
+                    .zip(b)
+                    .all(|(&p, &q)| p == q || q == 1 || (both_ways && p == 1));
+            fits.then(|| x.iter().zip(b).map(|(&p, &q)| p.max(q)).collect())
+        };
+        match *op {
+            Op::Pointwise { mode, x, b, y } => {
+                Graph::check_param(mode)?;
+                if matches!(mode, PointwiseMode::LeakyRelu { slope } if slope != 0.0) {
+                    return refuse(format!("{mode:?} (the slope must be 0)"));
+                }
+                match (mode.arity(), b) {
+                    (Arity::Unary, None) | (Arity::Binary, Some(_)) => {}
+                    _ => return refuse(format!("{mode:?} with b = {b:?}")),
+                }
+                let xd = &t(x).dims;
+                if let PointwiseMode::GenIndex { axis } = mode {
+                    if axis < 0 || axis >= xd.len() as i64 {
+                        return refuse(format!("GenIndex axis {axis} of a rank-{} x", xd.len()));
+                    }
+                }
+                let want = match b.map(t) {
+                    Some(bt) if bt.scalar.is_none() => broadcast(xd, &bt.dims, true),
+                    _ => Some(xd.clone()),
+                };
+                if want.as_ref() != Some(&t(y).dims) {
+                    return refuse(format!(
+                        "output `{}` of dims {:?} for operands of dims {:?} and {:?}",
+                        t(y).name,
+                        t(y).dims,
+                        xd,
+                        b.map(|b| &t(b).dims)
+                    ));
+                }
+            }
+            Op::Select { x, b, cond, y } => {
+                let xd = &t(x).dims;
+                let b_ok = t(b).scalar.is_some() || broadcast(xd, &t(b).dims, false).is_some();
+                if &t(y).dims != xd || &t(cond).dims != xd || !b_ok {
+                    return refuse(format!(
+                        "y {:?}, cond {:?} and b {:?} for x {xd:?} (y and cond have x's dims)",
+                        t(y).dims,
+                        t(cond).dims,
+                        t(b).dims
+                    ));
+                }
+            }
+            Op::PointwiseBwd { mode, dy, x, dx } => {
+                Graph::check_param(mode)?;
+                if mode.arity() != Arity::Backward {
+                    return refuse(format!("{mode:?} is not a backward mode"));
+                }
+                if t(dy).dims != t(x).dims || t(dx).dims != t(x).dims {
+                    return refuse(format!(
+                        "dy {:?}, x {:?}, dx {:?} (the same dims)",
+                        t(dy).dims,
+                        t(x).dims,
+                        t(dx).dims
+                    ));
+                }
+            }
+            Op::Transpose { x, y } => {
+                let mut want = t(x).dims.clone();
+                let r = want.len();
+                if r < 3 {
+                    return refuse(format!("x of rank {r} (at least 3)"));
+                }
+                want.swap(r - 2, r - 1);
+                if t(y).dims != want {
+                    return refuse(format!("y {:?} for x {:?}", t(y).dims, t(x).dims));
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// A matmul's M, N and K overrides (operation `o`, operands `a`, `b`) read lengths that
     /// bound what it computes: each must be an INT32 graph input whose bound (the largest value
     /// execution accepts, [`super::Args::lengths`]) is at most the extent it overrides (M: a's
@@ -325,6 +437,28 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_pointwise_marks_nothing_read() {
+        let mut g = Graph::new(DType::F16, DType::F32, DType::F32);
+        let x = g.tensor_nhwc("x", &[2, 8, 6, 6], DType::F16).unwrap();
+        assert!(g
+            .pointwise(PointwiseMode::GenIndex { axis: 9 }, x, None)
+            .is_err());
+        assert!(
+            !g.tensors[x.index].consumed,
+            "x read by a refused operation"
+        );
+        // A scalar first read at rank 4, then offered to a rank-3 operand: refused, z unread.
+        let s = g.scalar("s", 2.0, DType::F32).unwrap();
+        g.pointwise(PointwiseMode::Mul, x, Some(s)).unwrap();
+        let z = g.tensor("z", &[2, 3, 4], &[12, 4, 1], DType::F16).unwrap();
+        assert!(g.pointwise(PointwiseMode::Mul, z, Some(s)).is_err());
+        assert!(
+            !g.tensors[z.index].consumed,
+            "z read by a refused operation"
+        );
+    }
+
+    #[test]
     fn malformed_records_are_typed_errors() {
         let line = conv_graph().to_json().unwrap();
         let mut v: serde_json::Value = serde_json::from_str(&line).unwrap();
@@ -370,6 +504,34 @@ mod tests {
                 Box::new(|v| v["tensors"][0]["is_virtual"] = true.into()),
             ),
             ("expected", Box::new(|v| v["ops"] = "none".into())),
+            // The builders' operand rules, which cuDNN's validation does not re-establish.
+            (
+                "the slope must be 0",
+                Box::new(|v| {
+                    v["ops"][3]["Pointwise"]["mode"] =
+                        serde_json::json!({"LeakyRelu": {"slope": 0.1}})
+                }),
+            ),
+            (
+                "by-value scalar",
+                Box::new(|v| v["ops"][0]["ConvFprop"]["w"] = v["ops"][2]["Pointwise"]["b"].clone()),
+            ),
+            (
+                "reads and writes",
+                Box::new(|v| v["ops"][3]["Pointwise"]["x"] = v["ops"][3]["Pointwise"]["y"].clone()),
+            ),
+            (
+                "Relu with b",
+                Box::new(|v| v["ops"][3]["Pointwise"]["b"] = v["ops"][1]["Pointwise"]["b"].clone()),
+            ),
+            (
+                "for operands of dims",
+                Box::new(|v| {
+                    let y = v["ops"][3]["Pointwise"]["y"].as_u64().unwrap() as usize;
+                    v["tensors"][y]["dims"] = serde_json::json!([1, 1, 1, 1]);
+                    v["tensors"][y]["strides"] = serde_json::json!([1, 1, 1, 1]);
+                }),
+            ),
         ];
         for (want, edit) in cases {
             let mut bad = v.clone();

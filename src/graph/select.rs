@@ -85,8 +85,9 @@ impl Graph {
         }
         let dims = xt.dims.clone();
         let order = stride_order(&xt.strides);
-        let xi = self.operand(x, None, OP)?;
+        // b first: a scalar's rank may be refused, and nothing is marked read before that.
         let bi = self.operand(b, Some(r), OP)?;
+        let xi = self.operand(x, None, OP)?;
         let ci = self.operand(cond, None, OP)?;
         let y = self.output("select.y", dims, &order, self.ops.len())?;
         self.ops.push(Op::Select {

@@ -107,6 +107,13 @@ pub struct LayerNorm<T: NormType> {
     /// The graph training path's two plans, built on first use
     /// ([`Cudnn::layer_norm_forward_training_graph`](crate::Cudnn::layer_norm_forward_training_graph)).
     pub(super) train: RefCell<Option<Box<LayerNormTrainGraphs>>>,
+    /// Plan sets built for other handles, kept for the object's life (captured CUDA graphs may
+    /// run them).
+    // Boxed: a set moves between the current slot and this list without moving its plans.
+    #[allow(clippy::vec_box)]
+    pub(super) kept_graph: RefCell<Vec<Box<LayerNormGraph>>>,
+    #[allow(clippy::vec_box)]
+    pub(super) kept_train: RefCell<Vec<Box<LayerNormTrainGraphs>>>,
     /// Which path the default calls run.
     pub(super) path: LayerNormPath,
     /// Under [`LayerNormPath::Auto`]: the inference plan (`[0]`) or the training plans (`[1]`)
@@ -162,6 +169,8 @@ impl<T: NormType> LayerNorm<T> {
             normalized: normalized_dims,
             graph: RefCell::new(None),
             train: RefCell::new(None),
+            kept_graph: RefCell::new(Vec::new()),
+            kept_train: RefCell::new(Vec::new()),
             path: LayerNormPath::Auto,
             no_graph: Cell::new([false; 2]),
             workspace: RefCell::new(Vec::new()),

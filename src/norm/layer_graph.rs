@@ -8,7 +8,7 @@ use cudarc::driver::CudaSlice;
 
 use super::layer::{LayerNorm, LayerNormPath};
 use super::saved::{check_saved_origin, NormSaved};
-use super::{first_graph_plan, NormType};
+use super::{first_graph_plan, install_plans, restore_plans, NormType};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
@@ -84,10 +84,11 @@ impl<T: NormType> LayerNorm<T> {
     #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR")]
     pub fn build_graph_plan(&self, cudnn: &Cudnn) -> Result<()> {
         use crate::graph::Graph;
-        if let Some(g) = self.graph.borrow().as_ref() {
-            if g.plan.graph.check_handle(cudnn).is_ok() {
-                return Ok(());
-            }
+        let on_handle = |g: &LayerNormGraph| g.plan.graph.check_handle(cudnn).is_ok();
+        if self.graph.borrow().as_deref().is_some_and(on_handle)
+            || restore_plans(&self.graph, &self.kept_graph, on_handle)
+        {
+            return Ok(());
         }
         let (rows, d) = (self.core.rows as i64, self.core.features() as i64);
         let mut g = Graph::new(T::DTYPE, crate::DType::F32, crate::DType::F32);
@@ -97,13 +98,14 @@ impl<T: NormType> LayerNorm<T> {
         let out = g.layer_norm(x, gamma, beta, self.core.epsilon, false)?;
         g.mark_output(out.y)?;
         let plan = first_graph_plan(cudnn, &g)?;
-        *self.graph.borrow_mut() = Some(Box::new(LayerNormGraph {
+        let built = Box::new(LayerNormGraph {
             plan,
             x,
             gamma,
             beta,
             y: out.y,
-        }));
+        });
+        install_plans(&self.graph, &self.kept_graph, built);
         Ok(())
     }
 
@@ -127,10 +129,13 @@ impl<T: NormType> LayerNorm<T> {
     #[doc(alias = "CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR")]
     pub fn build_graph_training_plans(&self, cudnn: &Cudnn) -> Result<()> {
         use crate::graph::Graph;
-        if let Some(g) = self.train.borrow().as_ref() {
-            if g.fwd.graph.check_handle(cudnn).is_ok() && g.bwd.graph.check_handle(cudnn).is_ok() {
-                return Ok(());
-            }
+        let on_handle = |g: &LayerNormTrainGraphs| {
+            g.fwd.graph.check_handle(cudnn).is_ok() && g.bwd.graph.check_handle(cudnn).is_ok()
+        };
+        if self.train.borrow().as_deref().is_some_and(on_handle)
+            || restore_plans(&self.train, &self.kept_train, on_handle)
+        {
+            return Ok(());
         }
         let (rows, d) = (self.core.rows as i64, self.core.features() as i64);
         let first_plan = |g: &Graph| first_graph_plan(cudnn, g);
@@ -159,12 +164,13 @@ impl<T: NormType> LayerNorm<T> {
         g.mark_output(grads.dbias)?;
         let bwd = first_plan(&g)?;
         let bwd_ids = [dy, x, gamma, mean, inv, grads.dx, grads.dscale, grads.dbias];
-        *self.train.borrow_mut() = Some(Box::new(LayerNormTrainGraphs {
+        let built = Box::new(LayerNormTrainGraphs {
             fwd,
             fwd_ids,
             bwd,
             bwd_ids,
-        }));
+        });
+        install_plans(&self.train, &self.kept_train, built);
         Ok(())
     }
 
@@ -517,20 +523,23 @@ impl<T: NormType> LayerNorm<T> {
     /// bytes once prepared. The object keeps it, and never frees or moves an allocation while
     /// it lives: a call captured into a CUDA graph keeps pointing at valid memory. A larger
     /// need (a plan rebuilt for another handle) adds a workspace rather than growing one;
-    /// other streams use the same memory (a workspace orders its uses across streams).
+    /// other streams of the handle's context use the same memory (a workspace orders its uses
+    /// across streams), another context gets one of its own.
     fn forward_workspace<'w>(
         &self,
         cudnn: &Cudnn,
         slot: &'w mut Vec<Workspace>,
         need: usize,
     ) -> &'w mut Workspace {
-        let fits = slot
-            .last()
-            .is_some_and(|w| w.capacity() == 0 || w.capacity() >= need);
-        if !fits {
+        let found = slot.iter().rposition(|w| {
+            **w.stream().context() == **cudnn.context()
+                && (w.capacity() == 0 || w.capacity() >= need)
+        });
+        let at = found.unwrap_or_else(|| {
             slot.push(Workspace::new(cudnn.stream().clone()));
-        }
-        slot.last_mut().expect("pushed above when empty")
+            slot.len() - 1
+        });
+        &mut slot[at]
     }
 
     /// The default plain forward on the fused path (plan built by [`Self::fused_path`]).

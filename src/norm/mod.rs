@@ -172,6 +172,7 @@
 //!     cudnn.batch_norm_backward(bn, &saved, 1.0, 0.0, 1.0, 0.0, &x, &dy, &mut dx, &scale, &mut ds, &mut db)
 //! }
 //! ```
+use std::cell::RefCell;
 use std::ffi::c_void;
 
 use half::{bf16, f16};
@@ -277,6 +278,35 @@ fn packed_dims<'a>(what: &'static str, x: &'a Layout) -> Result<&'a [i64]> {
 /// A host pointer to an alpha/beta scalar, as cuDNN takes it.
 fn scalar_ptr<S>(s: &S) -> *const c_void {
     (s as *const S).cast::<c_void>()
+}
+
+/// Makes the plan set in `kept` built for the handle `on_handle` accepts the current one in
+/// `slot` (the current one moves to `kept`); whether one was found. With [`install_plans`]:
+/// plan sets an object builds per cuDNN handle are never dropped while it lives (a CUDA graph
+/// captured with a set runs its kernels at every replay), and a handle used again gets its set
+/// back instead of a new build.
+fn restore_plans<G>(
+    slot: &RefCell<Option<Box<G>>>,
+    kept: &RefCell<Vec<Box<G>>>,
+    on_handle: impl Fn(&G) -> bool,
+) -> bool {
+    let mut kept = kept.borrow_mut();
+    let Some(at) = kept.iter().position(|g| on_handle(g)) else {
+        return false;
+    };
+    let found = kept.swap_remove(at);
+    if let Some(old) = slot.borrow_mut().replace(found) {
+        kept.push(old);
+    }
+    true
+}
+
+/// Makes `new` the current plan set in `slot`, keeping the one it replaces in `kept`
+/// ([`restore_plans`]).
+fn install_plans<G>(slot: &RefCell<Option<Box<G>>>, kept: &RefCell<Vec<Box<G>>>, new: Box<G>) {
+    if let Some(old) = slot.borrow_mut().replace(new) {
+        kept.borrow_mut().push(old);
+    }
 }
 
 /// The first plan cuDNN's heuristics build for `g` (a normalization graph: its engines are

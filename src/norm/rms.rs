@@ -5,8 +5,8 @@ use std::marker::PhantomData;
 
 use cudarc::driver::CudaSlice;
 
-use super::first_graph_plan;
 use super::saved::check_saved_origin;
+use super::{first_graph_plan, install_plans, restore_plans};
 use super::{packed_dims, NormType};
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::error::{Error, Result};
@@ -66,6 +66,13 @@ pub struct RmsNorm<T: NormType> {
     infer: RefCell<Option<Box<InferGraph>>>,
     /// The training plans, built on first use.
     train: RefCell<Option<Box<TrainGraphs>>>,
+    /// Plan sets built for other handles, kept for the object's life (captured CUDA graphs may
+    /// run them).
+    // Boxed: a set moves between the current slot and this list without moving its plans.
+    #[allow(clippy::vec_box)]
+    kept_infer: RefCell<Vec<Box<InferGraph>>>,
+    #[allow(clippy::vec_box)]
+    kept_train: RefCell<Vec<Box<TrainGraphs>>>,
     _t: PhantomData<T>,
 }
 
@@ -160,6 +167,8 @@ impl<T: NormType> RmsNorm<T> {
             id: raw::next_descriptor_id(),
             infer: RefCell::new(None),
             train: RefCell::new(None),
+            kept_infer: RefCell::new(Vec::new()),
+            kept_train: RefCell::new(Vec::new()),
             _t: PhantomData,
         })
     }
@@ -210,10 +219,11 @@ impl<T: NormType> RmsNorm<T> {
     /// [`Error::UnsupportedDataType`]; a configuration no engine runs: [`Error::NoAlgorithm`]
     /// or [`Error::Cudnn`].
     pub fn build_plan(&self, cudnn: &Cudnn) -> Result<()> {
-        if let Some(g) = self.infer.borrow().as_ref() {
-            if g.plan.graph.check_handle(cudnn).is_ok() {
-                return Ok(());
-            }
+        let on_handle = |g: &InferGraph| g.plan.graph.check_handle(cudnn).is_ok();
+        if self.infer.borrow().as_deref().is_some_and(on_handle)
+            || restore_plans(&self.infer, &self.kept_infer, on_handle)
+        {
+            return Ok(());
         }
         let (xd, pd) = self.shapes();
         let mut g = Graph::new(T::DTYPE, DType::F32, DType::F32);
@@ -222,10 +232,11 @@ impl<T: NormType> RmsNorm<T> {
         let out = g.rms_norm(x, gamma, None, self.epsilon, false)?;
         g.mark_output(out.y)?;
         let plan = first_graph_plan(cudnn, &g)?;
-        *self.infer.borrow_mut() = Some(Box::new(InferGraph {
+        let built = Box::new(InferGraph {
             plan,
             ids: [x, gamma, out.y],
-        }));
+        });
+        install_plans(&self.infer, &self.kept_infer, built);
         Ok(())
     }
 
@@ -233,10 +244,13 @@ impl<T: NormType> RmsNorm<T> {
     /// and [`Cudnn::rms_norm_backward`]: `NORM_FORWARD` in the training phase and
     /// `NORM_BACKWARD`. Errors as [`build_plan`](Self::build_plan).
     pub fn build_training_plans(&self, cudnn: &Cudnn) -> Result<()> {
-        if let Some(g) = self.train.borrow().as_ref() {
-            if g.fwd.graph.check_handle(cudnn).is_ok() && g.bwd.graph.check_handle(cudnn).is_ok() {
-                return Ok(());
-            }
+        let on_handle = |g: &TrainGraphs| {
+            g.fwd.graph.check_handle(cudnn).is_ok() && g.bwd.graph.check_handle(cudnn).is_ok()
+        };
+        if self.train.borrow().as_deref().is_some_and(on_handle)
+            || restore_plans(&self.train, &self.kept_train, on_handle)
+        {
+            return Ok(());
         }
         let (xd, pd) = self.shapes();
         let sd = [xd[0], 1, 1, 1];
@@ -260,12 +274,13 @@ impl<T: NormType> RmsNorm<T> {
         g.mark_output(grads.dscale)?;
         let bwd = first_graph_plan(cudnn, &g)?;
         let bwd_ids = [dy, x, gamma, inv, grads.dx, grads.dscale];
-        *self.train.borrow_mut() = Some(Box::new(TrainGraphs {
+        let built = Box::new(TrainGraphs {
             fwd,
             fwd_ids,
             bwd,
             bwd_ids,
-        }));
+        });
+        install_plans(&self.train, &self.kept_train, built);
         Ok(())
     }
 

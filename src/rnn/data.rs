@@ -78,7 +78,9 @@ pub struct SeqDataDesc<T: DataType> {
     /// In the packed layout, the sum of the lengths from each sequence on (`batch + 1`
     /// entries); empty otherwise.
     packed_tails: Vec<usize>,
-    dev_lengths: RefCell<Option<CudaSlice<i32>>>,
+    /// The lengths in device memory, one copy per stream served, none freed while the
+    /// descriptor lives (a CUDA graph captured on one stream keeps reading its copy).
+    dev_lengths: RefCell<Vec<CudaSlice<i32>>>,
 }
 
 impl<T: DataType> fmt::Debug for SeqDataDesc<T> {
@@ -216,7 +218,7 @@ impl<T: DataType> SeqDataDesc<T> {
             fill,
             span,
             packed_tails,
-            dev_lengths: RefCell::new(None),
+            dev_lengths: RefCell::new(Vec::new()),
         })
     }
 
@@ -324,19 +326,25 @@ impl<T: DataType> SeqDataDesc<T> {
         &self.lengths
     }
 
-    /// The lengths in device memory on `cudnn`'s context, uploaded on its stream when missing.
+    /// The lengths in device memory on `cudnn`'s stream, uploaded there at its first use. Per
+    /// stream (not just per context): a copy is only ever used on the stream that uploaded it,
+    /// and freed there (when the descriptor drops) after those uses. Streams compare with their
+    /// context: the raw handle alone is no identity (every context's default stream is null).
     pub(crate) fn device_lengths(&self, cudnn: &Cudnn) -> Result<RefMut<'_, CudaSlice<i32>>> {
         let mut slot = self.dev_lengths.borrow_mut();
-        let lengths = match slot.take() {
-            // Per stream (not just per context): the lengths are then only ever used on the
-            // stream that uploaded them, and freed there after those uses.
-            Some(d) if d.stream().cu_stream() == cudnn.stream().cu_stream() => d,
-            _ => cudnn
-                .stream()
-                .clone_htod(&self.lengths)
-                .map_err(|e| Error::driver("uploading the sequence lengths", e))?,
+        let stream = cudnn.stream().as_ref();
+        let at = match slot.iter().position(|d| d.stream().as_ref() == stream) {
+            Some(at) => at,
+            None => {
+                let d = cudnn
+                    .stream()
+                    .clone_htod(&self.lengths)
+                    .map_err(|e| Error::driver("uploading the sequence lengths", e))?;
+                slot.push(d);
+                slot.len() - 1
+            }
         };
-        Ok(RefMut::map(slot, |s| s.insert(lengths)))
+        Ok(RefMut::map(slot, |s| &mut s[at]))
     }
 }
 

@@ -335,7 +335,8 @@ impl PlanCache {
 
     /// The cached plan for this graph and filter on this handle, if any (counts a hit or a miss).
     /// A plan found for another graph of the same signature is shared with `og`
-    /// ([`Plan::share_with`]), so it executes with `og`'s tensor ids.
+    /// ([`Plan::share_with`]), so it executes with `og`'s tensor ids. A plan `filter` refuses
+    /// (one a warm-up built from a file's choice) is no hit.
     pub fn get(
         &mut self,
         cudnn: &Cudnn,
@@ -343,10 +344,14 @@ impl PlanCache {
         filter: &PlanFilter,
     ) -> Option<&Plan> {
         let key = Self::key(cudnn, og, filter);
-        let hit = self
-            .plans
-            .get(&key)
-            .is_some_and(|p| p.graph.check_handle(cudnn).is_ok() && p.share_with(og).is_ok());
+        let hit = self.plans.get(&key).is_some_and(|p| {
+            p.graph.check_handle(cudnn).is_ok()
+                && filter
+                    .refuse(p.numerical_notes(), p.behavior_notes())
+                    .is_none()
+                && p.workspace_size() <= filter.workspace_limit()
+                && p.share_with(og).is_ok()
+        });
         if hit {
             self.stats.hits += 1;
             self.plans.get(&key)
@@ -452,18 +457,40 @@ impl PlanCache {
             cudnn.stream(),
             "building plans (a first decision for this graph)",
         )?;
-        let plan = match self.persisted(cudnn, og, &key) {
+        let plan = match self.persisted(cudnn, og, &key, filter) {
             Some(p) => p,
             None => make()?,
         };
         self.insert(cudnn, og, filter, plan)
     }
 
-    /// The plan of the persisted configuration for `key`, if there is one and it still builds.
-    fn persisted(&self, cudnn: &Cudnn, og: &OperationGraph, key: &str) -> Option<Plan> {
+    /// The plan of the persisted configuration for `key`, if there is one, it still builds and
+    /// `filter` accepts it (its notes and its workspace): a file is not trusted to have
+    /// respected the filter.
+    fn persisted(
+        &self,
+        cudnn: &Cudnn,
+        og: &OperationGraph,
+        key: &str,
+        filter: &PlanFilter,
+    ) -> Option<Plan> {
         let cfg = self.configs.get(key)?;
         match og.plan_from_config(cudnn, cfg) {
-            Ok(p) => Some(p),
+            Ok(p) => {
+                if let Some(why) = filter.refuse(p.numerical_notes(), p.behavior_notes()) {
+                    log::warn!("graph plan cache: persisted {cfg} refused by the filter: {why}");
+                    return None;
+                }
+                if p.workspace_size() > filter.workspace_limit() {
+                    log::warn!(
+                        "graph plan cache: persisted {cfg} needs {} workspace bytes, limit {}",
+                        p.workspace_size(),
+                        filter.workspace_limit()
+                    );
+                    return None;
+                }
+                Some(p)
+            }
             Err(e) => {
                 log::warn!("graph plan cache: persisted {cfg} no longer builds: {e}");
                 None

@@ -408,6 +408,14 @@ impl Autotuner {
         y: &mut impl DeviceBufferMut<Y>,
     ) -> Result<Choice<ConvFwdAlgo>> {
         let fwd = ConvForward::new(conv, x_desc, w_desc, y_desc)?;
+        // Every check of the fused call before a benchmark may write y: a refused bias or z
+        // leaves y untouched.
+        ConvBiasActivation::new(fwd, bias_desc, activation)?;
+        cudnn.check_tensor("bias", bias_desc.layout(), bias, false)?;
+        if let Some(z) = &z {
+            cudnn.check_tensor("z", y_desc.layout(), z, false)?;
+        }
+        cudnn.check_tensor("y", y_desc.layout(), y, true)?;
         let d = if activation == FusedActivation::Identity {
             Decided {
                 entry: Arc::new(Entry::legacy(vec![(

@@ -110,7 +110,10 @@ impl Mat {
             })
     }
 
-    /// The output rule for a strided batch: matrix `i + 1` starts after matrix `i` ends.
+    /// The output rule for a strided batch: no element written by two matrices. Matrix `i + 1`
+    /// may start before matrix `i` ends when they interleave without meeting (a `[m, batch, n]`
+    /// row-major output: `ld = batch·n`, stride `n`). `stride` and `batch` are those
+    /// [`batched_span`](Self::batched_span) accepted, which bounds the sums below.
     pub(super) fn check_output_stride(&self, stride: i64, batch: i64) -> Result<()> {
         if batch <= 1 || self.span == 0 || stride >= self.span {
             return Ok(());
@@ -119,10 +122,14 @@ impl Mat {
             Order::Col => (self.cols, self.rows),
             Order::Row => (self.rows, self.cols),
         };
+        let (dims, strides) = ([batch, outer, inner], [stride, i64::from(self.ld), 1]);
+        if crate::tensor::strides_non_overlapping(&dims, &strides) {
+            return Ok(());
+        }
         Err(Error::OverlappingOutput {
             name: self.name,
-            dims: vec![batch, outer, inner],
-            strides: vec![stride, i64::from(self.ld), 1],
+            dims: dims.to_vec(),
+            strides: strides.to_vec(),
         })
     }
 }
@@ -346,6 +353,28 @@ mod tests {
 
     fn is_invalid(r: &Result<impl std::fmt::Debug>, name: &str) -> bool {
         matches!(r, Err(Error::InvalidArgument { what, .. }) if *what == name)
+    }
+
+    #[test]
+    fn batched_outputs_may_interleave_but_not_meet() {
+        let overlapping = |r: Result<()>| matches!(r, Err(Error::OverlappingOutput { .. }));
+        // Row-major 2×3 matrices stored as [m, batch, n] = [2, 2, 3]: ld 6, stride 3.
+        let c = Mat::new("c", "ldc", 2, 3, 6, Order::Row).unwrap();
+        assert_eq!(c.span, 9);
+        c.check_output_stride(3, 2).unwrap();
+        // A third matrix 3 apart reaches row 0 of the first's second row: refused.
+        assert!(overlapping(c.check_output_stride(3, 3)));
+        // Stride 2 puts matrix 1's row 0 over matrix 0's; stride 0 broadcasts the output.
+        assert!(overlapping(c.check_output_stride(2, 2)));
+        assert!(overlapping(c.check_output_stride(0, 2)));
+        // Column-major 3×2 with ld 6, stride 3: columns interleave.
+        let c = Mat::new("c", "ldc", 3, 2, 6, Order::Col).unwrap();
+        c.check_output_stride(3, 2).unwrap();
+        assert!(overlapping(c.check_output_stride(1, 2)));
+        // Packed matrices: the stride must cover one.
+        let c = Mat::new("c", "ldc", 3, 2, 3, Order::Col).unwrap();
+        c.check_output_stride(6, 4).unwrap();
+        assert!(overlapping(c.check_output_stride(5, 2)));
     }
 
     #[test]

@@ -245,7 +245,7 @@ impl Blas {
     /// Drops a buffer the handle's stream may still be using: its free (stream-ordered on the
     /// stream it was allocated on) is ordered after the work enqueued on the handle's stream.
     pub(super) fn release_after_stream(&self, buf: CudaSlice<u8>) {
-        if buf.stream().cu_stream() != self.stream.cu_stream() {
+        if buf.stream().as_ref() != self.stream.as_ref() {
             if let Err(e) = buf.stream().join(&self.stream) {
                 log::warn!("ordering the release of a cuBLAS workspace: {e}; synchronizing");
                 if let Err(e) = self.stream.synchronize() {

@@ -135,7 +135,9 @@ impl BlasLt {
     /// As [`matmul`](Self::matmul) with a given candidate (from [`candidates`](Self::candidates)
     /// or an earlier [`Choice`]); no decision is made or cached. Refused before launch when
     /// the candidate was found for another problem, when a pointer is less aligned than
-    /// [`Candidate::alignment`], or when its workspace exceeds the limit.
+    /// [`Candidate::alignment`], when cuBLASLt's `cublasLtMatmulAlgoCheck` refuses the algorithm
+    /// for this call, or when its workspace exceeds the limit. The workspace is the larger of
+    /// [`Candidate::workspace`] and what that check reports, whatever the field was set to.
     #[doc(alias = "cublasLtMatmul")]
     #[allow(clippy::too_many_arguments)] // mirrors the C call
     pub fn matmul_with_candidate<T: Element>(
@@ -225,7 +227,19 @@ impl BlasLt {
         }
         let descs = Descs::new(op, T::cuda_type(), bias, aux)?;
         let (ranked, source, key, chosen_for) = match explicit {
-            Some(c) => (vec![ranked_of(c)], Source::Explicit, None, c.alignment),
+            // `Candidate::workspace` is a public field, and the candidate may come from another
+            // GPU or cuBLASLt: cuBLASLt checks the algorithm against this call's descriptors
+            // and says what workspace it needs (the larger of that and the record is used).
+            Some(c) => {
+                let r = self.algo_check(&descs, &ranked_of(c))?;
+                if r.workspace > self.workspace.limit() {
+                    return Err(Error::WorkspaceLimit {
+                        requested: r.workspace,
+                        limit: self.workspace.limit(),
+                    });
+                }
+                (vec![r], Source::Explicit, None, c.alignment)
+            }
             None => {
                 let (r, s, k) = self.decide::<T>(label, op, &descs, &align, &ptrs, alpha, beta)?;
                 (r, s, Some(k), align)

@@ -80,6 +80,14 @@ fn check_norm_type(g: &Graph, op: &'static str, tensors: &[usize]) -> Result<()>
 }
 
 impl NormFwdOp {
+    /// The operands cuDNN reads by value: epsilon and the running averages' momentum.
+    pub(crate) fn scalar_operands(&self) -> Vec<usize> {
+        self.epsilon
+            .into_iter()
+            .chain(self.running.map(|r| r.momentum))
+            .collect()
+    }
+
     pub(crate) fn reads(&self) -> Vec<usize> {
         let mut r = vec![self.x, self.scale];
         r.extend(self.bias);

@@ -142,7 +142,9 @@ pub(super) struct Regrouped<T: NormType> {
     feature_param: TensorDesc<T::Param>,
     pub(super) rows: usize,
     pub(super) id: u64,
-    scratch: RefCell<Option<Scratch<T>>>,
+    /// One set per stream served, none freed while the object lives: a CUDA graph captured on
+    /// one stream keeps addressing that stream's set while another stream uses its own.
+    scratch: RefCell<Vec<Scratch<T>>>,
 }
 
 fn packed(dims: &[i64]) -> Result<Layout> {
@@ -209,7 +211,7 @@ impl<T: NormType> Regrouped<T> {
             full,
             rows: rows as usize,
             id: raw::next_descriptor_id(),
-            scratch: RefCell::new(None),
+            scratch: RefCell::new(Vec::new()),
         })
     }
 
@@ -256,37 +258,42 @@ impl<T: NormType> Regrouped<T> {
         }
     }
 
-    /// The scratch buffers, (re)allocated on the handle's stream when missing or on another
-    /// context; with `big`, also the tensor-sized scratch; the feature-view vectors when the
-    /// method uses that view.
+    /// The scratch buffers of the handle's stream, allocated there at its first use; with
+    /// `big`, also the tensor-sized scratch; the feature-view vectors when the method uses that
+    /// view. Per stream, not just per context: a set is only used on the stream that allocated
+    /// it, and its free (there, when the object drops) follows every use. Nothing is replaced,
+    /// so a captured CUDA graph never addresses freed scratch. Streams compare with their
+    /// context (every context's default stream has the same null handle).
     fn ensure_scratch<'s>(
         &self,
         cudnn: &Cudnn,
-        slot: &'s mut Option<Scratch<T>>,
+        slot: &'s mut Vec<Scratch<T>>,
         big: bool,
     ) -> Result<&'s mut Scratch<T>> {
-        let foreign = slot
-            .as_ref()
-            // Per stream, not just per context: scratch is then only used on the stream that
-            // allocated it, and its free (there) follows every use.
-            .is_some_and(|s| s.ones.stream().cu_stream() != cudnn.stream().cu_stream());
         let stream: &Arc<CudaStream> = cudnn.stream();
         let alloc_err = |e| Error::driver("allocating normalization scratch", e);
         let one = <T::Param as DataType>::from_f64(1.0);
-        if slot.is_none() || foreign {
-            *slot = Some(Scratch {
-                ones: stream
-                    .clone_htod(&vec![one; self.rows])
-                    .map_err(alloc_err)?,
-                zeros: stream.alloc_zeros(self.rows).map_err(alloc_err)?,
-                dscale: stream.alloc_zeros(self.rows).map_err(alloc_err)?,
-                dbias: stream.alloc_zeros(self.rows).map_err(alloc_err)?,
-                big: None,
-                feat: None,
-                two_stage: None,
-            });
-        }
-        let s = slot.as_mut().expect("filled above");
+        let at = match slot
+            .iter()
+            .position(|s| s.ones.stream().as_ref() == stream.as_ref())
+        {
+            Some(at) => at,
+            None => {
+                slot.push(Scratch {
+                    ones: stream
+                        .clone_htod(&vec![one; self.rows])
+                        .map_err(alloc_err)?,
+                    zeros: stream.alloc_zeros(self.rows).map_err(alloc_err)?,
+                    dscale: stream.alloc_zeros(self.rows).map_err(alloc_err)?,
+                    dbias: stream.alloc_zeros(self.rows).map_err(alloc_err)?,
+                    big: None,
+                    feat: None,
+                    two_stage: None,
+                });
+                slot.len() - 1
+            }
+        };
+        let s = &mut slot[at];
         if big && s.big.is_none() {
             // SAFETY: scratch that every call using it writes in full (x̂ in the plain forward;
             // `dy·x̂` or the discarded data gradient, then `dy·γ`, in the backward pass) before
