@@ -62,6 +62,17 @@ pub enum LoadError {
         /// Where the library came from.
         library: String,
     },
+    /// A sub-library that `libcudnn.so.9` forwards its entry points to
+    /// ([`FORWARDED_SUB_LIBRARIES`]) cannot be opened: cuDNN's forwarding stub would call
+    /// `abort()` at the first call into it, so the library is refused before any call.
+    MissingSubLibrary {
+        /// The sub-library file (`libcudnn_graph.so.9`, ...).
+        name: String,
+        /// Why opening it failed (the dynamic loader's message).
+        reason: String,
+        /// Where the main library came from.
+        library: String,
+    },
     /// The library is older than the headers the bindings were generated from.
     TooOld {
         /// `cudnnGetVersion()` of the loaded library.
@@ -121,6 +132,17 @@ impl fmt::Display for LoadError {
                 "{library} is cuDNN {}, these bindings need major version {CUDNN_MAJOR}. {Install}",
                 format_version(*found)
             ),
+            LoadError::MissingSubLibrary {
+                name,
+                reason,
+                library,
+            } => write!(
+                f,
+                "{library} was found, but its sub-library {name} cannot be opened, neither from \
+                 the same directory nor through the dynamic loader's search ({reason}); cuDNN \
+                 needs it for its first call. A cuDNN installation has it beside the main \
+                 library. {Install}"
+            ),
             LoadError::TooOld {
                 found,
                 required,
@@ -147,7 +169,20 @@ pub struct Library {
     /// The sub-libraries opened from the main library's directory ([`Library::open`]); kept
     /// open for the library's life.
     siblings: Vec<(String, libloading::Library)>,
+    /// Forwarded sub-libraries found through the dynamic loader's search instead (checked
+    /// before the first call), kept open for the library's life.
+    searched: Vec<libloading::Library>,
 }
+
+/// The sub-libraries `libcudnn.so.9` forwards its entry points to (`cudnnGetVersion` itself is
+/// in `libcudnn_graph`). Its forwarding stub calls `abort()` when it cannot open one, so each is
+/// checked to open before the first call into the library ([`LoadError::MissingSubLibrary`]).
+pub const FORWARDED_SUB_LIBRARIES: [&str; 4] = [
+    "libcudnn_graph",
+    "libcudnn_ops",
+    "libcudnn_cnn",
+    "libcudnn_adv",
+];
 
 /// cuDNN 9's sub-libraries, each before those that need it. `libcudnn.so.9` opens them lazily by
 /// soname (`libcudnn_graph.so.9`, ...), which the dynamic loader resolves through its usual
@@ -172,6 +207,7 @@ impl fmt::Debug for Library {
                 "siblings",
                 &self.siblings.iter().map(|(n, _)| n).collect::<Vec<_>>(),
             )
+            .field("searched_sub_libraries", &self.searched.len())
             .finish()
     }
 }
@@ -237,12 +273,16 @@ impl Library {
         let lib = unsafe { libloading::Library::new(path) }.map_err(|e| LoadError::NotFound {
             tried: vec![(origin.clone(), short_reason(&e))],
         })?;
-        let mut lib = Self::from_libloading(lib, origin)?;
-        lib.siblings = siblings;
-        Ok(lib)
+        Self::from_libloading(lib, origin, siblings)
     }
 
-    fn from_libloading(lib: libloading::Library, origin: String) -> Result<Library, LoadError> {
+    /// Checks a library just opened (with the `siblings` opened from its directory) and
+    /// returns it: the required symbols, the forwarded sub-libraries, then the version.
+    fn from_libloading(
+        lib: libloading::Library,
+        origin: String,
+        siblings: Vec<(String, libloading::Library)>,
+    ) -> Result<Library, LoadError> {
         // SAFETY: `from_library` only resolves symbols by name and stores them as `Result`s typed
         // as in cudnn.h; a missing symbol becomes an `Err` field, checked below before any call.
         let api = unsafe { CudnnLib::from_library(lib) }.map_err(|e| LoadError::NotFound {
@@ -260,12 +300,36 @@ impl Library {
                 library: origin,
             });
         }
+        let mut searched = Vec::new();
+        for name in FORWARDED_SUB_LIBRARIES {
+            let file = format!("{name}.so.{CUDNN_MAJOR}");
+            let beside = siblings
+                .iter()
+                .any(|(p, _)| Path::new(p).file_name() == Some(file.as_ref()));
+            if beside {
+                continue;
+            }
+            // SAFETY: a cuDNN sub-library by its soname, opened as `libcudnn.so.9` itself opens
+            // it at its first call (its initialisers run exactly as they would then); the handle
+            // is kept in the `Library`, so it stays loaded while that lives.
+            match unsafe { libloading::Library::new(&file) } {
+                Ok(l) => searched.push(l),
+                Err(e) => {
+                    return Err(LoadError::MissingSubLibrary {
+                        name: file,
+                        reason: short_reason(&e),
+                        library: origin,
+                    })
+                }
+            }
+        }
         let mut lib = Library {
             api,
             origin,
             version: 0,
             cudart_version: 0,
-            siblings: Vec::new(),
+            siblings,
+            searched,
         };
         let get_version = crate::sym!(lib, cudnnGetVersion)?;
         let get_cudart = crate::sym!(lib, cudnnGetCudartVersion)?;
@@ -358,7 +422,11 @@ fn load_process_library() -> Result<Library, LoadError> {
     // Taking the address (not calling) keeps the reference to libcudnn in the binary.
     let _keep = std::hint::black_box(linked::cudnnGetVersion as *const ());
     let this: libloading::Library = libloading::os::unix::Library::this().into();
-    Library::from_libloading(this, "libcudnn (linked into the executable)".into())
+    Library::from_libloading(
+        this,
+        "libcudnn (linked into the executable)".into(),
+        Vec::new(),
+    )
 }
 
 #[cfg(not(feature = "link"))]
