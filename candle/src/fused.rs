@@ -56,7 +56,10 @@ pub fn conv2d_fused(
         .into_iter()
         .flatten()
         .any(Tensor::track_op);
-    let fused = x.device().is_cuda() && matches!(x.dtype(), DType::F16 | DType::BF16);
+    // An empty result (no batch, or no output channels) has no graph to run.
+    let fused = x.device().is_cuda()
+        && matches!(x.dtype(), DType::F16 | DType::BF16)
+        && !y_dims.contains(&0);
     if fused && !tracked {
         let (xc, wc) = (channels_last(x)?, channels_last(w)?);
         let bc = packed_aligned(bias)?;
@@ -254,7 +257,7 @@ fn run<T: Elem>(
             &mut held.ws,
         ) {
             Ok(()) => Ok(Some(y)),
-            Err(e @ cudnn_safe::Error::NoEngine { .. }) => {
+            Err(e) if not_supported(&e) => {
                 log::debug!("{OP}: separate operations for {xd:?} * {wd:?}: {e}");
                 held.objects.insert(none, NoEngine);
                 Ok(None)

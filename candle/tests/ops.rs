@@ -884,6 +884,11 @@ fn empty_inputs_give_empty_results() {
             let w0 = Tensor::ones((0, 4, 3, 3), dtype, dev).unwrap();
             let y = conv2d(&x1, &w0, 0, 1, 1, 1).unwrap();
             assert_eq!(y.dims(), &[2, 0, 7, 7], "{dev:?} {dtype:?}");
+            // The fused inference layer alike (its graph takes no empty tensor).
+            let b6 = Tensor::zeros(6, dtype, dev).unwrap();
+            let p = Conv2dParams::new().padding([1, 1]).stride([2, 2]).groups(2);
+            let y = conv2d_fused(&x, &w, &b6, None, true, &p).unwrap();
+            assert_eq!(y.dims(), &[0, 6, 5, 5], "{dev:?} {dtype:?} fused");
             let x3 = Tensor::zeros((0, 4, 20), dtype, dev).unwrap();
             let w3 = Tensor::ones((3, 4, 5), dtype, dev).unwrap();
             let y = conv1d(&x3, &w3, 2, 1, 1, 1).unwrap();

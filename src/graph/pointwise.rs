@@ -5,7 +5,7 @@ use cudnn_safe_sys::Library;
 use super::backend::{self, attr, kind, Desc};
 #[cfg(doc)]
 use super::OperationGraph;
-use super::{stride_order, Graph, Op, TensorId};
+use super::{stride_order, strides_in_order, Graph, Op, TensorId};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -375,8 +375,10 @@ impl Graph {
                 ));
             }
         }
-        // Every refusal before the graph changes: b (a scalar's rank may be refused) before
-        // x, whose marking as read cannot fail once b's did not.
+        // Every refusal before the graph changes: the output's packed strides (which may
+        // overflow), then b (a scalar's rank may be refused) before x, whose marking as read
+        // cannot fail once b's did not.
+        strides_in_order(&dims, &order)?;
         let bi = match b {
             Some(b) => Some(self.operand(b, Some(r), OP)?),
             None => None,

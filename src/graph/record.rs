@@ -456,6 +456,17 @@ mod tests {
             !g.tensors[z.index].consumed,
             "z read by a refused operation"
         );
+        // A broadcast whose output's element count overflows i64: refused, c unread.
+        let big = (1i64 << 31) - 1;
+        let a = g.tensor_nhwc("a", &[big, 1, 1, 1], DType::F16).unwrap();
+        let b = g.tensor_nhwc("b", &[1, big, 1, 1], DType::F16).unwrap();
+        let ab = g.pointwise(PointwiseMode::Add, a, Some(b)).unwrap();
+        let c = g.tensor_nhwc("c", &[1, 1, big, 1], DType::F16).unwrap();
+        assert!(g.pointwise(PointwiseMode::Add, ab, Some(c)).is_err());
+        assert!(
+            !g.tensors[c.index].consumed,
+            "c read by a refused operation"
+        );
     }
 
     #[test]

@@ -236,8 +236,10 @@ impl Blas {
     ///
     /// Shapes and leading dimensions are as in [`Blas::gemm`]. Strides are ≥ 0 (0 reuses one
     /// input matrix for every batch); each buffer must hold `stride·(batch − 1) + span`
-    /// elements; C's matrices must not overlap one another: `stride_c ≥ ldc·(n − 1) + m` unless
-    /// `batch ≤ 1` (else [`Error::OverlappingOutput`]). `batch = 0` does nothing.
+    /// elements; no element of C may belong to two of its matrices (else
+    /// [`Error::OverlappingOutput`]): `stride_c ≥ ldc·(n − 1) + m` does it, and so do matrices
+    /// that interleave without meeting (`ldc = batch·m`, `stride_c = m`). `batch = 0` does
+    /// nothing.
     #[doc(alias = "cublasGemmStridedBatchedEx")]
     #[doc(alias = "cublasSgemmStridedBatched")]
     #[allow(clippy::too_many_arguments)] // mirrors the C call
@@ -269,8 +271,9 @@ impl Blas {
 
     /// Row-major [`Blas::gemm_strided_batched`]: `batch` products as in
     /// [`Blas::matmul_row_major`] (`torch.bmm` on C-ordered arrays when the strides are the
-    /// matrix sizes). C's matrices must not overlap: `stride_c ≥ ldc·(m − 1) + n` unless
-    /// `batch ≤ 1`.
+    /// matrix sizes). No element of C may belong to two of its matrices: `stride_c ≥
+    /// ldc·(m − 1) + n` does it, and so does a `[m, batch, n]` output (`ldc = batch·n`,
+    /// `stride_c = n`).
     #[doc(alias = "cublasGemmStridedBatchedEx")]
     #[doc(alias = "bmm")]
     #[allow(clippy::too_many_arguments)] // mirrors the C call
@@ -338,8 +341,9 @@ impl Blas {
         let call = &shape.call;
         // SAFETY: as in `gemm_checked`, plus: strides are ≥ 0 and every buffer holds
         // `stride·(batch − 1) + span` elements (checked), so every matrix of every batch lies
-        // inside its buffer; C's matrices do not overlap (stride_c ≥ span of one C, or a single
-        // batch).
+        // inside its buffer; no element of C belongs to two of its matrices
+        // (`check_output_stride`: the strides [stride_c, ldc, 1] are non-overlapping, or a
+        // single batch).
         unsafe {
             sys::cublasGemmStridedBatchedEx(
                 self.as_raw(),
