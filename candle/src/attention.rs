@@ -12,7 +12,7 @@ use cudnn_safe::tune::Policy;
 
 use crate::buf::{aligned, cuda_device, cuda_slice, output, tensor, view, Elem};
 use crate::error::{like, same_device, Error};
-use crate::state::{options, with_held};
+use crate::state::{options, with_held, Held};
 
 const OP: &str = "sdpa";
 
@@ -546,14 +546,7 @@ impl Fused {
         let key = self.key("fwd", qs.dtype(), &[ql, kl, vl]);
         let none = format!("{key}-none");
         let (o, mem_dims) = with_held(&dev, |cudnn, held| {
-            if held.objects.contains(&none) {
-                // Known to have no plan: the caller runs candle's operations.
-                self.unsupported.store(true, Ordering::Relaxed);
-                return Err(cudnn_safe::Error::NoEngine {
-                    graph: "scaled dot-product attention".into(),
-                    detail: "an earlier call of this problem found no plan".into(),
-                });
-            }
+            self.check_known(held, &none, "forward")?;
             let made = held.objects.get_or_make(key, || {
                 self.build(cudnn, dtype, |g| {
                     let q = g.tensor("q", &i64s(ql.dims()), &i64s(ql.stride()), dtype)?;
@@ -573,17 +566,7 @@ impl Fused {
             });
             let built = match made {
                 Ok(built) => built,
-                Err(e) => {
-                    if self.unsupported.load(Ordering::Relaxed) {
-                        // Later calls of this problem go straight to candle's operations.
-                        log::warn!(
-                            "{OP}: no fused cuDNN plan for {:?}, candle's operations run it: {e}",
-                            self.sz
-                        );
-                        held.objects.insert(none, NoPlan);
-                    }
-                    return Err(e);
-                }
+                Err(e) => return Err(self.remember(held, none, "forward", e)),
             };
             // The output is packed in q's memory order. Axes of extent 1 address nothing, so
             // their place in either order is arbitrary (their strides tie with a neighbour's).
@@ -687,14 +670,7 @@ impl Fused {
         let key = self.key("bwd", q.dtype(), &[ql, kl, vl]);
         let none = format!("{key}-none");
         let grads = with_held(&dev, |cudnn, held| {
-            if held.objects.contains(&none) {
-                // Known to have no plan: the caller takes the gradients by candle's operations.
-                self.unsupported.store(true, Ordering::Relaxed);
-                return Err(cudnn_safe::Error::NoEngine {
-                    graph: "scaled dot-product attention backward".into(),
-                    detail: "an earlier call of this problem found no plan".into(),
-                });
-            }
+            self.check_known(held, &none, "backward")?;
             let made = held.objects.get_or_make(key, || {
                 self.build(cudnn, dtype, |g| {
                     let q = g.tensor("q", &i64s(ql.dims()), &i64s(ql.stride()), dtype)?;
@@ -724,17 +700,7 @@ impl Fused {
             });
             let built = match made {
                 Ok(built) => built,
-                Err(e) => {
-                    if self.unsupported.load(Ordering::Relaxed) {
-                        log::warn!(
-                            "{OP}: no fused cuDNN backward plan for {:?}, candle's operations \
-                             take the gradients: {e}",
-                            self.sz
-                        );
-                        held.objects.insert(none, NoPlan);
-                    }
-                    return Err(e);
-                }
+                Err(e) => return Err(self.remember(held, none, "backward", e)),
             };
             let n_in = 6 + usize::from(self.bias.is_some());
             let span = |i: usize| built.og.span(built.ids[i]);
@@ -793,6 +759,39 @@ impl Fused {
 }
 
 impl Fused {
+    /// `Err` (marking the problem unsupported, so that the caller runs candle's operations)
+    /// when an earlier call remembered under `none` that cuDNN has no plan for this `pass`.
+    fn check_known(&self, held: &Held, none: &str, pass: &str) -> cudnn_safe::Result<()> {
+        if !held.objects.contains(none) {
+            return Ok(());
+        }
+        self.unsupported.store(true, Ordering::Relaxed);
+        Err(cudnn_safe::Error::NoEngine {
+            graph: format!("scaled dot-product attention {pass}"),
+            detail: "an earlier call of this problem found no plan".into(),
+        })
+    }
+
+    /// `e`, from building the `pass` graph; when that marked the problem unsupported, also
+    /// remembered under `none` (later calls go straight to candle's operations), with one
+    /// warning.
+    fn remember(
+        &self,
+        held: &mut Held,
+        none: String,
+        pass: &str,
+        e: cudnn_safe::Error,
+    ) -> cudnn_safe::Error {
+        if self.unsupported.load(Ordering::Relaxed) {
+            log::warn!(
+                "{OP}: no fused cuDNN {pass} plan for {:?}, candle's operations run it: {e}",
+                self.sz
+            );
+            held.objects.insert(none, NoPlan);
+        }
+        e
+    }
+
     /// dq, dk, dv by candle's autograd of [`composed`] on copies of the arguments, where cuDNN
     /// has no fused backward plan for a problem whose forward ran fused. `d_o` is the output's
     /// gradient in the forward output's memory order.
